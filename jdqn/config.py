@@ -1,0 +1,490 @@
+"""One frozen, validated configuration tree for a jdqn run.
+
+Every section is a frozen dataclass validated in ``__post_init__``: an impossible value raises
+``ValueError`` naming the field and the fix. Profiles (``smoketest``, ``default``) are named
+instances. Only :func:`apply_overrides` (used by the CLI) parses strings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def _require(ok: bool, field_name: str, message: str) -> None:
+    if not ok:
+        raise ValueError(f"{field_name}: {message}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where bars come from and which features are computed from them."""
+
+    path: str | None = None  # CSV/Parquet bar file; None = built-in synthetic ES bars
+    synthetic_bars: int = 60_000
+    synthetic_seed: int = 0
+    signal_strength: float = 0.0  # planted predictable drift, in units of bar volatility
+    return_horizons: tuple[int, ...] = (1, 5, 15, 60)  # log-return lookbacks, in bars
+    volume_window: int = 60  # bars in the trailing volume z-score window
+    feature_clip: float = 5.0  # normalised features are clipped to +-feature_clip
+
+    def __post_init__(self) -> None:
+        _require(self.synthetic_bars >= 1_000, "data.synthetic_bars", "use at least 1000 bars")
+        _require(
+            len(self.return_horizons) > 0 and all(h >= 1 for h in self.return_horizons),
+            "data.return_horizons",
+            "give one or more positive lookbacks, e.g. [1, 5, 15, 60]",
+        )
+        _require(self.volume_window >= 2, "data.volume_window", "use a window of at least 2 bars")
+        _require(self.feature_clip > 0, "data.feature_clip", "must be > 0")
+        _require(self.signal_strength >= 0, "data.signal_strength", "must be >= 0")
+
+    @property
+    def lookback_bars(self) -> int:
+        """Bars of history a feature at t needs (purge gaps must be at least this)."""
+        return max(max(self.return_horizons), self.volume_window)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Trading environment: position grid, costs in ticks, reward scale (DESIGN section 3)."""
+
+    positions: tuple[float, ...] = (-1.0, 0.0, 1.0)  # action i -> target position (contracts)
+    tick_size: float = 0.25  # index points per tick (ES)
+    point_value_usd: float = 50.0  # dollars per index point (ES)
+    slippage_ticks: float = 1.0  # per side
+    commission_ticks: float = 0.2  # per side (about $2.50 on ES)
+    reward_scale: float = 1.0  # reward = points x reward_scale
+
+    def __post_init__(self) -> None:
+        _require(len(self.positions) >= 2, "env.positions", "give at least two positions")
+        _require(
+            len(set(self.positions)) == len(self.positions), "env.positions", "positions repeat"
+        )
+        _require(self.tick_size > 0, "env.tick_size", "must be > 0 (ES: 0.25)")
+        _require(self.point_value_usd > 0, "env.point_value_usd", "must be > 0 (ES: 50)")
+        _require(self.slippage_ticks >= 0, "env.slippage_ticks", "must be >= 0")
+        _require(self.commission_ticks >= 0, "env.commission_ticks", "must be >= 0")
+        _require(self.reward_scale > 0, "env.reward_scale", "must be > 0")
+
+    @property
+    def n_actions(self) -> int:
+        return len(self.positions)
+
+    @property
+    def cost_points(self) -> float:
+        """Cost per contract traded, in index points: (slippage + commission) x tick size."""
+        return (self.slippage_ticks + self.commission_ticks) * self.tick_size
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """C51 MLP with spectral norm, pruning masks and ensemble heads (DESIGN section 4)."""
+
+    hidden: tuple[int, ...] = (64, 64)
+    n_atoms: int = 51
+    v_min: float = -240.0
+    v_max: float = 240.0
+    spectral_norm: bool = True
+    spectral_mode: Literal["clip", "divide"] = "clip"  # W/max(sigma,1) or W/sigma
+    n_heads: int = 1
+    bootstrap_prob: float = 1.0  # P(transition trains head k); 1.0 = no bootstrap
+    lambda_div: float = 0.0  # ensemble diversity weight (only when n_heads > 1)
+    target_sparsity: float = 0.0
+    prune_start: int = 0  # learner steps
+    prune_end: int = 1_000
+    prune_every: int = 100
+    matmul_dtype: Literal["float32", "bfloat16"] = "float32"
+
+    def __post_init__(self) -> None:
+        _require(
+            len(self.hidden) > 0 and all(h > 0 for h in self.hidden),
+            "network.hidden",
+            "give one or more positive layer widths, e.g. [64, 64]",
+        )
+        _require(self.n_atoms >= 2, "network.n_atoms", "use at least 2 atoms (C51: 51)")
+        _require(self.v_min < self.v_max, "network.v_min", "v_min must be < v_max")
+        _require(
+            self.spectral_mode in ("clip", "divide"), "network.spectral_mode", "'clip' or 'divide'"
+        )
+        _require(self.n_heads >= 1, "network.n_heads", "must be >= 1")
+        _require(0 < self.bootstrap_prob <= 1, "network.bootstrap_prob", "must be in (0, 1]")
+        _require(self.lambda_div >= 0, "network.lambda_div", "must be >= 0")
+        _require(0 <= self.target_sparsity < 1, "network.target_sparsity", "must be in [0, 1)")
+        _require(
+            0 <= self.prune_start <= self.prune_end,
+            "network.prune_start",
+            "need 0 <= prune_start <= prune_end",
+        )
+        _require(self.prune_every >= 1, "network.prune_every", "must be >= 1")
+        _require(
+            self.matmul_dtype in ("float32", "bfloat16"),
+            "network.matmul_dtype",
+            "'float32' or 'bfloat16'",
+        )
+
+    @property
+    def delta_z(self) -> float:
+        return (self.v_max - self.v_min) / (self.n_atoms - 1)
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Blended MSE/C51 loss and gradient surgery (DESIGN section 5)."""
+
+    gamma: float = 0.9
+    alpha_schedule: tuple[float, ...] = (0.0, 0.2)  # C51 weight per epoch; last value repeats
+    label_smoothing: float = 0.01
+    huber_delta: float | None = None  # None = squared error; else Huber on the scaled error
+    donor_mode: Literal["none", "best", "all"] = "best"
+    donor_fraction: float = 0.25  # donors appended, as a fraction of the batch
+    gv_every: int = 10
+    gv_beta: float = 0.01  # EMA rate of phi_hat
+    grad_budget: float = 10.0  # global-norm budget shared by the two loss parts
+    budget_share_mse: float = 0.3  # share of the budget for MSE when alpha > 0
+    causal_every: int = 50
+    causal_weight: float = 0.1
+    non_causal_group: str = "calendar"
+    q_clip: float = 1e4  # guard: max |Q| allowed
+
+    def __post_init__(self) -> None:
+        _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
+        _require(len(self.alpha_schedule) > 0, "loss.alpha_schedule", "give one value per epoch")
+        _require(
+            all(0 <= a <= 1 for a in self.alpha_schedule),
+            "loss.alpha_schedule",
+            "every alpha must be in [0, 1]",
+        )
+        _require(0 <= self.label_smoothing < 1, "loss.label_smoothing", "must be in [0, 1)")
+        _require(
+            self.huber_delta is None or self.huber_delta > 0, "loss.huber_delta", "None or > 0"
+        )
+        _require(
+            self.donor_mode in ("none", "best", "all"), "loss.donor_mode", "'none', 'best', 'all'"
+        )
+        _require(0 <= self.donor_fraction <= 4, "loss.donor_fraction", "must be in [0, 4]")
+        _require(self.gv_every >= 1, "loss.gv_every", "must be >= 1")
+        _require(0 < self.gv_beta <= 1, "loss.gv_beta", "must be in (0, 1]")
+        _require(self.grad_budget > 0, "loss.grad_budget", "must be > 0")
+        _require(0 < self.budget_share_mse < 1, "loss.budget_share_mse", "must be in (0, 1)")
+        _require(self.causal_every >= 1, "loss.causal_every", "must be >= 1")
+        _require(self.causal_weight >= 0, "loss.causal_weight", "must be >= 0")
+        _require(self.q_clip > 0, "loss.q_clip", "must be > 0")
+
+    def alpha_for_epoch(self, epoch: int) -> float:
+        """C51 blend weight for 0-based ``epoch``; the last scheduled value repeats."""
+        return self.alpha_schedule[min(epoch, len(self.alpha_schedule) - 1)]
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """Proportional prioritized replay (Schaul et al., 2016)."""
+
+    capacity: int = 256
+    alpha: float = 0.6  # priority exponent
+    beta_start: float = 0.4  # IS exponent, annealed linearly to 1 over the run
+    priority_eps: float = 1e-3
+    priority_max: float = 1e3  # priorities are clipped to this
+
+    def __post_init__(self) -> None:
+        _require(self.capacity >= 2, "replay.capacity", "must be >= 2")
+        _require(0 <= self.alpha <= 1, "replay.alpha", "must be in [0, 1]")
+        _require(0 <= self.beta_start <= 1, "replay.beta_start", "must be in [0, 1]")
+        _require(self.priority_eps > 0, "replay.priority_eps", "must be > 0")
+        _require(
+            self.priority_max > self.priority_eps, "replay.priority_max", "must be > priority_eps"
+        )
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """Adam (Kingma & Ba, 2015) through optax."""
+
+    learning_rate: float = 1e-3
+    adam_eps: float = 1e-8
+    target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
+    tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
+
+    def __post_init__(self) -> None:
+        _require(self.learning_rate > 0, "optim.learning_rate", "must be > 0")
+        _require(self.adam_eps > 0, "optim.adam_eps", "must be > 0")
+        _require(self.target_every >= 1, "optim.target_every", "must be >= 1")
+        _require(0 <= self.tau <= 1, "optim.tau", "must be in [0, 1]")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Lock-step slices, epochs, exploration (DESIGN section 3 and 5)."""
+
+    n_slices: int = 64
+    batch_size: int = 64
+    epochs: int = 2
+    train_every: int = 1  # iterations between learner updates
+    updates_per_iteration: int = 1
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.05
+    epsilon_decay_fraction: float = 0.5  # of all iterations
+    seeds: int = 1
+    seed: int = 0
+    chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)
+
+    def __post_init__(self) -> None:
+        _require(self.n_slices >= 1, "train.n_slices", "must be >= 1")
+        _require(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        _require(self.epochs >= 1, "train.epochs", "must be >= 1")
+        _require(self.train_every >= 1, "train.train_every", "must be >= 1")
+        _require(self.updates_per_iteration >= 1, "train.updates_per_iteration", "must be >= 1")
+        _require(0 <= self.epsilon_end <= 1, "train.epsilon_end", "must be in [0, 1]")
+        _require(
+            self.epsilon_end <= self.epsilon_start <= 1,
+            "train.epsilon_start",
+            "need epsilon_end <= epsilon_start <= 1",
+        )
+        _require(
+            0 < self.epsilon_decay_fraction <= 1,
+            "train.epsilon_decay_fraction",
+            "must be in (0, 1]",
+        )
+        _require(self.seeds >= 1, "train.seeds", "must be >= 1")
+        _require(self.chunk_iterations >= 1, "train.chunk_iterations", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class WalkForwardConfig:
+    """Fold layout over the bar series (DESIGN section 7). Sizes in bars."""
+
+    n_folds: int = 3
+    mode: Literal["rolling", "expanding"] = "rolling"
+    train_bars: int = 20_000
+    test_bars: int = 12_000
+    purge_bars: int = 1_380  # one full Globex session; must cover the feature lookback
+
+    def __post_init__(self) -> None:
+        _require(self.n_folds >= 1, "walkforward.n_folds", "must be >= 1")
+        _require(
+            self.mode in ("rolling", "expanding"), "walkforward.mode", "'rolling' or 'expanding'"
+        )
+        _require(self.train_bars >= 2, "walkforward.train_bars", "must be >= 2")
+        _require(self.test_bars >= 2, "walkforward.test_bars", "must be >= 2")
+        _require(self.purge_bars >= 0, "walkforward.purge_bars", "must be >= 0")
+
+    def bars_needed(self) -> int:
+        """Bars a series must have for this layout (first fold starts at bar 0)."""
+        return self.train_bars + self.purge_bars + self.n_folds * self.test_bars
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    """What a run writes."""
+
+    out_dir: str = "runs"
+    checkpoints: bool = True
+    tensorboard: bool = True
+    plots: bool = True
+    compilation_cache: bool = True
+
+    def __post_init__(self) -> None:
+        _require(bool(self.out_dir), "output.out_dir", "give a directory")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole run. Cross-section checks live here."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    walkforward: WalkForwardConfig = field(default_factory=WalkForwardConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    def __post_init__(self) -> None:
+        _require(
+            self.walkforward.purge_bars >= self.data.lookback_bars,
+            "walkforward.purge_bars",
+            f"must be >= the feature lookback ({self.data.lookback_bars} bars) so no test "
+            "feature shares a bar with the train window; raise it or shorten data.return_horizons",
+        )
+        _require(
+            self.replay.capacity >= self.train.batch_size,
+            "replay.capacity",
+            f"must be >= train.batch_size ({self.train.batch_size})",
+        )
+        _require(
+            self.walkforward.train_bars >= 2 * self.train.n_slices,
+            "walkforward.train_bars",
+            f"must be >= 2 x train.n_slices ({2 * self.train.n_slices}) so every slice "
+            "has at least one transition; lower train.n_slices or raise train_bars",
+        )
+
+    @property
+    def n_epochs(self) -> int:
+        return self.train.epochs
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Config:
+        """Build from a nested dict (e.g. a resolved ``config.json``); unknown keys raise."""
+        sections = {}
+        for f in dataclasses.fields(cls):
+            section_cls = f.default_factory  # type: ignore[misc]
+            values = dict(raw.get(f.name, {}))
+            _reject_unknown(section_cls, values, f.name)
+            kwargs = {
+                sf.name: _coerce(values[sf.name], sf.type, f"{f.name}.{sf.name}")
+                for sf in dataclasses.fields(section_cls)
+                if sf.name in values
+            }
+            sections[f.name] = section_cls(**kwargs)
+        unknown = set(raw) - set(sections)
+        if unknown:
+            raise ValueError(
+                f"unknown config section(s) {sorted(unknown)}; valid: {sorted(sections)}"
+            )
+        return cls(**sections)
+
+    @classmethod
+    def from_json(cls, text: str) -> Config:
+        return cls.from_dict(json.loads(text))
+
+
+def _reject_unknown(section_cls: type, values: dict[str, Any], section: str) -> None:
+    valid = [f.name for f in dataclasses.fields(section_cls)]
+    unknown = sorted(set(values) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown key {section}.{unknown[0]}; valid keys of {section}: {valid}")
+
+
+_HINTS_CACHE: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(section_cls: type) -> dict[str, Any]:
+    if section_cls not in _HINTS_CACHE:
+        _HINTS_CACHE[section_cls] = typing.get_type_hints(section_cls)
+    return _HINTS_CACHE[section_cls]
+
+
+def _coerce(value: Any, annotation: Any, name: str) -> Any:
+    """Convert a JSON value (or CLI string) to the field's declared type."""
+    if isinstance(annotation, str):
+        raise TypeError("annotations must be resolved first")
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if is_none and type(None) in args:
+            return None
+        non_none = [a for a in args if a is not type(None)]
+        return _coerce(value, non_none[0], name)
+    if origin is Literal:
+        if value not in args:
+            raise ValueError(f"{name}: {value!r} is not one of {list(args)}")
+        return value
+    if origin is tuple:
+        if isinstance(value, str):
+            value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{name}: expected a list, e.g. [64, 64]; got {value!r}")
+        return tuple(_coerce(v, args[0], name) for v in value)
+    if annotation is bool:
+        if isinstance(value, str):
+            if value.lower() in ("true", "1", "yes", "on"):
+                return True
+            if value.lower() in ("false", "0", "no", "off"):
+                return False
+            raise ValueError(f"{name}: expected true/false; got {value!r}")
+        return bool(value)
+    if annotation in (int, float):
+        try:
+            number = float(value)
+            if annotation is int and not number.is_integer():
+                raise ValueError
+            return int(number) if annotation is int else number
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: expected {annotation.__name__}; got {value!r}") from None
+    if annotation is str:
+        return str(value)
+    return value
+
+
+def _resolved_config_types() -> None:
+    """Resolve string annotations (``from __future__ import annotations``) once."""
+    for section_cls in (
+        DataConfig,
+        EnvConfig,
+        NetworkConfig,
+        LossConfig,
+        ReplayConfig,
+        OptimConfig,
+        TrainConfig,
+        WalkForwardConfig,
+        OutputConfig,
+    ):
+        hints = _field_types(section_cls)
+        for f in dataclasses.fields(section_cls):
+            f.type = hints[f.name]
+
+
+_resolved_config_types()
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply ``section.field=value`` strings; typed, validated, unknown keys rejected."""
+    raw = cfg.to_dict()
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"override {item!r}: use section.field=value, e.g. optim.tau=0.01")
+        section, dot, name = key.strip().partition(".")
+        if not dot or section not in raw:
+            raise ValueError(
+                f"override {item!r}: unknown section {section!r}; valid sections: {sorted(raw)}"
+            )
+        if name not in raw[section]:
+            raise ValueError(
+                f"override {item!r}: unknown key {key!r}; valid keys of {section}: "
+                f"{sorted(raw[section])}"
+            )
+        section_cls = type(getattr(cfg, section))
+        annotation = {f.name: f.type for f in dataclasses.fields(section_cls)}[name]
+        raw[section][name] = _coerce(value.strip(), annotation, key)
+    return Config.from_dict(raw)
+
+
+SMOKETEST = Config(
+    data=DataConfig(),
+    network=NetworkConfig(hidden=(64, 64), n_atoms=51, v_min=-240.0, v_max=240.0),
+    loss=LossConfig(alpha_schedule=(0.0, 0.2)),
+    replay=ReplayConfig(capacity=256),
+    train=TrainConfig(n_slices=64, batch_size=64, epochs=2),
+    walkforward=WalkForwardConfig(n_folds=3),
+)
+
+DEFAULT = Config(
+    network=NetworkConfig(hidden=(256, 256), n_atoms=51),
+    loss=LossConfig(alpha_schedule=(0.0, 0.2, 0.5, 0.5)),
+    replay=ReplayConfig(capacity=100_000),
+    train=TrainConfig(n_slices=64, batch_size=256, epochs=4, updates_per_iteration=1),
+    walkforward=WalkForwardConfig(n_folds=3),
+)
+
+PROFILES: dict[str, Config] = {"smoketest": SMOKETEST, "default": DEFAULT}
+
+
+def profile(name: str) -> Config:
+    """Named profile; unknown names raise with the list of valid ones."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r}; valid profiles: {sorted(PROFILES)}")
+    return PROFILES[name]

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv with a Python >= 3.12 and install jdqn with its dev extras.
+# Sourced by scripts/run_main.sh and scripts/run_tests.sh; a second run reuses the environment.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="$root/.venv"
+
+good_python() {  # prints the interpreter if it runs and is >= 3.12
+  "$1" -c 'import sys, venv; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1 \
+    && command -v "$1"
+}
+
+find_python() {
+  local c
+  for c in "${PYTHON:-}" python3.13 python3.12 python3 python; do
+    [ -n "$c" ] && good_python "$c" && return 0
+  done
+  local pyenv_root="${PYENV_ROOT:-$HOME/.pyenv}"
+  command -v pyenv >/dev/null 2>&1 && pyenv_root="$(pyenv root)"
+  for c in $(ls -d "$pyenv_root"/versions/3.1[2-9]* 2>/dev/null | sort -rV); do
+    good_python "$c/bin/python3" && return 0
+  done
+  return 1
+}
+
+stamp="$venv/.jdqn-installed"
+want="$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+if [ ! -x "$venv/bin/python" ] || ! good_python "$venv/bin/python" >/dev/null; then
+  py="$(find_python)" || {
+    echo "error: no Python >= 3.12 found; install one or set PYTHON=/path/to/python3.12" >&2
+    exit 1
+  }
+  rm -rf "$venv"
+  "$py" -m venv "$venv"
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "setting up $venv (first run takes a few minutes) ..." >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[dev]" >&2
+  echo "$want" > "$stamp"
+fi

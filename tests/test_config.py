@@ -1,0 +1,68 @@
+"""Config: frozen, validated at construction, JSON round-trip, typed overrides."""
+
+import dataclasses
+
+import pytest
+
+from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile
+
+
+def test_profiles_have_the_documented_smoketest_shape():
+    cfg = profile("smoketest")
+    assert cfg.network.hidden == (64, 64)
+    assert cfg.train.batch_size == 64 and cfg.replay.capacity == 256
+    assert cfg.train.n_slices == 64 and cfg.train.epochs == 2
+    assert cfg.walkforward.n_folds == 3
+    assert cfg.loss.alpha_schedule == (0.0, 0.2)
+    assert (cfg.network.n_atoms, cfg.network.v_min, cfg.network.v_max) == (51, -240.0, 240.0)
+
+
+@pytest.mark.parametrize("cfg", [SMOKETEST, DEFAULT])
+def test_json_round_trip_is_exact(cfg):
+    assert Config.from_json(cfg.to_json()) == cfg
+
+
+def test_config_is_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        SMOKETEST.train.epochs = 5  # type: ignore[misc]
+
+
+def test_overrides_are_typed():
+    cfg = apply_overrides(
+        SMOKETEST,
+        ["network.hidden=[32, 16]", "loss.huber_delta=1.5", "train.epochs=3", "output.plots=false"],
+    )
+    assert cfg.network.hidden == (32, 16)
+    assert cfg.loss.huber_delta == 1.5
+    assert cfg.train.epochs == 3 and isinstance(cfg.train.epochs, int)
+    assert cfg.output.plots is False
+    assert apply_overrides(cfg, ["loss.huber_delta=none"]).loss.huber_delta is None
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("network.v_min=500", "network.v_min"),
+        ("foo.bar=1", "valid sections"),
+        ("train.nope=1", "valid keys of train"),
+        ("train.epochs=x", "expected int"),
+        ("train.epochs=2.5", "expected int"),
+        ("walkforward.mode=sideways", "walkforward.mode"),
+        ("walkforward.purge_bars=10", "feature lookback"),
+        ("replay.capacity=8", "replay.capacity"),
+        ("loss.alpha_schedule=[0.0, 1.5]", "loss.alpha_schedule"),
+        ("trainepochs", "section.field=value"),
+    ],
+)
+def test_impossible_values_name_the_field(override, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides(SMOKETEST, [override])
+
+
+def test_unknown_profile_lists_valid_ones():
+    with pytest.raises(ValueError, match="smoketest"):
+        profile("huge")
+
+
+def test_alpha_schedule_repeats_last_value():
+    assert [SMOKETEST.loss.alpha_for_epoch(e) for e in range(4)] == [0.0, 0.2, 0.2, 0.2]
