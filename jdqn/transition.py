@@ -1,0 +1,43 @@
+"""The transition record shared by the environment, the replay buffer, donors and the learner."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Transition(NamedTuple):
+    """One environment step of one slice. Leaves gain leading batch axes ([B, ...], [C, ...]).
+
+    The observation at bar t is ``concat(features[t], position_held)``. Storing the price change
+    and the position held before acting (rather than only the reward) is what lets HER donors
+    recompute the reward of every other action at the same bar: trading has no market impact.
+    """
+
+    features: jax.Array  # [F] float32, features at bar t (computed from bars <= t)
+    position: jax.Array  # [] float32, position held before acting (contracts)
+    action: jax.Array  # [] int32, index into the position grid
+    reward: jax.Array  # [] float32, reward_scale * (pnl - cost), index points
+    next_features: jax.Array  # [F] float32, features at bar t+1
+    price_change: jax.Array  # [] float32, close[t+1] - close[t], index points
+    done: jax.Array  # [] float32, 1.0 when bar t+1 ends the slice (no bootstrap)
+
+
+def observation(features: jax.Array, position: jax.Array) -> jax.Array:
+    """Network input: features with the held position appended. [..., F] , [...] -> [..., F+1]."""
+    return jnp.concatenate([features, position[..., None].astype(features.dtype)], axis=-1)
+
+
+def example_transition(n_features: int) -> Transition:
+    """A zero transition with the right shapes and dtypes (for buffer initialisation)."""
+    return Transition(
+        features=jnp.zeros((n_features,), jnp.float32),
+        position=jnp.zeros((), jnp.float32),
+        action=jnp.zeros((), jnp.int32),
+        reward=jnp.zeros((), jnp.float32),
+        next_features=jnp.zeros((n_features,), jnp.float32),
+        price_change=jnp.zeros((), jnp.float32),
+        done=jnp.zeros((), jnp.float32),
+    )
