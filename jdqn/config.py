@@ -150,6 +150,7 @@ class LossConfig:
     causal_weight: float = 0.1
     non_causal_group: str = "calendar"
     q_clip: float = 1e4  # guard: max |Q| allowed
+    projection_impl: Literal["auto", "pallas", "reference", "interpret"] = "auto"  # C51 projection
 
     def __post_init__(self) -> None:
         _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
@@ -174,6 +175,11 @@ class LossConfig:
         _require(self.causal_every >= 1, "loss.causal_every", "must be >= 1")
         _require(self.causal_weight >= 0, "loss.causal_weight", "must be >= 0")
         _require(self.q_clip > 0, "loss.q_clip", "must be > 0")
+        _require(
+            self.projection_impl in ("auto", "pallas", "reference", "interpret"),
+            "loss.projection_impl",
+            "'auto', 'pallas', 'reference' or 'interpret'",
+        )
 
     def alpha_for_epoch(self, epoch: int) -> float:
         """C51 blend weight for 0-based ``epoch``; the last scheduled value repeats."""
