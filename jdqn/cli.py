@@ -1,0 +1,158 @@
+"""Command line: ``jdqn walkforward | data synth | data check | bench``. Parses strings, calls the API.
+
+User errors (bad flags, impossible config, malformed bar file, missing path) print one line
+``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.
+A run whose folds the guard halted exits with status 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from jdqn.config import PROFILES, Config, apply_overrides, profile
+
+EXIT_USER_ERROR = 2
+EXIT_HALTED = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one ``jdqn: error:`` line with exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(EXIT_USER_ERROR, f"jdqn: error: {message}; see `{self.prog} --help`\n")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="jdqn", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    wf = commands.add_parser("walkforward", help="train and judge the agent walk-forward")
+    wf.add_argument("--data", help="bar file (CSV/Parquet); default: built-in synthetic ES bars")
+    wf.add_argument("--profile", default="smoketest", choices=sorted(PROFILES))
+    wf.add_argument("--out", help="parent directory of the run directory (default: runs)")
+    wf.add_argument("--folds", type=int, help="number of walk-forward folds")
+    wf.add_argument("--epochs", type=int, help="training epochs per fold")
+    wf.add_argument("--seeds", type=int, help="seeds per fold (vmapped with the folds)")
+    wf.add_argument("--seed", type=int, help="base seed")
+    wf.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config value, e.g. --set optim.learning_rate=3e-4 (repeatable)",
+    )
+    wf.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run (.incomplete dir)")
+    wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
+    wf.add_argument("--no-progress", action="store_true", help="no progress bar")
+    wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
+
+    data = commands.add_parser("data", help="bar-file tools")
+    data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    synth = data_commands.add_parser("synth", help="write synthetic ES-like 1-minute bars")
+    synth.add_argument("--bars", type=int, default=60_000)
+    synth.add_argument("--out", required=True, help="output file (.csv or .parquet)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument(
+        "--signal", type=float, default=0.0, help="planted signal strength (0 = none)"
+    )
+    check = data_commands.add_parser("check", help="load and validate a bar file")
+    check.add_argument("path")
+
+    bench = commands.add_parser("bench", help="jit-compiled benchmarks; prints a table")
+    bench.add_argument("--json", help="also write the results as JSON to this file")
+    bench.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        help="run only these sections (repeatable); default: all",
+    )
+    bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes")
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> Config:
+    """Profile, then the convenience flags, then ``--set`` overrides (validated once)."""
+    overrides: list[str] = []
+    if args.data:
+        overrides.append(f"data.path={args.data}")
+    if args.out:
+        overrides.append(f"output.out_dir={args.out}")
+    for flag, key in (
+        ("folds", "walkforward.n_folds"),
+        ("epochs", "train.epochs"),
+        ("seeds", "train.seeds"),
+        ("seed", "train.seed"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    return apply_overrides(profile(args.profile), overrides + list(args.overrides))
+
+
+def _walkforward(args: argparse.Namespace) -> int:
+    from jdqn.walkforward import UserError, run_walkforward
+
+    try:
+        cfg = None if args.resume else resolve_config(args)
+        outcome = run_walkforward(
+            cfg,
+            resume=args.resume,
+            debug=args.debug,
+            progress=not args.no_progress,
+            name=args.name,
+        )
+    except UserError as error:
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except ValueError as error:  # config validation: names the field and the fix
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return EXIT_HALTED if outcome.halted else 0
+
+
+def _data(args: argparse.Namespace) -> int:
+    from jdqn.data import BarFileError, load_bars, synthetic_bars, write_bars
+
+    try:
+        if args.data_command == "synth":
+            if args.bars < 1_000:
+                raise ValueError(f"--bars {args.bars}: use at least 1000 bars")
+            if args.signal < 0:
+                raise ValueError(f"--signal {args.signal}: must be >= 0")
+            bars = synthetic_bars(args.bars, seed=args.seed, signal_strength=args.signal)
+            write_bars(bars, args.out)
+            print(f"wrote {len(bars):,} bars to {args.out}")
+        else:
+            bars = load_bars(args.path)
+            print(
+                f"{args.path}: {len(bars):,} valid bars, "
+                f"{bars.timestamp[0]} .. {bars.timestamp[-1]}"
+            )
+    except (BarFileError, ValueError, OSError) as error:
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from jdqn.bench import run_all
+
+    try:
+        run_all(sections=args.only, json_path=args.json, quick=args.quick)
+    except ValueError as error:
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    handlers = {"walkforward": _walkforward, "data": _data, "bench": _bench}
+    return handlers[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

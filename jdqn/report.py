@@ -1,0 +1,108 @@
+"""Human-facing outputs of a run: equity CSVs, PNG plots and the console summary table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # headless: runs write PNGs, never open windows
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+# Training curves plotted per run, in this order (names of LearnerMetrics fields).
+TRAINING_CURVES = (
+    ("loss_mse", "loss_c51", "loss_causal", "loss_div"),
+    ("q_mean", "q_max"),
+    ("edge_mass",),
+    ("grad_norm_mse", "grad_norm_c51", "grad_norm_mse_after", "grad_norm_c51_after"),
+)
+
+
+def write_equity_csv(
+    path: Path,
+    timestamps: np.ndarray,
+    curves: Mapping[str, np.ndarray],
+    positions: Mapping[str, np.ndarray],
+) -> None:
+    """One row per test bar interval: cumulative net PnL (points) and position of each policy."""
+    frame = pd.DataFrame({"timestamp": pd.to_datetime(timestamps[: _length(curves)])})
+    for name, curve in curves.items():
+        frame[f"{name}_equity_points"] = np.asarray(curve, np.float64)
+    for name, held in positions.items():
+        frame[f"{name}_position"] = np.asarray(held, np.float64)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False, float_format="%.6g")
+
+
+def _length(curves: Mapping[str, np.ndarray]) -> int:
+    lengths = {len(c) for c in curves.values()}
+    if len(lengths) != 1:
+        raise ValueError(f"equity curves differ in length: {sorted(lengths)}")
+    return lengths.pop()
+
+
+def plot_equity(
+    path: Path, timestamps: np.ndarray, curves: Mapping[str, np.ndarray], title: str
+) -> None:
+    """Equity (cumulative net PnL, points) of the agent against the baselines."""
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    x = pd.to_datetime(timestamps[: _length(curves)])
+    for name, curve in curves.items():
+        ax.plot(x, curve, label=name, linewidth=1.6 if name.startswith("agent") else 1.0)
+    ax.axhline(0.0, color="grey", linewidth=0.5)
+    ax.set_title(title)
+    ax.set_ylabel("net PnL (index points, after costs)")
+    ax.legend(loc="best", fontsize=8)
+    fig.autofmt_xdate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_training(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> None:
+    """Training curves from metrics rows (one per chunk): losses, Q, edge mass, grad norms."""
+    if not rows:
+        return
+    frame = pd.DataFrame(rows)
+    fig, axes = plt.subplots(len(TRAINING_CURVES), 1, figsize=(9, 2.4 * len(TRAINING_CURVES)))
+    for ax, names in zip(axes, TRAINING_CURVES, strict=True):
+        for name in names:
+            if name in frame:
+                ax.plot(frame["step"], frame[name], label=name, linewidth=1.0)
+        ax.legend(loc="best", fontsize=7)
+        ax.grid(alpha=0.3)
+    axes[0].set_title(title)
+    axes[-1].set_xlabel("learner step")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90, bbox_inches="tight")
+    plt.close(fig)
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
+    """Console table: one line per (fold, seed) with agent and baseline net PnL and Sharpe."""
+    header = (
+        f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'sharpe':>7} {'trades':>6}"
+        f"  {'flat $':>8} {'b&h $':>10} {'random $':>10}"
+    )
+    lines = [header, "-" * len(header)]
+    for row in fold_results:
+        agent = row.get("agent") or {}
+        base = row["baselines"]
+        lines.append(
+            f"{row['fold']:>4} {row.get('seed', '-'):>4}  {row.get('status', 'ok'):<28.28} "
+            f"{_fmt(agent.get('net_pnl_usd'), ',.0f'):>10} {_fmt(agent.get('sharpe'), '.2f'):>7} "
+            f"{_fmt(agent.get('n_trades'), 'd'):>6}  "
+            f"{_fmt(base['flat']['net_pnl_usd'], ',.0f'):>8} "
+            f"{_fmt(base['buy_and_hold']['net_pnl_usd'], ',.0f'):>10} "
+            f"{_fmt(base['random']['net_pnl_usd'], ',.0f'):>10}"
+        )
+    return "\n".join(lines)

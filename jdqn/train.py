@@ -1,0 +1,227 @@
+"""Training program: ``make_train(cfg, ...) -> TrainProgram``; one epoch = scans over iterations.
+
+One iteration (DESIGN section 1): epsilon-greedy action on every slice -> environment step of all
+slices in lock-step -> PER insert -> learner step(s). Iterations run inside ``lax.scan`` in chunks
+of ``cfg.train.chunk_iterations`` so the host can drive a progress bar and checkpoints between
+chunks; epoch, chunk and the alpha schedule enter as traced scalars, so the whole run compiles once.
+Every function here is pure and vmaps over a leading run axis (folds x seeds).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jdqn import env as trading_env
+from jdqn.config import Config
+from jdqn.evaluate import Rollout, greedy_policy, rollout
+from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner
+from jdqn.transition import observation
+
+
+class FoldData(NamedTuple):
+    """One fold's arrays as the training program sees them."""
+
+    features: jax.Array  # [T, F] float32, normalised with the fold's train statistics
+    close: jax.Array  # [T] float32, index points
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything a run carries between chunks (and into checkpoints)."""
+
+    learner: LearnerState
+    env: trading_env.EnvState  # leaves [S], one per slice
+    key: jax.Array  # [2] uint32, acting key (the learner has its own)
+    iteration: jax.Array  # [] int32, iterations done since the start of training
+
+
+class IterationMetrics(NamedTuple):
+    """Per-iteration record returned by a chunk (stacked to [L] by the scan)."""
+
+    learner: LearnerMetrics  # zeros when no learner step ran this iteration
+    trained: jax.Array  # [] bool, a learner step ran
+    active: jax.Array  # [] bool, iteration inside the epoch (padding of the last chunk is not)
+    epsilon: jax.Array  # [] float32
+    reward_mean: jax.Array  # [] float32, mean reward over slices
+
+
+@dataclass(frozen=True)
+class TrainProgram:
+    """Compiled-once training program for folds of ``train_bars`` bars."""
+
+    cfg: Config
+    learner: Learner
+    iterations_per_epoch: int
+    chunk_length: int
+    chunks_per_epoch: int
+
+    @property
+    def total_iterations(self) -> int:
+        return self.iterations_per_epoch * self.cfg.train.epochs
+
+    def init(self, key: jax.Array, fold: FoldData) -> TrainState:
+        """Fresh learner (empty buffer) and slices at their starts."""
+        learner_key, env_key, act_key = jax.random.split(key, 3)
+        params = _slice_params(self.cfg, fold)
+        _, env_state = trading_env.reset_slices(env_key, params, self.cfg.train.n_slices)
+        return TrainState(
+            learner=self.learner.init(learner_key),
+            env=env_state,
+            key=act_key,
+            iteration=jnp.zeros((), jnp.int32),
+        )
+
+    def run_chunk(
+        self, state: TrainState, fold: FoldData, epoch: jax.Array, chunk: jax.Array
+    ) -> tuple[TrainState, IterationMetrics]:
+        """Run ``chunk_length`` iterations of ``epoch`` (traced ints); pure, vmappable."""
+        cfg = self.cfg
+        params = _slice_params(cfg, fold)
+        alpha = jnp.asarray(cfg.loss.alpha_schedule, jnp.float32)[
+            jnp.minimum(epoch, len(cfg.loss.alpha_schedule) - 1)
+        ]
+        first_in_epoch = chunk * self.chunk_length
+
+        def begin_epoch(state: TrainState) -> TrainState:
+            # Each epoch walks every slice once from its start.
+            key, reset_key = jax.random.split(state.key)
+            _, env_state = trading_env.reset_slices(reset_key, params, cfg.train.n_slices)
+            return state.replace(env=env_state, key=key)
+
+        state = jax.lax.cond(chunk == 0, begin_epoch, lambda s: s, state)
+
+        def iteration(state: TrainState, offset: jax.Array) -> tuple[TrainState, IterationMetrics]:
+            # The last chunk of an epoch may run past the epoch's end: those iterations are
+            # skipped. `active` depends only on unbatched scalars, so under vmap this stays a
+            # real branch (no select over the replay buffer).
+            active = first_in_epoch + offset < self.iterations_per_epoch
+
+            def skip(state: TrainState) -> tuple[TrainState, IterationMetrics]:
+                shapes = jax.eval_shape(self._iterate, state, params, alpha)[1]
+                return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+            new_state, metrics = jax.lax.cond(
+                active, lambda s: self._iterate(s, params, alpha), skip, state
+            )
+            return new_state, metrics._replace(active=active)
+
+        return jax.lax.scan(iteration, state, jnp.arange(self.chunk_length))
+
+    def _iterate(
+        self, state: TrainState, params: trading_env.EnvParams, alpha: jax.Array
+    ) -> tuple[TrainState, IterationMetrics]:
+        cfg = self.cfg
+        n_slices = cfg.train.n_slices
+        key, explore_key, pick_key, step_key = jax.random.split(state.key, 4)
+        progress = state.iteration.astype(jnp.float32) / max(self.total_iterations, 1)
+
+        decay = jnp.clip(progress / cfg.train.epsilon_decay_fraction, 0.0, 1.0)
+        epsilon = (
+            cfg.train.epsilon_start + (cfg.train.epsilon_end - cfg.train.epsilon_start) * decay
+        )
+        obs = observation(params.features[state.env.t], state.env.position)  # [S, F+1]
+        greedy = jnp.argmax(self.learner.act_q(state.learner, obs), axis=-1)
+        random_actions = jax.random.randint(pick_key, (n_slices,), 0, cfg.env.n_actions)
+        explore = jax.random.uniform(explore_key, (n_slices,)) < epsilon
+        actions = jnp.where(explore, random_actions, greedy).astype(jnp.int32)
+
+        _, env_state, reward, _, info = trading_env.step_slices(
+            step_key, state.env, actions, params
+        )
+        learner_state = self.learner.insert(state.learner, info["transition"])
+
+        beta = cfg.replay.beta_start + (1.0 - cfg.replay.beta_start) * progress
+        ready = (learner_state.replay.size >= cfg.train.batch_size) & (
+            state.iteration % cfg.train.train_every == 0
+        )
+
+        def train(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
+            def update(carry: LearnerState, _: None) -> tuple[LearnerState, LearnerMetrics]:
+                return self.learner.step(carry, alpha, beta)
+
+            learner_state, metrics = jax.lax.scan(
+                update, learner_state, None, length=cfg.train.updates_per_iteration
+            )
+            return learner_state, jax.tree.map(lambda m: m[-1], metrics)
+
+        def skip(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
+            zeros = jax.eval_shape(train, learner_state)[1]
+            return learner_state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+
+        learner_state, learner_metrics = jax.lax.cond(ready, train, skip, learner_state)
+        new_state = TrainState(
+            learner=learner_state, env=env_state, key=key, iteration=state.iteration + 1
+        )
+        return new_state, IterationMetrics(
+            learner=learner_metrics,
+            trained=ready,
+            active=jnp.ones((), bool),
+            epsilon=epsilon,
+            reward_mean=jnp.mean(reward),
+        )
+
+    def evaluate(self, state: TrainState, fold: FoldData, key: jax.Array) -> Rollout:
+        """Greedy pass of the trained agent over a test window, with costs (DESIGN section 8)."""
+        params = _env_params(self.cfg, fold)
+
+        def q_fn(obs: jax.Array) -> jax.Array:
+            return self.learner.act_q(state.learner, obs[None])[0]
+
+        return rollout(greedy_policy(q_fn), params, key)
+
+    def train(self, key: jax.Array, fold: FoldData) -> tuple[TrainState, list[IterationMetrics]]:
+        """Whole training of one fold (host loop over chunks; for tests and simple use)."""
+        state = self.init(key, fold)
+        run_chunk = jax.jit(self.run_chunk)
+        history = []
+        for epoch in range(self.cfg.train.epochs):
+            for chunk in range(self.chunks_per_epoch):
+                state, metrics = run_chunk(state, fold, jnp.int32(epoch), jnp.int32(chunk))
+                history.append(metrics)
+        return state, history
+
+
+def _env_params(cfg: Config, fold: FoldData) -> trading_env.EnvParams:
+    """One episode over the whole window (evaluation)."""
+    return trading_env.make_params(fold.features, fold.close, cfg.env)
+
+
+def _slice_params(cfg: Config, fold: FoldData) -> trading_env.EnvParams:
+    """The train window cut into ``n_slices`` lock-step slices (bounds are static numpy)."""
+    params = _env_params(cfg, fold)
+    n_bars, n_slices = fold.close.shape[0], cfg.train.n_slices
+    starts = (n_bars // n_slices) * np.arange(n_slices)
+    ends = np.append(starts[1:], n_bars)
+    return params.replace(start=jnp.asarray(starts, jnp.int32), end=jnp.asarray(ends, jnp.int32))
+
+
+def make_train(
+    cfg: Config,
+    n_features: int,
+    train_bars: int,
+    non_causal: tuple[int, ...] = (),
+    debug: bool = False,
+) -> TrainProgram:
+    """Build the training program for folds of ``train_bars`` bars and ``n_features`` features."""
+    slice_bars = train_bars // cfg.train.n_slices
+    if slice_bars < 2:
+        raise ValueError(
+            f"train.n_slices: {cfg.train.n_slices} slices of a {train_bars}-bar train window "
+            "leave fewer than 2 bars per slice; fix: lower train.n_slices"
+        )
+    iterations = slice_bars - 1  # the last bar of a slice only provides the final close
+    chunk_length = min(cfg.train.chunk_iterations, iterations)
+    return TrainProgram(
+        cfg=cfg,
+        learner=make_learner(cfg, n_features, non_causal, debug=debug),
+        iterations_per_epoch=iterations,
+        chunk_length=chunk_length,
+        chunks_per_epoch=math.ceil(iterations / chunk_length),
+    )

@@ -1,0 +1,411 @@
+"""Walk-forward runs: every fold (and seed) trained, judged out of sample, written to a run dir.
+
+Rolling folds have equal lengths, so all folds x seeds are one vmapped program (one compile);
+expanding folds differ in length and run in sequence (DESIGN sections 7, 8, 11).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jdqn import report, rundir
+from jdqn.checkpoint import Checkpointer
+from jdqn.config import Config
+from jdqn.data import BarFileError, WalkForwardData, load_source, prepare_walkforward
+from jdqn.env import make_params
+from jdqn.evaluate import equity_curve, evaluate_baselines, metrics
+from jdqn.learner import GUARD_REASONS
+from jdqn.train import FoldData, TrainProgram, TrainState, make_train
+
+
+class UserError(Exception):
+    """A problem with the user's input: reported as one line, exit status 2, no traceback."""
+
+
+@dataclass(frozen=True)
+class WalkForwardOutcome:
+    run_dir: Path
+    results: dict[str, Any]
+    halted: bool
+
+
+def enable_compilation_cache(cfg: Config) -> None:
+    """Persist XLA executables across runs (warm starts skip compilation)."""
+    if not cfg.output.compilation_cache:
+        return
+    cache = os.environ.get("JDQN_CACHE_DIR") or str(Path.home() / ".cache" / "jdqn" / "xla")
+    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def _source_label(cfg: Config) -> str:
+    if cfg.data.path:
+        return str(cfg.data.path)
+    return (
+        f"synthetic(bars={cfg.data.synthetic_bars}, seed={cfg.data.synthetic_seed}, "
+        f"signal={cfg.data.signal_strength})"
+    )
+
+
+def load_data(cfg: Config) -> WalkForwardData:
+    """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
+    if cfg.data.path and not Path(cfg.data.path).exists():
+        raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
+    try:
+        bars = load_source(cfg.data)
+        return prepare_walkforward(bars, cfg, source=_source_label(cfg))
+    except BarFileError as error:
+        raise UserError(str(error)) from None
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
+def run_walkforward(
+    cfg: Config | None,
+    *,
+    resume: str | os.PathLike[str] | None = None,
+    debug: bool = False,
+    progress: bool = True,
+    name: str | None = None,
+    log: Callable[[str], None] = print,
+) -> WalkForwardOutcome:
+    """Train and judge every fold; returns the finished run directory and its results."""
+    if resume is not None:
+        try:
+            run = rundir.open_incomplete_run_dir(resume)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+        cfg = Config.from_json(run.config_path.read_text())
+    assert cfg is not None
+    enable_compilation_cache(cfg)
+    data = load_data(cfg)  # before any directory exists: bad input leaves nothing behind
+    if resume is None:
+        try:
+            run = rundir.new_run_dir(cfg.output.out_dir, name)
+        except (ValueError, OSError) as error:
+            raise UserError(str(error)) from None
+        run.config_path.write_text(cfg.to_json() + "\n")
+    log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+    log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
+    try:
+        fold_results = _run_all_folds(cfg, data, run, debug=debug, progress=progress, log=log)
+    except BaseException:
+        if not run.checkpoint_dir.exists():
+            rundir.discard(run)  # nothing to resume: leave no directory behind
+        else:
+            log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
+        raise
+    results = {
+        "config": cfg.to_dict(),
+        "source": data.source,
+        "bars_per_year": data.bars_per_year,
+        "folds": fold_results,
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+    }
+    rundir.write_json(run.results_path, results)
+    final = rundir.finalize(run)
+    halted = [r for r in fold_results if r["status"] != "ok"]
+    log(report.summary_table(fold_results))
+    log(f"jdqn: results in {final / 'results.json'}; plots in {final / 'plots'}")
+    for row in halted:
+        log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
+    return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
+
+
+def _run_all_folds(
+    cfg: Config,
+    data: WalkForwardData,
+    run: rundir.RunDir,
+    *,
+    debug: bool,
+    progress: bool,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    n_folds = len(data.folds)
+    groups = (
+        [list(range(n_folds))]
+        if cfg.walkforward.mode == "rolling"
+        else [[k] for k in range(n_folds)]
+    )
+    non_causal = tuple(data.feature_groups.get(cfg.loss.non_causal_group, ()))
+    rows: list[dict[str, Any]] = []
+    for group_index, fold_ids in enumerate(groups):
+        rows += _run_group(
+            cfg,
+            data,
+            fold_ids,
+            run,
+            group_index=group_index,
+            non_causal=non_causal,
+            debug=debug,
+            progress=progress,
+            log=log,
+        )
+    return rows
+
+
+def _stack(arrays: Sequence[Any]) -> FoldData:
+    return FoldData(
+        features=jnp.asarray(np.stack([a.features for a in arrays])),
+        close=jnp.asarray(np.stack([a.close for a in arrays])),
+    )
+
+
+def _take(stacked: FoldData, index: jax.Array) -> FoldData:
+    return jax.tree.map(lambda a: a[index], stacked)
+
+
+def _run_group(
+    cfg: Config,
+    data: WalkForwardData,
+    fold_ids: list[int],
+    run: rundir.RunDir,
+    *,
+    group_index: int,
+    non_causal: tuple[int, ...],
+    debug: bool,
+    progress: bool,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Train all (fold, seed) runs of one group as one vmapped program, then evaluate them."""
+    seeds = cfg.train.seeds
+    train = _stack([data.train[k] for k in fold_ids])
+    test = _stack([data.test[k] for k in fold_ids])
+    program = make_train(
+        cfg, train.features.shape[-1], train.features.shape[1], non_causal, debug=debug
+    )
+    # Run r trains fold fold_ids[r // seeds] with seed r % seeds.
+    local_fold = jnp.repeat(jnp.arange(len(fold_ids)), seeds)
+    run_ids = [(fold_ids[i // seeds], i % seeds) for i in range(len(fold_ids) * seeds)]
+    base = jax.random.PRNGKey(cfg.train.seed)
+    keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(base, f), s) for f, s in run_ids])
+
+    init_all = jax.jit(jax.vmap(lambda k, i: program.init(k, _take(train, i))))
+    chunk_all = jax.jit(
+        jax.vmap(
+            lambda s, i, e, c: program.run_chunk(s, _take(train, i), e, c),
+            in_axes=(0, 0, None, None),
+        ),
+        donate_argnums=0,
+    )
+    state = init_all(keys, local_fold)
+    checkpoints = (
+        Checkpointer(run.checkpoint_dir / f"group{group_index}") if cfg.output.checkpoints else None
+    )
+    start_epoch, halted_epoch = 0, {}
+    if checkpoints is not None and checkpoints.latest_step() is not None:
+        state, meta = checkpoints.restore(state)
+        start_epoch = int(meta["epochs_done"])
+        halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
+        log(f"jdqn: resumed group {group_index} after epoch {start_epoch}")
+    metrics_log = _MetricsLog(run, cfg, run_ids, group_index, start_epoch)
+
+    total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch
+    bar = _progress_bar(total, progress, f"folds {fold_ids}")
+    for epoch in range(start_epoch, cfg.train.epochs):
+        for chunk in range(program.chunks_per_epoch):
+            state, chunk_metrics = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk))
+            summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
+            halted = np.asarray(state.learner.guard.halted)
+            for r in np.flatnonzero(halted):
+                halted_epoch.setdefault(int(r), epoch)
+            if bar is not None:
+                bar.set_postfix(summary, refresh=False)
+                bar.update(1)
+        if checkpoints is not None:
+            checkpoints.save(
+                epoch + 1,
+                state,
+                {
+                    "epochs_done": epoch + 1,
+                    "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
+                },
+            )
+    if bar is not None:
+        bar.close()
+    metrics_log.close()
+    if checkpoints is not None:
+        checkpoints.close()
+    return _evaluate_group(
+        cfg, data, program, state, test, local_fold, run_ids, run, halted_epoch, keys
+    )
+
+
+def _evaluate_group(
+    cfg: Config,
+    data: WalkForwardData,
+    program: TrainProgram,
+    state: TrainState,
+    test: FoldData,
+    local_fold: jax.Array,
+    run_ids: list[tuple[int, int]],
+    run: rundir.RunDir,
+    halted_epoch: dict[int, int],
+    keys: jax.Array,
+) -> list[dict[str, Any]]:
+    eval_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2**20))(keys)
+    evaluate_all = jax.jit(jax.vmap(lambda s, i, k: program.evaluate(s, _take(test, i), k)))
+    rollouts = jax.device_get(evaluate_all(state, local_fold, eval_keys))
+    guard = jax.device_get(state.learner.guard)
+    rows: list[dict[str, Any]] = []
+    baselines_by_fold: dict[int, dict[str, Any]] = {}
+    for r, (fold, seed) in enumerate(run_ids):
+        fold_window = data.folds[fold]
+        timestamps = data.test_timestamps[fold]
+        if fold not in baselines_by_fold:
+            params = make_params(
+                jnp.asarray(data.test[fold].features), jnp.asarray(data.test[fold].close), cfg.env
+            )
+            baselines_by_fold[fold] = evaluate_baselines(
+                params, jax.random.fold_in(keys[r], 2**21), cfg.env, data.bars_per_year
+            )
+        baselines = baselines_by_fold[fold]
+        positions = np.asarray(rollouts.positions[r])
+        net = np.asarray(rollouts.net_points[r])
+        if bool(guard.halted[r]):
+            reason = GUARD_REASONS[int(guard.reason[r])]
+            status = (
+                f"halted: {reason} at epoch {halted_epoch.get(r, 0) + 1} step {int(guard.step[r])}"
+            )
+            agent = None
+        else:
+            status = "ok"
+            agent = metrics(
+                net,
+                positions,
+                point_value_usd=cfg.env.point_value_usd,
+                bars_per_year=data.bars_per_year,
+            )
+        curves = {"agent": equity_curve(net)} | {
+            name: equity_curve(np.asarray(b["rollout"].net_points)) for name, b in baselines.items()
+        }
+        held = {"agent": positions} | {
+            name: np.asarray(b["rollout"].positions) for name, b in baselines.items()
+        }
+        stem = f"fold{fold}_seed{seed}"
+        report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
+        if cfg.output.plots:
+            report.plot_equity(
+                run.plots_dir / f"{stem}_equity.png",
+                timestamps,
+                curves,
+                f"fold {fold} seed {seed}: out-of-sample equity ({status})",
+            )
+        rows.append(
+            {
+                "fold": fold,
+                "seed": seed,
+                "status": status,
+                "window": {
+                    "train": [fold_window.train_start, fold_window.train_end],
+                    "test": [fold_window.test_start, fold_window.test_end],
+                    "test_time": [str(timestamps[0]), str(timestamps[-1])],
+                },
+                "agent": agent,
+                "baselines": {name: b["metrics"] for name, b in baselines.items()},
+                "training": {
+                    "learner_steps": int(np.asarray(state.learner.step)[r]),
+                    "iterations": int(np.asarray(state.iteration)[r]),
+                },
+            }
+        )
+    return rows
+
+
+class _MetricsLog:
+    """Per-chunk training metrics: JSONL, TensorBoard and the training-curve plots."""
+
+    def __init__(
+        self,
+        run: rundir.RunDir,
+        cfg: Config,
+        run_ids: list[tuple[int, int]],
+        group_index: int,
+        start_epoch: int,
+    ) -> None:
+        self._run, self._cfg, self._run_ids = run, cfg, run_ids
+        self._rows: dict[int, list[dict[str, Any]]] = {r: [] for r in range(len(run_ids))}
+        self._path = run.metrics_path
+        kept = []
+        if self._path.exists():  # resume: keep what earlier (checkpointed) epochs wrote
+            for line in self._path.read_text().splitlines():
+                row = json.loads(line)
+                if row["group"] != group_index or row["epoch"] < start_epoch:
+                    kept.append(line)
+                if row["group"] == group_index and row["epoch"] < start_epoch:
+                    self._rows[row["run"]].append(row)
+        self._path.write_text("".join(line + "\n" for line in kept))
+        self._group = group_index
+        self._writer = None
+        if cfg.output.tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(str(run.tensorboard_dir / f"group{group_index}"))
+
+    def add(self, epoch: int, chunk: int, state: TrainState, chunk_metrics: Any) -> dict[str, str]:
+        host = jax.device_get(chunk_metrics)
+        learner_steps = np.asarray(state.learner.step)
+        used = np.asarray(host.trained) & np.asarray(host.active)  # [R, L]
+        lines = []
+        for r, (fold, seed) in enumerate(self._run_ids):
+            row: dict[str, Any] = {
+                "group": self._group,
+                "run": r,
+                "fold": fold,
+                "seed": seed,
+                "epoch": epoch,
+                "chunk": chunk,
+                "step": int(learner_steps[r]),
+                "epsilon": float(np.asarray(host.epsilon)[r][-1]),
+                "reward_mean": float(np.mean(np.asarray(host.reward_mean)[r])),
+            }
+            mask = used[r]
+            for name, values in host.learner._asdict().items():
+                v = np.asarray(values)[r]
+                row[name] = float(np.mean(v[mask])) if mask.any() else None
+            lines.append(json.dumps(row, allow_nan=True))
+            self._rows[r].append(row)
+            if self._writer is not None:
+                for name, value in row.items():
+                    if isinstance(value, float) and name not in ("epsilon",):
+                        self._writer.add_scalar(f"fold{fold}_seed{seed}/{name}", value, row["step"])
+        with self._path.open("a") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+        first = self._rows[0][-1]
+        return {
+            "loss": _short(first.get("loss_c51") or first.get("loss_mse")),
+            "q": _short(first.get("q_mean")),
+        }
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._cfg.output.plots:
+            for r, (fold, seed) in enumerate(self._run_ids):
+                report.plot_training(
+                    self._run.plots_dir / f"fold{fold}_seed{seed}_training.png",
+                    self._rows[r],
+                    f"fold {fold} seed {seed}: training",
+                )
+
+
+def _short(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _progress_bar(total: int, enabled: bool, label: str) -> Any:
+    if not enabled or total == 0:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=label, unit="chunk", leave=False)
