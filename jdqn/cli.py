@@ -1,4 +1,4 @@
-"""Command line: ``jdqn walkforward | data synth | data check | bench``. Parses strings, calls the API.
+"""Command line: ``jdqn walkforward | data synth | data check | bench``; parses, then calls the API.
 
 User errors (bad flags, impossible config, malformed bar file, missing path) print one line
 ``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.

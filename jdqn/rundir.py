@@ -1,4 +1,4 @@
-"""Run directories that are complete or visibly not: written under ``NAME.incomplete``, renamed last.
+"""Run directories that are whole or visibly not: written as ``NAME.incomplete``, renamed last.
 
 A run writes everything into ``<out>/<name>.incomplete/``. Only after the last file is written is
 the directory renamed to ``<out>/<name>/``, so a directory without the suffix always holds a whole
