@@ -1,0 +1,93 @@
+"""CLI error paths: one line naming the problem and the fix, exit 2, no traceback, no run dir."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from malformed_bars import MALFORMED_CASES
+
+from jdqn.cli import EXIT_USER_ERROR, main
+
+ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
+
+
+def _assert_one_line_error(err: str, expected: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("jdqn: error: "), err
+    assert expected.lower() in lines[0].lower(), err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("case", "content", "expected"), MALFORMED_CASES, ids=lambda c: c)
+def test_malformed_bar_file_is_one_line_exit_2_and_no_run_dir(
+    tmp_path, capsys, case, content, expected
+):
+    path = tmp_path / f"{case}.csv"
+    path.write_text(content)
+    out = tmp_path / "runs"
+    code = main(["walkforward", "--data", str(path), "--out", str(out), "--no-progress"])
+    assert code == EXIT_USER_ERROR
+    _assert_one_line_error(capsys.readouterr().err, expected)
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["walkforward", "--data", "/no/such/file.csv"], "no such file"),
+        (["walkforward", "--set", "network.v_min=999"], "network.v_min"),
+        (["walkforward", "--set", "train.bogus=1"], "valid keys of train"),
+        (["walkforward", "--set", "nonsense"], "section.field=value"),
+        (["walkforward", "--folds", "0"], "walkforward.n_folds"),
+        (["walkforward", "--profile", "huge"], "invalid choice"),
+        (["walkforward", "--data", str(ES_SAMPLE)], "fix"),  # default folds do not fit 2,264 bars
+        (["walkforward", "--resume", "/no/such/run"], "no such directory"),
+        (["data", "synth", "--bars", "10", "--out", "x.csv"], "--bars"),
+        (["data", "check", "/no/such/file.csv"], "no such file"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_user_errors_are_one_line_exit_2(tmp_path, capsys, argv, expected):
+    out = tmp_path / "runs"
+    if argv[0] == "walkforward":
+        argv = [*argv, "--out", str(out), "--no-progress"]
+    try:
+        code = main(argv)
+    except SystemExit as stop:  # argparse errors exit through SystemExit
+        code = stop.code
+    assert code == EXIT_USER_ERROR
+    _assert_one_line_error(capsys.readouterr().err, expected)
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_folds_that_do_not_fit_say_what_to_change(capsys, tmp_path):
+    code = main(["walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--no-progress"])
+    assert code == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert "2,264" in err or "2264" in err
+    assert "walkforward.train_bars" in err
+
+
+def test_subprocess_exit_code_and_no_traceback(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("timestamp,open,high,low,close\n2024-01-02 09:30:00,1,2,0.5,nan\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "jdqn", "walkforward", "--data", str(bad), "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == EXIT_USER_ERROR
+    _assert_one_line_error(result.stderr, "close")
+    assert not list(tmp_path.glob("run-*"))
+
+
+def test_data_synth_then_check_round_trip(tmp_path, capsys):
+    path = tmp_path / "bars.parquet"
+    assert main(["data", "synth", "--bars", "2000", "--seed", "3", "--out", str(path)]) == 0
+    assert main(["data", "check", str(path)]) == 0
+    assert "2,000 valid bars" in capsys.readouterr().out

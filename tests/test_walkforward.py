@@ -1,0 +1,189 @@
+"""End-to-end walk-forward runs (issue 4): the trained agent, outputs, reproducibility, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from jdqn.checkpoint import Checkpointer, all_finite
+from jdqn.cli import EXIT_HALTED, main
+from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.walkforward import run_walkforward
+
+ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
+ES_FOLDS = [
+    "walkforward.train_bars=1000",
+    "walkforward.test_bars=300",
+    "walkforward.purge_bars=60",
+    "train.n_slices=16",
+    "train.batch_size=32",
+    "replay.capacity=128",
+]
+
+
+def _run(tmp_path: Path, overrides: list[str], name: str = "run"):
+    cfg = apply_overrides(SMOKETEST, [f"output.out_dir={tmp_path}", *overrides])
+    return run_walkforward(cfg, progress=False, name=name, log=lambda _: None)
+
+
+def _agent_numbers(results: dict) -> list[float]:
+    return [
+        value
+        for row in results["folds"]
+        for value in (row["agent"]["net_pnl_points"], row["agent"]["sharpe"])
+    ]
+
+
+def _assert_outputs_complete(run_dir: Path, results: dict, n_folds: int) -> None:
+    assert not run_dir.name.endswith(".incomplete")
+    assert json.loads((run_dir / "results.json").read_text()) == results
+    assert json.loads((run_dir / "config.json").read_text())["walkforward"]["n_folds"] == n_folds
+    for row in results["folds"]:
+        stem = f"fold{row['fold']}_seed{row['seed']}"
+        curve = pd.read_csv(run_dir / "curves" / f"{stem}_equity.csv")
+        assert {"agent_equity_points", "flat_equity_points", "random_equity_points"} <= set(curve)
+        assert np.isclose(curve["agent_equity_points"].iloc[-1], row["agent"]["net_pnl_points"])
+        for plot in ("equity", "training"):
+            assert (run_dir / "plots" / f"{stem}_{plot}.png").stat().st_size > 1000
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert rows and {"loss_mse", "loss_c51", "q_mean", "edge_mass"} <= set(rows[0])
+    assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
+
+
+@pytest.mark.slow
+def test_dqn_trains_on_es_fut(tmp_path):
+    """Smoketest: 3 folds x 2 epochs (C51 blended in at epoch 2) on 60,000 synthetic ES bars."""
+    outcome = _run(tmp_path, [])
+    results = outcome.results
+    assert not outcome.halted
+    assert len(results["folds"]) == 3
+    assert [row["status"] for row in results["folds"]] == ["ok"] * 3
+    _assert_outputs_complete(outcome.run_dir, results, 3)
+    rows = [
+        json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
+    v_max = SMOKETEST.network.v_max
+    q_max = [row["q_max"] for row in rows if row["q_max"] is not None]
+    assert q_max and all(math.isfinite(q) and abs(q) <= v_max for q in q_max)
+    # alpha = 0 in epoch 1 and 0.2 in epoch 2: the C51 part is blended in and stays finite.
+    assert {row["alpha"] for row in rows if row["alpha"] is not None} == {0.0, pytest.approx(0.2)}
+
+
+@pytest.mark.slow
+def test_dqn_trains_on_the_real_es_sample(tmp_path):
+    outcome = _run(tmp_path, [f"data.path={ES_SAMPLE}", *ES_FOLDS])
+    assert not outcome.halted
+    assert [row["status"] for row in outcome.results["folds"]] == ["ok"] * 3
+    _assert_outputs_complete(outcome.run_dir, outcome.results, 3)
+
+
+@pytest.mark.slow
+def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
+    small = [*ES_FOLDS, f"data.path={ES_SAMPLE}", "output.plots=false", "output.tensorboard=false"]
+    first = _run(tmp_path, small, "a").results
+    second = _run(tmp_path, small, "b").results
+    other = _run(tmp_path, [*small, "train.seed=1"], "c").results
+    assert _agent_numbers(first) == _agent_numbers(second)
+    assert _agent_numbers(first) != _agent_numbers(other)
+
+
+@pytest.mark.slow
+def test_absurd_learning_rate_halts_folds_cleanly(tmp_path, capsys):
+    code = main(
+        [
+            "walkforward",
+            "--data",
+            str(ES_SAMPLE),
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--name",
+            "halt",
+            *[arg for item in ES_FOLDS for arg in ("--set", item)],
+            "--set",
+            "optim.learning_rate=1e30",
+        ]
+    )
+    assert code == EXIT_HALTED
+    out = capsys.readouterr().out
+    assert "halted:" in out
+    results = json.loads((tmp_path / "halt" / "results.json").read_text())
+    statuses = [row["status"] for row in results["folds"]]
+    assert all(status.startswith("halted: ") and " at epoch " in status for status in statuses)
+    for group in (tmp_path / "halt" / "checkpoints").iterdir():
+        checkpointer = Checkpointer(group)
+        step = checkpointer.latest_step()
+        assert step is not None
+        path = group / str(step)
+        assert path.exists()
+        checkpointer.close()
+    assert all_finite_checkpoints(tmp_path / "halt" / "checkpoints")
+
+
+def all_finite_checkpoints(directory: Path) -> bool:
+    """Every array saved under ``directory`` is finite (read back with orbax's raw restore)."""
+    import orbax.checkpoint as ocp
+
+    checker = ocp.PyTreeCheckpointer()
+    found = False
+    for state_dir in directory.rglob("state"):
+        found = True
+        if not all_finite(checker.restore(state_dir)):
+            return False
+    return found
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_the_uninterrupted_numbers(tmp_path):
+    args = [
+        "--data",
+        str(ES_SAMPLE),
+        "--no-progress",
+        "--epochs",
+        "3",
+        *[arg for item in ES_FOLDS for arg in ("--set", item)],
+        "--set",
+        "train.chunk_iterations=8",
+        "--set",
+        "output.plots=false",
+    ]
+    reference = tmp_path / "reference"
+    command = [sys.executable, "-m", "jdqn", "walkforward", *args]
+    subprocess.run(
+        [*command, "--out", str(reference), "--name", "r"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    expected = json.loads((reference / "r" / "results.json").read_text())
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(
+        [*command, "--out", str(killed), "--name", "k"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    incomplete = killed / "k.incomplete"
+    deadline = time.time() + 600
+    # Kill mid-epoch, after the first epoch's checkpoint exists.
+    while time.time() < deadline and not list(incomplete.glob("checkpoints/group0/1")):
+        time.sleep(0.05)
+    time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert incomplete.exists() and not (incomplete / "results.json").exists()
+
+    code = main(["walkforward", "--resume", str(incomplete), "--no-progress"])
+    assert code == 0
+    resumed = json.loads((killed / "k" / "results.json").read_text())
+    assert _agent_numbers(resumed) == _agent_numbers(expected)
+    assert [r["training"] for r in resumed["folds"]] == [r["training"] for r in expected["folds"]]
