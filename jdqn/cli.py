@@ -138,7 +138,7 @@ def _data(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from jdqn.bench import run_all
+    from jdqn.bench.suite import run_all
 
     try:
         run_all(sections=args.only, json_path=args.json, quick=args.quick)
