@@ -1,0 +1,310 @@
+"""Evaluation: policy rollouts over a test window, trading metrics, baselines (DESIGN section 8).
+
+A policy is a pure function ``policy(key, obs [F+1]) -> action [] int32``. :func:`rollout` runs it
+greedily-with-costs over one episode window inside one ``lax.scan`` (jit-able, vmappable over folds
+and seeds); :func:`metrics` turns the per-bar record into float64 host-side numbers that are all
+JSON-safe (Python floats/ints or ``None``, never inf/NaN). Baselines (flat, buy-and-hold, uniform
+random) and the agent go through the same :func:`evaluate_policy`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jdqn import env
+from jdqn.config import EnvConfig
+from jdqn.transition import observation
+
+Policy = Callable[[jax.Array, jax.Array], jax.Array]  # (key, obs [F+1]) -> action [] int32
+
+
+class Rollout(NamedTuple):
+    """Per-step record of one episode. Entry i is the action at bar ``start + i``.
+
+    Arrays have the static length ``T - 1`` of the fold; entries at ``i >= end - start - 1``
+    (outside the episode window) are zero padding. :func:`evaluate_policy` trims them.
+    """
+
+    positions: jax.Array  # [T-1] float32, position held over the interval start+i -> start+i+1
+    pnl_points: jax.Array  # [T-1] float32, gross: position x price change
+    cost_points: jax.Array  # [T-1] float32, cost of the trade made at the bar
+    net_points: jax.Array  # [T-1] float32, pnl - cost (unscaled)
+    actions: jax.Array  # [T-1] int32, index into the position grid
+
+
+def rollout(policy: Policy, params: env.EnvParams, key: jax.Array) -> Rollout:
+    """Run ``policy`` over the episode ``[start, end)`` of ``params``, starting flat."""
+    n_scan = params.close.shape[0] - 1  # static; the window's own length may be traced
+    _, state0 = env.reset(key, params)
+
+    def body(state: env.EnvState, xs: tuple[jax.Array, jax.Array]):
+        index, key_t = xs
+        policy_key, step_key = jax.random.split(key_t)
+        obs = observation(params.features[state.t], state.position)
+        action = jnp.asarray(policy(policy_key, obs), jnp.int32)
+        _, state, _, _, info = env.step(step_key, state, action, params)
+        # After the window ends the env has auto-reset; keep scanning (static length) but zero it.
+        active = index < env.n_steps(params)
+        record = Rollout(
+            positions=params.positions[action],
+            pnl_points=info["pnl_points"],
+            cost_points=info["cost_points"],
+            net_points=info["pnl_points"] - info["cost_points"],
+            actions=action,
+        )
+        record = jax.tree.map(lambda x: jnp.where(active, x, jnp.zeros_like(x)), record)
+        return state, record
+
+    xs = (jnp.arange(n_scan, dtype=jnp.int32), jax.random.split(key, n_scan))
+    _, record = jax.lax.scan(body, state0, xs)
+    return record
+
+
+def trim(record: Rollout, params: env.EnvParams) -> Rollout:
+    """Host side: drop the zero padding after the episode window; numpy arrays."""
+    n = int(env.n_steps(params))
+    return Rollout(*(np.asarray(x)[:n] for x in record))
+
+
+def equity_curve(net_points: np.ndarray) -> np.ndarray:
+    """Cumulative net PnL after each bar, float64 (points). Starts from 0 before the first bar."""
+    return np.cumsum(np.asarray(net_points, np.float64))
+
+
+# --- policies ---------------------------------------------------------------------------------
+# Builders are cached so the same arguments give the same function object, and the jitted rollout
+# (policy is a static argument) compiles once per fold shape rather than once per call.
+
+
+@functools.cache
+def _constant_policy(action: int) -> Policy:
+    def policy(key: jax.Array, obs: jax.Array) -> jax.Array:
+        del key, obs
+        return jnp.asarray(action, jnp.int32)
+
+    return policy
+
+
+def flat_policy(positions: Sequence[float]) -> Policy:
+    """Always target position 0 (never trades). Raises if the grid has no flat position."""
+    grid = tuple(float(p) for p in positions)
+    if 0.0 not in grid:
+        raise ValueError(f"flat_policy: position grid {grid} has no 0.0; add 0.0 to env.positions")
+    return _constant_policy(grid.index(0.0))
+
+
+def buy_and_hold_policy(positions: Sequence[float]) -> Policy:
+    """Always target the largest long position of the grid (enters once, then holds)."""
+    grid = tuple(float(p) for p in positions)
+    return _constant_policy(int(np.argmax(grid)))
+
+
+@functools.cache
+def random_policy(n_actions: int) -> Policy:
+    """Uniform over the ``n_actions`` grid entries, drawn from the per-step key."""
+
+    def policy(key: jax.Array, obs: jax.Array) -> jax.Array:
+        del obs
+        return jax.random.randint(key, (), 0, n_actions, dtype=jnp.int32)
+
+    return policy
+
+
+def greedy_policy(q_fn: Callable[[jax.Array], jax.Array]) -> Policy:
+    """argmax_a Q(obs, a) for ``q_fn(obs [F+1]) -> [A]`` (ties: the lowest index)."""
+
+    def policy(key: jax.Array, obs: jax.Array) -> jax.Array:
+        del key
+        return jnp.argmax(q_fn(obs), axis=-1).astype(jnp.int32)
+
+    return policy
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+
+def _closed_trade_pnls(net: np.ndarray, positions: np.ndarray, cost: np.ndarray | None) -> list:
+    """Net PnL of each closed round trip (see :func:`metrics` for the definition)."""
+    previous = np.concatenate([[0.0], positions[:-1]])
+    flips = (previous * positions) < 0
+    if cost is None and np.any(flips):
+        raise ValueError(
+            "metrics: positions flip sign, so the flip's cost must be split between two trades; "
+            "pass cost_points (or gross_points)"
+        )
+    trade_pnls = []
+    open_pnl: float | None = None
+    for i in range(net.size):
+        p_old, p_new, carry = previous[i], positions[i], net[i]
+        if open_pnl is not None and (p_new == 0.0 or flips[i]):
+            # Linear costs: the share of this bar's cost for closing |p_old| contracts.
+            exit_cost = -net[i] if cost is None else cost[i] * abs(p_old) / abs(p_new - p_old)
+            trade_pnls.append(open_pnl - exit_cost)
+            open_pnl, carry = None, net[i] + exit_cost
+        if p_new != 0.0:
+            open_pnl = carry if open_pnl is None else open_pnl + carry
+    return trade_pnls
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    """numerator / denominator, with a zero denominator giving 0 (nothing) or None (unbounded)."""
+    if denominator > 0:
+        return float(numerator / denominator)
+    return None if numerator > 0 else 0.0
+
+
+def metrics(
+    net_points: np.ndarray,
+    positions: np.ndarray,
+    *,
+    point_value_usd: float,
+    bars_per_year: float,
+    gross_points: np.ndarray | None = None,
+    cost_points: np.ndarray | None = None,
+) -> dict[str, Any]:
+    """Trading metrics of one per-bar record, in float64 on the host. All values JSON-safe.
+
+    ``net_points[i]``/``positions[i]``: net PnL and position held over bar interval i; the position
+    before the first interval is 0 (rollouts start flat). Definitions:
+
+    - ``sharpe``: mean / sample std (ddof=1) of per-bar net PnL x sqrt(bars_per_year); 0 when the
+      std is 0 or there are fewer than 2 bars.
+    - ``sortino``: mean / downside deviation x sqrt(bars_per_year), downside deviation =
+      sqrt(mean(min(net, 0)^2)) (target 0, over all bars). Downside deviation 0: None when the
+      mean is > 0 (no losing bar: unbounded), else 0.
+    - ``max_drawdown_points``/``_usd``: largest peak-to-trough fall of the cumulative net PnL,
+      with the starting equity 0 counted as a peak; >= 0.
+    - ``calmar``: annualised net PnL (mean per bar x bars_per_year) / max drawdown. Drawdown 0:
+      None when the PnL is > 0 (unbounded), else 0.
+    - ``hit_rate``: fraction of closed round trips with net PnL > 0; None when none closed. A round
+      trip is a maximal run of bars holding a non-zero position of one sign (resizing within the
+      sign stays in the trade); it closes at the first bar that holds 0 or the opposite sign. Its
+      net PnL is the sum of net PnL over its bars (including its entry cost) minus its exit cost,
+      i.e. the share |p_old| / |p_new - p_old| of the closing bar's cost (a flip's cost is split
+      between the closed and the new trade). A trade still open at the end is not counted. Flips
+      need the per-bar cost (``cost_points`` or ``gross_points``); without flips net suffices.
+    - ``n_trades``: bars at which the position changes (entries, exits, flips, resizes).
+    - ``turnover``: sum of |position change| in contracts, the initial entry included.
+    - ``exposure``: fraction of bars holding a non-zero position.
+    - ``gross_pnl_*``/``cost_*``: None unless ``gross_points`` or ``cost_points`` is given
+      (net = gross - cost gives the other).
+    """
+    net = np.asarray(net_points, np.float64)
+    position = np.asarray(positions, np.float64)
+    if net.ndim != 1 or net.shape != position.shape:
+        raise ValueError(
+            f"metrics: need 1-D net and positions of one length; got {net.shape}, {position.shape}"
+        )
+    gross = None if gross_points is None else np.asarray(gross_points, np.float64)
+    cost = None if cost_points is None else np.asarray(cost_points, np.float64)
+    if gross is not None and cost is None:
+        cost = gross - net
+    if cost is not None and gross is None:
+        gross = net + cost
+    for name, array in (("net_points", net), ("positions", position), ("cost_points", cost)):
+        if array is not None and (array.shape != net.shape or not np.all(np.isfinite(array))):
+            raise ValueError(f"metrics: {name} must be finite and of shape {net.shape}")
+
+    n_bars = net.size
+    mean = float(net.mean()) if n_bars else 0.0
+    std = float(net.std(ddof=1)) if n_bars >= 2 else 0.0
+    root_year = math.sqrt(bars_per_year)
+    sharpe = mean / std * root_year if std > 0 else 0.0
+    downside = float(np.sqrt(np.mean(np.minimum(net, 0.0) ** 2))) if n_bars else 0.0
+    sortino = _ratio(mean * root_year, downside)
+
+    equity = np.concatenate([[0.0], equity_curve(net)])
+    max_drawdown = float(np.max(np.maximum.accumulate(equity) - equity))
+    calmar = _ratio(mean * bars_per_year, max_drawdown)
+
+    previous = np.concatenate([[0.0], position[:-1]])
+    trade_pnls = _closed_trade_pnls(net, position, cost)
+    hit_rate = float(np.mean(np.array(trade_pnls) > 0)) if trade_pnls else None
+
+    def usd(points: float | None) -> float | None:
+        return None if points is None else float(points * point_value_usd)
+
+    gross_total = None if gross is None else float(gross.sum())
+    cost_total = None if cost is None else float(cost.sum())
+    return {
+        "n_bars": int(n_bars),
+        "net_pnl_points": float(net.sum()),
+        "net_pnl_usd": usd(float(net.sum())),
+        "gross_pnl_points": gross_total,
+        "gross_pnl_usd": usd(gross_total),
+        "cost_points": cost_total,
+        "cost_usd": usd(cost_total),
+        "sharpe": float(sharpe),
+        "sortino": sortino,
+        "max_drawdown_points": max_drawdown,
+        "max_drawdown_usd": usd(max_drawdown),
+        "calmar": calmar,
+        "hit_rate": hit_rate,
+        "n_round_trips": len(trade_pnls),
+        "n_trades": int(np.count_nonzero(position != previous)),
+        "turnover": float(np.abs(position - previous).sum()),
+        "exposure": float(np.mean(position != 0.0)) if n_bars else 0.0,
+    }
+
+
+# --- evaluation -------------------------------------------------------------------------------
+
+_rollout_jit = jax.jit(rollout, static_argnums=0)
+
+
+def evaluate_policy(
+    policy: Policy,
+    params: env.EnvParams,
+    key: jax.Array,
+    *,
+    point_value_usd: float,
+    bars_per_year: float,
+) -> tuple[dict[str, Any], Rollout]:
+    """Roll ``policy`` over one episode window; (metrics dict, trimmed numpy Rollout)."""
+    record = trim(_rollout_jit(policy, params, key), params)
+    result = metrics(
+        record.net_points,
+        record.positions,
+        point_value_usd=point_value_usd,
+        bars_per_year=bars_per_year,
+        gross_points=record.pnl_points,
+        cost_points=record.cost_points,
+    )
+    return result, record
+
+
+def baseline_policies(env_cfg: EnvConfig) -> dict[str, Policy]:
+    """The three reference policies of DESIGN section 8, by name."""
+    return {
+        "flat": flat_policy(env_cfg.positions),
+        "buy_and_hold": buy_and_hold_policy(env_cfg.positions),
+        "random": random_policy(env_cfg.n_actions),
+    }
+
+
+def evaluate_baselines(
+    params: env.EnvParams, key: jax.Array, env_cfg: EnvConfig, bars_per_year: float
+) -> dict[str, dict[str, Any]]:
+    """``{name: {"metrics": dict, "rollout": Rollout}}`` for flat, buy_and_hold and random.
+
+    ``key`` seeds the random policy (the other two ignore it), so a fold's baselines are
+    reproducible from the fold's key.
+    """
+    results = {}
+    for name, policy in baseline_policies(env_cfg).items():
+        result, record = evaluate_policy(
+            policy,
+            params,
+            key,
+            point_value_usd=env_cfg.point_value_usd,
+            bars_per_year=bars_per_year,
+        )
+        results[name] = {"metrics": result, "rollout": record}
+    return results
