@@ -1,0 +1,477 @@
+"""The learner step: one pure function, jit-compiled with donated state (DESIGN section 5).
+
+``make_learner(cfg, n_features, non_causal)`` returns a :class:`Learner` of four pure functions
+over :class:`LearnerState`:
+
+- ``init(key) -> LearnerState`` (empty replay buffer),
+- ``insert(state, transitions [n]) -> LearnerState`` (PER insert at max priority),
+- ``step(state, alpha, beta) -> (LearnerState, LearnerMetrics)``: every step of DESIGN section 5
+  in order, guard included,
+- ``act_q(state, obs [B, F+1]) -> [B, A]``: head-mean Q of the online net (stored ``u``, never
+  updated).
+
+All four are ``jax.jit``-able (``step`` with ``donate_argnums=0``) and ``jax.vmap``-able over a
+leading seed/fold axis of the state. Periodic parts (vaccine, causal term, pruning, target sync)
+are selects or ``lax.cond`` on the traced step counter, never Python branches on traced values.
+Python branches exist only on the static config (a component that is off costs nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import chex
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from jdqn import losses, networks
+from jdqn.config import Config
+from jdqn.donors import make_donors, n_donors_for
+from jdqn.replay import ReplayState, replay_add, replay_init, replay_sample, replay_update
+from jdqn.surgery import budget_clip, gradient_vaccine
+from jdqn.transition import Transition, example_transition, observation
+
+# Why the guard stopped a fold; ``GuardRecord.reason`` indexes this tuple. Checked in this order.
+GUARD_REASONS: tuple[str, ...] = (
+    "none",
+    "batch",  # a sampled transition holds a non-finite observation, reward or price change
+    "loss",  # a loss part is non-finite
+    "gradient",  # a gradient (before or after surgery) is non-finite
+    "params",  # a new parameter is non-finite, or their squared norm overflows float32
+    "q_nonfinite",  # an online or target Q value is non-finite
+    "q_clip",  # max |Q| > loss.q_clip
+    "priorities",  # a new PER priority is non-finite before sanitising
+)
+
+
+class GuardRecord(NamedTuple):
+    """First failure seen by the guard; once halted, steps are no-ops."""
+
+    halted: jax.Array  # [] bool
+    step: jax.Array  # [] int32, learner step (0-based) that failed; -1 = never
+    reason: jax.Array  # [] int32, index into GUARD_REASONS
+
+
+@flax.struct.dataclass
+class LearnerState:
+    """Everything the learner carries between steps (DESIGN section 2). Leaves gain a leading
+    [S] axis under vmap over seeds/folds."""
+
+    params: Any  # online net: {torso_l: {kernel [in, H_l], bias [H_l]}, head: {kernel [H, K*A*N],
+    #              bias [K*A*N]}} float32
+    target_params: Any  # same tree as params, float32 (a full copy: torso and every head)
+    sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32} spectral-norm vectors (stop-gradient)
+    masks: Any  # same tree as params, {0, 1} float32 pruning masks (biases always 1)
+    opt_state: optax.OptState  # Adam moments: two trees like params, count [] int32
+    phi_hat: jax.Array  # [] float32, gradient-vaccine EMA of cos(g_mse, g_c51)
+    replay: ReplayState  # PER ring buffer, [C, ...] transitions and [C] priorities
+    step: jax.Array  # [] int32, learner steps taken (guarded or not)
+    guard: GuardRecord  # [] leaves
+    key: jax.Array  # [2] uint32, advanced every applied step
+    bootstrap_key: jax.Array  # [2] uint32, fixed: per-slot ensemble bootstrap masks
+
+
+class LearnerMetrics(NamedTuple):
+    """Per-step diagnostics, all [] float32 (DESIGN section 5, step 14)."""
+
+    loss_mse: float | jax.Array  # IS-weighted mean scaled squared error (before alpha)
+    loss_c51: float | jax.Array  # IS-weighted mean cross-entropy (before alpha)
+    loss_div: float | jax.Array  # lambda_div * mean head cosine (0 when K == 1)
+    loss_causal: float | jax.Array  # mean KL(p(s) || p(do(s))), unweighted, every step
+    grad_norm_mse: float | jax.Array  # |g_mse| (alpha-weighted) before surgery
+    grad_norm_c51: float | jax.Array  # |g_c51| (alpha-weighted) before surgery
+    grad_norm_mse_after: float | jax.Array  # after vaccine and budget
+    grad_norm_c51_after: float | jax.Array
+    grad_norm_total: float | jax.Array  # norm of the summed gradient handed to Adam
+    vaccine_cos: float | jax.Array  # phi = cos(g_mse, g_c51)
+    phi_hat: float | jax.Array  # EMA after this step
+    vaccine_applied: float | jax.Array  # 1 when the vaccine changed the gradients
+    q_mean: float | jax.Array  # mean online Q(s, a) over rows, heads, actions
+    q_max: float | jax.Array  # max |Q(s, a)| over rows, heads, actions (what the guard checks)
+    edge_mass: float | jax.Array  # mean projected target mass on the two edge atoms
+    priority_mean: float | jax.Array  # new PER priorities of the sampled rows
+    priority_max: float | jax.Array
+    sigma_max: float | jax.Array  # largest spectral-norm sigma of the torso (0 when off)
+    sparsity: float | jax.Array  # fraction of kernel weights pruned
+    alpha: float | jax.Array  # C51 blend weight used
+    halted: float | jax.Array  # 1 when the guard has halted this learner
+
+
+class Learner(NamedTuple):
+    """The learner's pure functions (see the module docstring)."""
+
+    init: Callable[[jax.Array], LearnerState]
+    insert: Callable[[LearnerState, Transition], LearnerState]
+    step: Callable[[LearnerState, jax.Array, jax.Array], tuple[LearnerState, LearnerMetrics]]
+    act_q: Callable[[LearnerState, jax.Array], jax.Array]
+
+
+def _check(name: str, tree: Any) -> None:
+    """Debug-mode boundary check: every leaf finite (a runtime check under ``chex.chexify``)."""
+    chex.assert_tree_all_finite(tree, custom_message=f"component {name}")
+
+
+def _no_check(name: str, tree: Any) -> None:
+    del name, tree  # debug off: nothing enters the traced program
+
+
+def _all_finite(tree: Any) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+
+
+def _select(ok: jax.Array, new: Any, old: Any) -> Any:
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def make_learner(
+    cfg: Config, n_features: int, non_causal: tuple[int, ...], debug: bool = False
+) -> Learner:
+    """Build the learner for ``n_features`` feature columns (observations have one more: the
+    position). ``non_causal`` lists the feature columns the causal intervention permutes.
+    ``debug`` puts ``chex.assert_tree_all_finite`` at each component boundary (use with
+    ``chex.chexify``); off, the checks are absent from the compiled program."""
+    non_causal = tuple(int(i) for i in non_causal)
+    if any(not 0 <= i < n_features for i in non_causal) or len(set(non_causal)) != len(non_causal):
+        raise ValueError(
+            f"non_causal: {non_causal} must be distinct feature columns in [0, {n_features}); "
+            "the position column is never intervened on"
+        )
+    net, loss_cfg = cfg.network, cfg.loss
+    n_actions, n_heads = cfg.env.n_actions, net.n_heads
+    batch_size = cfg.train.batch_size
+    n_donors = n_donors_for(batch_size, loss_cfg.donor_fraction, loss_cfg.donor_mode, n_actions)
+    positions = jnp.asarray(cfg.env.positions, jnp.float32)  # [A]
+    support = networks.atoms(net)  # [N]
+    optimizer = optax.adam(cfg.optim.learning_rate, eps=cfg.optim.adam_eps)
+    use_diversity = n_heads > 1 and net.lambda_div > 0
+    use_causal = len(non_causal) > 0 and loss_cfg.causal_weight > 0
+    use_pruning = net.target_sparsity > 0
+    use_bootstrap = n_heads > 1 and net.bootstrap_prob < 1
+    check = _check if debug else _no_check
+
+    def init(key: jax.Array) -> LearnerState:
+        net_key, state_key, bootstrap_key = jax.random.split(key, 3)
+        network = networks.init_network(net_key, cfg, n_features + 1)
+        return LearnerState(
+            params=network.params,
+            target_params=jax.tree.map(jnp.copy, network.params),
+            sn_u=network.sn_u,
+            masks=network.masks,
+            opt_state=optimizer.init(network.params),
+            phi_hat=jnp.zeros((), jnp.float32),
+            replay=replay_init(cfg.replay.capacity, example_transition(n_features)),
+            step=jnp.zeros((), jnp.int32),
+            guard=GuardRecord(
+                halted=jnp.zeros((), bool),
+                step=jnp.full((), -1, jnp.int32),
+                reason=jnp.zeros((), jnp.int32),
+            ),
+            key=state_key,
+            bootstrap_key=bootstrap_key,
+        )
+
+    def insert(state: LearnerState, transitions: Transition) -> LearnerState:
+        return state.replace(replay=replay_add(state.replay, transitions))
+
+    def act_q(state: LearnerState, obs: jax.Array) -> jax.Array:
+        eff, _, _ = networks.effective_params(
+            state.params, state.masks, state.sn_u, net, update_u=False
+        )
+        return jnp.mean(networks.q_values(networks.apply(eff, obs, cfg), support), axis=-2)
+
+    def step(
+        state: LearnerState, alpha: jax.Array, beta: jax.Array
+    ) -> tuple[LearnerState, LearnerMetrics]:
+        alpha = jnp.asarray(alpha, jnp.float32)
+        beta = jnp.asarray(beta, jnp.float32)
+        key, sample_key, donor_key, causal_key, bootstrap_key = jax.random.split(state.key, 5)
+
+        # 1. PER sample: stratified proportional, IS weights normalised by their max.
+        indices, sampled, is_weights = replay_sample(
+            state.replay, sample_key, batch_size, cfg.replay.alpha, beta
+        )
+        # 2. HER donors: other actions at the same bar; IS weight 1; never write priorities.
+        if n_donors > 0:
+            donors = make_donors(
+                donor_key,
+                sampled,
+                positions,
+                cfg.env.cost_points,
+                cfg.env.reward_scale,
+                loss_cfg.donor_mode,
+                n_donors,
+            )
+            batch = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), sampled, donors)
+            row_weights = jnp.concatenate([is_weights, jnp.ones((n_donors,), jnp.float32)])
+        else:
+            batch, row_weights = sampled, is_weights
+        n_rows = batch_size + n_donors
+        obs = observation(batch.features, batch.position)  # [R, F+1]
+        next_obs = observation(batch.next_features, positions[batch.action])  # [R, F+1]
+        discounts = loss_cfg.gamma * (1.0 - batch.done)  # [R] float32
+        check("observations", (obs, next_obs, batch.reward))
+        if use_bootstrap:
+            head_masks = jnp.concatenate(  # [R, K]: fixed per stored slot, fresh for donors
+                [
+                    networks.bootstrap_masks(
+                        state.bootstrap_key, indices, n_heads, net.bootstrap_prob
+                    ),
+                    networks.bootstrap_masks(
+                        bootstrap_key, jnp.arange(n_donors), n_heads, net.bootstrap_prob
+                    ),
+                ]
+            )
+        else:
+            head_masks = jnp.ones((n_rows, n_heads), jnp.float32)
+        row_head_weights = row_weights[:, None] * head_masks  # [R, K]
+        causal_obs = (
+            losses.causal_intervention(causal_key, obs[:batch_size], non_causal)
+            if use_causal
+            else obs[:0]
+        )  # [B or 0, F+1]
+
+        # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm.
+        if use_pruning:
+            masks = jax.lax.cond(
+                networks.prune_due(state.step, net),
+                lambda: networks.magnitude_masks(
+                    state.params, networks.prune_sparsity(state.step, net)
+                ),
+                lambda: state.masks,
+            )
+        else:
+            masks = state.masks
+        params = jax.tree.map(jnp.multiply, state.params, masks)  # pruned entries exactly 0
+        target_eff, _, _ = networks.effective_params(
+            state.target_params, masks, state.sn_u, net, update_u=False
+        )
+        target_probs_next = jax.nn.softmax(
+            networks.apply(target_eff, next_obs, cfg), axis=-1
+        )  # [R, K, A, N]
+
+        def forward(p: Any) -> tuple[jax.Array, dict[str, Any]]:
+            """Loss parts [3] = (L_mse, L_c51, L_div + causal) of one online forward pass."""
+            eff, new_u, sigmas = networks.effective_params(p, masks, state.sn_u, net, update_u=True)
+            # One pass over s, s' and do(s): one matmul chain instead of three.
+            logits_all = networks.apply(eff, jnp.concatenate([obs, next_obs, causal_obs]), cfg)
+            logits = logits_all[:n_rows]  # [R, K, A, N] float32
+            logits_next = jax.lax.stop_gradient(logits_all[n_rows : 2 * n_rows])
+            check("logits", logits)
+            log_probs = jax.nn.log_softmax(logits, axis=-1)  # [R, K, A, N]
+            check("log_probs", log_probs)
+            q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)  # [R, K, A]
+
+            # 4. Double-DQN target, projection, label smoothing; no gradient flows into it.
+            q_next = networks.q_values(logits_next, support)  # [R, K, A]
+            _, probs_star, q_star = losses.double_dqn_target(q_next, target_probs_next, support)
+            rewards_k = jnp.broadcast_to(batch.reward[:, None], (n_rows, n_heads))  # [R, K]
+            discounts_k = jnp.broadcast_to(discounts[:, None], (n_rows, n_heads))  # [R, K]
+            projected = losses.project_target(
+                probs_star.reshape(n_rows * n_heads, -1),
+                rewards_k.reshape(-1),
+                discounts_k.reshape(-1),
+                net.v_min,
+                net.v_max,
+                impl=loss_cfg.projection_impl,
+            ).reshape(n_rows, n_heads, -1)  # [R, K, N]
+            target = jax.lax.stop_gradient(losses.label_smooth(projected, loss_cfg.label_smoothing))
+            check("projected_target", target)
+            y = jax.lax.stop_gradient(
+                losses.scalar_target(rewards_k, discounts_k, q_star, net.v_min, net.v_max)
+            )  # [R, K]
+
+            # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
+            action = batch.action[:, None, None]  # [R, 1, 1]
+            q_taken = jnp.take_along_axis(q, action, axis=-1)[..., 0]  # [R, K]
+            logits_taken = jnp.take_along_axis(logits, action[..., None], axis=-2)[..., 0, :]
+            mse_parts = losses.q_regression_loss(
+                q_taken, y, net.v_min, net.v_max, loss_cfg.huber_delta
+            )  # [R, K]
+            c51_parts = losses.c51_cross_entropy(logits_taken, target)  # [R, K]
+            loss_mse = jnp.mean(row_head_weights * mse_parts)
+            loss_c51 = jnp.mean(row_head_weights * c51_parts)
+            loss_div = (
+                losses.ensemble_diversity(q, net.lambda_div) if use_diversity else jnp.float32(0)
+            )
+            if use_causal:
+                logits_do = logits_all[2 * n_rows :]  # [B, K, A, N]
+                loss_causal = jnp.mean(losses.causal_kl(logits[:batch_size], logits_do))
+            else:
+                loss_causal = jnp.float32(0)
+            check("loss_mse", loss_mse)
+            check("loss_c51", loss_c51)
+            check("loss_div", loss_div)
+            check("loss_causal", loss_causal)
+            # 9. The causal term enters only every causal_every steps (a 0/1 factor, so it rides
+            # the same backward pass instead of a cond that vmap would turn into both branches).
+            causal_on = (state.step % loss_cfg.causal_every == 0).astype(jnp.float32)
+            extra = loss_div + loss_cfg.causal_weight * causal_on * loss_causal
+            aux = {
+                "new_u": new_u,
+                "sigmas": sigmas,
+                "q": q,
+                "q_next": q_next,
+                "q_star": q_star,
+                "q_taken": q_taken,
+                "y": y,
+                "edge_mass": jnp.mean(losses.edge_mass(projected)),
+                "loss_div": loss_div,
+                "loss_causal": loss_causal,
+            }
+            return jnp.stack([loss_mse, loss_c51, extra]), aux
+
+        # 6. One forward, one batched backward: vmap the VJP over the cotangents that pick
+        # (1-alpha) L_mse, alpha L_c51 and the extra terms. value_and_grad of the blend would
+        # give only the sum; surgery needs the parts.
+        loss_parts, vjp, aux = jax.vjp(forward, params, has_aux=True)
+        n_parts = 3 if (use_diversity or use_causal) else 2
+        cotangents = jnp.zeros((n_parts, 3), jnp.float32)
+        cotangents = cotangents.at[0, 0].set(1.0 - alpha).at[1, 1].set(alpha)
+        if n_parts == 3:
+            cotangents = cotangents.at[2, 2].set(1.0)
+        (part_grads,) = jax.vmap(vjp)(cotangents)  # tree, leaves [P, ...]
+        _, unravel = ravel_pytree(params)
+        flat = jax.vmap(lambda tree: ravel_pytree(tree)[0])(part_grads)  # [P, n_params] f32
+        grad_mse, grad_c51 = flat[0], flat[1]
+        check("grad_mse", grad_mse)
+        check("grad_c51", grad_c51)
+
+        # 7. Gradient vaccine every gv_every steps (a select: it costs a few dot products).
+        vaccine = gradient_vaccine(grad_mse, grad_c51, state.phi_hat, loss_cfg.gv_beta)
+        vaccine_due = state.step % loss_cfg.gv_every == 0
+        grad_mse_v = jnp.where(vaccine_due, vaccine.g1, grad_mse)
+        grad_c51_v = jnp.where(vaccine_due, vaccine.g2, grad_c51)
+        phi_hat = jnp.where(vaccine_due, vaccine.phi_hat, state.phi_hat)
+        check("grad_mse_vaccine", grad_mse_v)
+        check("grad_c51_vaccine", grad_c51_v)
+
+        # 8. Down-only budget; C51 gets no share while it is off.
+        c51_on = alpha > 0
+        share_mse = jnp.where(c51_on, loss_cfg.budget_share_mse, 1.0)
+        share_c51 = jnp.where(c51_on, 1.0 - loss_cfg.budget_share_mse, 0.0)
+        grad_mse_b, _ = budget_clip(grad_mse_v, share_mse, loss_cfg.grad_budget)
+        grad_c51_b, _ = budget_clip(grad_c51_v, share_c51, loss_cfg.grad_budget)
+        check("grad_mse_budget", grad_mse_b)
+        check("grad_c51_budget", grad_c51_b)
+
+        # 10. Sum (plus diversity and causal gradients), Adam, re-apply masks.
+        grad_total = grad_mse_b + grad_c51_b
+        if n_parts == 3:
+            check("grad_extra", flat[2])
+            grad_total = grad_total + flat[2]
+        check("grad_total", grad_total)
+        updates, opt_state = optimizer.update(unravel(grad_total), state.opt_state, params)
+        check("adam_update", updates)
+        new_params = jax.tree.map(jnp.multiply, optax.apply_updates(params, updates), masks)
+        check("new_params", new_params)
+
+        # 11. Target sync: Polyak when tau > 0, else a hard copy every target_every steps.
+        next_step = state.step + 1
+        if cfg.optim.tau > 0:
+            tau = cfg.optim.tau
+            target_params = jax.tree.map(
+                lambda t, o: (1.0 - tau) * t + tau * o, state.target_params, new_params
+            )
+        else:
+            sync = next_step % cfg.optim.target_every == 0
+            target_params = _select(sync, new_params, state.target_params)
+
+        # 12. PER priorities |y - Q| of the sampled rows (head mean); donors never write.
+        td = jnp.mean(jnp.abs(aux["y"] - aux["q_taken"]), axis=-1)[:batch_size]  # [B]
+        check("priorities", td)
+        replay = replay_update(
+            state.replay, indices, td, None, cfg.replay.priority_eps, cfg.replay.priority_max
+        )
+
+        # 13. Guard: the first failing quantity, in GUARD_REASONS order.
+        q_abs_max = jnp.max(jnp.abs(aux["q"]))
+        params_sq_norm = sum(jnp.sum(x**2) for x in jax.tree.leaves(new_params))
+        failures = jnp.stack(
+            [
+                ~_all_finite((obs, next_obs, batch.reward, batch.price_change)),
+                ~_all_finite((loss_parts, aux["loss_causal"])),
+                ~_all_finite((flat, grad_total)),
+                ~(_all_finite(new_params) & jnp.isfinite(params_sq_norm)),
+                ~_all_finite((aux["q"], aux["q_next"], aux["q_star"])),
+                ~(q_abs_max <= loss_cfg.q_clip),
+                ~_all_finite(td),
+            ]
+        )  # [len(GUARD_REASONS) - 1] bool
+        failed = jnp.any(failures)
+        apply_update = ~state.guard.halted & ~failed
+        newly_halted = ~state.guard.halted & failed
+        guard = GuardRecord(
+            halted=state.guard.halted | failed,
+            step=jnp.where(newly_halted, state.step, state.guard.step).astype(jnp.int32),
+            reason=jnp.where(
+                newly_halted, jnp.argmax(failures).astype(jnp.int32) + 1, state.guard.reason
+            ).astype(jnp.int32),
+        )
+        candidate = LearnerState(
+            params=new_params,
+            target_params=target_params,
+            sn_u=aux["new_u"],
+            masks=masks,
+            opt_state=opt_state,
+            phi_hat=phi_hat,
+            # Only the priorities change; the transitions are not selected (no buffer copy).
+            replay=replay,
+            step=next_step,
+            guard=guard,
+            key=key,
+            bootstrap_key=state.bootstrap_key,
+        )
+        kept = _select(
+            apply_update,
+            (candidate.params, candidate.target_params, candidate.sn_u, candidate.masks),
+            (state.params, state.target_params, state.sn_u, state.masks),
+        )
+        new_state = candidate.replace(
+            params=kept[0],
+            target_params=kept[1],
+            sn_u=kept[2],
+            masks=kept[3],
+            opt_state=_select(apply_update, opt_state, state.opt_state),
+            phi_hat=jnp.where(apply_update, phi_hat, state.phi_hat),
+            replay=state.replay._replace(
+                priorities=jnp.where(apply_update, replay.priorities, state.replay.priorities),
+                max_priority=jnp.where(
+                    apply_update, replay.max_priority, state.replay.max_priority
+                ),
+            ),
+            key=jnp.where(apply_update, key, state.key),
+        )
+
+        # 14. Metrics.
+        written = replay.priorities[indices]  # [B] as stored (sanitised, clipped)
+        metrics = LearnerMetrics(
+            loss_mse=loss_parts[0],
+            loss_c51=loss_parts[1],
+            loss_div=aux["loss_div"],
+            loss_causal=aux["loss_causal"],
+            grad_norm_mse=jnp.linalg.norm(grad_mse),
+            grad_norm_c51=jnp.linalg.norm(grad_c51),
+            grad_norm_mse_after=jnp.linalg.norm(grad_mse_b),
+            grad_norm_c51_after=jnp.linalg.norm(grad_c51_b),
+            grad_norm_total=jnp.linalg.norm(grad_total),
+            vaccine_cos=vaccine.phi,
+            phi_hat=phi_hat,
+            vaccine_applied=(vaccine_due & vaccine.applied).astype(jnp.float32),
+            q_mean=jnp.mean(aux["q"]),
+            q_max=q_abs_max,
+            edge_mass=aux["edge_mass"],
+            priority_mean=jnp.mean(written),
+            priority_max=jnp.max(written),
+            sigma_max=jnp.max(aux["sigmas"], initial=0.0),
+            sparsity=networks.mask_sparsity(masks),
+            alpha=alpha,
+            halted=guard.halted.astype(jnp.float32),
+        )
+        metrics = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), metrics)
+        return new_state, metrics
+
+    return Learner(init=init, insert=insert, step=step, act_q=act_q)

@@ -1,0 +1,156 @@
+"""Loss parts of the learner step, each a small pure function in float32 (DESIGN section 5).
+
+Per-element functions return one value per (row, head); weighting (IS weights, bootstrap masks)
+and reduction happen in the learner. Rank/dtype checks run at trace time and cost nothing.
+"""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+
+import pallas_kernels
+
+
+def _project_reference(
+    probs: jax.Array,
+    rewards: jax.Array,
+    discounts: jax.Array,
+    v_min: float,
+    v_max: float,
+    impl: str = "reference",
+) -> jax.Array:
+    """Hat-kernel C51 projection (Bellemare et al., 2017; DESIGN section 6). [B,N] -> [B,N].
+
+    ``m_i = sum_j p_j clip(1 - |Tz_j - z_i| / dz, 0, 1)`` with ``Tz_j = clip(r + g z_j)``: keeps
+    all mass even when ``Tz_j`` lands exactly on an atom (the floor/ceil form loses it there).
+    Stand-in with the signature of ``pallas_kernels.c51_project``; ``impl`` is ignored.
+    """
+    del impl
+    chex.assert_rank([probs, rewards, discounts], [2, 1, 1])
+    n_atoms = probs.shape[-1]
+    delta_z = (v_max - v_min) / (n_atoms - 1)
+    support = v_min + jnp.arange(n_atoms, dtype=jnp.float32) * jnp.float32(delta_z)  # [N]
+    target_z = jnp.clip(rewards[:, None] + discounts[:, None] * support, v_min, v_max)  # [B, Nj]
+    hat = jnp.clip(1.0 - jnp.abs(target_z[:, None, :] - support[None, :, None]) / delta_z, 0, 1)
+    return jnp.einsum("bij,bj->bi", hat, probs.astype(jnp.float32))  # [B, Ni]
+
+
+def project_target(
+    probs: jax.Array,
+    rewards: jax.Array,
+    discounts: jax.Array,
+    v_min: float,
+    v_max: float,
+    impl: str = "auto",
+) -> jax.Array:
+    """Project the discounted target distribution onto the support (Bellemare et al., 2017)."""
+    project = getattr(pallas_kernels, "c51_project", _project_reference)  # kernel when it lands
+    return project(probs, rewards, discounts, v_min, v_max, impl=impl)
+
+
+def double_dqn_target(
+    q_online_next: jax.Array, probs_target_next: jax.Array, support: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Online net picks a* at s', target net scores it (van Hasselt et al., AAAI 2016).
+
+    ``q_online_next [..., A]``, ``probs_target_next [..., A, N]`` -> (a* [...] int32,
+    target distribution at a* [..., N], target Q at a* [...]).
+    """
+    chex.assert_rank(support, 1)
+    chex.assert_equal_shape_prefix([q_online_next, probs_target_next], q_online_next.ndim)
+    chex.assert_type([q_online_next, probs_target_next], jnp.float32)
+    a_star = jnp.argmax(q_online_next, axis=-1).astype(jnp.int32)  # [...]
+    probs = jnp.take_along_axis(probs_target_next, a_star[..., None, None], axis=-2)[..., 0, :]
+    return a_star, probs, jnp.sum(probs * support, axis=-1)
+
+
+def scalar_target(
+    rewards: jax.Array, discounts: jax.Array, q_next: jax.Array, v_min: float, v_max: float
+) -> jax.Array:
+    """y = clip(r + gamma (1 - d) Q_target(s', a*), v_min, v_max) (Mnih et al., 2015)."""
+    chex.assert_equal_shape([rewards, discounts, q_next])
+    return jnp.clip(rewards + discounts * q_next, v_min, v_max)
+
+
+def label_smooth(target: jax.Array, epsilon: float) -> jax.Array:
+    """(1 - eps) m + eps / N (Szegedy et al., CVPR 2016); keeps each row's mass."""
+    chex.assert_type(target, jnp.float32)
+    return (1.0 - epsilon) * target + epsilon / target.shape[-1]
+
+
+def q_regression_loss(
+    q: jax.Array, y: jax.Array, v_min: float, v_max: float, huber_delta: float | None
+) -> jax.Array:
+    """(Q - y)^2 / (v_max - v_min)^2 per element (Mnih et al., 2015), Huber optional.
+
+    The error is first scaled by the support width, so one scale serves any ``v`` range. The
+    Huber form is ``e^2`` inside ``|e| <= delta`` and ``2 delta |e| - delta^2`` outside (twice
+    the textbook Huber), so it equals the squared loss wherever both are quadratic.
+    """
+    chex.assert_equal_shape([q, y])
+    chex.assert_type([q, y], jnp.float32)
+    error = (q - y) / (v_max - v_min)
+    if huber_delta is None:
+        return error**2
+    abs_error = jnp.abs(error)
+    return jnp.where(
+        abs_error <= huber_delta, error**2, 2.0 * huber_delta * abs_error - huber_delta**2
+    )
+
+
+def c51_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
+    """-sum_i m_i log_softmax(logits)_i, float32 (Bellemare et al., 2017). [..., N] -> [...]."""
+    chex.assert_equal_shape([logits, target])
+    chex.assert_type([logits, target], jnp.float32)
+    return -jnp.sum(target * jax.nn.log_softmax(logits, axis=-1), axis=-1)
+
+
+def ensemble_diversity(q: jax.Array, lambda_div: float) -> jax.Array:
+    """lambda * mean_{b, k<l} cos(A_k, A_l), A_k = Q_k - mean_a Q_k (ensemble diversity term).
+
+    ``q [B, K, A]`` with K >= 2 -> [] float32. Minimising it pushes the heads' advantage
+    profiles apart (negative correlation learning, Liu & Yao, 1999; as used for bootstrapped
+    DQN ensembles). The 1e-12 inside the norm keeps the gradient finite for a flat advantage.
+    """
+    chex.assert_rank(q, 3)
+    chex.assert_type(q, jnp.float32)
+    n_heads = q.shape[1]
+    if n_heads < 2:
+        raise ValueError("ensemble_diversity needs at least 2 heads (network.n_heads)")
+    advantage = q - jnp.mean(q, axis=-1, keepdims=True)  # [B, K, A]
+    unit = advantage / jnp.sqrt(jnp.sum(advantage**2, axis=-1, keepdims=True) + 1e-12)
+    cosine = jnp.einsum("bka,bla->bkl", unit, unit)  # [B, K, K]
+    upper_k, upper_l = jnp.triu_indices(n_heads, k=1)
+    return lambda_div * jnp.mean(cosine[:, upper_k, upper_l])
+
+
+def causal_intervention(key: jax.Array, obs: jax.Array, non_causal: tuple[int, ...]) -> jax.Array:
+    """do(s): the non-causal columns replaced by those of a random permutation of the batch.
+
+    A policy that ignores spurious features is invariant to this intervention (invariance
+    under interventions, Peters et al., JRSS-B 2016). ``obs [B, F+1]`` -> [B, F+1].
+    """
+    chex.assert_rank(obs, 2)
+    columns = jnp.asarray(non_causal, jnp.int32)  # [G]
+    permutation = jax.random.permutation(key, obs.shape[0])  # [B]
+    return obs.at[:, columns].set(obs[permutation][:, columns])
+
+
+def causal_kl(logits: jax.Array, logits_intervened: jax.Array) -> jax.Array:
+    """KL(stop_grad(p(s)) || p(do(s))) over the atoms, float32. [..., N] -> [...].
+
+    The observed distribution is the fixed reference; only the intervened pass is pulled
+    toward it (the causal-intervention penalty of DESIGN section 5, step 9).
+    """
+    chex.assert_equal_shape([logits, logits_intervened])
+    chex.assert_type([logits, logits_intervened], jnp.float32)
+    log_p = jax.lax.stop_gradient(jax.nn.log_softmax(logits, axis=-1))
+    log_q = jax.nn.log_softmax(logits_intervened, axis=-1)
+    return jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)
+
+
+def edge_mass(target: jax.Array) -> jax.Array:
+    """Mass on the two edge atoms of a projected target, [..., N] -> [...] (support too narrow?)."""
+    return target[..., 0] + target[..., -1]

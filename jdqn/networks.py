@@ -1,0 +1,240 @@
+"""C51 MLP with a spectral-normalised torso, pruning masks and ensemble heads (DESIGN section 4).
+
+The network is a flax linen module, but everything around it is a pure function over explicit
+state, so the learner can carry, select and vmap every piece:
+
+- ``init_network(key, cfg, n_inputs) -> NetworkState(params, masks, sn_u)``
+- ``effective_params(params, masks, sn_u, net_cfg, update_u) -> (eff_params, new_u, sigmas)``:
+  mask, then spectral norm; the only place a power iteration happens.
+- ``apply(eff_params, obs, cfg) -> logits [B, K, A, N]`` float32.
+- ``q_values(logits, atoms) -> [B, K, A]``, ``atoms(net_cfg) -> [N]``.
+- ``prune_sparsity(step, net_cfg)``, ``prune_due(step, net_cfg)``, ``magnitude_masks(params, s)``:
+  the cubic pruning schedule (Zhu & Gupta, 2017) and layer-wise magnitude masks.
+- ``bootstrap_masks(key, slots, n_heads, prob) -> [B, K]``: per-transition head masks
+  (Osband et al., 2016).
+
+Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": {"kernel":
+[H_last, K*A*N], "bias": [K*A*N]}}``. ``sn_u`` maps each torso layer name to its ``[H_l]`` vector.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import chex
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jdqn.config import Config, NetworkConfig
+
+Params = Any  # {layer: {"kernel": [in, out], "bias": [out]}} float32
+
+_SN_EPS = 1e-12  # guards the power-iteration normalisation against a zero vector
+
+
+class NetworkState(NamedTuple):
+    """Online network parameters with their pruning masks and spectral-norm vectors."""
+
+    params: Params  # layer tree, float32
+    masks: Params  # same tree as params, {0, 1} float32 (biases always 1)
+    sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32}, empty when spectral norm is off
+
+
+class _Dense(nn.Module):
+    """Dense layer whose matmul inputs may be bfloat16; the product is always float32."""
+
+    features: int
+    matmul_dtype: str = "float32"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.param(
+            "kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), jnp.float32
+        )
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
+        dtype = jnp.dtype(self.matmul_dtype)
+        y = jnp.dot(x.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
+        return y + bias
+
+
+class C51MLP(nn.Module):
+    """ReLU MLP torso with K C51 heads (Bellemare et al., 2017): logits [B, K, A, N] float32."""
+
+    hidden: tuple[int, ...]
+    n_heads: int
+    n_actions: int
+    n_atoms: int
+    matmul_dtype: str = "float32"
+
+    @nn.compact
+    def __call__(self, obs: jax.Array) -> jax.Array:
+        x = obs.astype(jnp.float32)
+        for i, width in enumerate(self.hidden):
+            x = nn.relu(_Dense(width, self.matmul_dtype, name=f"torso_{i}")(x))
+        out = _Dense(self.n_heads * self.n_actions * self.n_atoms, self.matmul_dtype, name="head")(
+            x
+        )
+        return out.reshape(*obs.shape[:-1], self.n_heads, self.n_actions, self.n_atoms)
+
+
+def module(cfg: Config) -> C51MLP:
+    """The linen module described by ``cfg`` (cheap to build; holds no parameters)."""
+    net = cfg.network
+    return C51MLP(
+        hidden=tuple(net.hidden),
+        n_heads=net.n_heads,
+        n_actions=cfg.env.n_actions,
+        n_atoms=net.n_atoms,
+        matmul_dtype=net.matmul_dtype,
+    )
+
+
+def torso_layers(net: NetworkConfig) -> tuple[str, ...]:
+    """Names of the hidden (spectral-normalised) layers; the output head is never normalised."""
+    return tuple(f"torso_{i}" for i in range(len(net.hidden)))
+
+
+def atoms(net: NetworkConfig) -> jax.Array:
+    """Support z_i = v_min + i * dz, [N] float32 (Bellemare et al., 2017)."""
+    return net.v_min + jnp.arange(net.n_atoms, dtype=jnp.float32) * jnp.float32(net.delta_z)
+
+
+def init_network(key: jax.Array, cfg: Config, n_inputs: int) -> NetworkState:
+    """Fresh params, all-ones masks, a random unit ``u`` per torso layer (Miyato et al., 2018)."""
+    k_params, k_u = jax.random.split(key)
+    params = module(cfg).init(k_params, jnp.zeros((1, n_inputs), jnp.float32))["params"]
+    params = flax.core.unfreeze(params)  # plain dicts, so tree edits stay simple
+    masks = jax.tree.map(jnp.ones_like, params)
+    sn_u: dict[str, jax.Array] = {}
+    if cfg.network.spectral_norm:
+        keys = jax.random.split(k_u, len(cfg.network.hidden))
+        for name, k in zip(torso_layers(cfg.network), keys, strict=True):
+            u = jax.random.normal(k, (params[name]["kernel"].shape[1],), jnp.float32)
+            sn_u[name] = _l2_normalise(u)
+    return NetworkState(params=params, masks=masks, sn_u=sn_u)
+
+
+def _l2_normalise(x: jax.Array) -> jax.Array:
+    return x / (jnp.linalg.norm(x) + _SN_EPS)
+
+
+def spectral_normalise(
+    kernel: jax.Array, u: jax.Array, mode: str
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One power iteration, then W / max(sigma, 1) or W / sigma (Miyato et al., ICLR 2018).
+
+    ``kernel`` is flax's [in, out] (the paper's W^T); ``u`` is [out]. ``u`` and ``v`` are
+    stop-gradient, so the gradient flows through sigma = u^T W v into W, as in the paper.
+    Returns (normalised kernel [in, out], next u [out], sigma []).
+    """
+    chex.assert_rank([kernel, u], [2, 1])
+    w = jax.lax.stop_gradient(kernel)
+    v = _l2_normalise(w @ u)  # [in]   v = W^T u / |W^T u|
+    u_next = jax.lax.stop_gradient(_l2_normalise(v @ w))  # [out]  u = W v / |W v|
+    v = jax.lax.stop_gradient(v)
+    sigma = v @ kernel @ u_next
+    scale = jnp.maximum(sigma, 1.0) if mode == "clip" else sigma
+    return kernel / scale, u_next, sigma
+
+
+def effective_params(
+    params: Params,
+    masks: Params | None,
+    sn_u: dict[str, jax.Array],
+    net: NetworkConfig,
+    update_u: bool,
+) -> tuple[Params, dict[str, jax.Array], jax.Array]:
+    """Weights the forward pass uses: W * M, then spectral norm on the torso layers.
+
+    ``update_u`` (static) says whether the returned ``new_u`` is the power-iterated vector (the
+    learner step, and only it) or the stored one unchanged (acting, target and auxiliary passes).
+    Either way sigma is computed by the same formula, so ``act_q`` sees the weights the next
+    learner step would see. Returns (eff_params, new_u, sigmas [L] float32, L torso layers;
+    [0] when spectral norm is off).
+    """
+    eff = params if masks is None else jax.tree.map(jnp.multiply, params, masks)
+    if not net.spectral_norm:
+        return eff, sn_u, jnp.zeros((0,), jnp.float32)
+    eff = dict(eff)
+    new_u, sigmas = {}, []
+    for name in torso_layers(net):
+        kernel, u_next, sigma = spectral_normalise(
+            eff[name]["kernel"], sn_u[name], net.spectral_mode
+        )
+        eff[name] = {**eff[name], "kernel": kernel}
+        new_u[name] = u_next if update_u else sn_u[name]
+        sigmas.append(sigma)
+    return eff, new_u, jnp.stack(sigmas)
+
+
+def apply(eff_params: Params, obs: jax.Array, cfg: Config) -> jax.Array:
+    """Logits [..., K, A, N] float32 for observations [..., F+1] with effective parameters."""
+    return module(cfg).apply({"params": eff_params}, obs)
+
+
+def q_values(logits: jax.Array, support: jax.Array) -> jax.Array:
+    """Q = sum_i softmax(logits)_i z_i in float32 (Bellemare et al., 2017). [..., N] -> [...]."""
+    chex.assert_type(support, jnp.float32)
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.sum(probs * support, axis=-1)
+
+
+# ----------------------------------------------------------------------------- pruning
+
+
+def prune_sparsity(step: jax.Array, net: NetworkConfig) -> jax.Array:
+    """Cubic schedule s_t = s * (1 - (1 - progress)^3) (Zhu & Gupta, 2017). [] float32."""
+    step = jnp.asarray(step, jnp.float32)
+    span = net.prune_end - net.prune_start
+    if span == 0:
+        progress = (step >= net.prune_start).astype(jnp.float32)
+    else:
+        progress = jnp.clip((step - net.prune_start) / span, 0.0, 1.0)
+    return jnp.float32(net.target_sparsity) * (1.0 - (1.0 - progress) ** 3)
+
+
+def prune_due(step: jax.Array, net: NetworkConfig) -> jax.Array:
+    """Whether the masks are recomputed at ``step``: every prune_every steps inside the window,
+    and at prune_end so the final sparsity is reached exactly. [] bool."""
+    in_window = (step >= net.prune_start) & (step <= net.prune_end)
+    on_period = ((step - net.prune_start) % net.prune_every == 0) | (step == net.prune_end)
+    return in_window & on_period
+
+
+def magnitude_masks(params: Params, sparsity: jax.Array) -> Params:
+    """Layer-wise magnitude masks: the floor(s * size) smallest |W| of each kernel are zeroed.
+
+    Ranks (not a threshold) decide, so ties cannot prune more than asked; already-pruned zeros
+    rank lowest and stay pruned while the schedule only grows. Biases are never pruned.
+    """
+
+    def layer_mask(layer: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        kernel = layer["kernel"]
+        n_prune = jnp.floor(sparsity * kernel.size).astype(jnp.int32)
+        ranks = jnp.argsort(jnp.argsort(jnp.abs(kernel).ravel()))  # [in*out] int32, 0 = smallest
+        mask = (ranks >= n_prune).astype(jnp.float32).reshape(kernel.shape)
+        return {**{k: jnp.ones_like(v) for k, v in layer.items()}, "kernel": mask}
+
+    return {name: layer_mask(layer) for name, layer in params.items()}
+
+
+def mask_sparsity(masks: Params) -> jax.Array:
+    """Fraction of kernel entries pruned, over all layers. [] float32."""
+    zeros = sum(jnp.sum(layer["kernel"] == 0) for layer in masks.values())
+    total = sum(layer["kernel"].size for layer in masks.values())
+    return zeros.astype(jnp.float32) / total
+
+
+# ----------------------------------------------------------------------------- ensemble
+
+
+def bootstrap_masks(key: jax.Array, slots: jax.Array, n_heads: int, prob: float) -> jax.Array:
+    """Bernoulli(prob) head masks per transition (Osband et al., 2016), [B, K] float32.
+
+    Derived from the buffer slot with ``fold_in``, so a stored transition keeps one mask for its
+    whole life in the buffer without widening the transition record.
+    """
+    draw = lambda slot: jax.random.bernoulli(jax.random.fold_in(key, slot), prob, (n_heads,))
+    return jax.vmap(draw)(slots).astype(jnp.float32)
