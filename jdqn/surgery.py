@@ -1,0 +1,104 @@
+"""Gradient surgery on flat float32 gradients: Gradient Vaccine and the down-only budget.
+
+DESIGN section 5 steps 7-8. The learner flattens each loss part's gradient pytree with
+``jax.flatten_util.ravel_pytree`` and calls these on the flat ``[P]`` vectors. Everything is
+branch-free (``jnp.where``), so it stays cheap under ``vmap`` over seeds and folds, and float32.
+Norms are computed on max-abs-rescaled vectors so that finite gradients with entries near the
+float32 range do not overflow the sum of squares.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+PHI_HAT_BOUND = 0.99  # |phi_hat| <= 0.99 keeps sqrt(1 - phi_hat^2) >= 0.14 in the denominator
+SKIP_RATIO = 1e-8  # |g2| < SKIP_RATIO |g1|: g2 is numerically absent (blend alpha ~ 0)
+
+
+class VaccineResult(NamedTuple):
+    """Gradients after Gradient Vaccine and the updated cosine target."""
+
+    g1: jax.Array  # [P] float32, first loss part's gradient (MSE) after surgery
+    g2: jax.Array  # [P] float32, second loss part's gradient (C51) after surgery
+    phi_hat: jax.Array  # [] float32, new EMA of the cosine, in [-0.99, 0.99]
+    phi: jax.Array  # [] float32, cos(g1, g2) before surgery (0 when a norm is 0)
+    applied: jax.Array  # [] bool, whether the gradients were changed
+
+
+def _norm(g: jax.Array) -> jax.Array:
+    """Euclidean norm without float32 overflow/underflow of the squares; 0 for a zero vector."""
+    scale = jnp.max(jnp.abs(g))  # [] float32
+    safe_scale = jnp.where(scale > 0, scale, 1.0)
+    return scale * jnp.sqrt(jnp.sum(jnp.square(g / safe_scale)))
+
+
+def _unit(g: jax.Array, norm: jax.Array) -> jax.Array:
+    return g / jnp.where(norm > 0, norm, 1.0)
+
+
+def gradient_vaccine(
+    g1: jax.Array, g2: jax.Array, phi_hat: jax.Array, beta: float | jax.Array
+) -> VaccineResult:
+    """Gradient Vaccine (Wang et al., ICLR 2021, Algorithm 1) for two loss parts.
+
+    ``phi = cos(g1, g2)``. If ``phi < phi_hat``, each gradient gets a component along the other so
+    that its cosine with the other's ORIGINAL gradient becomes exactly ``phi_hat``:
+
+        k   = (phi_hat sqrt(1-phi^2) - phi sqrt(1-phi_hat^2)) / sqrt(1-phi_hat^2)
+        g1' = g1 + |g1| k / |g2| g2
+        g2' = g2 + |g2| k / |g1| g1
+
+    (the numerator of ``k`` is ``sin(theta - theta_hat)`` with ``phi = cos theta``, positive exactly
+    when ``phi < phi_hat``). Then ``phi_hat <- (1-beta) phi_hat + beta phi``, clamped to
+    [-0.99, 0.99].
+
+    Skip branch: when either norm is 0 or ``|g2| < 1e-8 |g1|`` (the C51 weight alpha ~ 0), the
+    gradients are returned unchanged AND ``phi_hat`` is NOT updated: the cosine of a numerically
+    absent gradient is noise (and 0 for a zero vector) and would drag the EMA toward 0 during the
+    MSE-only phase. In the no-op branch (``phi >= phi_hat``) the EMA does update, as in the paper.
+    """
+    g1 = jnp.asarray(g1, jnp.float32)
+    g2 = jnp.asarray(g2, jnp.float32)
+    phi_hat = jnp.asarray(phi_hat, jnp.float32)
+    beta = jnp.asarray(beta, jnp.float32)
+    norm1, norm2 = _norm(g1), _norm(g2)  # [] float32
+    unit1, unit2 = _unit(g1, norm1), _unit(g2, norm2)  # [P] float32, 0 for zero vectors
+    phi = jnp.clip(jnp.dot(unit1, unit2), -1.0, 1.0)  # [] float32, 0 when a norm is 0
+
+    skip = (norm1 == 0) | (norm2 == 0) | (norm2 < SKIP_RATIO * norm1)
+    applied = (phi < phi_hat) & ~skip
+    # (1 - x)(1 + x) rather than 1 - x^2: accurate near |x| = 1.
+    sin_phi = jnp.sqrt(jnp.maximum((1.0 - phi) * (1.0 + phi), 0.0))
+    sin_phi_hat = jnp.sqrt(jnp.maximum((1.0 - phi_hat) * (1.0 + phi_hat), 0.0))
+    # phi_hat is kept in [-0.99, 0.99]; the floor only guards a caller's out-of-range value.
+    ratio = (phi_hat * sin_phi - phi * sin_phi_hat) / jnp.maximum(sin_phi_hat, 1e-6)  # [] <= 7.1
+    # |g1| / |g2| * g2 == |g1| * unit(g2): written with unit vectors so no ratio of norms can
+    # overflow when one gradient is much smaller than the other.
+    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
+    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
+    new_g1 = g1 + coef1 * unit2
+    new_g2 = g2 + coef2 * unit1
+
+    ema = jnp.clip((1.0 - beta) * phi_hat + beta * phi, -PHI_HAT_BOUND, PHI_HAT_BOUND)
+    new_phi_hat = jnp.where(skip, phi_hat, ema).astype(jnp.float32)
+    return VaccineResult(g1=new_g1, g2=new_g2, phi_hat=new_phi_hat, phi=phi, applied=applied)
+
+
+def budget_clip(
+    g: jax.Array, share: float | jax.Array, budget: float | jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """Down-only gradient budget: ``g * min(1, share * budget / |g|)``; returns ``(g', scale)``.
+
+    A gradient is never scaled up (``scale <= 1``); a zero vector passes through with scale 1;
+    ``share = 0`` zeroes the gradient. A non-finite ``g`` is not hidden: its norm is inf/NaN and
+    the result stays non-finite, for the learner's guard to catch.
+    """
+    g = jnp.asarray(g, jnp.float32)
+    limit = jnp.asarray(share, jnp.float32) * jnp.asarray(budget, jnp.float32)  # []
+    norm = _norm(g)
+    scale = jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1.0), 1.0)
+    scale = jnp.minimum(scale, 1.0).astype(jnp.float32)
+    return g * scale, scale
