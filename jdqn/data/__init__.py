@@ -1,5 +1,47 @@
-"""Bar data: load and validate bar files, synthetic ES bars, past-only features, walk-forward folds."""
+"""Bar data: validated bar files, synthetic ES bars, past-only features, walk-forward folds."""
 
 from jdqn.data.bars import BarFileError, Bars, load_bars
+from jdqn.data.dataset import (
+    FoldArrays,
+    WalkForwardData,
+    bars_per_year,
+    describe_source,
+    load_source,
+    prepare_walkforward,
+    split_folds,
+    stack_folds,
+)
+from jdqn.data.features import (
+    FeatureSet,
+    Normaliser,
+    compute_features,
+    fit_normaliser,
+    normalise,
+)
+from jdqn.data.folds import Fold, make_folds
+from jdqn.data.synth import SyntheticPath, synthetic_bars, synthetic_path, write_bars
 
-__all__ = ["BarFileError", "Bars", "load_bars"]
+__all__ = [
+    "BarFileError",
+    "Bars",
+    "FeatureSet",
+    "Fold",
+    "FoldArrays",
+    "Normaliser",
+    "SyntheticPath",
+    "WalkForwardData",
+    "bars_per_year",
+    "compute_features",
+    "describe_source",
+    "fit_normaliser",
+    "load_bars",
+    "load_source",
+    "make_folds",
+    "normalise",
+    "prepare_walkforward",
+    "split_folds",
+    "stack_folds",
+    "synthetic_bars",
+    "synthetic_path",
+    "write_bars",
+]

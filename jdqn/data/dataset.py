@@ -1,0 +1,130 @@
+"""Walk-forward arrays: bars -> past-only features -> folds -> per-fold train-normalised arrays.
+
+What the trainer and evaluator consume (DESIGN sections 3 and 7). Features are computed once over
+the whole series (each row uses only its own and earlier bars), then each fold's normaliser is fit
+on that fold's train rows only and applied to its train and test rows; so nothing in a fold's
+training inputs depends on its test window or later bars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from jdqn.config import Config, DataConfig
+from jdqn.data.bars import Bars, load_bars
+from jdqn.data.features import Normaliser, compute_features, fit_normaliser, normalise
+from jdqn.data.folds import Fold, make_folds
+from jdqn.data.synth import synthetic_bars
+
+TRADING_DAYS_PER_YEAR = 252
+_SESSION_SHIFT = np.timedelta64(7, "h")  # 17:00 CT session open -> midnight of its trading day
+
+
+class FoldArrays(NamedTuple):
+    """One window (train or test) of one fold, ready for the environment."""
+
+    features: np.ndarray  # [T, F] float32, normalised with the fold's train statistics
+    close: np.ndarray  # [T] float32, index points
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays have no single truth value
+class WalkForwardData:
+    """All folds of one bar series."""
+
+    folds: tuple[Fold, ...]
+    feature_names: tuple[str, ...]  # [F]
+    feature_groups: dict[str, tuple[int, ...]]  # group -> feature indices
+    train: tuple[FoldArrays, ...]  # per fold
+    test: tuple[FoldArrays, ...]  # per fold
+    test_timestamps: tuple[np.ndarray, ...]  # per fold, [T_test] datetime64[ns] exchange time
+    bars_per_year: float  # median bars per trading day x 252 (annualises Sharpe)
+    source: str  # file path or "synthetic(seed=..., bars=..., signal=...)"
+    normalisers: tuple[Normaliser, ...] = ()  # per fold, fit on its train rows
+
+    @property
+    def n_features(self) -> int:
+        return len(self.feature_names)
+
+
+def stack_folds(arrays: Sequence[FoldArrays]) -> FoldArrays:
+    """Stack per-fold arrays along a new leading fold axis: [K, T, F] and [K, T]."""
+    lengths = [len(a.close) for a in arrays]
+    if not arrays or len(set(lengths)) != 1:
+        raise ValueError(
+            f"stack_folds: folds have window lengths {lengths}; only equal lengths stack "
+            "(fix: use walkforward.mode=rolling, or run the folds one at a time)"
+        )
+    return FoldArrays(
+        features=np.stack([a.features for a in arrays]),
+        close=np.stack([a.close for a in arrays]),
+    )
+
+
+def describe_source(cfg: DataConfig) -> str:
+    """The data source as a short string for logs and results."""
+    if cfg.path is not None:
+        return str(cfg.path)
+    return (
+        f"synthetic(seed={cfg.synthetic_seed}, bars={cfg.synthetic_bars}, "
+        f"signal={cfg.signal_strength:g})"
+    )
+
+
+def load_source(cfg: DataConfig) -> Bars:
+    """Bars from ``cfg.path`` (validated) or, when it is None, the synthetic generator."""
+    if cfg.path is not None:
+        return load_bars(cfg.path)
+    return synthetic_bars(cfg.synthetic_bars, cfg.synthetic_seed, cfg.signal_strength)
+
+
+def bars_per_year(timestamp: np.ndarray) -> float:
+    """Median bars per trading day x 252.
+
+    A trading day is a Globex session: bars from 17:00 CT count toward the next calendar day, so
+    a full session is 1,380 bars and RTH-only data give 390. The median ignores partial first and
+    last days and holiday sessions once there are several days.
+    """
+    trading_day = (timestamp.astype("datetime64[ns]") + _SESSION_SHIFT).astype("datetime64[D]")
+    _, counts = np.unique(trading_day, return_counts=True)
+    return float(np.median(counts)) * TRADING_DAYS_PER_YEAR
+
+
+def split_folds(
+    values: np.ndarray, close: np.ndarray, folds: Sequence[Fold], clip: float
+) -> tuple[tuple[FoldArrays, ...], tuple[FoldArrays, ...], tuple[Normaliser, ...]]:
+    """Per fold: fit on train rows, normalise train and test rows -> (train, test, normalisers)."""
+    close32 = close.astype(np.float32)
+    train, test, normalisers = [], [], []
+    for fold in folds:
+        normaliser = fit_normaliser(values, fold.train_start, fold.train_end)
+        for window, (lo, hi) in (
+            (train, (fold.train_start, fold.train_end)),
+            (test, (fold.test_start, fold.test_end)),
+        ):
+            window.append(FoldArrays(normalise(values[lo:hi], normaliser, clip), close32[lo:hi]))
+        normalisers.append(normaliser)
+    return tuple(train), tuple(test), tuple(normalisers)
+
+
+def prepare_walkforward(bars: Bars, cfg: Config, source: str = "") -> WalkForwardData:
+    """Features, folds and per-fold train-normalised arrays for a walk-forward run."""
+    folds = make_folds(len(bars), cfg.walkforward)  # fail fast before computing features
+    features = compute_features(bars, cfg.data)
+    train, test, normalisers = split_folds(
+        features.values, bars.close, folds, cfg.data.feature_clip
+    )
+    return WalkForwardData(
+        folds=tuple(folds),
+        feature_names=features.names,
+        feature_groups=features.groups,
+        train=train,
+        test=test,
+        test_timestamps=tuple(bars.timestamp[f.test_start : f.test_end] for f in folds),
+        bars_per_year=bars_per_year(bars.timestamp),
+        source=source or describe_source(cfg.data),
+        normalisers=normalisers,
+    )

@@ -1,0 +1,163 @@
+"""Past-only bar features and train-window normalisation.
+
+The feature row at bar ``t`` is a function of bars ``0..t`` only (DESIGN section 3: nothing from
+bar t+1 or later, ever). Trailing statistics during warm-up (``t`` smaller than a window) use the
+bars that exist: a ``h``-bar return at ``t < h`` is the return since bar 0, a trailing mean over
+``W`` bars at ``t < W - 1`` is the mean over bars ``0..t``, and a statistic with no spread yet
+(e.g. the volume z-score at bar 0) is 0. So no row is NaN.
+
+Groups (indices into the feature axis, in this order):
+
+* ``returns``: ``ret_<h>`` = ``log(close_t / close_{t-h})`` for each ``h`` in
+  ``cfg.return_horizons``.
+* ``range``: ``log_range`` = ``log(high_t / low_t)``; ``close_location`` = where the close sits in
+  the bar, ``2 (close - low) / (high - low) - 1`` in [-1, 1] (0 for a flat bar); ``range_ratio`` =
+  ``log_range`` over its trailing mean (``cfg.volume_window`` bars, 0 while that mean is 0);
+  ``realized_vol`` = trailing root-mean-square of 1-bar log returns over ``cfg.volume_window``.
+* ``volume``: ``volume_z`` = trailing z-score of ``log(1 + volume)`` over ``cfg.volume_window``
+  bars (all zeros when the source has no volume).
+* ``calendar``: ``tod_sin``, ``tod_cos`` (time of day on a 24 h circle), ``session_progress``
+  (minutes since the 17:00 CT Globex open / 1380), ``rth_progress`` (minutes since the 08:30 CT
+  RTH open / 390 inside RTH, 0 outside), ``day_of_week`` (Monday 0 .. Friday 1, of the trading day:
+  an evening bar belongs to the next day's session), ``is_rth`` (1 inside 08:30-15:00 CT). This
+  is the group the learner's causal intervention treats as non-causal.
+
+Normalisation (:func:`fit_normaliser`, :func:`normalise`) is a z-score with statistics of a train
+window only, clipped to +-``cfg.feature_clip``. All columns are z-scored, the bounded calendar
+columns too: one code path, and every network input on the same scale. A column that is constant
+over the train window (e.g. ``volume_z`` without volume) has its std set to 1, so it maps to 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from jdqn.config import DataConfig
+from jdqn.data.bars import Bars
+
+_RTH_OPEN, _RTH_CLOSE = 8 * 60 + 30, 15 * 60  # minutes after midnight CT
+_GLOBEX_OPEN = 17 * 60
+_SESSION_MINUTES = 1380
+_MINUTES_PER_DAY = 1440
+_MIN_STD = 1e-12  # below this a column is treated as constant
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays have no single truth value
+class FeatureSet:
+    """Raw (unnormalised) features of a bar series."""
+
+    values: np.ndarray  # [T, F] float32, row t computed from bars <= t
+    names: tuple[str, ...]  # [F]
+    groups: dict[str, tuple[int, ...]]  # group name -> feature indices
+
+
+@dataclass(frozen=True, eq=False)
+class Normaliser:
+    """Per-feature z-score statistics of one train window."""
+
+    mean: np.ndarray  # [F] float64
+    std: np.ndarray  # [F] float64, > 0 (constant columns get 1)
+
+
+def _trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
+    """[T] mean of x over bars max(0, t-window+1)..t (past-only, expanding during warm-up)."""
+    csum = np.concatenate([[0.0], np.cumsum(x)])
+    t = np.arange(len(x))
+    lo = np.maximum(0, t - window + 1)
+    return (csum[t + 1] - csum[lo]) / (t + 1 - lo)
+
+
+def _trailing_zscore(x: np.ndarray, window: int) -> np.ndarray:
+    """[T] (x_t - trailing mean) / trailing std over the same window; 0 where std is ~0."""
+    centred = x - x[0]  # bar 0 is in every row's past; centring keeps the cumsums accurate
+    mean = _trailing_mean(centred, window)
+    var = np.maximum(_trailing_mean(centred * centred, window) - mean * mean, 0.0)
+    std = np.sqrt(var)
+    ok = std > 1e-9
+    return np.where(ok, (centred - mean) / np.where(ok, std, 1.0), 0.0)
+
+
+def _lagged_log_return(log_close: np.ndarray, horizon: int) -> np.ndarray:
+    """[T] log(C_t / C_{max(0, t-h)})."""
+    lagged = np.concatenate([np.full(min(horizon, len(log_close)), log_close[0]), log_close])
+    return log_close - lagged[: len(log_close)]
+
+
+def _calendar(timestamp: np.ndarray) -> dict[str, np.ndarray]:
+    minutes = timestamp.astype("datetime64[m]").astype(np.int64)
+    minute_of_day = minutes % _MINUTES_PER_DAY
+    angle = 2.0 * np.pi * minute_of_day / _MINUTES_PER_DAY
+    rth = (minute_of_day >= _RTH_OPEN) & (minute_of_day < _RTH_CLOSE)
+    # Trading day: bars from 17:00 belong to the next day's session (shift by 7 h).
+    trading_day = (minutes + (_MINUTES_PER_DAY - _GLOBEX_OPEN)) // _MINUTES_PER_DAY
+    weekday = (trading_day + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
+    since_globex_open = (minute_of_day - _GLOBEX_OPEN) % _MINUTES_PER_DAY
+    return {
+        "tod_sin": np.sin(angle),
+        "tod_cos": np.cos(angle),
+        "session_progress": since_globex_open / _SESSION_MINUTES,
+        "rth_progress": np.where(rth, (minute_of_day - _RTH_OPEN) / (_RTH_CLOSE - _RTH_OPEN), 0.0),
+        "day_of_week": weekday / 4.0,
+        "is_rth": rth.astype(np.float64),
+    }
+
+
+def compute_features(bars: Bars, cfg: DataConfig) -> FeatureSet:
+    """Past-only features of ``bars`` (groups and warm-up rules: module docstring)."""
+    window = cfg.volume_window
+    log_close = np.log(bars.close)
+    returns = {f"ret_{h}": _lagged_log_return(log_close, h) for h in cfg.return_horizons}
+
+    log_range = np.log(bars.high / bars.low)
+    spread = bars.high - bars.low
+    location = np.where(
+        spread > 0, 2.0 * (bars.close - bars.low) / np.where(spread > 0, spread, 1.0) - 1.0, 0.0
+    )
+    range_mean = _trailing_mean(log_range, window)
+    return_1 = _lagged_log_return(log_close, 1)
+    range_group = {
+        "log_range": log_range,
+        "close_location": location,
+        "range_ratio": np.where(
+            range_mean > 0, log_range / np.where(range_mean > 0, range_mean, 1.0), 0.0
+        ),
+        "realized_vol": np.sqrt(_trailing_mean(return_1 * return_1, window)),
+    }
+    volume_z = (
+        _trailing_zscore(np.log1p(bars.volume), window)
+        if bars.has_volume
+        else np.zeros(len(bars), np.float64)
+    )
+    grouped = {
+        "returns": returns,
+        "range": range_group,
+        "volume": {"volume_z": volume_z},
+        "calendar": _calendar(bars.timestamp),
+    }
+    names: list[str] = []
+    columns: list[np.ndarray] = []
+    groups: dict[str, tuple[int, ...]] = {}
+    for group, features in grouped.items():
+        groups[group] = tuple(range(len(names), len(names) + len(features)))
+        names.extend(features)
+        columns.extend(features.values())
+    values = np.stack(columns, axis=1).astype(np.float32)
+    return FeatureSet(values=values, names=tuple(names), groups=groups)
+
+
+def fit_normaliser(values: np.ndarray, start: int, end: int) -> Normaliser:
+    """z-score statistics of rows [start, end) of ``values`` [T, F] only (the train window)."""
+    if not 0 <= start < end <= len(values):
+        raise ValueError(f"fit_normaliser: rows [{start}, {end}) not inside [0, {len(values)})")
+    window = values[start:end].astype(np.float64)
+    mean = window.mean(axis=0)
+    std = window.std(axis=0)
+    return Normaliser(mean=mean, std=np.where(std > _MIN_STD, std, 1.0))
+
+
+def normalise(values: np.ndarray, normaliser: Normaliser, clip: float) -> np.ndarray:
+    """[T, F] float32 ``clip((values - mean) / std, -clip, clip)``."""
+    z = (values.astype(np.float64) - normaliser.mean) / normaliser.std
+    return np.clip(z, -clip, clip).astype(np.float32)

@@ -1,0 +1,95 @@
+"""Walk-forward fold layout: train window, purge gap, test window (DESIGN section 7).
+
+Rolling mode: every fold has ``train_bars`` of training, ``purge_bars`` of gap and ``test_bars`` of
+test; fold k+1 is fold k shifted by ``test_bars``, so the test windows tile the end of the series
+without overlap, and the last one ends at the last bar (the newest data are always used; any
+surplus bars at the start are left out). Expanding mode keeps the same test windows and purge gaps
+but every fold trains from the first rolling fold's train start, so its train window grows by
+``test_bars`` per fold. The purge gap (>= the feature lookback, checked by the config) means no
+test feature shares a bar with its fold's train window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jdqn.config import WalkForwardConfig
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One fold as half-open bar-index ranges [start, end)."""
+
+    index: int
+    train_start: int
+    train_end: int
+    test_start: int
+    test_end: int
+
+    @property
+    def purge(self) -> int:
+        """Bars between the train and test windows."""
+        return self.test_start - self.train_end
+
+    @property
+    def train_bars(self) -> int:
+        return self.train_end - self.train_start
+
+    @property
+    def test_bars(self) -> int:
+        return self.test_end - self.test_start
+
+
+def make_folds(n_bars: int, cfg: WalkForwardConfig) -> list[Fold]:
+    """Fold layout over a series of ``n_bars`` bars (module docstring); ValueError if too short."""
+    needed = cfg.bars_needed()
+    if n_bars < needed:
+        raise ValueError(_too_short_message(n_bars, cfg))
+    offset = n_bars - needed  # surplus old bars left out so the last test ends at the last bar
+    folds = []
+    for k in range(cfg.n_folds):
+        rolling_start = offset + k * cfg.test_bars
+        train_end = rolling_start + cfg.train_bars
+        test_start = train_end + cfg.purge_bars
+        folds.append(
+            Fold(
+                index=k,
+                train_start=offset if cfg.mode == "expanding" else rolling_start,
+                train_end=train_end,
+                test_start=test_start,
+                test_end=test_start + cfg.test_bars,
+            )
+        )
+    return folds
+
+
+def _round_down(x: int) -> int:
+    """Round down to two significant digits (readable suggestions)."""
+    if x < 100:
+        return x
+    scale = 10 ** (len(str(x)) - 2)
+    return x // scale * scale
+
+
+def _too_short_message(n_bars: int, cfg: WalkForwardConfig) -> str:
+    needed = cfg.bars_needed()
+    head = (
+        f"walkforward needs {needed:,} bars (train {cfg.train_bars:,} + purge "
+        f"{cfg.purge_bars:,} + {cfg.n_folds} folds x {cfg.test_bars:,} test) but the data has "
+        f"{n_bars:,}; fix: "
+    )
+    room = n_bars - cfg.purge_bars
+    # Keep the train:test ratio and the purge; need train >= 2 and test >= 2.
+    ratio = cfg.train_bars / cfg.test_bars
+    test = _round_down(int(room / (cfg.n_folds + ratio))) if room > 0 else 0
+    train = _round_down(int(test * ratio))
+    if test >= 2 and train >= 2:
+        return head + (
+            f"lower --set walkforward.train_bars={train} walkforward.test_bars={test} "
+            f"(or use fewer --folds, or a longer bar file)"
+        )
+    return head + (
+        f"the purge gap alone ({cfg.purge_bars:,} bars) leaves no room; use a longer bar file, "
+        f"or lower --set walkforward.purge_bars (it must still cover the feature lookback) "
+        f"and use fewer --folds"
+    )
