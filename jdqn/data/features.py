@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from jdqn.config import DataConfig
 from jdqn.data.bars import Bars
@@ -42,6 +43,7 @@ _GLOBEX_OPEN = 17 * 60
 _SESSION_MINUTES = 1380
 _MINUTES_PER_DAY = 1440
 _MIN_STD = 1e-12  # below this a column is treated as constant
+_MIN_ZSCORE_STD = 1e-8  # trailing windows flatter than this have z-score 0
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays have no single truth value
@@ -63,20 +65,17 @@ class Normaliser:
 
 def _trailing_mean(x: np.ndarray, window: int) -> np.ndarray:
     """[T] mean of x over bars max(0, t-window+1)..t (past-only, expanding during warm-up)."""
-    csum = np.concatenate([[0.0], np.cumsum(x)])
-    t = np.arange(len(x))
-    lo = np.maximum(0, t - window + 1)
-    return (csum[t + 1] - csum[lo]) / (t + 1 - lo)
+    # pandas' rolling kernels run forward with compensated add/remove: row t sees x[:t+1] only.
+    return pd.Series(x).rolling(window, min_periods=1).mean().to_numpy()
 
 
 def _trailing_zscore(x: np.ndarray, window: int) -> np.ndarray:
-    """[T] (x_t - trailing mean) / trailing std over the same window; 0 where std is ~0."""
-    centred = x - x[0]  # bar 0 is in every row's past; centring keeps the cumsums accurate
-    mean = _trailing_mean(centred, window)
-    var = np.maximum(_trailing_mean(centred * centred, window) - mean * mean, 0.0)
-    std = np.sqrt(var)
-    ok = std > 1e-9
-    return np.where(ok, (centred - mean) / np.where(ok, std, 1.0), 0.0)
+    """[T] (x_t - trailing mean) / trailing std (population) over the same window; 0 if std ~ 0."""
+    rolling = pd.Series(x).rolling(window, min_periods=1)
+    mean = rolling.mean().to_numpy()
+    std = np.sqrt(np.maximum(rolling.var(ddof=0).to_numpy(), 0.0))
+    ok = std > _MIN_ZSCORE_STD
+    return np.where(ok, (x - mean) / np.where(ok, std, 1.0), 0.0)
 
 
 def _lagged_log_return(log_close: np.ndarray, horizon: int) -> np.ndarray:
@@ -123,7 +122,7 @@ def compute_features(bars: Bars, cfg: DataConfig) -> FeatureSet:
         "range_ratio": np.where(
             range_mean > 0, log_range / np.where(range_mean > 0, range_mean, 1.0), 0.0
         ),
-        "realized_vol": np.sqrt(_trailing_mean(return_1 * return_1, window)),
+        "realized_vol": np.sqrt(np.maximum(_trailing_mean(return_1 * return_1, window), 0.0)),
     }
     volume_z = (
         _trailing_zscore(np.log1p(bars.volume), window)
