@@ -1,0 +1,201 @@
+"""C51 network: spectral norm against SVD, pruning schedule and masks, ensemble masks, dtypes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jdqn import networks
+from jdqn.config import SMOKETEST, apply_overrides
+
+
+def _cfg(*overrides: str):
+    return apply_overrides(SMOKETEST, ["network.hidden=[16,8]", "network.n_atoms=11", *overrides])
+
+
+def test_spectral_sigma_matches_svd_after_power_iterations():
+    kernel = jax.random.normal(jax.random.PRNGKey(0), (9, 16), jnp.float32)
+    u = networks._l2_normalise(jax.random.normal(jax.random.PRNGKey(1), (16,)))
+    power_step = jax.jit(networks.spectral_normalise, static_argnums=2)
+    for _ in range(200):
+        _, u, sigma = power_step(kernel, u, "clip")
+    top = np.linalg.svd(np.asarray(kernel, np.float64), compute_uv=False)[0]
+    np.testing.assert_allclose(float(sigma), top, rtol=1e-5)
+
+
+def test_spectral_modes_clip_and_divide():
+    net = _cfg().network
+    state = networks.init_network(jax.random.PRNGKey(0), _cfg(), 5)
+    u = state.sn_u
+    power_step = jax.jit(networks.effective_params, static_argnums=(3, 4))
+    for _ in range(200):
+        eff, u, sigmas = power_step(state.params, state.masks, u, net, True)
+    for name, sigma in zip(networks.torso_layers(net), np.asarray(sigmas), strict=True):
+        kernel = np.asarray(state.params[name]["kernel"], np.float64)
+        top = np.linalg.svd(kernel, compute_uv=False)[0]
+        np.testing.assert_allclose(sigma, top, rtol=1e-5)
+        # clip: W / max(sigma, 1), so the normalised top singular value is min(top, 1).
+        eff_top = np.linalg.svd(np.asarray(eff[name]["kernel"], np.float64), compute_uv=False)[0]
+        np.testing.assert_allclose(eff_top, min(top, 1.0), rtol=1e-5)
+    # A small kernel (sigma < 1) passes "clip" unchanged but is scaled up by "divide".
+    small = {**state.params, "torso_0": {**state.params["torso_0"]}}
+    small["torso_0"]["kernel"] = state.params["torso_0"]["kernel"] * 1e-2
+    divide = apply_overrides(_cfg(), ["network.spectral_mode=divide"]).network
+    eff_clip, _, s_clip = networks.effective_params(small, state.masks, u, net, False)
+    eff_div, _, _ = networks.effective_params(small, state.masks, u, divide, False)
+    assert float(s_clip[0]) < 1.0
+    np.testing.assert_array_equal(eff_clip["torso_0"]["kernel"], small["torso_0"]["kernel"])
+    np.testing.assert_allclose(
+        eff_div["torso_0"]["kernel"], small["torso_0"]["kernel"] / s_clip[0], rtol=1e-6
+    )
+    # The output head is never normalised.
+    np.testing.assert_array_equal(eff_clip["head"]["kernel"], small["head"]["kernel"])
+
+
+def test_update_u_false_returns_stored_u_and_u_gets_no_gradient():
+    cfg = _cfg()
+    state = networks.init_network(jax.random.PRNGKey(3), cfg, 5)
+    _, same_u, _ = networks.effective_params(
+        state.params, state.masks, state.sn_u, cfg.network, False
+    )
+    _, new_u, _ = networks.effective_params(
+        state.params, state.masks, state.sn_u, cfg.network, True
+    )
+    for name in state.sn_u:
+        np.testing.assert_array_equal(same_u[name], state.sn_u[name])
+        assert not np.allclose(new_u[name], state.sn_u[name])
+    grad_u = jax.grad(
+        lambda u: jnp.sum(
+            networks.apply(
+                networks.effective_params(state.params, state.masks, u, cfg.network, True)[0],
+                jnp.ones((2, 5)),
+                cfg,
+            )
+        )
+    )(state.sn_u)
+    for g in jax.tree.leaves(grad_u):
+        np.testing.assert_array_equal(g, 0.0)
+
+
+def test_logits_shape_q_inside_support_and_bf16_matmuls():
+    cfg = _cfg("network.n_heads=3")
+    state = networks.init_network(jax.random.PRNGKey(0), cfg, 5)
+    eff, _, _ = networks.effective_params(state.params, state.masks, state.sn_u, cfg.network, False)
+    obs = 30.0 * jax.random.normal(jax.random.PRNGKey(1), (7, 5))
+    logits = networks.apply(eff, obs, cfg)
+    assert logits.shape == (7, 3, 3, 11) and logits.dtype == jnp.float32
+    support = networks.atoms(cfg.network)
+    np.testing.assert_allclose(support, np.linspace(-240, 240, 11), atol=1e-4)
+    q = networks.q_values(logits, support)
+    assert q.shape == (7, 3, 3)
+    assert np.all(np.asarray(q) >= -240.0) and np.all(np.asarray(q) <= 240.0)
+    z = np.asarray(logits, np.float64)
+    probs = np.exp(z - z.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    reference = np.einsum("bkan,n->bka", probs, np.asarray(support, np.float64))
+    np.testing.assert_allclose(q, reference, rtol=1e-5, atol=1e-4)
+    bf16 = apply_overrides(cfg, ["network.matmul_dtype=bfloat16"])
+    logits_bf16 = networks.apply(eff, obs, bf16)
+    assert logits_bf16.dtype == jnp.float32
+    np.testing.assert_allclose(logits_bf16, logits, rtol=0.05, atol=0.2)  # bf16: 8-bit mantissa
+    assert not np.array_equal(logits_bf16, logits)
+
+
+def test_cubic_prune_schedule_hand_values():
+    net = _cfg(
+        "network.target_sparsity=0.8",
+        "network.prune_start=100",
+        "network.prune_end=500",
+        "network.prune_every=100",
+    ).network
+    # progress = (t - 100) / 400; s_t = 0.8 (1 - (1 - progress)^3)
+    expected = {0: 0.0, 100: 0.0, 200: 0.8 * (1 - 0.75**3), 300: 0.7, 500: 0.8, 900: 0.8}
+    for step, value in expected.items():
+        np.testing.assert_allclose(float(networks.prune_sparsity(step, net)), value, rtol=1e-6)
+    due = {50: False, 100: True, 150: False, 200: True, 500: True, 600: False}
+    for step, value in due.items():
+        assert bool(networks.prune_due(jnp.int32(step), net)) is value
+    odd_end = _cfg("network.prune_end=250", "network.prune_every=100").network
+    assert bool(networks.prune_due(jnp.int32(250), odd_end))
+    assert not bool(networks.prune_due(jnp.int32(240), odd_end))
+
+
+def test_magnitude_masks_hand_case():
+    params = {
+        "torso_0": {"kernel": jnp.array([[0.1, -0.5], [0.3, -0.05]]), "bias": jnp.zeros(2)},
+    }
+    masks = networks.magnitude_masks(params, jnp.float32(0.5))
+    np.testing.assert_array_equal(masks["torso_0"]["kernel"], [[0.0, 1.0], [1.0, 0.0]])
+    np.testing.assert_array_equal(masks["torso_0"]["bias"], [1.0, 1.0])
+    np.testing.assert_allclose(float(networks.mask_sparsity(masks)), 0.5)
+
+
+@given(
+    sparsity=st.floats(0.0, 0.99),
+    seed=st.integers(0, 2**16),
+    shape=st.sampled_from([(3, 4), (9, 2), (1, 7)]),  # few shapes: few compiles
+)
+def test_magnitude_masks_prune_exactly_the_smallest(sparsity, seed, shape):
+    kernel = jax.random.normal(jax.random.PRNGKey(seed), shape)
+    kernel = kernel.at[0, 0].set(0.0)  # ties with zeros must not over-prune
+    mask = np.asarray(
+        networks.magnitude_masks({"l": {"kernel": kernel}}, jnp.float32(sparsity))["l"]["kernel"]
+    )
+    n_pruned = int(np.floor(np.float32(sparsity) * kernel.size))
+    assert int((mask == 0).sum()) == n_pruned
+    magnitudes = np.abs(np.asarray(kernel))
+    if 0 < n_pruned < kernel.size:
+        assert magnitudes[mask == 0].max() <= magnitudes[mask == 1].min()
+
+
+def test_pruned_weights_stay_exactly_zero_after_100_adam_steps():
+    cfg = _cfg()
+    state = networks.init_network(jax.random.PRNGKey(0), cfg, 5)
+    masks = networks.magnitude_masks(state.params, jnp.float32(0.6))
+    params = jax.tree.map(jnp.multiply, state.params, masks)
+    optimizer = optax.adam(1e-2)
+    obs = jax.random.normal(jax.random.PRNGKey(1), (32, 5))
+
+    def loss(p):
+        eff, _, _ = networks.effective_params(p, masks, state.sn_u, cfg.network, False)
+        return jnp.mean(networks.apply(eff, obs, cfg) ** 2)
+
+    grads = jax.jit(jax.grad(loss))(params)
+    for g, m in zip(jax.tree.leaves(grads), jax.tree.leaves(masks), strict=True):
+        np.testing.assert_array_equal(np.asarray(g)[np.asarray(m) == 0], 0.0)
+
+    @jax.jit
+    def train(dense_params, params):
+        # Adam momentum from before pruning would move masked entries; the masks are re-applied.
+        opt_state = optimizer.init(dense_params)
+        grads = jax.grad(loss)(dense_params)
+        _, opt_state = optimizer.update(grads, opt_state, dense_params)
+
+        def adam_step(_, carry):
+            params, opt_state = carry
+            updates, opt_state = optimizer.update(jax.grad(loss)(params), opt_state, params)
+            params = jax.tree.map(jnp.multiply, optax.apply_updates(params, updates), masks)
+            return params, opt_state
+
+        return jax.lax.fori_loop(0, 100, adam_step, (params, opt_state))[0]
+
+    start = params
+    params = train(state.params, params)
+    for p, p0, m in zip(*(jax.tree.leaves(t) for t in (params, start, masks)), strict=True):
+        p, p0, m = np.asarray(p), np.asarray(p0), np.asarray(m)
+        assert np.all(p[m == 0] == 0.0)
+        assert np.mean(p[m == 1] != p0[m == 1]) > 0.5  # the kept weights did train
+
+
+def test_bootstrap_masks_fixed_per_slot_with_rate_prob():
+    key = jax.random.PRNGKey(0)
+    slots = jnp.arange(4000)
+    masks = networks.bootstrap_masks(key, slots, 4, 0.3)
+    assert masks.shape == (4000, 4) and masks.dtype == jnp.float32
+    assert abs(float(masks.mean()) - 0.3) < 0.02  # 5 sigma of a 16000-draw mean
+    again = networks.bootstrap_masks(key, jnp.array([17, 3, 17]), 4, 0.3)
+    np.testing.assert_array_equal(again[0], masks[17])
+    np.testing.assert_array_equal(again[2], masks[17])
+    np.testing.assert_array_equal(again[1], masks[3])
