@@ -285,6 +285,8 @@ def _evaluate_group(
                 positions,
                 point_value_usd=cfg.env.point_value_usd,
                 bars_per_year=data.bars_per_year,
+                gross_points=np.asarray(rollouts.pnl_points[r]),
+                cost_points=np.asarray(rollouts.cost_points[r]),
             )
         curves = {"agent": equity_curve(net)} | {
             name: equity_curve(np.asarray(b["rollout"].net_points)) for name, b in baselines.items()
