@@ -218,17 +218,20 @@ def _run_slices(sliced, actions):
     return obs0, out
 
 
+_run_slices_jit = jax.jit(_run_slices)
+
+
 def test_lock_step_slices_equal_independent_episodes():
     n_slices, n_iters = 4, 20  # slices of 5, 5, 5, 8 bars: several auto-resets each
     params = _random_fold(0, n_bars=23)
     sliced = env.slice_params(params, n_slices)
     actions = jnp.asarray(np.random.default_rng(1).integers(0, 3, (n_iters, n_slices)), jnp.int32)
-    obs0, (obs, states, reward, done, info) = jax.jit(_run_slices)(sliced, actions)
+    obs0, (obs, states, reward, done, info) = _run_slices_jit(sliced, actions)
     assert obs.shape == (n_iters, n_slices, N_FEATURES + 1)
     for s in range(n_slices):
         start, end = int(sliced.start[s]), int(sliced.end[s])
         single = params.replace(start=jnp.int32(start), end=jnp.int32(end))
-        s_obs0, (s_obs, s_state, s_reward, s_done, s_info) = _run(single, actions[:, s])
+        s_obs0, (s_obs, s_state, s_reward, s_done, s_info) = _run_jit(single, actions[:, s])
         np.testing.assert_array_equal(obs0[s], s_obs0)
         np.testing.assert_array_equal(obs[:, s], s_obs)
         np.testing.assert_array_equal(reward[:, s], s_reward)
@@ -266,7 +269,7 @@ def test_vmap_over_folds_of_different_data():
     actions = jnp.asarray(np.random.default_rng(2).integers(0, 3, (2, N_BARS - 1)), jnp.int32)
     batched = jax.jit(jax.vmap(_run))(stacked, actions)
     for i, fold in enumerate(folds):
-        single = _run(fold, actions[i])
+        single = _run_jit(fold, actions[i])
         jax.tree.map(lambda a, b, i=i: np.testing.assert_array_equal(a[i], b), batched, single)
     # folds x slices: vmap over folds of the lock-step slice run
     n_slices = 3
@@ -278,21 +281,24 @@ def test_vmap_over_folds_of_different_data():
     )
     nested = jax.jit(jax.vmap(_run_slices))(sliced, slice_actions)
     for i, fold in enumerate(folds):
-        single = _run_slices(env.slice_params(fold, n_slices), slice_actions[i])
+        single = _run_slices_jit(env.slice_params(fold, n_slices), slice_actions[i])
         jax.tree.map(lambda a, b, i=i: np.testing.assert_array_equal(a[i], b), nested, single)
     assert not np.array_equal(batched[1][2][0], batched[1][2][1])  # folds really differ
 
 
 def test_jit_matches_no_jit_and_does_not_recompile():
     cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0))
-    params = _random_fold(5, cfg=cfg)
-    actions = jnp.asarray(np.random.default_rng(4).integers(0, 5, N_BARS - 1), jnp.int32)
+    params = _random_fold(5, n_bars=12, cfg=cfg)  # short: the unjitted scan runs op by op
+    actions = jnp.asarray(np.random.default_rng(4).integers(0, 5, 11), jnp.int32)
     jitted = _run_jit(params, actions)
     with jax.disable_jit():
         eager = _run(params, actions)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6), jitted, eager)
     step_jit = jax.jit(env.step)
     _, state = env.reset(jax.random.key(0), params)
-    for other in (params, _random_fold(6, cfg=cfg).replace(start=jnp.int32(3), end=jnp.int32(9))):
+    for other in (
+        params,
+        _random_fold(6, n_bars=12, cfg=cfg).replace(start=jnp.int32(3), end=jnp.int32(9)),
+    ):
         step_jit(jax.random.key(0), state, jnp.int32(1), other)
     assert step_jit._cache_size() == 1
