@@ -150,7 +150,10 @@ class LossConfig:
     causal_weight: float = 0.1
     non_causal_group: str = "calendar"
     q_clip: float = 1e4  # guard: max |Q| allowed
-    projection_impl: Literal["auto", "pallas", "reference", "interpret"] = "auto"  # C51 projection
+    # C51 projection implementation (pallas_kernels.c51_project): auto = Pallas on GPU
+    projection_impl: Literal[
+        "auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"
+    ] = "auto"
 
     def __post_init__(self) -> None:
         _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
@@ -176,9 +179,10 @@ class LossConfig:
         _require(self.causal_weight >= 0, "loss.causal_weight", "must be >= 0")
         _require(self.q_clip > 0, "loss.q_clip", "must be > 0")
         _require(
-            self.projection_impl in ("auto", "pallas", "reference", "interpret"),
+            self.projection_impl
+            in ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
             "loss.projection_impl",
-            "'auto', 'pallas', 'reference' or 'interpret'",
+            "'auto', 'pallas', 'interpret', 'reference', 'xla_hat' or 'xla_scatter'",
         )
 
     def alpha_for_epoch(self, epoch: int) -> float:
