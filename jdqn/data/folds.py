@@ -79,17 +79,22 @@ def _too_short_message(n_bars: int, cfg: WalkForwardConfig) -> str:
         f"{n_bars:,}; fix: "
     )
     room = n_bars - cfg.purge_bars
-    # Keep the train:test ratio and the purge; need train >= 2 and test >= 2.
-    ratio = cfg.train_bars / cfg.test_bars
-    test = _round_down(int(room / (cfg.n_folds + ratio))) if room > 0 else 0
-    train = _round_down(int(test * ratio))
-    if test >= 2 and train >= 2:
+    if room >= 2 + 2 * cfg.n_folds:  # train >= 2 and test >= 2 bars can fit
+        # Keep the train:test ratio and the purge where possible; round to readable numbers.
+        ratio = cfg.train_bars / cfg.test_bars
+        test = max(2, _round_down(int(room / (cfg.n_folds + ratio))))
+        train = max(2, _round_down(int(test * ratio)))
+        if train + cfg.n_folds * test > room:  # one of them was raised to the minimum of 2
+            if train == 2:
+                test = (room - 2) // cfg.n_folds
+            else:
+                train = room - cfg.n_folds * test
         return head + (
             f"lower --set walkforward.train_bars={train} walkforward.test_bars={test} "
             f"(or use fewer --folds, or a longer bar file)"
         )
     return head + (
-        f"the purge gap alone ({cfg.purge_bars:,} bars) leaves no room; use a longer bar file, "
-        f"or lower --set walkforward.purge_bars (it must still cover the feature lookback) "
-        f"and use fewer --folds"
+        f"only {max(room, 0):,} bars remain after the purge gap of {cfg.purge_bars:,}, too few "
+        f"for {cfg.n_folds} folds; use a longer bar file, fewer --folds, or lower "
+        f"--set walkforward.purge_bars (it must still cover the feature lookback)"
     )
