@@ -13,30 +13,6 @@ import jax.numpy as jnp
 import pallas_kernels
 
 
-def _project_reference(
-    probs: jax.Array,
-    rewards: jax.Array,
-    discounts: jax.Array,
-    v_min: float,
-    v_max: float,
-    impl: str = "reference",
-) -> jax.Array:
-    """Hat-kernel C51 projection (Bellemare et al., 2017; DESIGN section 6). [B,N] -> [B,N].
-
-    ``m_i = sum_j p_j clip(1 - |Tz_j - z_i| / dz, 0, 1)`` with ``Tz_j = clip(r + g z_j)``: keeps
-    all mass even when ``Tz_j`` lands exactly on an atom (the floor/ceil form loses it there).
-    Stand-in with the signature of ``pallas_kernels.c51_project``; ``impl`` is ignored.
-    """
-    del impl
-    chex.assert_rank([probs, rewards, discounts], [2, 1, 1])
-    n_atoms = probs.shape[-1]
-    delta_z = (v_max - v_min) / (n_atoms - 1)
-    support = v_min + jnp.arange(n_atoms, dtype=jnp.float32) * jnp.float32(delta_z)  # [N]
-    target_z = jnp.clip(rewards[:, None] + discounts[:, None] * support, v_min, v_max)  # [B, Nj]
-    hat = jnp.clip(1.0 - jnp.abs(target_z[:, None, :] - support[None, :, None]) / delta_z, 0, 1)
-    return jnp.einsum("bij,bj->bi", hat, probs.astype(jnp.float32))  # [B, Ni]
-
-
 def project_target(
     probs: jax.Array,
     rewards: jax.Array,
@@ -45,9 +21,12 @@ def project_target(
     v_max: float,
     impl: str = "auto",
 ) -> jax.Array:
-    """Project the discounted target distribution onto the support (Bellemare et al., 2017)."""
-    project = getattr(pallas_kernels, "c51_project", _project_reference)  # kernel when it lands
-    return project(probs, rewards, discounts, v_min, v_max, impl=impl)
+    """Project the distribution of r + g Z onto the support (Bellemare et al., 2017). [B, N].
+
+    Dispatches to ``pallas_kernels.c51_project`` (hat-kernel form; Pallas on GPU, pure jnp on
+    CPU); ``impl`` is ``loss.projection_impl``.
+    """
+    return pallas_kernels.c51_project(probs, rewards, discounts, v_min, v_max, impl=impl)
 
 
 def double_dqn_target(

@@ -1,0 +1,171 @@
+"""Loss parts against float64 numpy references and hand-computed cases."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jdqn import losses
+
+V_MIN, V_MAX = -10.0, 10.0
+SUPPORT = np.linspace(V_MIN, V_MAX, 5)  # dz = 5
+
+
+def _softmax64(x):
+    x = np.asarray(x, np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _project64(probs, rewards, discounts):
+    """Textbook per-source loop with the exact-atom case handled (float64)."""
+    probs = np.asarray(probs, np.float64)
+    out = np.zeros_like(probs)
+    dz = SUPPORT[1] - SUPPORT[0]
+    for b in range(probs.shape[0]):
+        for j, z in enumerate(SUPPORT):
+            tz = np.clip(rewards[b] + discounts[b] * z, V_MIN, V_MAX)
+            pos = (tz - V_MIN) / dz
+            low = int(np.floor(pos))
+            if low == pos:
+                out[b, low] += probs[b, j]
+            else:
+                out[b, low] += probs[b, j] * (low + 1 - pos)
+                out[b, low + 1] += probs[b, j] * (pos - low)
+    return out
+
+
+def test_projection_hand_cases():
+    p = jnp.array([[0.1, 0.2, 0.4, 0.2, 0.1]] * 4, jnp.float32)
+    rewards = jnp.array([2.5, 100.0, 5.0, -3.0], jnp.float32)
+    discounts = jnp.array([0.0, 0.9, 1.0, 0.5], jnp.float32)
+    m = np.asarray(losses.project_target(p, rewards, discounts, V_MIN, V_MAX, impl="reference"))
+    # terminal (g = 0): all mass at r = 2.5, halfway between atoms 0 and 5.
+    np.testing.assert_allclose(m[0], [0, 0, 0.5, 0.5, 0], atol=1e-6)
+    # r beyond the support: everything clips to v_max.
+    np.testing.assert_allclose(m[1], [0, 0, 0, 0, 1], atol=1e-6)
+    # r = dz, g = 1: each atom lands exactly on the next one; the top two pile up at v_max.
+    np.testing.assert_allclose(m[2], [0, 0.1, 0.2, 0.4, 0.3], atol=1e-6)
+    np.testing.assert_allclose(m, _project64(p, rewards, discounts), atol=1e-6)
+
+
+@given(
+    seed=st.integers(0, 2**16),
+    reward=st.floats(-30, 30, width=32),
+    discount=st.floats(0, 1, width=32),
+)
+def test_projection_matches_float64_and_keeps_mass(seed, reward, discount):
+    p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(seed), (1, 5)))
+    r, g = np.array([reward], np.float32), np.array([discount], np.float32)
+    m = np.asarray(losses.project_target(p, jnp.asarray(r), jnp.asarray(g), V_MIN, V_MAX))
+    np.testing.assert_allclose(m, _project64(p, r, g), atol=1e-5)
+    np.testing.assert_allclose(m.sum(-1), 1.0, atol=1e-5)
+
+
+def test_label_smoothing():
+    m = jnp.array([[0.0, 1.0, 0.0, 0.0], [0.25, 0.25, 0.5, 0.0]], jnp.float32)
+    out = np.asarray(losses.label_smooth(m, 0.1))
+    np.testing.assert_allclose(out[0], [0.025, 0.925, 0.025, 0.025], rtol=1e-6)
+    np.testing.assert_allclose(out.sum(-1), 1.0, rtol=1e-6)
+
+
+def test_double_dqn_picks_by_online_scores_by_target():
+    support = jnp.asarray(SUPPORT, jnp.float32)
+    q_online = jnp.array([[1.0, 3.0, 2.0]], jnp.float32)  # online prefers action 1
+    probs_target = jnp.array(
+        [
+            [
+                [0.0, 0.0, 0.0, 0.0, 1.0],  # target prefers action 0 (Q = 10)
+                [0.5, 0.5, 0.0, 0.0, 0.0],  # Q = -7.5
+                [0.0, 0.0, 1.0, 0.0, 0.0],
+            ]
+        ],
+        jnp.float32,
+    )
+    a_star, probs, q_star = losses.double_dqn_target(q_online, probs_target, support)
+    assert int(a_star[0]) == 1
+    np.testing.assert_array_equal(probs[0], [0.5, 0.5, 0, 0, 0])
+    np.testing.assert_allclose(float(q_star[0]), -7.5)
+    y = losses.scalar_target(jnp.array([30.0]), jnp.array([0.9]), q_star, V_MIN, V_MAX)
+    np.testing.assert_allclose(np.asarray(y), [10.0])  # 30 - 6.75 clips to v_max
+
+
+def test_q_regression_loss_and_huber():
+    q = jnp.array([0.0, 4.0, -10.0], jnp.float32)
+    y = jnp.array([2.0, -4.0, 10.0], jnp.float32)
+    error = (np.array([0, 4, -10.0]) - np.array([2, -4, 10.0])) / 20.0  # [-0.1, 0.4, -1.0]
+    np.testing.assert_allclose(
+        losses.q_regression_loss(q, y, V_MIN, V_MAX, None), error**2, rtol=1e-6
+    )
+    delta = 0.3
+    huber = np.where(np.abs(error) <= delta, error**2, 2 * delta * np.abs(error) - delta**2)
+    np.testing.assert_allclose(
+        losses.q_regression_loss(q, y, V_MIN, V_MAX, delta), huber, rtol=1e-6
+    )
+    np.testing.assert_allclose(huber, [0.01, 0.15, 0.51])  # hand values
+
+
+def test_c51_cross_entropy_matches_float64():
+    logits = jax.random.normal(jax.random.PRNGKey(0), (6, 5)) * 20.0  # large: needs log_softmax
+    target = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(1), (6, 5)))
+    z = np.asarray(logits, np.float64)
+    log_softmax = z - z.max(-1, keepdims=True)
+    log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
+    expected = -(np.asarray(target, np.float64) * log_softmax).sum(-1)
+    out = losses.c51_cross_entropy(logits, target)
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, expected, rtol=1e-5)
+
+
+def test_ensemble_diversity_formula():
+    q = jax.random.normal(jax.random.PRNGKey(0), (4, 3, 5))
+    qn = np.asarray(q, np.float64)
+    adv = qn - qn.mean(-1, keepdims=True)
+    total = []
+    for b in range(4):
+        for k in range(3):
+            for m in range(k + 1, 3):
+                a, c = adv[b, k], adv[b, m]
+                total.append(a @ c / np.linalg.norm(a) / np.linalg.norm(c))
+    np.testing.assert_allclose(float(losses.ensemble_diversity(q, 0.5)), 0.5 * np.mean(total), 1e-5)
+    # Identical heads: cosine 1; opposite advantage profiles: cosine -1.
+    same = jnp.stack([q[:, 0]] * 2, axis=1)
+    np.testing.assert_allclose(float(losses.ensemble_diversity(same, 1.0)), 1.0, rtol=1e-5)
+    opposite = jnp.stack([q[:, 0], -q[:, 0]], axis=1)
+    np.testing.assert_allclose(float(losses.ensemble_diversity(opposite, 1.0)), -1.0, rtol=1e-5)
+
+
+def test_causal_intervention_permutes_only_the_declared_columns():
+    obs = jnp.arange(24, dtype=jnp.float32).reshape(6, 4)
+    out = np.asarray(losses.causal_intervention(jax.random.PRNGKey(2), obs, (0, 2)))
+    np.testing.assert_array_equal(out[:, [1, 3]], np.asarray(obs)[:, [1, 3]])
+    rows = [int(r) for r in out[:, 0] // 4]  # the row each replaced entry came from
+    assert sorted(rows) == list(range(6)) and rows != list(range(6))
+    np.testing.assert_array_equal(out[:, 2], np.asarray(obs)[rows, 2])  # one permutation
+
+
+def test_causal_kl_zero_when_non_causal_columns_are_identical():
+    obs = jax.random.normal(jax.random.PRNGKey(0), (8, 4))
+    obs = obs.at[:, 1].set(3.0)  # the non-causal column carries no information
+    intervened = losses.causal_intervention(jax.random.PRNGKey(1), obs, (1,))
+    weights = jax.random.normal(jax.random.PRNGKey(2), (4, 5))
+    kl = losses.causal_kl(obs @ weights, intervened @ weights)
+    np.testing.assert_array_equal(kl, 0.0)
+
+
+def test_causal_kl_matches_float64_and_only_the_intervened_side_gets_gradient():
+    a = jax.random.normal(jax.random.PRNGKey(0), (3, 5))
+    b = jax.random.normal(jax.random.PRNGKey(1), (3, 5))
+    p, q = _softmax64(a), _softmax64(b)
+    np.testing.assert_allclose(
+        losses.causal_kl(a, b), (p * (np.log(p) - np.log(q))).sum(-1), rtol=1e-5
+    )
+    grad_a, grad_b = jax.grad(lambda x, y: losses.causal_kl(x, y).sum(), argnums=(0, 1))(a, b)
+    np.testing.assert_array_equal(grad_a, 0.0)
+    np.testing.assert_allclose(grad_b, q - p, rtol=1e-5, atol=1e-6)  # d KL / d logits_q
+
+
+def test_edge_mass():
+    m = jnp.array([[0.1, 0.3, 0.2, 0.4]])
+    np.testing.assert_allclose(losses.edge_mass(m), [0.5], rtol=1e-6)
