@@ -162,3 +162,11 @@ def test_load_source_and_describe_source():
 def test_too_short_data_fails_before_features():
     with pytest.raises(ValueError, match="walkforward needs 57,380 bars"):
         prepare_walkforward(load_bars(ES_SAMPLE), Config())
+
+
+def test_data_pipeline_benchmark_reports_every_stage():
+    from jdqn.bench.data_pipeline import run
+
+    timings = run(n_bars=2_000, repeats=1)
+    assert set(timings) == {"synth_s", "features_s", "folds_normalise_s", "total_s", "load_csv_s"}
+    assert all(seconds > 0 for seconds in timings.values())
