@@ -98,7 +98,9 @@ def split_folds(
 ) -> tuple[tuple[FoldArrays, ...], tuple[FoldArrays, ...], tuple[Normaliser, ...]]:
     """Per fold: fit on train rows, normalise train and test rows -> (train, test, normalisers)."""
     close32 = close.astype(np.float32)
-    train, test, normalisers = [], [], []
+    train: list[FoldArrays] = []
+    test: list[FoldArrays] = []
+    normalisers: list[Normaliser] = []
     for fold in folds:
         normaliser = fit_normaliser(values, fold.train_start, fold.train_end)
         for window, (lo, hi) in (
