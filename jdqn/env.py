@@ -39,7 +39,7 @@ class EnvParams:
     positions: jax.Array  # [A] float32, action index -> target position (contracts)
     cost_points: jax.Array  # [] float32, cost per contract traded, index points
     reward_scale: jax.Array  # [] float32, reward = scale x net points
-    start: jax.Array  # [] int32, first bar of the episode
+    start: jax.Array  # [] int32, first bar of the episode (numpy from make_params/slice_params)
     end: jax.Array  # [] int32, one past the last bar (last action at end-2 needs close[end-1])
 
 
@@ -92,8 +92,9 @@ def make_params(
         positions=jnp.asarray(env_cfg.positions, jnp.float32),
         cost_points=jnp.asarray(env_cfg.cost_points, jnp.float32),
         reward_scale=jnp.asarray(env_cfg.reward_scale, jnp.float32),
-        start=jnp.asarray(start, jnp.int32),
-        end=jnp.asarray(end, jnp.int32),
+        # numpy, not jnp: built inside a trace they stay concrete, so slice_params still works
+        start=np.asarray(start, np.int32),
+        end=np.asarray(end, np.int32),
     )
 
 
@@ -164,7 +165,9 @@ def slice_params(params: EnvParams, n_slices: int) -> EnvParams:
     The last slice also takes the remainder. Start/end gain a leading ``[S]`` axis; the data arrays
     stay shared (vmap them with :data:`SLICE_AXES`). The price change across each inner slice
     boundary is never traded (S-1 transitions of the fold), which keeps slices independent.
-    Host side: start/end must be concrete.
+    Start/end must be concrete: params from :func:`make_params` keep them as numpy, so this also
+    works inside jit/vmap when the params are built there; bounds passed in as traced arguments
+    raise a ConcretizationTypeError.
     """
     start, end = int(params.start), int(params.end)
     if n_slices < 1:
@@ -177,7 +180,7 @@ def slice_params(params: EnvParams, n_slices: int) -> EnvParams:
         )
     starts = start + length * np.arange(n_slices)
     ends = np.append(starts[1:], end)
-    return params.replace(start=jnp.asarray(starts, jnp.int32), end=jnp.asarray(ends, jnp.int32))
+    return params.replace(start=starts.astype(np.int32), end=ends.astype(np.int32))
 
 
 def reset_slices(key: jax.Array, params: EnvParams, n_slices: int) -> tuple[jax.Array, EnvState]:

@@ -191,6 +191,16 @@ def test_slice_params_cover_the_window_contiguously(start, end, n_slices, bounds
     assert sliced.close is params.close  # data shared, not copied
 
 
+def test_slice_params_works_inside_jit_and_vmap_on_params_built_there():
+    def slice_ends(features, close):
+        return env.slice_params(env.make_params(features, close, EnvConfig()), 4).end
+
+    features, close = jnp.zeros((2, 22, 2)), jnp.zeros((2, 22))
+    np.testing.assert_array_equal(
+        jax.jit(jax.vmap(slice_ends))(features, close), [[5, 10, 15, 22]] * 2
+    )
+
+
 def test_slice_params_rejects_slices_shorter_than_two_bars():
     params = env.make_params(np.zeros((9, 2), np.float32), np.zeros(9, np.float32), EnvConfig())
     with pytest.raises(ValueError, match="fewer than 2 per slice"):
@@ -296,9 +306,8 @@ def test_jit_matches_no_jit_and_does_not_recompile():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6), jitted, eager)
     step_jit = jax.jit(env.step)
     _, state = env.reset(jax.random.key(0), params)
-    for other in (
-        params,
-        _random_fold(6, n_bars=12, cfg=cfg).replace(start=jnp.int32(3), end=jnp.int32(9)),
-    ):
+    other_fold = _random_fold(6, n_bars=12, cfg=cfg)
+    other_window = env.make_params(other_fold.features, other_fold.close, cfg, 3, 9)
+    for other in (params, other_window):
         step_jit(jax.random.key(0), state, jnp.int32(1), other)
     assert step_jit._cache_size() == 1
