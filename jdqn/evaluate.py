@@ -171,6 +171,9 @@ def metrics(
 ) -> dict[str, Any]:
     """Trading metrics of one per-bar record, in float64 on the host. All values JSON-safe.
 
+    Sharpe ratio (Sharpe, 1994), Sortino ratio (Sortino & van der Meer, 1991) and Calmar ratio
+    (Young, 1991), computed on per-bar net PnL in points (not returns: one contract, no capital).
+
     ``net_points[i]``/``positions[i]``: net PnL and position held over bar interval i; the position
     before the first interval is 0 (rollouts start flat). Definitions:
 
