@@ -18,16 +18,17 @@ Python branches exist only on the static config (a component that is off costs n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import chex
 import flax.struct
 import jax
 import jax.numpy as jnp
 import optax
 from jax.flatten_util import ravel_pytree
 
+from jdqn import debug as debug_mode
 from jdqn import losses, networks
 from jdqn.config import Config
 from jdqn.donors import make_donors, n_donors_for
@@ -110,15 +111,6 @@ class Learner(NamedTuple):
     act_q: Callable[[LearnerState, jax.Array], jax.Array]
 
 
-def _check(name: str, tree: Any) -> None:
-    """Debug-mode boundary check: every leaf finite (a runtime check under ``chex.chexify``)."""
-    chex.assert_tree_all_finite(tree, custom_message=f"component {name}")
-
-
-def _no_check(name: str, tree: Any) -> None:
-    del name, tree  # debug off: nothing enters the traced program
-
-
 def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
@@ -132,8 +124,8 @@ def make_learner(
 ) -> Learner:
     """Build the learner for ``n_features`` feature columns (observations have one more: the
     position). ``non_causal`` lists the feature columns the causal intervention permutes.
-    ``debug`` puts ``chex.assert_tree_all_finite`` at each component boundary (use with
-    ``chex.chexify``); off, the checks are absent from the compiled program."""
+    ``debug`` puts value checks (``jdqn.debug``) at each component boundary, to be run under
+    ``jdqn.debug.checked``; off, the checks are absent from the compiled program."""
     non_causal = tuple(int(i) for i in non_causal)
     if any(not 0 <= i < n_features for i in non_causal) or len(set(non_causal)) != len(non_causal):
         raise ValueError(
@@ -151,7 +143,9 @@ def make_learner(
     use_causal = len(non_causal) > 0 and loss_cfg.causal_weight > 0
     use_pruning = net.target_sparsity > 0
     use_bootstrap = n_heads > 1 and net.bootstrap_prob < 1
-    check = _check if debug else _no_check
+    # Debug checks on Q allow float32 rounding of sum_i p_i z_i (p sums to 1 within ~1e-6).
+    q_slack = 1e-4 * (net.v_max - net.v_min)
+    q_low, q_high = net.v_min - q_slack, net.v_max + q_slack
 
     def init(key: jax.Array) -> LearnerState:
         net_key, state_key, bootstrap_key = jax.random.split(key, 3)
@@ -189,6 +183,9 @@ def make_learner(
         alpha = jnp.asarray(alpha, jnp.float32)
         beta = jnp.asarray(beta, jnp.float32)
         key, sample_key, donor_key, causal_key, bootstrap_key = jax.random.split(state.key, 5)
+        checks = debug_mode.boundaries(debug, state.step)  # no-ops when debug is off
+        checks.finite("learner_state", "params", state.params)
+        checks.finite("learner_state", "target_params", state.target_params)
 
         # 1. PER sample: stratified proportional, IS weights normalised by their max.
         indices, sampled, is_weights = replay_sample(
@@ -213,7 +210,11 @@ def make_learner(
         obs = observation(batch.features, batch.position)  # [R, F+1]
         next_obs = observation(batch.next_features, positions[batch.action])  # [R, F+1]
         discounts = loss_cfg.gamma * (1.0 - batch.done)  # [R] float32
-        check("observations", (obs, next_obs, batch.reward))
+        checks.within("replay", "is_weights", is_weights, 0.0, 1.0)
+        checks.finite("batch", "observation", obs)
+        checks.finite("batch", "next_observation", next_obs)
+        checks.finite("batch", "reward", batch.reward)
+        checks.finite("batch", "price_change", batch.price_change)
         if use_bootstrap:
             head_masks = jnp.concatenate(  # [R, K]: fixed per stored slot, fresh for donors
                 [
@@ -252,6 +253,7 @@ def make_learner(
         target_probs_next = jax.nn.softmax(
             networks.apply(target_eff, next_obs, cfg), axis=-1
         )  # [R, K, A, N]
+        checks.distribution("target_network", "probs_next", target_probs_next, 1e-4)
 
         def forward(p: Any) -> tuple[jax.Array, dict[str, Any]]:
             """Loss parts [3] = (L_mse, L_c51, L_div + causal) of one online forward pass."""
@@ -260,14 +262,18 @@ def make_learner(
             logits_all = networks.apply(eff, jnp.concatenate([obs, next_obs, causal_obs]), cfg)
             logits = logits_all[:n_rows]  # [R, K, A, N] float32
             logits_next = jax.lax.stop_gradient(logits_all[n_rows : 2 * n_rows])
-            check("logits", logits)
+            checks.finite("spectral_norm", "u", new_u)
+            checks.finite("online_network", "logits", logits_all)
             log_probs = jax.nn.log_softmax(logits, axis=-1)  # [R, K, A, N]
-            check("log_probs", log_probs)
+            checks.within("online_network", "log_probs", log_probs, -math.inf, 0.0)
             q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)  # [R, K, A]
+            checks.within("online_network", "q", q, q_low, q_high)
 
             # 4. Double-DQN target, projection, label smoothing; no gradient flows into it.
             q_next = networks.q_values(logits_next, support)  # [R, K, A]
             _, probs_star, q_star = losses.double_dqn_target(q_next, target_probs_next, support)
+            checks.within("online_network", "q_next", q_next, q_low, q_high)
+            checks.within("target_network", "q_star", q_star, q_low, q_high)
             rewards_k = jnp.broadcast_to(batch.reward[:, None], (n_rows, n_heads))  # [R, K]
             discounts_k = jnp.broadcast_to(discounts[:, None], (n_rows, n_heads))  # [R, K]
             projected = losses.project_target(
@@ -278,11 +284,13 @@ def make_learner(
                 net.v_max,
                 impl=loss_cfg.projection_impl,
             ).reshape(n_rows, n_heads, -1)  # [R, K, N]
+            checks.distribution("projection", "projected_target", projected, 1e-4)
             target = jax.lax.stop_gradient(losses.label_smooth(projected, loss_cfg.label_smoothing))
-            check("projected_target", target)
+            checks.distribution("label_smoothing", "target", target, 1e-4)
             y = jax.lax.stop_gradient(
                 losses.scalar_target(rewards_k, discounts_k, q_star, net.v_min, net.v_max)
             )  # [R, K]
+            checks.within("scalar_target", "y", y, net.v_min, net.v_max)
 
             # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
             action = batch.action[:, None, None]  # [R, 1, 1]
@@ -302,10 +310,10 @@ def make_learner(
                 loss_causal = jnp.mean(losses.causal_kl(logits[:batch_size], logits_do))
             else:
                 loss_causal = jnp.float32(0)
-            check("loss_mse", loss_mse)
-            check("loss_c51", loss_c51)
-            check("loss_div", loss_div)
-            check("loss_causal", loss_causal)
+            checks.finite("loss", "loss_mse", loss_mse)
+            checks.finite("loss", "loss_c51", loss_c51)
+            checks.finite("loss", "loss_div", loss_div)
+            checks.finite("loss", "loss_causal", loss_causal)
             # 9. The causal term enters only every causal_every steps (a 0/1 factor, so it rides
             # the same backward pass instead of a cond that vmap would turn into both branches).
             causal_on = (state.step % loss_cfg.causal_every == 0).astype(jnp.float32)
@@ -337,8 +345,8 @@ def make_learner(
         _, unravel = ravel_pytree(params)
         flat = jax.vmap(lambda tree: ravel_pytree(tree)[0])(part_grads)  # [P, n_params] f32
         grad_mse, grad_c51 = flat[0], flat[1]
-        check("grad_mse", grad_mse)
-        check("grad_c51", grad_c51)
+        checks.finite("gradient", "grad_mse", grad_mse)
+        checks.finite("gradient", "grad_c51", grad_c51)
 
         # 7. Gradient vaccine every gv_every steps (a select: it costs a few dot products).
         vaccine = gradient_vaccine(grad_mse, grad_c51, state.phi_hat, loss_cfg.gv_beta)
@@ -346,8 +354,8 @@ def make_learner(
         grad_mse_v = jnp.where(vaccine_due, vaccine.g1, grad_mse)
         grad_c51_v = jnp.where(vaccine_due, vaccine.g2, grad_c51)
         phi_hat = jnp.where(vaccine_due, vaccine.phi_hat, state.phi_hat)
-        check("grad_mse_vaccine", grad_mse_v)
-        check("grad_c51_vaccine", grad_c51_v)
+        checks.finite("vaccine", "grad_mse", grad_mse_v)
+        checks.finite("vaccine", "grad_c51", grad_c51_v)
 
         # 8. Down-only budget; C51 gets no share while it is off.
         c51_on = alpha > 0
@@ -355,19 +363,19 @@ def make_learner(
         share_c51 = jnp.where(c51_on, 1.0 - loss_cfg.budget_share_mse, 0.0)
         grad_mse_b, _ = budget_clip(grad_mse_v, share_mse, loss_cfg.grad_budget)
         grad_c51_b, _ = budget_clip(grad_c51_v, share_c51, loss_cfg.grad_budget)
-        check("grad_mse_budget", grad_mse_b)
-        check("grad_c51_budget", grad_c51_b)
+        checks.finite("budget", "grad_mse", grad_mse_b)
+        checks.finite("budget", "grad_c51", grad_c51_b)
 
         # 10. Sum (plus diversity and causal gradients), Adam, re-apply masks.
         grad_total = grad_mse_b + grad_c51_b
         if n_parts == 3:
-            check("grad_extra", flat[2])
+            checks.finite("gradient", "grad_extra", flat[2])
             grad_total = grad_total + flat[2]
-        check("grad_total", grad_total)
+        checks.finite("gradient", "grad_total", grad_total)
         updates, opt_state = optimizer.update(unravel(grad_total), state.opt_state, params)
-        check("adam_update", updates)
+        checks.finite_norm("adam", "update", updates)
         new_params = jax.tree.map(jnp.multiply, optax.apply_updates(params, updates), masks)
-        check("new_params", new_params)
+        checks.finite_norm("adam", "new_params", new_params)
 
         # 11. Target sync: Polyak when tau > 0, else a hard copy every target_every steps.
         next_step = state.step + 1
@@ -382,7 +390,7 @@ def make_learner(
 
         # 12. PER priorities |y - Q| of the sampled rows (head mean); donors never write.
         td = jnp.mean(jnp.abs(aux["y"] - aux["q_taken"]), axis=-1)[:batch_size]  # [B]
-        check("priorities", td)
+        checks.finite("per", "priorities", td)
         replay = replay_update(
             state.replay, indices, td, None, cfg.replay.priority_eps, cfg.replay.priority_max
         )

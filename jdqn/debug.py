@@ -1,0 +1,280 @@
+"""Debug mode (DESIGN section 9): runtime value checks at component boundaries, named failures.
+
+In the traced program, :func:`boundaries` returns either :class:`Boundaries`, whose methods add
+``jax.experimental.checkify`` checks (the functional form that ``chex.chexify`` is built on), or
+:data:`OFF`, whose methods do nothing, so with debug off no check, predicate or error plumbing
+enters the jaxpr and the compiled program is the plain one.
+
+On the host, :func:`checked` functionalises the checks (``checkify.checkify``, user checks only).
+The walk-forward loop vmaps the *checked* chunk program over runs (folds x seeds), so the error
+value carries one entry per run, and fetches it once per chunk, when the chunk's metrics are
+fetched anyway: no step waits for the host. :func:`raise_if_failed` turns the error value into
+one :class:`CheckFailure` naming component, tensor, fold, seed, epoch and learner step, records it
+as ``debug_failure.json`` in the run directory and raises :class:`DebugCheckFailed`.
+
+Why checkify directly rather than ``chex.chexify(jit(vmap(...)))``: chexify must wrap the
+outermost transformation, so checkify would see the vmapped program and reduce the batched error
+to one entry, losing which run failed. Why one payload shape for every check: checkify keeps the
+first failure *per payload shape*; with a single shape it keeps the first failure in time
+(earliest step, then program order within a step), which is the boundary where the non-finite
+value entered.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import checkify
+
+from jdqn import rundir
+
+FAILURE_FILE = "debug_failure.json"
+
+# Every check formats the same three scalars (one payload shape: see the module docstring).
+_PREFIX = "jdqn-debug"
+_MESSAGE = re.compile(
+    r"(?:at mapped index (?P<run>\d+): )?"
+    + _PREFIX
+    + r"\|(?P<component>[^|]*)\|(?P<tensor>[^|]*)\|(?P<problem>[^|]*)"
+    r"\|step=(?P<step>-?\d+)\|count=(?P<count>-?\d+)\|value=(?P<value>\S+)"
+)
+
+
+def _escape(text: str) -> str:
+    """Literal text inside a checkify format string."""
+    return text.replace("{", "{{").replace("}", "}}").replace("|", "/")
+
+
+class Boundaries:
+    """Value checks at the component boundaries of one learner step (debug on).
+
+    Each check names its component (the part of the step that produced the value) and tensor,
+    and reports the learner ``step`` with the number of offending entries and one example value.
+    """
+
+    def __init__(self, step: jax.Array) -> None:
+        self._step = jnp.asarray(step, jnp.int32)  # [] int32
+
+    def _check(
+        self, ok: jax.Array, component: str, tensor: str, problem: str, count: Any, value: Any
+    ) -> None:
+        checkify.check(
+            ok,
+            f"{_PREFIX}|{_escape(component)}|{_escape(tensor)}|{_escape(problem)}"
+            "|step={step}|count={count}|value={value}",
+            step=self._step,
+            count=jnp.asarray(count, jnp.int32),
+            value=jnp.asarray(value, jnp.float32),
+        )
+
+    def finite(self, component: str, tensor: str, tree: Any) -> None:
+        """Every entry of every leaf is finite (one check per leaf, named by its tree path)."""
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            x = jnp.ravel(jnp.asarray(leaf, jnp.float32))
+            bad = ~jnp.isfinite(x)
+            first = x[jnp.argmax(bad)] if x.size else jnp.float32(0)
+            name = tensor + jax.tree_util.keystr(path)
+            self._check(~jnp.any(bad), component, name, "non-finite", jnp.sum(bad), first)
+
+    def finite_norm(self, component: str, tensor: str, tree: Any) -> None:
+        """Finite entries whose squared norm also stays finite in float32 (what the guard's
+        parameter check overflows on: entries near 1e19 and beyond)."""
+        self.finite(component, tensor, tree)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+            squared = jnp.sum(jnp.square(jnp.asarray(leaf, jnp.float32)))
+            name = tensor + jax.tree_util.keystr(path)
+            self._check(
+                jnp.isfinite(squared),
+                component,
+                name,
+                "squared norm overflows float32",
+                jnp.sum(~jnp.isfinite(jnp.square(leaf))),
+                jnp.max(jnp.abs(leaf)),
+            )
+
+    def within(self, component: str, tensor: str, x: jax.Array, low: float, high: float) -> None:
+        """Finite and inside ``[low, high]``."""
+        self.finite(component, tensor, x)
+        x = jnp.asarray(x, jnp.float32)
+        outside = (x < low) | (x > high)
+        distance = jnp.maximum(low - x, x - high)  # > 0 outside
+        worst = jnp.ravel(x)[jnp.argmax(jnp.ravel(distance))]
+        self._check(
+            ~jnp.any(outside),
+            component,
+            tensor,
+            f"outside [{low:.6g}, {high:.6g}]",
+            jnp.sum(outside),
+            worst,
+        )
+
+    def distribution(self, component: str, tensor: str, probs: jax.Array, atol: float) -> None:
+        """Probabilities over the last axis: finite, in ``[0, 1]`` and rows summing to 1 within
+        ``atol``."""
+        self.within(component, tensor, probs, 0.0, 1.0)
+        sums = jnp.sum(jnp.asarray(probs, jnp.float32), axis=-1)
+        error = jnp.abs(sums - 1.0)
+        off = error > atol
+        self._check(
+            ~jnp.any(off),
+            component,
+            tensor,
+            f"row sums differ from 1 by more than {atol:g}",
+            jnp.sum(off),
+            jnp.ravel(sums)[jnp.argmax(jnp.ravel(error))],
+        )
+
+
+class _Off:
+    """Debug off: the same methods, nothing traced."""
+
+    def finite(self, component: str, tensor: str, tree: Any) -> None:
+        del component, tensor, tree
+
+    def finite_norm(self, component: str, tensor: str, tree: Any) -> None:
+        del component, tensor, tree
+
+    def within(self, component: str, tensor: str, x: jax.Array, low: float, high: float) -> None:
+        del component, tensor, x, low, high
+
+    def distribution(self, component: str, tensor: str, probs: jax.Array, atol: float) -> None:
+        del component, tensor, probs, atol
+
+
+OFF = _Off()
+
+
+def boundaries(enabled: bool, step: jax.Array) -> Boundaries | _Off:
+    """The checks of one learner step at ``step``: real ones when ``enabled``, else :data:`OFF`."""
+    return Boundaries(step) if enabled else OFF
+
+
+def checked(fn: Any) -> Any:
+    """``fn`` with its checks functionalised: returns ``(checkify.Error, fn's outputs)``.
+
+    Vmap the result (not the other way round) to keep one error entry per run."""
+    return checkify.checkify(fn, errors=checkify.user_checks)
+
+
+@dataclass(frozen=True)
+class CheckFailure:
+    """One failed boundary check, located in the walk-forward run."""
+
+    component: str
+    tensor: str
+    problem: str
+    count: int  # offending entries (rows for row sums)
+    value: float  # one offending value (NaN, inf, the worst out-of-range entry or row sum)
+    fold: int | None
+    seed: int | None
+    epoch: int | None  # 1-based, like the guard's status
+    step: int  # 0-based learner step, like the guard's record
+    chunk: int | None = None  # 0-based chunk of the epoch
+
+    @property
+    def message(self) -> str:
+        where = [
+            f"{label} {value}"
+            for label, value in (("fold", self.fold), ("seed", self.seed), ("epoch", self.epoch))
+            if value is not None
+        ]
+        where.append(f"step {self.step}")
+        return (
+            f"debug check failed in {self.component}: {self.tensor} {self.problem} "
+            f"({self.count} entries, e.g. {self.value:.6g}) at {' '.join(where)}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        row = asdict(self)
+        row["value"] = self.value if math.isfinite(self.value) else repr(self.value)
+        row["message"] = self.message
+        return row
+
+
+class DebugCheckFailed(Exception):
+    """A debug check failed; ``failure`` says where. The CLI reports it in one line."""
+
+    def __init__(self, failure: CheckFailure, record: Path | None = None) -> None:
+        super().__init__(failure.message)
+        self.failure = failure
+        self.record = record
+
+
+def failures(error: checkify.Error) -> list[tuple[int | None, CheckFailure]]:
+    """Every failure in ``error`` as ``(run index or None when unbatched, failure)``; the
+    location fields other than ``step`` are left ``None``."""
+    text = error.get()
+    if text is None:
+        return []
+    found = []
+    for line in text.splitlines():
+        match = _MESSAGE.search(line)
+        if match is None:  # a check that is not ours: report it as it is
+            raise RuntimeError(f"unexpected checkify failure: {line}")
+        run = None if match["run"] is None else int(match["run"])
+        found.append(
+            (
+                run,
+                CheckFailure(
+                    component=match["component"],
+                    tensor=match["tensor"],
+                    problem=match["problem"],
+                    count=int(match["count"]),
+                    value=float(match["value"]),
+                    fold=None,
+                    seed=None,
+                    epoch=None,
+                    step=int(match["step"]),
+                ),
+            )
+        )
+    return found
+
+
+def first_failure(
+    error: checkify.Error, run_ids: Sequence[tuple[int, int]], epoch: int, chunk: int
+) -> tuple[CheckFailure, list[CheckFailure]] | None:
+    """The earliest failure of a vmapped chunk (lowest learner step, then run index), located by
+    ``run_ids[run] = (fold, seed)``; also the other runs' failures. ``epoch`` is 0-based."""
+    located = []
+    for run, failure in failures(error):
+        fold, seed = run_ids[run or 0]
+        located.append(
+            (
+                failure.step,
+                run or 0,
+                replace(failure, fold=fold, seed=seed, epoch=epoch + 1, chunk=chunk),
+            )
+        )
+    if not located:
+        return None
+    located.sort(key=lambda item: item[:2])
+    return located[0][2], [item[2] for item in located[1:]]
+
+
+def raise_if_failed(
+    error: checkify.Error,
+    *,
+    run_ids: Sequence[tuple[int, int]],
+    epoch: int,
+    chunk: int,
+    run_dir: Path,
+) -> None:
+    """Fetch a chunk's error value; on failure write ``debug_failure.json`` into ``run_dir`` (the
+    ``.incomplete`` directory, left incomplete) and raise :class:`DebugCheckFailed`."""
+    found = first_failure(error, run_ids, epoch, chunk)
+    if found is None:
+        return
+    failure, others = found
+    record = run_dir / FAILURE_FILE
+    rundir.write_json(
+        record, {"failure": failure.to_json(), "other_runs": [f.to_json() for f in others]}
+    )
+    raise DebugCheckFailed(failure, record)
