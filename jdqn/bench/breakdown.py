@@ -1,0 +1,313 @@
+"""Where the learner step's time goes: variants compiled with one component off, differenced.
+
+The learner step is one executable, so per-operation timers cannot see inside it. Instead each
+variant is compiled with one component switched off through the config (spectral norm, HER
+donors, causal intervention, the Pallas projection swapped for the XLA hat kernel) and timed
+inside ``lax.scan``; the component's cost is ``full - variant``. Components that have no config
+switch (gradient vaccine, budget, Adam, PER, forward, losses) are timed *isolated*: the same
+functions at the same shapes, in their own ``lax.scan``. Isolated costs overstate the marginal
+cost inside the fused step (no fusion with neighbours), so the table says which method each row
+used; the remainder (backward pass, guard, metrics, glue) is ``full - sum(rows)``.
+
+Also holds the shared fixture of the step benchmarks: :func:`filled_learner` (the smoketest
+learner with a full buffer of random transitions) and :func:`time_scan_steps`.
+
+    python -m jdqn.bench.breakdown [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.flatten_util import ravel_pytree
+
+from jdqn import losses, networks
+from jdqn.config import SMOKETEST, Config, apply_overrides
+from jdqn.learner import Learner, LearnerState, make_learner
+from jdqn.replay import replay_sample, replay_update
+from jdqn.surgery import budget_clip, gradient_vaccine
+from jdqn.transition import Transition
+
+# Synthetic ES features of the smoketest run: 4 returns + 4 range + 1 volume + 6 calendar
+# columns (jdqn.data.features); the calendar group (columns 9..14) is the non-causal one.
+N_FEATURES = 15
+NON_CAUSAL = tuple(range(9, 15))
+ALPHA, BETA = 0.2, 0.7  # epoch-2 blend: every component (C51 included) on
+
+
+def random_transitions(key: jax.Array, n: int, n_features: int, cfg: Config) -> Transition:
+    """``n`` plausible transitions: normal features, positions/actions on the grid, rewards
+    from price changes with costs (so donors recompute consistent rewards), 2% terminal."""
+    keys = jax.random.split(key, 6)
+    positions = jnp.asarray(cfg.env.positions, jnp.float32)
+    held = jax.random.randint(keys[0], (n,), 0, len(cfg.env.positions))
+    action = jax.random.randint(keys[1], (n,), 0, len(cfg.env.positions)).astype(jnp.int32)
+    price_change = 0.25 * jnp.round(4.0 * jax.random.normal(keys[2], (n,)))  # ticks of 0.25
+    reward = positions[action] * price_change - cfg.env.cost_points * jnp.abs(
+        positions[action] - positions[held]
+    )
+    return Transition(
+        features=jax.random.normal(keys[3], (n, n_features), jnp.float32),
+        position=positions[held],
+        action=action,
+        reward=(cfg.env.reward_scale * reward).astype(jnp.float32),
+        next_features=jax.random.normal(keys[4], (n, n_features), jnp.float32),
+        price_change=price_change.astype(jnp.float32),
+        done=(jax.random.uniform(keys[5], (n,)) < 0.02).astype(jnp.float32),
+    )
+
+
+def filled_learner(
+    cfg: Config = SMOKETEST, seed: int = 0, n_features: int = N_FEATURES
+) -> tuple[Learner, LearnerState]:
+    """The learner of ``cfg`` and a state whose buffer is full of random transitions."""
+    learner = make_learner(cfg, n_features, NON_CAUSAL if n_features == N_FEATURES else ())
+    key, data_key = jax.random.split(jax.random.PRNGKey(seed))
+    state = learner.init(key)
+    capacity = cfg.replay.capacity
+    state = jax.jit(learner.insert)(state, random_transitions(data_key, capacity, n_features, cfg))
+    return learner, state
+
+
+def scan_steps_fn(
+    learner: Learner, n_steps: int, vmapped: bool = False
+) -> Callable[[LearnerState], tuple[LearnerState, Any]]:
+    """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept."""
+    step = jax.vmap(learner.step, in_axes=(0, None, None)) if vmapped else learner.step
+
+    def run(state: LearnerState) -> tuple[LearnerState, Any]:
+        def body(carry: LearnerState, _: None) -> tuple[LearnerState, Any]:
+            return step(carry, jnp.float32(ALPHA), jnp.float32(BETA))
+
+        return jax.lax.scan(body, state, None, length=n_steps)
+
+    return jax.jit(run, donate_argnums=0)
+
+
+def _block(tree: Any) -> None:
+    jax.block_until_ready(tree)
+
+
+def time_repeated(
+    fn: Callable[[Any], Any], carry: Any, repeats: int, unpack: bool = True
+) -> tuple[dict[str, float], Any]:
+    """Compile (first call), then time ``repeats`` chained calls. Seconds: compile, median, min."""
+    start = time.perf_counter()
+    out = fn(carry)
+    _block(out)
+    compile_s = time.perf_counter() - start
+    carry = out[0] if unpack else out
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = fn(carry)
+        _block(out)
+        times.append(time.perf_counter() - start)
+        carry = out[0] if unpack else out
+    return {
+        "compile_s": compile_s,
+        "median_s": statistics.median(times),
+        "min_s": min(times),
+    }, carry
+
+
+def time_scan_steps(
+    learner: Learner, state: LearnerState, n_steps: int, repeats: int
+) -> dict[str, float]:
+    """Learner steps inside one lax.scan: microseconds per step (median and min over repeats)."""
+    timing, _ = time_repeated(scan_steps_fn(learner, n_steps), state, repeats)
+    return {
+        "us_per_step": 1e6 * timing["median_s"] / n_steps,
+        "us_per_step_min": 1e6 * timing["min_s"] / n_steps,
+        "compile_s": timing["compile_s"],
+        "n_steps": n_steps,
+        "repeats": repeats,
+    }
+
+
+# Config-switched components: (name, what is switched off, overrides).
+ABLATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("spectral norm", "network.spectral_norm=false", ("network.spectral_norm=false",)),
+    ("HER donors", "loss.donor_mode=none (80 -> 64 rows)", ("loss.donor_mode=none",)),
+    ("causal", "loss.causal_weight=0 (no do(s) rows, no KL)", ("loss.causal_weight=0",)),
+    (
+        "projection (pallas vs xla)",
+        "loss.projection_impl=xla_hat",
+        ("loss.projection_impl=xla_hat",),
+    ),
+)
+
+
+def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
+    """Components without a switch, timed alone at the smoketest step's shapes, in a scan."""
+    learner, state = filled_learner(cfg)
+    net = cfg.network
+    batch = cfg.train.batch_size
+    rows = batch + int(round(cfg.loss.donor_fraction * batch))  # sampled + donors
+    eff, _, _ = networks.effective_params(state.params, state.masks, state.sn_u, net, False)
+    flat, unravel = ravel_pytree(state.params)
+    n_params = flat.shape[0]
+    key = jax.random.PRNGKey(3)
+    obs = jax.random.normal(key, (2 * rows + batch, N_FEATURES + 1), jnp.float32)
+    support = networks.atoms(net)
+    optimizer = optax.adam(cfg.optim.learning_rate, eps=cfg.optim.adam_eps)
+
+    def scan_of(body: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def run(carry: Any) -> Any:
+            return jax.lax.scan(lambda c, _: (body(c), None), carry, None, length=n_steps)[0]
+
+        return jax.jit(run)
+
+    def forward(x: jax.Array) -> jax.Array:
+        # Spectral norm + online pass on s, s', do(s) and the target pass on s'.
+        eff_online, _, _ = networks.effective_params(
+            state.params, state.masks, state.sn_u, net, True
+        )
+        logits = networks.apply(eff_online, x, cfg)
+        target = networks.apply(eff, x[rows : 2 * rows], cfg)
+        return x + 1e-9 * (jnp.mean(logits) + jnp.mean(target))
+
+    logits0 = networks.apply(eff, obs[: 2 * rows], cfg)[:, 0]  # [2R, A, N]
+    action = jax.random.randint(key, (rows,), 0, cfg.env.n_actions)
+    reward = jax.random.normal(key, (rows,))
+
+    def loss_parts(logits: jax.Array) -> jax.Array:
+        # Log-softmax, Q, double-DQN pick, projection, smoothing, MSE and C51 cross-entropy, KL.
+        log_probs = jax.nn.log_softmax(logits[:rows], axis=-1)
+        q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)
+        q_next = networks.q_values(logits[rows:], support)
+        probs_next = jax.nn.softmax(logits[rows:], axis=-1)
+        _, probs_star, q_star = losses.double_dqn_target(q_next, probs_next, support)
+        discount = jnp.full((rows,), cfg.loss.gamma, jnp.float32)
+        projected = losses.project_target(
+            probs_star, reward, discount, net.v_min, net.v_max, cfg.loss.projection_impl
+        )
+        target = losses.label_smooth(projected, cfg.loss.label_smoothing)
+        y = losses.scalar_target(reward, discount, q_star, net.v_min, net.v_max)
+        q_taken = jnp.take_along_axis(q, action[:, None], axis=-1)[:, 0]
+        taken = jnp.take_along_axis(logits[:rows], action[:, None, None], axis=-2)[:, 0]
+        total = jnp.mean(losses.q_regression_loss(q_taken, y, net.v_min, net.v_max, None))
+        total += jnp.mean(losses.c51_cross_entropy(taken, target))
+        total += jnp.mean(losses.causal_kl(logits[:batch], logits[rows : rows + batch]))
+        return logits + 1e-9 * total
+
+    def vaccine(carry: tuple[jax.Array, jax.Array, jax.Array]) -> Any:
+        result = gradient_vaccine(carry[0], carry[1], carry[2], cfg.loss.gv_beta)
+        return result.g1, result.g2, result.phi_hat
+
+    def budget(carry: tuple[jax.Array, jax.Array]) -> Any:
+        return (
+            budget_clip(carry[0], 0.3, cfg.loss.grad_budget)[0],
+            budget_clip(carry[1], 0.7, cfg.loss.grad_budget)[0],
+        )
+
+    grads = unravel(1e-3 * jax.random.normal(key, (n_params,)))
+
+    def adam(carry: Any) -> Any:
+        params, opt_state = carry
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    def per(carry: Any) -> Any:
+        replay, k = carry
+        k, sample_key = jax.random.split(k)
+        indices, drawn, _ = replay_sample(replay, sample_key, batch, cfg.replay.alpha, BETA)
+        replay = replay_update(
+            replay,
+            indices,
+            jnp.abs(drawn.reward) + 0.1,
+            None,
+            cfg.replay.priority_eps,
+            cfg.replay.priority_max,
+        )
+        return replay, k
+
+    g1 = jax.random.normal(key, (n_params,))
+    g2 = 0.5 * g1 + jax.random.normal(jax.random.PRNGKey(4), (n_params,))
+    cases = (
+        ("forward (SN + online s,s',do(s) + target s')", forward, obs),
+        ("losses (softmax, DDQN, projection, MSE, C51, KL)", loss_parts, logits0),
+        ("gradient vaccine", vaccine, (g1, g2, jnp.float32(0.5))),
+        ("gradient budget (x2)", budget, (g1, g2)),
+        ("Adam (optax, tree)", adam, (state.params, state.opt_state)),
+        ("PER sample + update", per, (state.replay, key)),
+    )
+    out = []
+    for name, body, carry in cases:
+        timing, _ = time_repeated(scan_of(body), carry, repeats, unpack=False)
+        out.append(
+            {
+                "component": name,
+                "method": "isolated",
+                "switch": "-",
+                "us_per_step": 1e6 * timing["median_s"] / n_steps,
+            }
+        )
+    return out
+
+
+def run(quick: bool = False, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
+    """Rows: the full step, one row per component (ablation or isolated), and the remainder."""
+    n_steps, repeats = (50, 3) if quick else (1_000, 5)
+    learner, state = filled_learner(cfg)
+    full = time_scan_steps(learner, state, n_steps, repeats)["us_per_step"]
+    rows: list[dict[str, Any]] = [
+        {"component": "full step", "method": "in-scan", "switch": "-", "us_per_step": full}
+    ]
+    for name, switch, overrides in ABLATIONS:
+        variant_cfg = apply_overrides(cfg, list(overrides))
+        learner, state = filled_learner(variant_cfg)
+        variant = time_scan_steps(learner, state, n_steps, repeats)["us_per_step"]
+        rows.append(
+            {
+                "component": name,
+                "method": "ablation",
+                "switch": switch,
+                "us_per_step": full - variant,
+                "variant_us_per_step": variant,
+            }
+        )
+    rows += _isolated(n_steps, repeats, cfg)
+    accounted = sum(r["us_per_step"] for r in rows[1:] if not r["component"].startswith("proj"))
+    rows.append(
+        {
+            "component": "remainder (backward, guard, metrics, glue)",
+            "method": "full - rows",
+            "switch": "-",
+            "us_per_step": full - accounted,
+        }
+    )
+    for row in rows:
+        row["share"] = row["us_per_step"] / full
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| component | method | switched off | us/step | share of full |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['component']} | {r['method']} | {r['switch']} | "
+            f"{r['us_per_step']:.1f} | {100 * r['share']:.0f}% |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    print(format_table(run(args.quick)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The README main command's work, timed cold and warm in fresh processes.
+
+``jdqn walkforward`` on the smoketest profile (3 folds x 2 epochs, 60,000 synthetic bars) is run
+twice, each time in a new Python process so nothing is shared but the persistent XLA compilation
+cache (``JDQN_CACHE_DIR``, see ``jdqn.walkforward.enable_compilation_cache``):
+
+- cold: a fresh, empty cache directory, so every executable is compiled;
+- warm: the same directory again, so executables load from the cache.
+
+Each worker reports the wall time of ``run_walkforward`` and, from JAX's monitoring events, the
+seconds spent tracing, lowering and compiling (``/jax/core/compile/*``; on a cache hit the backend
+event covers the cache load instead). ``run = total - compile``. The parent also reports the
+whole process wall time (interpreter start and imports included: what a user waits for).
+Outputs the bench cannot use are turned off (checkpoints, TensorBoard, plots) when their packages
+are missing, and the table says so.
+
+    python -m jdqn.bench.walkforward_run            # parent: cold + warm
+    python -m jdqn.bench.walkforward_run --worker   # one timed run (used by the parent)
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+RESULT_TAG = "JDQN_BENCH_RESULT "
+COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+# Optional output packages -> the override that makes the run not need them.
+OPTIONAL_OUTPUTS = {
+    "orbax": "output.checkpoints=false",
+    "tensorboardX": "output.tensorboard=false",
+    "matplotlib": "output.plots=false",
+}
+
+
+def missing_outputs() -> list[str]:
+    """Optional output packages not importable here."""
+    return [name for name in OPTIONAL_OUTPUTS if importlib.util.find_spec(name) is None]
+
+
+def worker(overrides: Sequence[str]) -> dict[str, Any]:
+    """One main-command run in this process; timings in seconds."""
+    start = time.perf_counter()
+    import jax
+    from jax import monitoring
+
+    durations: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+
+    def listener(event: str, duration: float, **_: Any) -> None:
+        durations[event] += duration
+        counts[event] += 1
+
+    monitoring.register_event_duration_secs_listener(listener)
+    from jdqn.config import apply_overrides, profile
+    from jdqn.walkforward import run_walkforward
+
+    import_s = time.perf_counter() - start
+    cfg = apply_overrides(profile("smoketest"), list(overrides))
+    start = time.perf_counter()
+    outcome = run_walkforward(cfg, progress=False, name="bench", log=lambda _: None)
+    total_s = time.perf_counter() - start
+    compile_s = sum(durations[e] for e in COMPILE_EVENTS)
+    steps = sum(int(f["training"]["learner_steps"]) for f in outcome.results["folds"])
+    return {
+        "import_s": import_s,
+        "walkforward_s": total_s,
+        "compile_s": compile_s,
+        "run_s": total_s - compile_s,
+        "backend_compiles": counts["/jax/core/compile/backend_compile_duration"],
+        "cache_hits_s_saved": durations["/jax/compilation_cache/compile_time_saved_sec"],
+        "learner_steps": steps,
+        "halted": outcome.halted,
+        "backend": jax.default_backend(),
+        "events": dict(durations),
+    }
+
+
+def _spawn(cache_dir: str, out_dir: str, overrides: Sequence[str]) -> dict[str, Any]:
+    env = dict(os.environ, JDQN_CACHE_DIR=cache_dir)
+    command = [sys.executable, "-m", "jdqn.bench.walkforward_run", "--worker"]
+    command += [f"--set={o}" for o in (*overrides, f"output.out_dir={out_dir}")]
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    wall_s = time.perf_counter() - start
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_TAG)]
+    if done.returncode != 0 or not lines:
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise RuntimeError(f"walkforward bench worker failed (exit {done.returncode}):\n{tail}")
+    result = json.loads(lines[-1][len(RESULT_TAG) :])
+    result["process_wall_s"] = wall_s
+    return result
+
+
+def run(quick: bool = False, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Rows ``cold`` and ``warm`` of the main command (smoketest profile + ``overrides``).
+
+    ``quick`` shrinks the work (1 fold, 1 epoch, fewer bars) so CPU smoke runs stay short."""
+    extra = [OPTIONAL_OUTPUTS[name] for name in missing_outputs()]
+    if quick:
+        extra += [
+            "data.synthetic_bars=12000",
+            "walkforward.n_folds=1",
+            "walkforward.train_bars=4000",
+            "walkforward.test_bars=2000",
+            "train.epochs=1",
+        ]
+    overrides = [*extra, *overrides]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="jdqn-bench-") as tmp:
+        cache_dir = str(Path(tmp) / "xla-cache")
+        for label in ("cold", "warm"):
+            row = _spawn(cache_dir, str(Path(tmp) / "runs" / label), overrides)
+            row.update(run=label, overrides=overrides)
+            rows.append(row)
+    return rows
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| run | process wall s | walkforward s | compile s | run s | imports s | compiles |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['process_wall_s']:.1f} | {r['walkforward_s']:.1f} | "
+            f"{r['compile_s']:.1f} | {r['run_s']:.1f} | {r['import_s']:.1f} | "
+            f"{r['backend_compiles']} |"
+        )
+    if rows and rows[0]["overrides"]:
+        lines.append(f"\noverrides: {' '.join(rows[0]['overrides'])}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help="one timed run in this process")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(RESULT_TAG + json.dumps(worker(args.overrides)), flush=True)
+    else:
+        print(format_table(run(args.quick, args.overrides)))
+
+
+if __name__ == "__main__":
+    main()

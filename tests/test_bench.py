@@ -1,0 +1,138 @@
+"""jdqn bench: sections produce well-formed rows on tiny sizes; the torch peer matches jdqn.
+
+Timings are never asserted (they depend on the machine); only the shape and sanity of the rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jdqn.bench import breakdown, suite, torch_peer
+from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.donors import n_donors_for
+from jdqn.replay import replay_sample
+
+TINY = apply_overrides(
+    SMOKETEST,
+    ["network.hidden=[16]", "network.n_atoms=11", "replay.capacity=64", "train.batch_size=16"],
+)
+
+
+def test_unknown_section_raises_with_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="valid sections: .*learner_step.*seeds"):
+        suite.run_all(["learner_step", "no_such_section"], None, quick=True)
+
+
+def test_quick_step_sections_write_well_formed_json(tmp_path) -> None:
+    path = tmp_path / "bench.json"
+    out = suite.run_all(
+        ["learner_step", "seeds"],
+        str(path),
+        quick=True,
+        cfg=TINY,
+        echo=lambda _: None,
+        keep_going=False,
+    )
+    written = json.loads(path.read_text())
+    assert set(written["sections"]) == {"learner_step", "seeds"}
+    assert written["meta"]["jax_version"] == jax.__version__
+    modes = [r["mode"] for r in out["sections"]["learner_step"]["rows"]]
+    assert modes == ["per call (Python loop)", "in lax.scan"]
+    for row in out["sections"]["learner_step"]["rows"]:
+        assert math.isfinite(row["us_per_step"]) and row["us_per_step"] > 0
+    seeds = out["sections"]["seeds"]["rows"]
+    assert [r["seeds"] for r in seeds] == [1, 16]
+    for r in seeds:  # seed-steps/s is S / (seconds per vmapped step), by definition
+        assert r["seed_steps_per_s"] == pytest.approx(
+            r["seeds"] / (1e-6 * r["us_per_vmapped_step"])
+        )
+    assert [g["goal"] for g in out["goals"]][:2] == [
+        "in-scan learner step us",
+        "seed-steps/s at S=16",
+    ]
+
+
+def test_a_failing_section_is_recorded_and_the_others_still_run(monkeypatch) -> None:
+    def broken(quick, cfg):
+        raise RuntimeError("boom")
+
+    monkeypatch.setitem(suite.SECTIONS, "seeds", broken)
+    monkeypatch.setitem(suite.SECTIONS, "replay", lambda q, c: {"rows": [{"x": 1.0}]})
+    out = suite.run_all(["seeds", "replay"], None, quick=True, echo=lambda _: None)
+    assert out["sections"]["seeds"]["error"] == "RuntimeError: boom"
+    assert out["sections"]["replay"]["rows"] == [{"x": 1.0}]
+    with pytest.raises(RuntimeError, match="boom"):
+        suite.run_all(["seeds"], None, quick=True, echo=lambda _: None, keep_going=False)
+
+
+@pytest.mark.slow
+def test_breakdown_rows_cover_every_component_and_sum_to_the_full_step() -> None:
+    rows = breakdown.run(quick=True, cfg=TINY)
+    names = [r["component"] for r in rows]
+    assert names[0] == "full step" and names[-1].startswith("remainder")
+    for expected in ("spectral norm", "HER donors", "causal", "gradient vaccine", "Adam"):
+        assert any(n.startswith(expected) for n in names), expected
+    full = rows[0]["us_per_step"]
+    counted = [r for r in rows[1:] if not r["component"].startswith("projection")]
+    assert sum(r["us_per_step"] for r in counted) == pytest.approx(full, rel=1e-9)
+
+
+def _jax_batch_inputs(learner_state, cfg):
+    """The learner step's own draws (same key splits as jdqn.learner.step)."""
+    _, sample_key, donor_key, causal_key, _ = jax.random.split(learner_state.key, 5)
+    batch = cfg.train.batch_size
+    indices, _, weights = replay_sample(
+        learner_state.replay, sample_key, batch, cfg.replay.alpha, jnp.float32(breakdown.BETA)
+    )
+    n_donors = n_donors_for(batch, cfg.loss.donor_fraction, cfg.loss.donor_mode, cfg.env.n_actions)
+    donor_rows = jax.random.permutation(donor_key, batch)[:n_donors]
+    permutation = jax.random.permutation(causal_key, batch)
+    return [np.asarray(x) for x in (indices, weights, donor_rows, permutation)]
+
+
+def test_torch_peer_computes_the_same_losses_and_gradients_as_the_jax_step() -> None:
+    torch = pytest.importorskip(
+        "torch",
+        reason="torch is not a jdqn dependency; the peer "
+        "is checked where it is installed (the GPU machine)",
+    )
+    cfg = SMOKETEST
+    learner, state = breakdown.filled_learner(cfg)
+    _, metrics = jax.jit(learner.step)(
+        state, jnp.float32(breakdown.ALPHA), jnp.float32(breakdown.BETA)
+    )
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    peer = torch_peer.peer_from_state(cfg, breakdown.NON_CAUSAL, state, device)
+    indices, weights, donor_rows, permutation = (
+        torch.as_tensor(x).to(device) for x in _jax_batch_inputs(state, cfg)
+    )
+    batch = peer.batch_from(indices.long(), weights, donor_rows.long(), permutation.long())
+    g_mse, g_c51, _, parts, _ = peer.part_gradients(batch)
+    parts = parts.detach().cpu().numpy()
+    np.testing.assert_allclose(parts[0], metrics.loss_mse, rtol=2e-4)
+    np.testing.assert_allclose(parts[1], metrics.loss_c51, rtol=2e-4)
+    np.testing.assert_allclose(parts[2], metrics.loss_causal, rtol=2e-3, atol=1e-7)
+    np.testing.assert_allclose(
+        float(torch.linalg.vector_norm(g_mse)), metrics.grad_norm_mse, rtol=1e-3
+    )
+    np.testing.assert_allclose(
+        float(torch.linalg.vector_norm(g_c51)), metrics.grad_norm_c51, rtol=1e-3
+    )
+    # A whole peer step runs, stays finite and writes priorities only at sampled slots.
+    before = peer.replay["priorities"].clone()
+    assert bool(torch.isfinite(peer.step()).all())
+    changed = torch.nonzero(peer.replay["priorities"] != before).flatten().cpu().numpy()
+    assert changed.size > 0 and changed.max() < cfg.replay.capacity
+
+
+def test_torch_peer_reports_unavailable_without_torch() -> None:
+    if torch_peer.available():
+        pytest.skip("torch is importable here")
+    assert torch_peer.run(quick=True) == []
+    assert "not importable" in suite.SECTIONS["torch_peer"](True, TINY)["skipped"]
