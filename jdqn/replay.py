@@ -36,7 +36,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 from jdqn.transition import Transition
 
@@ -117,32 +116,33 @@ def _block_size(capacity: int) -> int:
     return 1 << half_log2
 
 
-def _monotone_cumsum(mass: jax.Array) -> jax.Array:
-    """Inclusive prefix sums along the last axis, exactly flat over zero-mass entries.
+def _prefix_top(mass: jax.Array, cumulative: jax.Array) -> jax.Array:
+    """Largest prefix sum at a positive-mass entry (0 if none): the top a draw must stay below."""
+    return jnp.max(jnp.where(mass > 0, cumulative, 0.0), axis=-1)
 
-    ``jnp.cumsum`` lowers to a reduce-window that XLA evaluates as a parallel tree, so in float32
-    ``cumsum[i]`` and ``cumsum[i-1]`` may be rounded through different partial sums: equal masses
-    do not guarantee equal (or even ordered) neighbours. Zeroing the entries of zero-mass slots
-    and taking a running max (``max`` is exact and associative) gives prefix sums ``c`` with
-    ``c[i] == c[i-1]`` exactly whenever ``mass[i] == 0``, ``c[i] >= c[i-1]`` always and
-    ``c >= 0``. (NaN masses count as zero.)
+
+def _first_positive_above(mass: jax.Array, cumulative: jax.Array, position: jax.Array) -> jax.Array:
+    """Smallest ``i`` with ``mass[i] > 0`` and ``cumulative[i] > position``; int32.
+
+    ``mass``/``cumulative`` are ``[n]`` (shared by all draws) or ``[B, n]`` (one row per draw);
+    ``position`` is ``[B]``. With exact prefix sums this is ``searchsorted(c, position,
+    side='right')``: ``c[i-1] <= position < c[i]`` forces ``mass[i] > 0``. In float32 that
+    argument breaks: ``jnp.cumsum`` lowers to a reduce-window that XLA evaluates as a parallel
+    tree, so ``c[i]`` and ``c[i-1]`` are rounded through different partial sums and a zero-mass
+    slot can sit on a strict increase (or the sums can even decrease). So the zero-mass test is
+    made explicit instead of relying on rounding.
+
+    Why the result is always a positive-mass slot: the caller clamps ``position`` strictly below
+    ``top = max{c[k] : mass[k] > 0}`` (:func:`_prefix_top`, :func:`_below`), so the ``k`` attaining
+    ``top`` satisfies both conditions; the hit set is non-empty and ``argmax`` returns its first
+    element, which has ``mass > 0`` by construction. Rounding can at worst make a tiny positive
+    mass unreachable, never a zero-mass (or unwritten, NaN) slot reachable. Cost O(B n) compares,
+    which is cheap for n ~ sqrt(C) and branch-free.
     """
-    summed = jnp.cumsum(mass, axis=-1)
-    return lax.cummax(jnp.where(mass > 0, summed, 0.0), axis=mass.ndim - 1)
-
-
-def _search(cumulative: jax.Array, position: jax.Array) -> jax.Array:
-    """Index ``i`` with ``c[i-1] <= position < c[i]`` (``c[-1] := 0``), for ``0 <= position``.
-
-    Why a zero-mass slot can never be returned. The caller clamps ``position`` to be strictly
-    below ``c[n-1]`` (the last prefix sum), so at least one entry exceeds it and
-    ``searchsorted(side='right')`` returns the smallest ``i`` with ``c[i] > position``, which is
-    ``<= n-1``. Minimality gives ``c[i-1] <= position`` (for ``i = 0``, ``0 <= position``), hence
-    ``c[i] > c[i-1]`` (``c[0] > 0`` for ``i = 0``). From :func:`_monotone_cumsum`, a zero-mass
-    slot has ``c[i] == c[i-1]`` (and ``c[0] == 0``), a contradiction; so ``mass[i] > 0``.
-    Rounding can at worst make a tiny but positive mass unreachable, never a zero one reachable.
-    """
-    return jnp.searchsorted(cumulative, position, side="right").astype(jnp.int32)
+    if mass.ndim == 1:
+        mass, cumulative = mass[None, :], cumulative[None, :]
+    hit = (mass > 0) & (cumulative > position[:, None])  # [B, n] bool
+    return jnp.argmax(hit, axis=-1).astype(jnp.int32)
 
 
 def _below(x: jax.Array, limit: jax.Array) -> jax.Array:
@@ -165,25 +165,27 @@ def _sample_with_uniforms(
 
     priorities = state.priorities
     written = priorities > 0  # [C] bool; unwritten slots are exactly 0, NaN counts as 0
-    safe_p = jnp.where(written, priorities, 1.0)
-    log_p = jnp.log(safe_p)  # [C] float32
-    # where() before the power: 0**0 == 1 would make empty slots sampleable when alpha == 0.
-    mass = jnp.where(written, jnp.power(safe_p, alpha), 0.0).astype(jnp.float32)  # [C]
+    log_p = jnp.log(jnp.where(written, priorities, 1.0))  # [C] float32
+    # exp(alpha log p) is p^alpha (and ~2x cheaper than pow on CPU); where() keeps unwritten slots
+    # at exactly 0, where 0**0 == 1 would make them sampleable for alpha == 0.
+    mass = jnp.where(written, jnp.exp(alpha * log_p), 0.0).astype(jnp.float32)  # [C]
     mass_blocks = jnp.pad(mass, (0, n_blocks * block - capacity)).reshape(n_blocks, block)
 
-    block_cumulative = _monotone_cumsum(mass_blocks.sum(axis=1))  # [n_blocks]
-    total = block_cumulative[-1]  # [] float32, sum_j p_j^alpha
+    block_mass = mass_blocks.sum(axis=1)  # [n_blocks] > 0 iff the block has a positive slot
+    block_cumulative = jnp.cumsum(block_mass)  # [n_blocks]
+    total = _prefix_top(block_mass, block_cumulative)  # [] float32, ~ sum_j p_j^alpha
     # Stratified: segment k of the total mass is [k, k+1) * total / B.
     strata = jnp.arange(batch_size, dtype=jnp.float32)
     block_position = _below((strata + block_uniforms) * (total / batch_size), total)  # [B]
-    chosen_block = jnp.minimum(_search(block_cumulative, block_position), n_blocks - 1)  # [B]
+    chosen_block = _first_positive_above(block_mass, block_cumulative, block_position)  # [B]
 
-    rows = mass_blocks[chosen_block]  # [B, block] float32
-    row_cumulative = _monotone_cumsum(rows)  # [B, block]
-    row_total = row_cumulative[:, -1]  # [B] > 0 for every block the search can choose
-    slot_position = _below(slot_uniforms * row_total, row_total)  # [B]
-    in_block = jax.vmap(_search)(row_cumulative, slot_position)  # [B] int32
-    indices = jnp.minimum(chosen_block * block + in_block, capacity - 1).astype(jnp.int32)
+    rows = mass_blocks[chosen_block]  # [B, block] float32, each with a positive entry
+    row_cumulative = jnp.cumsum(rows, axis=-1)  # [B, block]
+    row_top = _prefix_top(rows, row_cumulative)  # [B] > 0
+    slot_position = _below(slot_uniforms * row_top, row_top)  # [B]
+    in_block = _first_positive_above(rows, row_cumulative, slot_position)  # [B] int32
+    # Padding slots have zero mass and are never chosen, so the index is always < capacity.
+    indices = (chosen_block * block + in_block).astype(jnp.int32)  # [B]
 
     # w_i = (N P(i))^-beta / max_j w_j = (P(i) / min_j P(j))^-beta over the batch; N and the
     # total cancel, and in log space nothing overflows even for wildly different priorities.
@@ -208,9 +210,10 @@ def replay_sample(
 
     ``P(i) = p_i^alpha / sum_j p_j^alpha``; ``w_i = (size * P(i))^-beta / max_j w_j`` with the max
     over the sampled batch (Schaul et al. 2016, Algorithm 1), so weights lie in (0, 1]. Never
-    returns a slot that was never written or has zero priority (see :func:`_search`).
+    returns a slot that was never written or has zero priority (see
+    :func:`_first_positive_above`).
     Precondition: at least one written slot with a finite positive priority; sampling an empty
-    buffer returns slot ``C-1`` with weight 0. Priorities must be finite with
+    buffer returns slot 0 with weight 0. Priorities must be finite with
     ``sum p^alpha`` < float32 max, which :func:`replay_update` guarantees via ``priority_max``.
     """
     block_key, slot_key = jax.random.split(key)
