@@ -16,7 +16,6 @@ from typing import NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jdqn import env as trading_env
 from jdqn.config import Config
@@ -194,12 +193,8 @@ def _env_params(cfg: Config, fold: FoldData) -> trading_env.EnvParams:
 
 
 def _slice_params(cfg: Config, fold: FoldData) -> trading_env.EnvParams:
-    """The train window cut into ``n_slices`` lock-step slices (bounds are static numpy)."""
-    params = _env_params(cfg, fold)
-    n_bars, n_slices = fold.close.shape[0], cfg.train.n_slices
-    starts = (n_bars // n_slices) * np.arange(n_slices)
-    ends = np.append(starts[1:], n_bars)
-    return params.replace(start=jnp.asarray(starts, jnp.int32), end=jnp.asarray(ends, jnp.int32))
+    """The train window cut into ``n_slices`` lock-step slices."""
+    return trading_env.slice_params(_env_params(cfg, fold), cfg.train.n_slices)
 
 
 def make_train(
