@@ -1,0 +1,169 @@
+"""Benchmark of the C51 projection: Pallas kernel vs XLA hat kernel vs XLA scatter (issue 5).
+
+Times ``pallas_kernels.c51_project`` for each implementation on device-resident inputs (probs
+from a softmax, rewards ~ N(0, range/8), discounts 0.99 with 10% terminal rows), as medians over
+``repeats`` calls after a compile and warm-up call, each call ended by ``block_until_ready``.
+Also reports the HBM floor: the bytes a projection must move (read probs, rewards and discounts,
+write the result) at ``HBM_BYTES_PER_S``, and the bandwidth each implementation achieves.
+
+    python -m jdqn.bench.projection [--repeats 50] [--tune]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels.c51_projection import c51_project, c51_project_pallas
+
+HBM_BYTES_PER_S = 4.3e12  # H200 HBM3e, usable (of 4.8 TB/s peak)
+SIZES: tuple[tuple[int, int], ...] = tuple(
+    (batch, n_atoms) for batch in (64, 4096, 65536, 262144) for n_atoms in (51, 101, 201)
+)
+IMPLS: tuple[str, ...] = ("pallas", "xla_hat", "xla_scatter")
+V_MIN, V_MAX = -240.0, 240.0  # DEFAULT profile support
+
+
+def make_inputs(key: jax.Array, batch: int, n_atoms: int) -> tuple[jax.Array, ...]:
+    """probs [B, N], rewards [B], discounts [B] float32, as the learner would feed them."""
+    k_logits, k_reward, k_done = jax.random.split(key, 3)
+    probs = jax.nn.softmax(2.0 * jax.random.normal(k_logits, (batch, n_atoms)), axis=-1)
+    rewards = (V_MAX - V_MIN) / 8.0 * jax.random.normal(k_reward, (batch,))
+    discounts = jnp.where(jax.random.uniform(k_done, (batch,)) < 0.1, 0.0, 0.99)
+    return probs, rewards, discounts.astype(jnp.float32)
+
+
+def hbm_bytes(batch: int, n_atoms: int) -> int:
+    """Bytes a projection must move: read probs, rewards, discounts; write the result."""
+    return 4 * (2 * batch * n_atoms + 2 * batch)
+
+
+def time_us(fn: Callable[..., jax.Array], args: Sequence[jax.Array], repeats: int) -> list[float]:
+    """Wall-clock microseconds of ``repeats`` calls; compile and one warm-up call excluded."""
+    for _ in range(2):
+        fn(*args).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn(*args).block_until_ready()
+        times.append((time.perf_counter() - start) * 1e6)
+    return times
+
+
+def _row(batch, n_atoms, impl, times, max_diff, **extra) -> dict:
+    median = statistics.median(times)
+    moved = hbm_bytes(batch, n_atoms)
+    return {
+        "batch": batch,
+        "n_atoms": n_atoms,
+        "impl": impl,
+        "median_us": median,
+        "min_us": min(times),
+        "hbm_bytes": moved,
+        "floor_us": moved / HBM_BYTES_PER_S * 1e6,
+        "achieved_gb_s": moved / (median * 1e-6) / 1e9,
+        "max_abs_diff_vs_xla_scatter": max_diff,
+        **extra,
+    }
+
+
+def run(
+    sizes: Sequence[tuple[int, int]] = SIZES,
+    repeats: int = 50,
+    impls: Sequence[str] = IMPLS,
+    seed: int = 0,
+) -> list[dict]:
+    """One row per (size, impl): median/min microseconds, HBM floor, achieved bandwidth."""
+    rows = []
+    for batch, n_atoms in sizes:
+        args = make_inputs(jax.random.key(seed), batch, n_atoms)
+        check = c51_project(*args, V_MIN, V_MAX, impl="xla_scatter")
+        for impl in impls:
+            fn = jax.jit(functools.partial(c51_project, v_min=V_MIN, v_max=V_MAX, impl=impl))
+            max_diff = float(jnp.max(jnp.abs(fn(*args) - check)))
+            rows.append(_row(batch, n_atoms, impl, time_us(fn, args, repeats), max_diff))
+    return rows
+
+
+def tune(
+    sizes: Sequence[tuple[int, int]] = ((262144, 51), (262144, 101), (262144, 201)),
+    block_elements: Sequence[int] = (512, 1024, 2048, 4096, 8192),
+    num_warps: Sequence[int] = (1, 2, 4, 8),
+    repeats: int = 30,
+) -> list[dict]:
+    """Pallas launch sweep: padded atoms per program x warps (the defaults come from here)."""
+    rows = []
+    for batch, n_atoms in sizes:
+        args = make_inputs(jax.random.key(0), batch, n_atoms)
+        check = c51_project(*args, V_MIN, V_MAX, impl="xla_scatter")
+        for elements in block_elements:
+            for warps in num_warps:
+                fn = jax.jit(
+                    functools.partial(
+                        c51_project_pallas,
+                        v_min=V_MIN,
+                        v_max=V_MAX,
+                        interpret=False,
+                        block_elements=elements,
+                        num_warps=warps,
+                    )
+                )
+                try:
+                    max_diff = float(jnp.max(jnp.abs(fn(*args) - check)))
+                    times = time_us(fn, args, repeats)
+                except Exception as error:  # a launch Triton rejects: report, keep sweeping
+                    print(f"tune B={batch} N={n_atoms} elements={elements} warps={warps}: {error}")
+                    continue
+                rows.append(
+                    _row(
+                        batch,
+                        n_atoms,
+                        "pallas",
+                        times,
+                        max_diff,
+                        block_elements=elements,
+                        num_warps=warps,
+                    )
+                )
+    return rows
+
+
+def format_table(rows: Sequence[dict]) -> str:
+    """Markdown table of ``run``/``tune`` rows."""
+    extra = [key for key in ("block_elements", "num_warps") if rows and key in rows[0]]
+    head = ["B", "N", "impl", *extra, "median us", "min us", "floor us", "GB/s", "max|diff|"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        cells = [str(row["batch"]), str(row["n_atoms"]), row["impl"]]
+        cells += [str(row[key]) for key in extra]
+        cells += [
+            f"{row['median_us']:.1f}",
+            f"{row['min_us']:.1f}",
+            f"{row['floor_us']:.2f}",
+            f"{row['achieved_gb_s']:.0f}",
+            f"{row['max_abs_diff_vs_xla_scatter']:.1e}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--tune", action="store_true", help="also sweep Pallas launch knobs")
+    args = parser.parse_args(argv)
+    print(f"jax {jax.__version__}, device: {jax.devices()[0].device_kind}")
+    print(format_table(run(repeats=args.repeats)))
+    if args.tune:
+        print()
+        print(format_table(tune(repeats=args.repeats)))
+
+
+if __name__ == "__main__":
+    main()
