@@ -7,27 +7,37 @@ sampled rows). All are jit-able and vmappable over a leading seed/fold axis; no 
 on traced values.
 
 Sampling without a sum tree. GPUs and XLA prefer one dense pass over the priorities to a
-pointer-chasing tree, so each sample recomputes the prefix sums. To keep float32 accurate at a
-capacity of 1,000,000 (where one flat float32 prefix sum resolves a slot's probability only to
-about ``C * 2**-24`` of itself, +-6%), the search has two levels: the slots are cut into blocks of
-``~sqrt(C)`` (a power of two); the block is chosen from the prefix sums of the block masses
-(stratified: ``B`` equal segments of the total mass, one uniform draw per segment), then the slot
-inside the block from the prefix sums of that block alone with a fresh uniform draw (sums of at
-most ``sqrt(C)`` terms, relative resolution ``~sqrt(C) * 2**-24``). The marginal probability of
-slot ``i`` is exactly ``p_i^alpha / sum_j p_j^alpha`` either way.
+pointer-chasing tree (and a sum tree would have to be rebuilt whenever alpha changes), so each
+sample recomputes prefix sums. A single float32 prefix sum over 1,000,000 slots resolves a slot's
+probability only to about ``C * 2**-24`` of itself (+-6%), so the search has two levels: slots are
+cut into blocks of ``~sqrt(C)`` (a power of two); the block is chosen from the prefix sums of the
+block masses (stratified: ``B`` equal segments of the total mass, one uniform draw per segment),
+then the slot inside the block from the prefix sums of that block alone, with a fresh uniform
+draw (sums of at most ``sqrt(C)`` terms: relative resolution ``~sqrt(C) * 2**-24``). In exact
+arithmetic the marginal probability of slot ``i`` is ``p_i^alpha / sum_j p_j^alpha``. Safety does
+not depend on rounding at all: see :func:`_first_positive_above`.
 
 Cost (C = capacity, B = batch, F = features per row):
 
-- ``replay_sample``: O(C) elementwise (``p**alpha`` and the block sums: one read of the
-  priorities), O(C / sqrt(C)) prefix sum over blocks, O(B sqrt(C)) for the in-block prefix sums,
-  O(B log C) binary searches and O(B F) gathers. Per sampled transition: O(C / B + sqrt(C)).
-- ``replay_update``: O(B) (two scatters and a max), independent of C.
+- ``replay_sample``: O(C) elementwise work (``p^alpha`` and the block sums: one read of the
+  priorities), O(sqrt(C)) prefix sum over blocks, O(B sqrt(C)) for the in-block prefix sums and
+  the two compare-all searches, O(B F) gathers. Per sampled transition O(C / B + sqrt(C)); the
+  O(C) pass dominates at large C.
+- ``replay_update``: O(B) (two scatters and a max), independent of C (with the state donated, as
+  in the learner, the scatter is in place).
 - ``replay_add`` of n rows: O(n F).
 
-Measured (``python -m jdqn.bench.replay``, CPU of the 2-core dev box, jit, median, B = 64 at
-C = 256 and B = 256 at C = 1,000,000, F = 16): see BENCHMARKS.md "## Prioritized replay
-(issue 3)". Sample: 26 us at C = 256, 4.9 ms at C = 1e6 (the O(C) pass dominates); update:
-5 us at C = 256, 6 us at C = 1e6 (O(B), flat in C).
+Measured (``python -m jdqn.bench.replay``; jit, median of 50 calls, each ended by
+``block_until_ready``; jax 0.11.2; the shared 2-core AMD EPYC dev CPU at load average ~12, so
+upper bounds; BENCHMARKS.md "## Prioritized replay (issue 3)"):
+
+    capacity    batch  sample/call  update/call  sample+update in lax.scan
+    256         64     223 us       77 us        14 us/step
+    1,000,000   256    12.3 ms      89 us        11.8 ms/step
+
+Per call from Python, dispatch dominates at C = 256; inside a scan a step costs 14 us. At 1e6 the
+O(C) pass (one log and one exp per slot on CPU) dominates, about 12 ns per slot; update
+stays O(B) and flat in C.
 """
 
 from __future__ import annotations
