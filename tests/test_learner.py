@@ -1,0 +1,303 @@
+"""The learner step: guard, spectral-norm state, pruning, surgery wiring, jit/vmap, old failure.
+
+Most tests use a small network (hidden [16, 16], 11 atoms, batch 16, buffer 32) with every
+component on (2 heads with bootstrap and diversity, donors, vaccine, budget, causal term,
+pruning), so compiles stay short on a CPU.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jdqn import networks
+from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.learner import GUARD_REASONS, make_learner
+from jdqn.transition import Transition
+
+N_FEATURES = 4
+NON_CAUSAL = (0, 1)
+SMALL = (
+    "network.hidden=[16,16]",
+    "network.n_atoms=11",
+    "network.v_min=-20",
+    "network.v_max=20",
+    "network.n_heads=2",
+    "network.bootstrap_prob=0.7",
+    "network.lambda_div=0.1",
+    "network.target_sparsity=0.5",
+    "network.prune_start=0",
+    "network.prune_end=4",
+    "network.prune_every=2",
+    "train.batch_size=16",
+    "replay.capacity=32",
+    "loss.gv_every=2",
+    "loss.causal_every=2",
+    "optim.target_every=3",
+    "loss.grad_budget=1e-3",  # small enough to bind (Adam is scale-free, training still moves)
+)
+TRACES: dict[tuple[str, ...], int] = {}  # traces of the shared jitted step, per config
+
+
+@functools.cache
+def _cfg(*extra: str):
+    return apply_overrides(SMOKETEST, [*SMALL, *extra])
+
+
+@functools.cache
+def _learner(*extra: str, debug: bool = False):
+    return make_learner(_cfg(*extra), N_FEATURES, NON_CAUSAL, debug=debug)
+
+
+@functools.cache
+def _jit_step(*extra: str):
+    """One jitted, donated step per config, shared by the tests; counts its traces."""
+    step = _learner(*extra).step
+
+    def counted(state, alpha, beta):
+        TRACES[extra] = TRACES.get(extra, 0) + 1
+        return step(state, alpha, beta)
+
+    return jax.jit(counted, donate_argnums=0)
+
+
+def _transitions(key, n, reward_scale=1.0, price_scale=2.0):
+    """Transitions whose rewards follow the environment's formula (so donors agree)."""
+    ks = jax.random.split(key, 5)
+    grid = jnp.asarray(SMOKETEST.env.positions)
+    position = grid[jax.random.randint(ks[0], (n,), 0, 3)]
+    action = jax.random.randint(ks[1], (n,), 0, 3)
+    price_change = price_scale * jax.random.normal(ks[2], (n,))
+    cost = SMOKETEST.env.cost_points * jnp.abs(grid[action] - position)
+    return Transition(
+        features=jax.random.normal(ks[3], (n, N_FEATURES)),
+        position=position,
+        action=action.astype(jnp.int32),
+        reward=reward_scale * (grid[action] * price_change - cost),
+        next_features=jax.random.normal(ks[4], (n, N_FEATURES)),
+        price_change=price_change,
+        done=(jnp.arange(n) % 7 == 0).astype(jnp.float32),
+    )
+
+
+def _filled(learner, seed=0):
+    state = learner.init(jax.random.PRNGKey(seed))
+    return learner.insert(state, _transitions(jax.random.PRNGKey(100 + seed), 32))
+
+
+def _copy(tree):
+    return jax.tree.map(jnp.copy, tree)
+
+
+def _assert_trees_equal(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_steps_train_and_report_finite_metrics():
+    step = _jit_step()
+    state = _filled(_learner())
+    start = _copy(state.params)
+    for i in range(6):
+        state, metrics = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
+        for name, value in metrics._asdict().items():
+            assert np.isfinite(value), name
+    assert not bool(state.guard.halted) and int(state.step) == 6
+    assert not np.allclose(state.params["torso_0"]["kernel"], start["torso_0"]["kernel"])
+    # Pruning reached its target at prune_end (= 4) and pruned weights are exactly zero.
+    assert abs(float(metrics.sparsity) - 0.5) < 0.01
+    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.masks), strict=True):
+        assert np.all(np.asarray(p)[np.asarray(m) == 0] == 0.0)
+    # Hard target sync every 3 steps: after step 6 the target is the online net.
+    _assert_trees_equal(state.target_params, state.params)
+    assert float(metrics.halted) == 0.0 and float(metrics.sigma_max) > 0.0
+
+
+def test_mse_only_phase_has_no_c51_gradient_and_budget_is_down_only():
+    step = _jit_step()
+    state = _filled(_learner())
+    budget = _cfg().loss.grad_budget
+    state, metrics = step(state, jnp.float32(0.0), jnp.float32(0.4))
+    assert float(metrics.grad_norm_c51) == 0.0 and float(metrics.grad_norm_c51_after) == 0.0
+    assert float(metrics.grad_norm_mse) > budget  # so the budget binds
+    np.testing.assert_allclose(float(metrics.grad_norm_mse_after), budget, rtol=1e-4)
+    for _ in range(3):
+        state, metrics = step(state, jnp.float32(0.2), jnp.float32(0.4))
+        assert float(metrics.grad_norm_mse_after) <= 0.3 * budget * (1 + 1e-4)
+        assert float(metrics.grad_norm_c51_after) <= 0.7 * budget * (1 + 1e-4)
+
+
+def test_spectral_u_advances_once_per_step_from_online_weights_only():
+    learner = _learner()
+    state = _filled(learner)
+    # A target net far from the online one: if the target pass touched u, u would differ.
+    state = state.replace(target_params=jax.tree.map(lambda p: 3.0 * p[::-1], state.params))
+    before = _copy(state)
+    q_before = learner.act_q(state, jnp.ones((2, N_FEATURES + 1)))
+    _assert_trees_equal(state.sn_u, before.sn_u)  # acting does not move u
+    new_state, _ = _jit_step()(state, jnp.float32(0.2), jnp.float32(0.4))
+    masks = networks.magnitude_masks(before.params, networks.prune_sparsity(0, _cfg().network))
+    for name in networks.torso_layers(_cfg().network):
+        kernel = before.params[name]["kernel"] * masks[name]["kernel"]
+        _, expected_u, _ = networks.spectral_normalise(kernel, before.sn_u[name], "clip")
+        np.testing.assert_allclose(new_state.sn_u[name], expected_u, rtol=1e-5, atol=1e-6)
+    # act_q = head mean of Q with the stored u.
+    eff, _, _ = networks.effective_params(
+        before.params, before.masks, before.sn_u, _cfg().network, False
+    )
+    q = networks.q_values(
+        networks.apply(eff, jnp.ones((2, N_FEATURES + 1)), _cfg()), networks.atoms(_cfg().network)
+    )
+    np.testing.assert_allclose(q_before, q.mean(axis=1), rtol=1e-6)
+
+
+def test_no_recompilation_on_later_calls():
+    step = _jit_step()
+    state = _filled(_learner())
+    for alpha, beta in ((0.2, 0.5), (0.0, 0.7), (0.2, 0.9)):
+        state, _ = step(state, jnp.float32(alpha), jnp.float32(beta))
+    assert TRACES[()] == 1  # one trace for every test of this module using this config
+
+
+@pytest.mark.slow
+def test_jitted_and_eager_steps_agree():
+    learner = _learner()
+    state = _filled(learner)
+    eager_state, eager_metrics = learner.step(_copy(state), jnp.float32(0.2), jnp.float32(0.5))
+    state, metrics = _jit_step()(state, jnp.float32(0.2), jnp.float32(0.5))
+    for name, value in metrics._asdict().items():
+        np.testing.assert_allclose(value, getattr(eager_metrics, name), rtol=1e-4, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(eager_state), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_vmap_over_two_seeds_equals_separate_runs():
+    learner = _learner()
+    step = _jit_step()
+    vstep = jax.jit(jax.vmap(learner.step, in_axes=(0, None, None)), donate_argnums=0)
+    batched = jax.vmap(lambda seed: _filled(learner, seed))(jnp.arange(2))
+    singles = [_filled(learner, seed) for seed in range(2)]
+    for i in range(3):
+        alpha = jnp.float32(0.2 * (i > 0))
+        batched, batched_metrics = vstep(batched, alpha, jnp.float32(0.4))
+        singles_metrics = []
+        for s in range(2):
+            singles[s], m = step(singles[s], alpha, jnp.float32(0.4))
+            singles_metrics.append(m)
+    for s in range(2):
+        one = jax.tree.map(lambda leaf, s=s: leaf[s], batched)
+        for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(singles[s]), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(
+            batched_metrics.loss_c51[s], singles_metrics[s].loss_c51, rtol=1e-4
+        )
+    assert not np.allclose(batched.params["head"]["kernel"][0], batched.params["head"]["kernel"][1])
+
+
+def _poison_and_step(poison, n_healthy=2, *extra):
+    step = _jit_step(*extra)
+    learner = _learner(*extra)
+    state = _filled(learner)
+    for _ in range(n_healthy):
+        state, _ = step(state, jnp.float32(0.2), jnp.float32(0.4))
+    state = learner.insert(state, poison(_transitions(jax.random.PRNGKey(7), 32)))
+    before = _copy(state)
+    state, metrics = step(state, jnp.float32(0.2), jnp.float32(0.4))
+    return before, state, metrics, step
+
+
+@pytest.mark.parametrize(
+    "poison",
+    [
+        lambda t: t._replace(reward=t.reward.at[::2].set(jnp.inf)),
+        lambda t: t._replace(features=t.features.at[::2, 1].set(jnp.nan)),
+    ],
+    ids=["inf_reward", "nan_observation"],
+)
+def test_guard_rejects_a_poisoned_batch(poison):
+    before, state, metrics, step = _poison_and_step(poison)
+    assert bool(state.guard.halted) and float(metrics.halted) == 1.0
+    assert int(state.guard.step) == 2
+    assert GUARD_REASONS[int(state.guard.reason)] == "batch"
+    assert int(state.step) == 3
+    for name in ("params", "target_params", "sn_u", "masks", "opt_state", "phi_hat", "key"):
+        _assert_trees_equal(getattr(state, name), getattr(before, name))
+    _assert_trees_equal(state.replay, before.replay)
+    # Once halted, further steps are no-ops and the record keeps the first failure.
+    after, _ = step(_copy(state), jnp.float32(0.2), jnp.float32(0.4))
+    _assert_trees_equal(after.params, before.params)
+    _assert_trees_equal(after.guard, state.guard)
+    # Never NaN in the learner's own state (the poisoned transitions are the caller's data).
+    for leaf in jax.tree.leaves(after.replace(replay=after.replay._replace(transitions=None))):
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            assert np.all(np.isfinite(np.asarray(leaf)))
+
+
+def test_guard_rejects_learning_rate_1e30():
+    extra = ("optim.learning_rate=1e30",)
+    step = _jit_step(*extra)
+    state = _filled(_learner(*extra))
+    before = _copy(state)
+    state, metrics = step(state, jnp.float32(0.2), jnp.float32(0.4))
+    assert bool(state.guard.halted) and int(state.guard.step) == 0
+    assert GUARD_REASONS[int(state.guard.reason)] == "params"
+    for name in ("params", "target_params", "sn_u", "opt_state", "phi_hat"):
+        _assert_trees_equal(getattr(state, name), getattr(before, name))
+    assert np.isfinite(float(metrics.loss_c51))  # the loss was fine; the update was not
+
+
+def test_debug_checks_absent_from_the_program_when_off():
+    """Debug off: no check enters the traced step (jdqn.debug owns the checks themselves)."""
+    state = _filled(_learner())
+    args = (state, jnp.float32(0.2), jnp.float32(0.4))
+    plain = str(jax.make_jaxpr(_learner().step)(*args))
+    assert "check" not in plain
+    debug_jaxpr = jax.make_jaxpr(_learner(debug=True).step)(*args)
+    assert "check" in str(debug_jaxpr)  # the same trace with debug on does carry checks
+
+
+@pytest.mark.slow
+def test_old_failure_mse_phase_then_c51_with_rewards_beyond_support_stays_bounded():
+    """The old trainer's -1e30 explosion: MSE-only, then alpha = 0.2, rewards of +-1000 against
+    a support of [-240, 240], lr 1e-3, 5,000 steps. Smaller net (hidden [32], batch 32, buffer
+    64); every other component as in the smoketest (SN, donors, vaccine, budget, causal term)."""
+    cfg = apply_overrides(
+        SMOKETEST,
+        ["network.hidden=[32]", "train.batch_size=32", "replay.capacity=64"],
+    )
+    assert cfg.optim.learning_rate == 1e-3 and cfg.network.v_max == 240.0
+    learner = make_learner(cfg, N_FEATURES, NON_CAUSAL)
+    state = learner.init(jax.random.PRNGKey(0))
+    transitions = _transitions(jax.random.PRNGKey(1), 64, price_scale=1.0)
+    rewards = 1000.0 * jnp.sign(jax.random.normal(jax.random.PRNGKey(2), (64,)))
+    state = learner.insert(state, transitions._replace(reward=rewards))
+
+    @jax.jit
+    def run(state):
+        def phase(alpha):
+            def body(s, _):
+                s, m = learner.step(s, alpha, jnp.float32(0.4))
+                return s, m
+
+            return body
+
+        state, mse_metrics = jax.lax.scan(phase(jnp.float32(0.0)), state, None, length=2500)
+        state, c51_metrics = jax.lax.scan(phase(jnp.float32(0.2)), state, None, length=2500)
+        return state, mse_metrics, c51_metrics
+
+    state, mse_metrics, c51_metrics = run(state)
+    for metrics in (mse_metrics, c51_metrics):
+        for name, values in metrics._asdict().items():
+            assert np.all(np.isfinite(np.asarray(values))), name
+        assert np.all(np.asarray(metrics.q_max) <= 240.0)
+        assert np.all(np.asarray(metrics.halted) == 0.0)
+    for leaf in jax.tree.leaves(state):
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            assert np.all(np.isfinite(np.asarray(leaf)))
+    assert int(state.step) == 5000
+    # The support really was too narrow: the projected targets sit on the edge atoms.
+    assert float(c51_metrics.edge_mass[-1]) > 0.5
+    q = learner.act_q(state, jnp.ones((4, N_FEATURES + 1)))
+    assert np.all(np.abs(np.asarray(q)) <= 240.0)
