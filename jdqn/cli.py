@@ -2,7 +2,9 @@
 
 User errors (bad flags, impossible config, malformed bar file, missing path) print one line
 ``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.
-A run whose folds the guard halted exits with status 3.
+A run whose folds the guard halted exits with status 3. A ``--debug`` run whose check failed
+prints one line naming component, tensor, fold, seed, epoch and step and exits with status 4
+(its ``.incomplete`` run directory holds ``debug_failure.json``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from jdqn.config import PROFILES, Config, apply_overrides, profile
 
 EXIT_USER_ERROR = 2
 EXIT_HALTED = 3
+EXIT_DEBUG_FAILURE = 4
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,6 +96,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
 
 
 def _walkforward(args: argparse.Namespace) -> int:
+    from jdqn.debug import DebugCheckFailed
     from jdqn.walkforward import UserError, run_walkforward
 
     try:
@@ -107,6 +111,9 @@ def _walkforward(args: argparse.Namespace) -> int:
     except UserError as error:
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except DebugCheckFailed as failure:
+        print(f"jdqn: {failure} (recorded in {failure.record})", file=sys.stderr)
+        return EXIT_DEBUG_FAILURE
     except ValueError as error:  # config validation: names the field and the fix
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR

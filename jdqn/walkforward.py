@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdqn import debug as debug_mode
 from jdqn import report, rundir
 from jdqn.checkpoint import Checkpointer
 from jdqn.config import Config
@@ -98,6 +99,10 @@ def run_walkforward(
     log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
     try:
         fold_results = _run_all_folds(cfg, data, run, debug=debug, progress=progress, log=log)
+    except debug_mode.DebugCheckFailed as failure:
+        # Keep the .incomplete directory: it holds the failure record and the metrics so far.
+        log(f"jdqn: {failure}; recorded in {failure.record}")
+        raise
     except BaseException:
         if not run.checkpoint_dir.exists():
             rundir.discard(run)  # nothing to resume: leave no directory behind
@@ -191,11 +196,13 @@ def _run_group(
     keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(base, f), s) for f, s in run_ids])
 
     init_all = jax.jit(jax.vmap(lambda k, i: program.init(k, _take(train, i))))
+
+    def run_chunk(s: TrainState, i: jax.Array, e: jax.Array, c: jax.Array) -> Any:
+        return program.run_chunk(s, _take(train, i), e, c)
+
+    # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
     chunk_all = jax.jit(
-        jax.vmap(
-            lambda s, i, e, c: program.run_chunk(s, _take(train, i), e, c),
-            in_axes=(0, 0, None, None),
-        ),
+        jax.vmap(debug_mode.checked(run_chunk) if debug else run_chunk, (0, 0, None, None)),
         donate_argnums=0,
     )
     state = init_all(keys, local_fold)
@@ -214,8 +221,13 @@ def _run_group(
     bar = _progress_bar(total, progress, f"folds {fold_ids}")
     for epoch in range(start_epoch, cfg.train.epochs):
         for chunk in range(program.chunks_per_epoch):
-            state, chunk_metrics = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk))
+            result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk))
+            error, (state, chunk_metrics) = result if debug else (None, result)
             summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
+            if error is not None:  # fetched once per chunk, with the chunk's metrics
+                debug_mode.raise_if_failed(
+                    error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
+                )
             halted = np.asarray(state.learner.guard.halted)
             for r in np.flatnonzero(halted):
                 halted_epoch.setdefault(int(r), epoch)
