@@ -29,6 +29,7 @@ def test_unknown_section_raises_with_the_valid_ones() -> None:
         suite.run_all(["learner_step", "no_such_section"], None, quick=True)
 
 
+@pytest.mark.slow
 def test_quick_step_sections_write_well_formed_json(tmp_path) -> None:
     path = tmp_path / "bench.json"
     out = suite.run_all(
@@ -44,6 +45,7 @@ def test_quick_step_sections_write_well_formed_json(tmp_path) -> None:
     assert written["meta"]["jax_version"] == jax.__version__
     modes = [r["mode"] for r in out["sections"]["learner_step"]["rows"]]
     assert modes == ["per call (Python loop)", "in lax.scan"]
+    assert not out["sections"]["learner_step"]["detail"]["halted"]
     for row in out["sections"]["learner_step"]["rows"]:
         assert math.isfinite(row["us_per_step"]) and row["us_per_step"] > 0
     seeds = out["sections"]["seeds"]["rows"]

@@ -18,6 +18,7 @@ learner with a full buffer of random transitions) and :func:`time_scan_steps`.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -287,6 +288,48 @@ def run(quick: bool = False, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
     for row in rows:
         row["share"] = row["us_per_step"] / full
     return rows
+
+
+# Top-level HLO instructions that launch no kernel of their own.
+_NO_KERNEL = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "while",
+    "conditional",
+    "call",
+    "after-all",
+    "opt-barrier",
+    "partition-id",
+    "replica-id",
+}
+
+
+def kernel_census(cfg: Config = SMOKETEST) -> dict[str, int]:
+    """Count the kernel-launching instructions of the optimised HLO of the in-scan step.
+
+    Top-level instructions of the scan's while body (one learner step): fusions, library calls
+    (cuBLAS, Pallas/Triton custom calls) and unfused ops; fusion bodies and reducers are not
+    counted (one fusion is one kernel). ``total`` approximates kernel launches per step (nested
+    conditionals' branches, if any, are not counted)."""
+    learner, state = filled_learner(cfg)
+    text = scan_steps_fn(learner, 8).lower(state).compile().as_text()
+    bodies = set(re.findall(r"body=(%[\w.\-]+)", text))  # the scan's while body
+    counts: dict[str, int] = {}
+    skip = True
+    for line in text.splitlines():
+        header = re.match(r"^(?:ENTRY )?(%[\w.\-]+) .*\{$", line)
+        if header:
+            skip = header.group(1) not in bodies
+            continue
+        match = re.search(r"= [^=]*? ([a-z][\w\-]*)\(", line)
+        if skip or not match or match.group(1) in _NO_KERNEL:
+            continue
+        counts[match.group(1)] = counts.get(match.group(1), 0) + 1
+    counts["total"] = sum(counts.values())
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import datetime
 import json
 import platform
-import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -40,47 +39,27 @@ GOAL_COLD_S, GOAL_WARM_S = 10.0, 3.0
 
 
 def _learner_step_rows(quick: bool, cfg: Config) -> dict[str, Any]:
-    n_steps, repeats = (50, 3) if quick else (1_000, 5)
-    learner, state = breakdown.filled_learner(cfg)
-    in_scan = breakdown.time_scan_steps(learner, state, n_steps, repeats)
-    learner, state = breakdown.filled_learner(cfg)
-    step = jax.jit(learner.step, donate_argnums=0)
-    alpha, beta = jax.numpy.float32(breakdown.ALPHA), jax.numpy.float32(breakdown.BETA)
-    start = time.perf_counter()
-    state, metrics = step(state, alpha, beta)
-    jax.block_until_ready(metrics)
-    compile_s = time.perf_counter() - start
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(n_steps):
-            state, metrics = step(state, alpha, beta)
-        jax.block_until_ready((state, metrics))
-        times.append(time.perf_counter() - start)
-    per_call = {
-        "us_per_step": 1e6 * statistics.median(times) / n_steps,
-        "us_per_step_min": 1e6 * min(times) / n_steps,
-        "compile_s": compile_s,
-        "n_steps": n_steps,
-        "repeats": repeats,
-    }
-    rows = [{"mode": "per call (Python loop)", **per_call}, {"mode": "in lax.scan", **in_scan}]
-    return {
-        "rows": rows,
-        "per_call_over_in_scan": per_call["us_per_step"] / in_scan["us_per_step"],
-    }
+    """Section 1 through ``jdqn.bench.learner_step`` (per call vs in-scan, same learner)."""
+    from jdqn.bench import learner_step
 
-
-def _fmt_learner_step(result: dict[str, Any]) -> str:
-    lines = ["| mode | us/step (median) | us/step (min) | steps x repeats | compile s |"]
-    lines.append("|---|---|---|---|---|")
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['mode']} | {r['us_per_step']:.1f} | {r['us_per_step_min']:.1f} | "
-            f"{r['n_steps']} x {r['repeats']} | {r['compile_s']:.1f} |"
-        )
-    lines.append(f"\nper call / in-scan: {result['per_call_over_in_scan']:.1f}x")
-    return "\n".join(lines)
+    detail = (
+        learner_step.run(cfg, n_scan=50, repeats=20, scan_repeats=2)
+        if quick
+        else learner_step.run(cfg, n_scan=1000, repeats=200, scan_repeats=5)
+    )
+    rows = [
+        {
+            "mode": "per call (Python loop)",
+            "us_per_step": detail["per_call_us"],
+            "compile_s": detail["compile_step_s"],
+        },
+        {
+            "mode": "in lax.scan",
+            "us_per_step": detail["in_scan_us"],
+            "compile_s": detail["compile_scan_s"],
+        },
+    ]
+    return {"rows": rows, "detail": detail, "table": learner_step.table(detail)}
 
 
 def _seeds(quick: bool, cfg: Config) -> dict[str, Any]:
@@ -93,7 +72,7 @@ def _walkforward(quick: bool, cfg: Config) -> dict[str, Any]:
 
 
 def _breakdown(quick: bool, cfg: Config) -> dict[str, Any]:
-    return {"rows": breakdown.run(quick, cfg)}
+    return {"rows": breakdown.run(quick, cfg), "kernel_census": breakdown.kernel_census(cfg)}
 
 
 def _torch_peer(quick: bool, cfg: Config) -> dict[str, Any]:
@@ -124,9 +103,11 @@ def _projection(quick: bool, cfg: Config) -> dict[str, Any]:
     from jdqn.bench import projection
 
     on_gpu = jax.default_backend() == "gpu"
-    sizes = ((64, 51), (4096, 51)) if quick or not on_gpu else projection.SIZES
+    # The smoketest/default batch sizes at 51 atoms; the full sweep is `python -m
+    # jdqn.bench.projection` (its Pallas compiles alone outlast a bench run's time budget).
+    sizes = ((64, 51),) if quick or not on_gpu else ((64, 51), (4096, 51), (65536, 51))
     impls = projection.IMPLS if on_gpu else ("xla_hat", "xla_scatter")
-    rows = projection.run(sizes=sizes, repeats=5 if quick else 50, impls=impls)
+    rows = projection.run(sizes=sizes, repeats=5 if quick else 20, impls=impls)
     return {"rows": rows, "table": projection.format_table(rows)}
 
 
@@ -172,14 +153,16 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
 
 
 def _format(name: str, result: dict[str, Any], results: dict[str, Any]) -> str:
-    if name == "learner_step":
-        return _fmt_learner_step(result)
     if name == "seeds":
         return seeds.format_table(result["rows"])
     if name == "walkforward":
         return walkforward_run.format_table(result["rows"])
     if name == "breakdown":
-        return breakdown.format_table(result["rows"])
+        census = ", ".join(f"{k} {v}" for k, v in result["kernel_census"].items())
+        return (
+            breakdown.format_table(result["rows"])
+            + f"\n\noptimised HLO of one in-scan step (top-level instructions): {census}"
+        )
     if name == "torch_peer":
         return _fmt_peer(result, results.get("learner_step", {}).get("rows", []))
     if "table" in result:

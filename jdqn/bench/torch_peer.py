@@ -78,9 +78,7 @@ class TorchPeer:
         self.torch = torch
         self.cfg = cfg
         self.device = torch.device(device)
-        t = lambda x, dtype=torch.float32: torch.as_tensor(np.asarray(x), dtype=dtype).to(
-            self.device
-        )
+        t = lambda x, dtype=torch.float32: torch.as_tensor(np.array(x), dtype=dtype).to(self.device)
         net = cfg.network
         self.layers = [f"torso_{i}" for i in range(len(net.hidden))] + ["head"]
         self.params = {n: {k: t(v).requires_grad_() for k, v in params[n].items()} for n in params}

@@ -52,8 +52,12 @@ def missing_outputs() -> list[str]:
     return [name for name in OPTIONAL_OUTPUTS if importlib.util.find_spec(name) is None]
 
 
-def worker(overrides: Sequence[str]) -> dict[str, Any]:
-    """One main-command run in this process; timings in seconds."""
+def worker(overrides: Sequence[str], cache_min_compile_s: float | None = None) -> dict[str, Any]:
+    """One main-command run in this process; timings in seconds.
+
+    ``cache_min_compile_s`` (an experiment knob) replaces the persistent cache's minimum compile
+    time after ``enable_compilation_cache`` has set it: executables that compile faster than the
+    threshold are not cached and recompile on every warm start."""
     start = time.perf_counter()
     import jax
     from jax import monitoring
@@ -66,8 +70,18 @@ def worker(overrides: Sequence[str]) -> dict[str, Any]:
         counts[event] += 1
 
     monitoring.register_event_duration_secs_listener(listener)
+    from jdqn import walkforward
     from jdqn.config import apply_overrides, profile
     from jdqn.walkforward import run_walkforward
+
+    if cache_min_compile_s is not None:
+        enable = walkforward.enable_compilation_cache
+
+        def enable_with_threshold(cfg: Any) -> None:
+            enable(cfg)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", cache_min_compile_s)
+
+        walkforward.enable_compilation_cache = enable_with_threshold
 
     import_s = time.perf_counter() - start
     cfg = apply_overrides(profile("smoketest"), list(overrides))
@@ -90,9 +104,13 @@ def worker(overrides: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _spawn(cache_dir: str, out_dir: str, overrides: Sequence[str]) -> dict[str, Any]:
+def _spawn(
+    cache_dir: str, out_dir: str, overrides: Sequence[str], cache_min_compile_s: float | None
+) -> dict[str, Any]:
     env = dict(os.environ, JDQN_CACHE_DIR=cache_dir)
     command = [sys.executable, "-m", "jdqn.bench.walkforward_run", "--worker"]
+    if cache_min_compile_s is not None:
+        command.append(f"--cache-min-compile-s={cache_min_compile_s}")
     command += [f"--set={o}" for o in (*overrides, f"output.out_dir={out_dir}")]
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
@@ -106,7 +124,9 @@ def _spawn(cache_dir: str, out_dir: str, overrides: Sequence[str]) -> dict[str, 
     return result
 
 
-def run(quick: bool = False, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
+def run(
+    quick: bool = False, overrides: Sequence[str] = (), cache_min_compile_s: float | None = None
+) -> list[dict[str, Any]]:
     """Rows ``cold`` and ``warm`` of the main command (smoketest profile + ``overrides``).
 
     ``quick`` shrinks the work (1 fold, 1 epoch, fewer bars) so CPU smoke runs stay short."""
@@ -124,8 +144,8 @@ def run(quick: bool = False, overrides: Sequence[str] = ()) -> list[dict[str, An
     with tempfile.TemporaryDirectory(prefix="jdqn-bench-") as tmp:
         cache_dir = str(Path(tmp) / "xla-cache")
         for label in ("cold", "warm"):
-            row = _spawn(cache_dir, str(Path(tmp) / "runs" / label), overrides)
-            row.update(run=label, overrides=overrides)
+            row = _spawn(cache_dir, str(Path(tmp) / "runs" / label), overrides, cache_min_compile_s)
+            row.update(run=label, overrides=overrides, cache_min_compile_s=cache_min_compile_s)
             rows.append(row)
     return rows
 
@@ -151,11 +171,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--worker", action="store_true", help="one timed run in this process")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument(
+        "--cache-min-compile-s", type=float, help="experiment: persistent-cache threshold"
+    )
     args = parser.parse_args(argv)
     if args.worker:
-        print(RESULT_TAG + json.dumps(worker(args.overrides)), flush=True)
+        result = worker(args.overrides, args.cache_min_compile_s)
+        print(RESULT_TAG + json.dumps(result), flush=True)
     else:
-        print(format_table(run(args.quick, args.overrides)))
+        print(format_table(run(args.quick, args.overrides, args.cache_min_compile_s)))
 
 
 if __name__ == "__main__":
