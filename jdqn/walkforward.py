@@ -110,7 +110,7 @@ def run_walkforward(
             log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
         raise
     results = {
-        "config": cfg.to_dict(),
+        "config": json.loads(cfg.to_json()),  # lists, as in results.json
         "source": data.source,
         "bars_per_year": data.bars_per_year,
         "folds": fold_results,
