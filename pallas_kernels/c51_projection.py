@@ -36,10 +36,10 @@ prefix sums from the other end.
 
 The prefix sums live in the row's own output block (stored, ``debug_barrier``, gathered back),
 so the kernel needs no scratch output and no atomics: HBM sees one read of ``p`` and one write
-of ``m`` (the scratch writes are overwritten while still in L2). They are computed exactly for
-the bulk of the mass: each weight is split into a part on a ``2**-20`` grid, whose running sum is
-exact in float32, and a tiny remainder, so a row sums to its input mass within ~1e-7 however
-many atoms it has.
+of ``m`` (the scratch writes are overwritten while still in L2). They run in int32 fixed
+point (``2**-26`` units), so they are exact in any summation order, window sums are never
+negative, and a row keeps its input mass to within ``N * 2**-27`` however many atoms it has
+(probabilities are expected: a row's mass must stay below 32).
 
 The Pallas Triton backend is deprecated upstream from jax 0.11 (it still lowers and runs on the
 H200 with jax 0.11.2 and emits a ``DeprecationWarning`` at lowering); the pure-jnp paths need no
@@ -61,12 +61,12 @@ IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat",
 
 # Default Pallas launch: rows per program so that one block holds about this many padded atoms,
 # and the Triton warp count. Tuned on the H200 (BENCHMARKS.md, "C51 projection (issue 5)").
-DEFAULT_BLOCK_ELEMENTS = 2048
-DEFAULT_NUM_WARPS = 4
+DEFAULT_BLOCK_ELEMENTS = 512
+DEFAULT_NUM_WARPS = 2
 
-# Weights are split as w = w_hi + w_lo with w_hi on a 2**-20 grid: the running sum of w_hi is
-# exact in float32 while it stays below 2**4, the running sum of w_lo (|w_lo| < 2**-20) is tiny.
-_EXACT_GRID = float(2**20)
+# Prefix sums run in int32 fixed point with 2**-26 units: exact in any order, and a row's mass
+# (<= 32 fits) keeps within N * 2**-27 of its float32 value (1.9e-6 at N = 256).
+_UNITS = float(2**26)
 
 
 def _support(n_atoms: int, v_min: float, v_max: float) -> float:
@@ -134,11 +134,9 @@ def _split_12_bits(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return hi, x - hi  # x - hi is exact and >= 0
 
 
-def _exact_cumsum(weights: jax.Array) -> jax.Array:
-    """Inclusive cumsum along axis 1, exact for the part of each weight on a 2**-20 grid."""
-    hi = jnp.floor(weights * _EXACT_GRID) * (1.0 / _EXACT_GRID)
-    lo = weights - hi  # exact: hi and weights agree in their leading bits
-    return jnp.cumsum(hi, axis=1) + jnp.cumsum(lo, axis=1)
+def _to_units(x: jax.Array) -> jax.Array:
+    """float32 >= 0 -> int32 count of 2**-26 units, rounded to nearest."""
+    return jnp.floor(x * _UNITS + 0.5).astype(jnp.int32)
 
 
 def _c51_kernel(
@@ -187,8 +185,13 @@ def _c51_kernel(
     u = position(jnp.where(ascending, source, (n_atoms - 1) - source))  # [R, P]
     b = jnp.clip(u, 0.0, n_atoms - 1.0)  # [R, P], b_j in [0, N-1]
     tri = jnp.abs(b - 2.0 * jnp.floor(0.5 * b + 0.5))  # [R, P], distance to nearest even
-    odd_cum = _exact_cumsum(probs * tri)  # [R, P], inclusive, weights of odd targets
-    even_cum = _exact_cumsum(probs * (1.0 - tri))  # [R, P], inclusive, weights of even targets
+    odd_units = _to_units(probs * tri)  # [R, P] int32, weight towards odd targets
+    even_units = _to_units(probs) - odd_units  # [R, P] int32, >= 0: rounding is monotone
+    odd_cum = jnp.cumsum(odd_units, axis=1)  # [R, P] int32, inclusive prefix sums
+    even_cum = jnp.cumsum(even_units, axis=1)
+    # NaN/inf in probs, or NaN in rewards/discounts, must not become finite garbage through
+    # the integer path: this row term is 0, or NaN, and is added to the result.
+    poison = jnp.sum(probs * tri * 0.0, axis=1, keepdims=True)  # [R, 1]
 
     inv_slope = 1.0 / jnp.maximum(slope_hi + slope_lo, 1e-30)  # g = 0: counts jump 0 -> N
 
@@ -218,9 +221,10 @@ def _c51_kernel(
         # A[k] (exclusive) = inclusive[k - 1], A[0] = 0: masked lanes read nothing, give 0.
         def prefix(k):
             mask = valid & parity_mask & (k > 0)
-            return plgpu.load(out_ref.at[row_index, jnp.maximum(k - 1, 0)], mask=mask, other=0.0)
+            bits = plgpu.load(out_ref.at[row_index, jnp.maximum(k - 1, 0)], mask=mask, other=0.0)
+            return jax.lax.bitcast_convert_type(bits, jnp.int32)
 
-        return prefix(end) - prefix(begin)
+        return prefix(end) - prefix(begin)  # [R, P] int32, exact
 
     def sync():
         # The output block doubles as scratch: other threads of this program must see the
@@ -228,15 +232,17 @@ def _c51_kernel(
         if barrier:
             plgpu.debug_barrier()
 
-    plgpu.store(out_ref.at[block], even_cum, mask=valid)
+    as_bits = functools.partial(jax.lax.bitcast_convert_type, new_dtype=jnp.float32)
+    plgpu.store(out_ref.at[block], as_bits(even_cum), mask=valid)
     sync()
     mass_even = window_sum(is_even)
     sync()
-    plgpu.store(out_ref.at[block], odd_cum, mask=valid)
+    plgpu.store(out_ref.at[block], as_bits(odd_cum), mask=valid)
     sync()
     mass_odd = window_sum(~is_even)
     sync()
-    plgpu.store(out_ref.at[block], jnp.where(is_even, mass_even, mass_odd), mask=valid)
+    mass = jnp.where(is_even, mass_even, mass_odd).astype(jnp.float32) * (1.0 / _UNITS)
+    plgpu.store(out_ref.at[block], mass + poison, mask=valid)
 
 
 def _block_rows(batch: int, n_pad: int, block_elements: int) -> int:

@@ -202,6 +202,20 @@ def test_mean_is_preserved_inside_the_support():
         np.testing.assert_allclose(out @ atoms, rewards + discounts * (probs @ atoms), atol=2e-4)
 
 
+@pytest.mark.parametrize("impl", FAST_IMPLS + PALLAS_IMPLS[:1])
+def test_non_finite_inputs_give_nan_rows_not_garbage(impl):
+    """A NaN in probs, reward or discount makes that row NaN (for the guard); others are intact."""
+    probs, rewards, discounts = make_case(9, 8, 51, -25.0, 25.0)
+    probs[1, 7] = np.nan
+    rewards[3] = np.nan
+    discounts[5] = np.nan
+    out = np.asarray(project(impl, probs, rewards, discounts, -25.0, 25.0))
+    assert np.isnan(out[[1, 3, 5]]).any(axis=1).all()
+    ok = [0, 2, 4, 6, 7]
+    expected = project_np(probs[ok], rewards[ok], discounts[ok], -25.0, 25.0)
+    np.testing.assert_allclose(out[ok], expected, atol=ATOL)
+
+
 # --------------------------------------------------------------------------------------------
 # Transformations: vmap, jit, no recompile.
 # --------------------------------------------------------------------------------------------
