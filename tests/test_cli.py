@@ -22,7 +22,9 @@ def _assert_one_line_error(err: str, expected: str) -> None:
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize(("case", "content", "expected"), MALFORMED_CASES, ids=lambda c: c)
+@pytest.mark.parametrize(
+    ("case", "content", "expected"), MALFORMED_CASES, ids=[c[0] for c in MALFORMED_CASES]
+)
 def test_malformed_bar_file_is_one_line_exit_2_and_no_run_dir(
     tmp_path, capsys, case, content, expected
 ):
@@ -47,7 +49,7 @@ def test_malformed_bar_file_is_one_line_exit_2_and_no_run_dir(
         (["walkforward", "--data", str(ES_SAMPLE)], "fix"),  # default folds do not fit 2,264 bars
         (["walkforward", "--resume", "/no/such/run"], "no such directory"),
         (["data", "synth", "--bars", "10", "--out", "x.csv"], "--bars"),
-        (["data", "check", "/no/such/file.csv"], "no such file"),
+        (["data", "check", "/no/such/file.csv"], "does not exist"),
         (["frobnicate"], "invalid choice"),
     ],
 )
