@@ -93,8 +93,10 @@ def test_range_distribution_and_norm_checks_pin_the_offender():
     assert failure.count == 1 and failure.value == pytest.approx(0.9995, abs=1e-6)
     negative = jnp.array([[1.1, -0.1], [0.5, 0.5]])  # rows sum to 1, entries leave [0, 1]
     [(_, failure)] = _failures(distribution, negative)
-    assert failure.problem == "outside [0, 1]" and failure.count == 2
-    assert _failures(distribution, jnp.array([[0.25, 0.75], [1.0, 0.0]])) == []
+    assert failure.problem == "outside [-0.0001, 1.0001]" and failure.count == 2
+    # float32 rounding of a kernel's partial masses (seen on the H200: 1 + 1e-7) is allowed
+    rounded = jnp.array([[0.25, 0.75], [1.0000001, 0.0], [-1e-8, 1.0]])
+    assert _failures(distribution, rounded) == []
 
     def norm(x):
         debug.boundaries(True, jnp.int32(0)).finite_norm("adam", "update", [x])
