@@ -190,8 +190,10 @@ def _c51_kernel(
     odd_cum = jnp.cumsum(odd_units, axis=1)  # [R, P] int32, inclusive prefix sums
     even_cum = jnp.cumsum(even_units, axis=1)
     # NaN/inf in probs, or NaN in rewards/discounts, must not become finite garbage through
-    # the integer path: this row term is 0, or NaN, and is added to the result.
-    poison = jnp.sum(probs * tri * 0.0, axis=1, keepdims=True)  # [R, 1]
+    # the integer path: this row term is 0, or NaN, and is added to the result. (On the GPU,
+    # clip/min/max drop NaN, so the positions alone would not carry it.)
+    bad_row = jnp.isnan(reward) | jnp.isnan(discount)  # [R, 1]
+    poison = jnp.sum(probs * 0.0, axis=1, keepdims=True) + jnp.where(bad_row, jnp.nan, 0.0)
 
     inv_slope = 1.0 / jnp.maximum(slope_hi + slope_lo, 1e-30)  # g = 0: counts jump 0 -> N
 

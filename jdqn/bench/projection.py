@@ -4,7 +4,7 @@ Times ``pallas_kernels.c51_project`` for each implementation on device-resident 
 from a softmax, rewards ~ N(0, range/8), discounts 0.99 with 10% terminal rows), as medians over
 ``repeats`` timings after a compile and warm-up call, each ended by ``block_until_ready``.
 Two numbers per case: ``median_us`` is one projection on the device, measured as one executable
-that chains ``CHAIN`` projections (each output is the next input, so none can be skipped or
+that loops ``CHAIN`` projections (each output is the next input, so none can be skipped or
 hoisted) divided by ``CHAIN``: the host's dispatch and sync (~100 us on the GPU machine) drop
 out. ``call_us`` is one jitted call from Python, dispatch and sync included.
 Also reports the HBM floor: the bytes a projection must move (read probs, rewards and discounts,
@@ -32,7 +32,7 @@ SIZES: tuple[tuple[int, int], ...] = tuple(
 )
 IMPLS: tuple[str, ...] = ("pallas", "xla_hat", "xla_scatter")
 V_MIN, V_MAX = -240.0, 240.0  # DEFAULT profile support
-CHAIN = 20  # projections per timed executable
+CHAIN = 10  # projections per timed executable (a fori_loop)
 
 
 def make_inputs(key: jax.Array, batch: int, n_atoms: int) -> tuple[jax.Array, ...]:
@@ -65,9 +65,9 @@ def chained(project: Callable[..., jax.Array], chain: int = CHAIN) -> Callable[.
     """probs, rewards, discounts -> ``chain`` projections applied in sequence, one executable."""
 
     def run_chain(probs, rewards, discounts):
-        for _ in range(chain):
-            probs = project(probs, rewards, discounts)
-        return probs
+        # A loop, not an unrolled chain: one kernel instance (XLA compiles each Triton custom
+        # call of an unrolled chain separately, which made the sweep take minutes).
+        return jax.lax.fori_loop(0, chain, lambda _, p: project(p, rewards, discounts), probs)
 
     return jax.jit(run_chain)
 
@@ -106,6 +106,7 @@ def run(
             fn = jax.jit(functools.partial(c51_project, v_min=V_MIN, v_max=V_MAX, impl=impl))
             max_diff = float(jnp.max(jnp.abs(fn(*args) - check)))
             rows.append(_row(batch, n_atoms, impl, fn, args, repeats, max_diff))
+            print(format_table(rows[-1:]).splitlines()[-1], flush=True)  # progress
     return rows
 
 
