@@ -304,7 +304,8 @@ def test_jit_matches_no_jit_and_does_not_recompile():
     with jax.disable_jit():
         eager = _run(params, actions)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6), jitted, eager)
-    step_jit = jax.jit(env.step)
+    # A private wrapper: jit caches are shared per function, and other tests jit env.step too.
+    step_jit = jax.jit(lambda *args: env.step(*args))
     _, state = env.reset(jax.random.key(0), params)
     other_fold = _random_fold(6, n_bars=12, cfg=cfg)
     other_window = env.make_params(other_fold.features, other_fold.close, cfg, 3, 9)
