@@ -21,10 +21,17 @@ from jdqn import debug as debug_mode
 from jdqn import report, rundir
 from jdqn.checkpoint import Checkpointer
 from jdqn.config import Config
-from jdqn.data import BarFileError, WalkForwardData, load_source, prepare_walkforward
+from jdqn.data import (
+    BarFileError,
+    WalkForwardData,
+    describe_source,
+    load_source,
+    prepare_walkforward,
+)
 from jdqn.env import make_params
 from jdqn.evaluate import equity_curve, evaluate_baselines, metrics
 from jdqn.learner import GUARD_REASONS
+from jdqn.metrics_log import MetricsLog
 from jdqn.train import FoldData, TrainProgram, TrainState, make_train
 
 
@@ -50,22 +57,13 @@ def enable_compilation_cache(cfg: Config) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def _source_label(cfg: Config) -> str:
-    if cfg.data.path:
-        return str(cfg.data.path)
-    return (
-        f"synthetic(bars={cfg.data.synthetic_bars}, seed={cfg.data.synthetic_seed}, "
-        f"signal={cfg.data.signal_strength})"
-    )
-
-
 def load_data(cfg: Config) -> WalkForwardData:
     """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
     if cfg.data.path and not Path(cfg.data.path).exists():
         raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
     try:
         bars = load_source(cfg.data)
-        return prepare_walkforward(bars, cfg, source=_source_label(cfg))
+        return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
     except BarFileError as error:
         raise UserError(str(error)) from None
     except ValueError as error:
@@ -217,7 +215,7 @@ def _run_group(
         start_epoch = int(meta["epochs_done"])
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}")
-    metrics_log = _MetricsLog(run, cfg, run_ids, group_index, start_epoch)
+    metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch)
 
     total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch
     bar = _progress_bar(total, progress, f"folds {fold_ids}")
@@ -336,87 +334,6 @@ def _evaluate_group(
             }
         )
     return rows
-
-
-class _MetricsLog:
-    """Per-chunk training metrics: JSONL, TensorBoard and the training-curve plots."""
-
-    def __init__(
-        self,
-        run: rundir.RunDir,
-        cfg: Config,
-        run_ids: list[tuple[int, int]],
-        group_index: int,
-        start_epoch: int,
-    ) -> None:
-        self._run, self._cfg, self._run_ids = run, cfg, run_ids
-        self._rows: dict[int, list[dict[str, Any]]] = {r: [] for r in range(len(run_ids))}
-        self._path = run.metrics_path
-        kept = []
-        if self._path.exists():  # resume: keep what earlier (checkpointed) epochs wrote
-            for line in self._path.read_text().splitlines():
-                row = json.loads(line)
-                if row["group"] != group_index or row["epoch"] < start_epoch:
-                    kept.append(line)
-                if row["group"] == group_index and row["epoch"] < start_epoch:
-                    self._rows[row["run"]].append(row)
-        self._path.write_text("".join(line + "\n" for line in kept))
-        self._group = group_index
-        self._writer = None
-        if cfg.output.tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._writer = SummaryWriter(str(run.tensorboard_dir / f"group{group_index}"))
-
-    def add(self, epoch: int, chunk: int, state: TrainState, chunk_metrics: Any) -> dict[str, str]:
-        host = jax.device_get(chunk_metrics)
-        learner_steps = np.asarray(state.learner.step)
-        used = np.asarray(host.trained) & np.asarray(host.active)  # [R, L]
-        lines = []
-        for r, (fold, seed) in enumerate(self._run_ids):
-            row: dict[str, Any] = {
-                "group": self._group,
-                "run": r,
-                "fold": fold,
-                "seed": seed,
-                "epoch": epoch,
-                "chunk": chunk,
-                "step": int(learner_steps[r]),
-                "epsilon": float(np.asarray(host.epsilon)[r][-1]),
-                "reward_mean": float(np.mean(np.asarray(host.reward_mean)[r])),
-            }
-            mask = used[r]
-            for name, values in host.learner._asdict().items():
-                v = np.asarray(values)[r]
-                row[name] = float(np.mean(v[mask])) if mask.any() else None
-            lines.append(json.dumps(row, allow_nan=True))
-            self._rows[r].append(row)
-            if self._writer is not None:
-                for name, value in row.items():
-                    if isinstance(value, float) and name not in ("epsilon",):
-                        self._writer.add_scalar(f"fold{fold}_seed{seed}/{name}", value, row["step"])
-        with self._path.open("a") as handle:
-            handle.write("".join(line + "\n" for line in lines))
-        first = self._rows[0][-1]
-        return {
-            "loss": _short(first.get("loss_c51") or first.get("loss_mse")),
-            "q": _short(first.get("q_mean")),
-        }
-
-    def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._cfg.output.plots:
-            for r, (fold, seed) in enumerate(self._run_ids):
-                report.plot_training(
-                    self._run.plots_dir / f"fold{fold}_seed{seed}_training.png",
-                    self._rows[r],
-                    f"fold {fold} seed {seed}: training",
-                )
-
-
-def _short(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}"
 
 
 def _progress_bar(total: int, enabled: bool, label: str) -> Any:
