@@ -1,16 +1,13 @@
-"""One frozen, validated configuration tree for a jdqn run.
+"""The configuration sections: frozen dataclasses validated in ``__post_init__``.
 
-Every section is a frozen dataclass validated in ``__post_init__``: an impossible value raises
-``ValueError`` naming the field and the fix. Profiles (``smoketest``, ``default``) are named
-instances. Only :func:`apply_overrides` (used by the CLI) parses strings.
+An impossible value raises ``ValueError`` naming the field and the fix; cross-section checks live
+in :class:`Config`. Derived sizes (``cost_points``, ``delta_z``, ``lookback_bars``) are properties.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -347,154 +344,10 @@ class Config:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> Config:
         """Build from a nested dict (e.g. a resolved ``config.json``); unknown keys raise."""
-        sections = {}
-        for f in dataclasses.fields(cls):
-            section_cls = f.default_factory  # type: ignore[misc]
-            values = dict(raw.get(f.name, {}))
-            _reject_unknown(section_cls, values, f.name)
-            kwargs = {
-                sf.name: _coerce(values[sf.name], sf.type, f"{f.name}.{sf.name}")
-                for sf in dataclasses.fields(section_cls)
-                if sf.name in values
-            }
-            sections[f.name] = section_cls(**kwargs)
-        unknown = set(raw) - set(sections)
-        if unknown:
-            raise ValueError(
-                f"unknown config section(s) {sorted(unknown)}; valid: {sorted(sections)}"
-            )
-        return cls(**sections)
+        from jdqn.config.parse import config_from_dict
+
+        return config_from_dict(raw)
 
     @classmethod
     def from_json(cls, text: str) -> Config:
         return cls.from_dict(json.loads(text))
-
-
-def _reject_unknown(section_cls: type, values: dict[str, Any], section: str) -> None:
-    valid = [f.name for f in dataclasses.fields(section_cls)]
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown key {section}.{unknown[0]}; valid keys of {section}: {valid}")
-
-
-_HINTS_CACHE: dict[type, dict[str, Any]] = {}
-
-
-def _field_types(section_cls: type) -> dict[str, Any]:
-    if section_cls not in _HINTS_CACHE:
-        _HINTS_CACHE[section_cls] = typing.get_type_hints(section_cls)
-    return _HINTS_CACHE[section_cls]
-
-
-def _coerce(value: Any, annotation: Any, name: str) -> Any:
-    """Convert a JSON value (or CLI string) to the field's declared type."""
-    if isinstance(annotation, str):
-        raise TypeError("annotations must be resolved first")
-    origin = typing.get_origin(annotation)
-    args = typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if is_none and type(None) in args:
-            return None
-        non_none = [a for a in args if a is not type(None)]
-        return _coerce(value, non_none[0], name)
-    if origin is Literal:
-        if value not in args:
-            raise ValueError(f"{name}: {value!r} is not one of {list(args)}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):
-            value = json.loads(value) if value.strip().startswith("[") else value.split(",")
-        if not isinstance(value, list | tuple):
-            raise ValueError(f"{name}: expected a list, e.g. [64, 64]; got {value!r}")
-        return tuple(_coerce(v, args[0], name) for v in value)
-    if annotation is bool:
-        if isinstance(value, str):
-            if value.lower() in ("true", "1", "yes", "on"):
-                return True
-            if value.lower() in ("false", "0", "no", "off"):
-                return False
-            raise ValueError(f"{name}: expected true/false; got {value!r}")
-        return bool(value)
-    if annotation in (int, float):
-        try:
-            number = float(value)
-            if annotation is int and not number.is_integer():
-                raise ValueError
-            return int(number) if annotation is int else number
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}: expected {annotation.__name__}; got {value!r}") from None
-    if annotation is str:
-        return str(value)
-    return value
-
-
-def _resolved_config_types() -> None:
-    """Resolve string annotations (``from __future__ import annotations``) once."""
-    for section_cls in (
-        DataConfig,
-        EnvConfig,
-        NetworkConfig,
-        LossConfig,
-        ReplayConfig,
-        OptimConfig,
-        TrainConfig,
-        WalkForwardConfig,
-        OutputConfig,
-    ):
-        hints = _field_types(section_cls)
-        for f in dataclasses.fields(section_cls):
-            f.type = hints[f.name]
-
-
-_resolved_config_types()
-
-
-def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
-    """Apply ``section.field=value`` strings; typed, validated, unknown keys rejected."""
-    raw = cfg.to_dict()
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ValueError(f"override {item!r}: use section.field=value, e.g. optim.tau=0.01")
-        section, dot, name = key.strip().partition(".")
-        if not dot or section not in raw:
-            raise ValueError(
-                f"override {item!r}: unknown section {section!r}; valid sections: {sorted(raw)}"
-            )
-        if name not in raw[section]:
-            raise ValueError(
-                f"override {item!r}: unknown key {key!r}; valid keys of {section}: "
-                f"{sorted(raw[section])}"
-            )
-        section_cls = type(getattr(cfg, section))
-        annotation = {f.name: f.type for f in dataclasses.fields(section_cls)}[name]
-        raw[section][name] = _coerce(value.strip(), annotation, key)
-    return Config.from_dict(raw)
-
-
-SMOKETEST = Config(
-    data=DataConfig(),
-    network=NetworkConfig(hidden=(64, 64), n_atoms=51, v_min=-240.0, v_max=240.0),
-    loss=LossConfig(alpha_schedule=(0.0, 0.2)),
-    replay=ReplayConfig(capacity=256),
-    train=TrainConfig(n_slices=64, batch_size=64, epochs=2),
-    walkforward=WalkForwardConfig(n_folds=3),
-)
-
-DEFAULT = Config(
-    network=NetworkConfig(hidden=(256, 256), n_atoms=51),
-    loss=LossConfig(alpha_schedule=(0.0, 0.2, 0.5, 0.5)),
-    replay=ReplayConfig(capacity=100_000),
-    train=TrainConfig(n_slices=64, batch_size=256, epochs=4, updates_per_iteration=1),
-    walkforward=WalkForwardConfig(n_folds=3),
-)
-
-PROFILES: dict[str, Config] = {"smoketest": SMOKETEST, "default": DEFAULT}
-
-
-def profile(name: str) -> Config:
-    """Named profile; unknown names raise with the list of valid ones."""
-    if name not in PROFILES:
-        raise ValueError(f"unknown profile {name!r}; valid profiles: {sorted(PROFILES)}")
-    return PROFILES[name]
