@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jdqn.learner as learner_module
+import jdqn.learner.step as learner_module
 from jdqn import debug, losses, networks, walkforward
 from jdqn.cli import EXIT_DEBUG_FAILURE, EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides

@@ -1,0 +1,87 @@
+"""The learner's named state, metrics and function bundle (DESIGN sections 2 and 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import flax.struct
+import jax
+import optax
+
+from jdqn.replay import ReplayState
+from jdqn.transition import Transition
+
+# Why the guard stopped a fold; ``GuardRecord.reason`` indexes this tuple. Checked in this order.
+GUARD_REASONS: tuple[str, ...] = (
+    "none",
+    "batch",  # a sampled transition holds a non-finite observation, reward or price change
+    "loss",  # a loss part is non-finite
+    "gradient",  # a gradient (before or after surgery) is non-finite
+    "params",  # a new parameter is non-finite, or their squared norm overflows float32
+    "q_nonfinite",  # an online or target Q value is non-finite
+    "q_clip",  # max |Q| > loss.q_clip
+    "priorities",  # a new PER priority is non-finite before sanitising
+)
+
+
+class GuardRecord(NamedTuple):
+    """First failure seen by the guard; once halted, steps are no-ops."""
+
+    halted: jax.Array  # [] bool
+    step: jax.Array  # [] int32, learner step (0-based) that failed; -1 = never
+    reason: jax.Array  # [] int32, index into GUARD_REASONS
+
+
+@flax.struct.dataclass
+class LearnerState:
+    """Everything the learner carries between steps (DESIGN section 2). Leaves gain a leading
+    [S] axis under vmap over seeds/folds."""
+
+    params: Any  # online net: {torso_l: {kernel [in, H_l], bias [H_l]}, head: {kernel [H, K*A*N],
+    #              bias [K*A*N]}} float32
+    target_params: Any  # same tree as params, float32 (a full copy: torso and every head)
+    sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32} spectral-norm vectors (stop-gradient)
+    masks: Any  # same tree as params, {0, 1} float32 pruning masks (biases always 1)
+    opt_state: optax.OptState  # Adam moments: two trees like params, count [] int32
+    phi_hat: jax.Array  # [] float32, gradient-vaccine EMA of cos(g_mse, g_c51)
+    replay: ReplayState  # PER ring buffer, [C, ...] transitions and [C] priorities
+    step: jax.Array  # [] int32, learner steps taken (guarded or not)
+    guard: GuardRecord  # [] leaves
+    key: jax.Array  # [2] uint32, advanced every applied step
+    bootstrap_key: jax.Array  # [2] uint32, fixed: per-slot ensemble bootstrap masks
+
+
+class LearnerMetrics(NamedTuple):
+    """Per-step diagnostics, all [] float32 (DESIGN section 5, step 14)."""
+
+    loss_mse: float | jax.Array  # IS-weighted mean scaled squared error (before alpha)
+    loss_c51: float | jax.Array  # IS-weighted mean cross-entropy (before alpha)
+    loss_div: float | jax.Array  # lambda_div * mean head cosine (0 when K == 1)
+    loss_causal: float | jax.Array  # mean KL(p(s) || p(do(s))), unweighted, every step
+    grad_norm_mse: float | jax.Array  # |g_mse| (alpha-weighted) before surgery
+    grad_norm_c51: float | jax.Array  # |g_c51| (alpha-weighted) before surgery
+    grad_norm_mse_after: float | jax.Array  # after vaccine and budget
+    grad_norm_c51_after: float | jax.Array
+    grad_norm_total: float | jax.Array  # norm of the summed gradient handed to Adam
+    vaccine_cos: float | jax.Array  # phi = cos(g_mse, g_c51)
+    phi_hat: float | jax.Array  # EMA after this step
+    vaccine_applied: float | jax.Array  # 1 when the vaccine changed the gradients
+    q_mean: float | jax.Array  # mean online Q(s, a) over rows, heads, actions
+    q_max: float | jax.Array  # max |Q(s, a)| over rows, heads, actions (what the guard checks)
+    edge_mass: float | jax.Array  # mean projected target mass on the two edge atoms
+    priority_mean: float | jax.Array  # new PER priorities of the sampled rows
+    priority_max: float | jax.Array
+    sigma_max: float | jax.Array  # largest spectral-norm sigma of the torso (0 when off)
+    sparsity: float | jax.Array  # fraction of kernel weights pruned
+    alpha: float | jax.Array  # C51 blend weight used
+    halted: float | jax.Array  # 1 when the guard has halted this learner
+
+
+class Learner(NamedTuple):
+    """The learner's pure functions (see the module docstring)."""
+
+    init: Callable[[jax.Array], LearnerState]
+    insert: Callable[[LearnerState, Transition], LearnerState]
+    step: Callable[[LearnerState, jax.Array, jax.Array], tuple[LearnerState, LearnerMetrics]]
+    act_q: Callable[[LearnerState, jax.Array], jax.Array]
