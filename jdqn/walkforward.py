@@ -121,7 +121,8 @@ def run_walkforward(
     final = rundir.finalize(run)
     halted = [r for r in fold_results if r["status"] != "ok"]
     log(report.summary_table(fold_results))
-    log(f"jdqn: results in {final / 'results.json'}; plots in {final / 'plots'}")
+    plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
+    log(f"jdqn: results in {final / 'results.json'}{plots}")
     for row in halted:
         log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
     return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
@@ -218,7 +219,13 @@ def _run_group(
     metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch)
 
     total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch
-    bar = _progress_bar(total, progress, f"folds {fold_ids}")
+    bar = _progress_bar(
+        total,
+        progress,
+        f"folds {fold_ids} x {seeds} seed(s)",
+        # Counted in iterations, so the rate reads lock-step iterations/s (x slices x runs).
+        iterations_per_chunk=program.chunk_length,
+    )
     for epoch in range(start_epoch, cfg.train.epochs):
         for chunk in range(program.chunks_per_epoch):
             result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk))
@@ -232,7 +239,9 @@ def _run_group(
             for r in np.flatnonzero(halted):
                 halted_epoch.setdefault(int(r), epoch)
             if bar is not None:
-                bar.set_postfix(summary, refresh=False)
+                bar.set_postfix(
+                    {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary}, refresh=False
+                )
                 bar.update(1)
         if checkpoints is not None:
             checkpoints.save(
@@ -336,9 +345,9 @@ def _evaluate_group(
     return rows
 
 
-def _progress_bar(total: int, enabled: bool, label: str) -> Any:
+def _progress_bar(total: int, enabled: bool, label: str, iterations_per_chunk: int) -> Any:
     if not enabled or total == 0:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=label, unit="chunk", leave=False)
+    return tqdm(total=total, desc=label, unit="it", unit_scale=iterations_per_chunk, leave=False)

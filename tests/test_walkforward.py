@@ -88,6 +88,35 @@ def test_dqn_trains_on_the_real_es_sample(tmp_path):
 
 
 @pytest.mark.slow
+def test_expanding_folds_run_in_sequence_and_seeds_are_vmapped(tmp_path):
+    quiet = ["output.plots=false", "output.tensorboard=false", "train.epochs=1"]
+    expanding = _run(
+        tmp_path,
+        [f"data.path={ES_SAMPLE}", *ES_FOLDS, *quiet, "walkforward.mode=expanding"],
+        "expanding",
+    ).results
+    windows = [row["window"]["train"] for row in expanding["folds"]]
+    assert len({start for start, _ in windows}) == 1  # every fold trains from the same first bar
+    assert [end for _, end in windows] == sorted({end for _, end in windows})  # and grows
+    assert sorted(group.name for group in (tmp_path / "expanding" / "checkpoints").iterdir()) == [
+        "group0",
+        "group1",
+        "group2",
+    ]
+
+    seeds = _run(
+        tmp_path, [f"data.path={ES_SAMPLE}", *ES_FOLDS, *quiet, "train.seeds=2"], "seeds"
+    ).results
+    assert [(row["fold"], row["seed"]) for row in seeds["folds"]] == [
+        (fold, seed) for fold in range(3) for seed in range(2)
+    ]
+    by_fold = {}
+    for row in seeds["folds"]:
+        by_fold.setdefault(row["fold"], []).append(row["agent"]["net_pnl_points"])
+    assert all(a != b for a, b in by_fold.values())  # seeds differ within a fold
+
+
+@pytest.mark.slow
 def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
     small = [*ES_FOLDS, f"data.path={ES_SAMPLE}", "output.plots=false", "output.tensorboard=false"]
     first = _run(tmp_path, small, "a").results
