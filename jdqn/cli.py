@@ -99,6 +99,14 @@ def _walkforward(args: argparse.Namespace) -> int:
     from jdqn.debug import DebugCheckFailed
     from jdqn.walkforward import UserError, run_walkforward
 
+    config_flags = ("data", "out", "folds", "epochs", "seeds", "seed", "name")
+    if args.resume and (args.overrides or any(getattr(args, f) is not None for f in config_flags)):
+        print(
+            "jdqn: error: --resume continues a run with its own config.json; fix: drop --data, "
+            "--out, --folds, --epochs, --seeds, --seed, --name and --set",
+            file=sys.stderr,
+        )
+        return EXIT_USER_ERROR
     try:
         cfg = None if args.resume else resolve_config(args)
         outcome = run_walkforward(

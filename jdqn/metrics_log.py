@@ -50,7 +50,8 @@ class MetricsLog:
     def add(self, epoch: int, chunk: int, state: TrainState, chunk_metrics: Any) -> dict[str, str]:
         host = jax.device_get(chunk_metrics)
         learner_steps = np.asarray(state.learner.step)
-        used = np.asarray(host.trained) & np.asarray(host.active)  # [R, L]
+        active = np.asarray(host.active)  # [R, L]; padding of the epoch's last chunk is False
+        used = np.asarray(host.trained) & active
         lines = []
         for r, (fold, seed) in enumerate(self._run_ids):
             row: dict[str, Any] = {
@@ -61,8 +62,9 @@ class MetricsLog:
                 "epoch": epoch,
                 "chunk": chunk,
                 "step": int(learner_steps[r]),
-                "epsilon": float(np.asarray(host.epsilon)[r][-1]),
-                "reward_mean": float(np.mean(np.asarray(host.reward_mean)[r])),
+                # The last chunk of an epoch ends in padding iterations (not run): skip them.
+                "epsilon": float(np.asarray(host.epsilon)[r][active[r]][-1]),
+                "reward_mean": float(np.mean(np.asarray(host.reward_mean)[r][active[r]])),
             }
             mask = used[r]
             for name, values in host.learner._asdict().items():
@@ -82,10 +84,11 @@ class MetricsLog:
             "q": _short(first.get("q_mean")),
         }
 
-    def close(self) -> None:
+    def close(self, write_plots: bool = True) -> None:
+        """Flush TensorBoard; draw the training curves (skipped when the run failed)."""
         if self._writer is not None:
             self._writer.close()
-        if self._cfg.output.plots:
+        if write_plots and self._cfg.output.plots:
             for r, (fold, seed) in enumerate(self._run_ids):
                 report.plot_training(
                     self._run.plots_dir / f"fold{fold}_seed{seed}_training.png",

@@ -22,7 +22,6 @@ from jdqn import report, rundir
 from jdqn.checkpoint import Checkpointer
 from jdqn.config import Config
 from jdqn.data import (
-    BarFileError,
     WalkForwardData,
     describe_source,
     load_source,
@@ -64,9 +63,7 @@ def load_data(cfg: Config) -> WalkForwardData:
     try:
         bars = load_source(cfg.data)
         return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
-    except BarFileError as error:
-        raise UserError(str(error)) from None
-    except ValueError as error:
+    except ValueError as error:  # BarFileError included: one line naming file, row and fix
         raise UserError(str(error)) from None
 
 
@@ -85,7 +82,12 @@ def run_walkforward(
             run = rundir.open_incomplete_run_dir(resume)
         except ValueError as error:
             raise UserError(str(error)) from None
-        cfg = Config.from_json(run.config_path.read_text())
+        try:
+            cfg = Config.from_json(run.config_path.read_text())
+        except (OSError, ValueError) as error:
+            raise UserError(
+                f"--resume {run.path}: cannot read its config.json ({error}); fix: start a new run"
+            ) from None
     assert cfg is not None
     enable_compilation_cache(cfg)
     data = load_data(cfg)  # before any directory exists: bad input leaves nothing behind
@@ -104,8 +106,8 @@ def run_walkforward(
         log(f"jdqn: {failure}; recorded in {failure.record}")
         raise
     except BaseException:
-        if not run.checkpoint_dir.exists():
-            rundir.discard(run)  # nothing to resume: leave no directory behind
+        if not any(run.checkpoint_dir.glob("group*/[0-9]*")):
+            rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing behind
         else:
             log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
         raise
@@ -226,37 +228,41 @@ def _run_group(
         # Counted in iterations, so the rate reads lock-step iterations/s (x slices x runs).
         iterations_per_chunk=program.chunk_length,
     )
-    for epoch in range(start_epoch, cfg.train.epochs):
-        for chunk in range(program.chunks_per_epoch):
-            result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk))
-            error, (state, chunk_metrics) = result if debug else (None, result)
-            summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
-            if error is not None:  # fetched once per chunk, with the chunk's metrics
-                debug_mode.raise_if_failed(
-                    error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
+    completed = False
+    try:
+        for epoch in range(start_epoch, cfg.train.epochs):
+            for chunk in range(program.chunks_per_epoch):
+                result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk))
+                error, (state, chunk_metrics) = result if debug else (None, result)
+                summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
+                if error is not None:  # fetched once per chunk, with the chunk's metrics
+                    debug_mode.raise_if_failed(
+                        error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
+                    )
+                halted = np.asarray(state.learner.guard.halted)
+                for r in np.flatnonzero(halted):
+                    halted_epoch.setdefault(int(r), epoch)
+                if bar is not None:
+                    bar.set_postfix(
+                        {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary}, refresh=False
+                    )
+                    bar.update(1)
+            if checkpoints is not None:
+                checkpoints.save(
+                    epoch + 1,
+                    state,
+                    {
+                        "epochs_done": epoch + 1,
+                        "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
+                    },
                 )
-            halted = np.asarray(state.learner.guard.halted)
-            for r in np.flatnonzero(halted):
-                halted_epoch.setdefault(int(r), epoch)
-            if bar is not None:
-                bar.set_postfix(
-                    {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary}, refresh=False
-                )
-                bar.update(1)
+        completed = True
+    finally:  # also on failure: no thread or file left open behind the one-line error
+        if bar is not None:
+            bar.close()
+        metrics_log.close(write_plots=completed)
         if checkpoints is not None:
-            checkpoints.save(
-                epoch + 1,
-                state,
-                {
-                    "epochs_done": epoch + 1,
-                    "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
-                },
-            )
-    if bar is not None:
-        bar.close()
-    metrics_log.close()
-    if checkpoints is not None:
-        checkpoints.close()
+            checkpoints.close()
     return _evaluate_group(
         cfg, data, program, state, test, local_fold, run_ids, run, halted_epoch, keys
     )

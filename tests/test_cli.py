@@ -48,6 +48,8 @@ def test_malformed_bar_file_is_one_line_exit_2_and_no_run_dir(
         (["walkforward", "--profile", "huge"], "invalid choice"),
         (["walkforward", "--data", str(ES_SAMPLE)], "fix"),  # default folds do not fit 2,264 bars
         (["walkforward", "--resume", "/no/such/run"], "no such directory"),
+        (["walkforward", "--resume", "/no/such/run", "--epochs", "3"], "drop --data"),
+        (["walkforward", "--set", "train.n_slices=300"], "replay.capacity"),
         (["data", "synth", "--bars", "10", "--out", "x.csv"], "--bars"),
         (["data", "check", "/no/such/file.csv"], "does not exist"),
         (["frobnicate"], "invalid choice"),
@@ -56,7 +58,7 @@ def test_malformed_bar_file_is_one_line_exit_2_and_no_run_dir(
 def test_user_errors_are_one_line_exit_2(tmp_path, capsys, argv, expected):
     out = tmp_path / "runs"
     if argv[0] == "walkforward":
-        argv = [*argv, "--out", str(out), "--no-progress"]
+        argv = [*argv, "--no-progress"] + ([] if "--resume" in argv else ["--out", str(out)])
     try:
         code = main(argv)
     except SystemExit as stop:  # argparse errors exit through SystemExit

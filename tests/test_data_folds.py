@@ -85,7 +85,7 @@ def test_too_short_message_is_one_actionable_line():
     assert str(info.value) == (
         "walkforward needs 57,380 bars (train 20,000 + purge 1,380 + 3 folds x 12,000 test) but "
         "the data has 2,264; fix: lower --set walkforward.train_bars=300 "
-        "walkforward.test_bars=180 (or use fewer --folds, or a longer bar file)"
+        "--set walkforward.test_bars=180 (or use fewer --folds, or a longer bar file)"
     )
 
 
@@ -105,7 +105,7 @@ def test_suggested_sizes_fit(n_folds, train, test, purge, n_bars):
         make_folds(n_bars, cfg)
     message = str(info.value)
     assert "\n" not in message and "; fix: " in message and f"{n_bars:,}" in message
-    suggestion = re.search(r"train_bars=(\d+) walkforward.test_bars=(\d+)", message)
+    suggestion = re.search(r"train_bars=(\d+) --set walkforward.test_bars=(\d+)", message)
     if suggestion is None:
         assert "purge_bars" in message  # only a shorter purge or more data can help
         assert n_bars - purge < 2 + 2 * n_folds

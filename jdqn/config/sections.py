@@ -320,6 +320,12 @@ class Config:
             "feature shares a bar with the train window; raise it or shorten data.return_horizons",
         )
         _require(
+            self.replay.capacity >= self.train.n_slices,
+            "replay.capacity",
+            f"must be >= train.n_slices ({self.train.n_slices}): every iteration inserts one "
+            "transition per slice",
+        )
+        _require(
             self.replay.capacity >= self.train.batch_size,
             "replay.capacity",
             f"must be >= train.batch_size ({self.train.batch_size})",

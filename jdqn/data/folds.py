@@ -90,7 +90,7 @@ def _too_short_message(n_bars: int, cfg: WalkForwardConfig) -> str:
             else:
                 train = room - cfg.n_folds * test
         return head + (
-            f"lower --set walkforward.train_bars={train} walkforward.test_bars={test} "
+            f"lower --set walkforward.train_bars={train} --set walkforward.test_bars={test} "
             f"(or use fewer --folds, or a longer bar file)"
         )
     return head + (
