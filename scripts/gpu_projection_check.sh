@@ -15,6 +15,11 @@ export PYTHONUNBUFFERED=1
   "$python" -c 'import jax; print("jax", jax.__version__, jax.devices())'
   "$python" -c 'import hypothesis; print("hypothesis", hypothesis.__version__)' 2>&1 | tail -1
 } 2>&1 | tee "$out/env.log"
-"$python" -m pytest --noconftest -q -p no:cacheprovider -rs tests/test_c51_projection.py ${TEST_FILTER:+-k "$TEST_FILTER"} \
-  2>&1 | tee "$out/test.log"
+"$python" -m pytest --noconftest -q -p no:cacheprovider -rs tests/test_c51_projection.py \
+  ${TEST_FILTER:+-k "$TEST_FILTER"} 2>&1 | tee "$out/test.log"
+test_rc=${PIPESTATUS[0]}
 "$python" -m jdqn.bench.projection "$@" 2>&1 | tee "$out/bench.log"
+bench_rc=${PIPESTATUS[0]}
+# The tests decide the exit status; a failing benchmark still fails the script.
+[ "$test_rc" -ne 0 ] && exit "$test_rc"
+exit "$bench_rc"

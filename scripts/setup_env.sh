@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Create (or reuse) .venv with a Python >= 3.12 and install jdqn with its dev extras.
-# Sourced by scripts/run_main.sh and scripts/run_tests.sh; a second run reuses the environment.
+# Run by scripts/run_main.sh and scripts/run_tests.sh; a second run reuses the environment.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 
 good_python() {  # prints the interpreter if it runs and is >= 3.12
-  "$1" -c 'import sys, venv; sys.exit(0 if sys.version_info >= (3, 12) else 1)' >/dev/null 2>&1 \
+  # ensurepip too: Debian's python without python3-venv has `venv` but cannot make a usable one.
+  "$1" -c 'import sys, venv, ensurepip; sys.exit(0 if sys.version_info >= (3, 12) else 1)' \
+    >/dev/null 2>&1 \
     && command -v "$1"
 }
 
@@ -25,13 +27,17 @@ find_python() {
 
 stamp="$venv/.jdqn-installed"
 want="$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
-if [ ! -x "$venv/bin/python" ] || ! good_python "$venv/bin/python" >/dev/null; then
+if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   py="$(find_python)" || {
-    echo "error: no Python >= 3.12 found; install one or set PYTHON=/path/to/python3.12" >&2
+    echo "error: no Python >= 3.12 (with venv and ensurepip) found; install one or set" \
+      "PYTHON=/path/to/python3.12" >&2
     exit 1
   }
-  rm -rf "$venv"
-  "$py" -m venv "$venv"
+  # Build beside and move into place: a failed build never leaves a half-made .venv behind.
+  rm -rf "$venv" "$venv.tmp"
+  "$py" -m venv "$venv.tmp"
+  mv "$venv.tmp" "$venv"
+  rm -f "$stamp"
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "setting up $venv (first run takes a few minutes) ..." >&2
