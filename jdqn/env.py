@@ -19,7 +19,7 @@ vmaps :func:`step` over them with the price/feature arrays shared (not copied) a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import flax.struct
 import jax
@@ -52,8 +52,9 @@ class EnvState:
 
 
 # vmap axes of sliced params: only the window bounds differ between slices; the data arrays and
-# settings are shared, so S slices cost no copies of features/close.
-SLICE_AXES = EnvParams(
+# settings are shared, so S slices cost no copies of features/close. The fields hold vmap axes
+# (None or int), not arrays, hence the cast.
+SLICE_AXES: EnvParams = cast(Any, EnvParams)(
     features=None,
     close=None,
     positions=None,
@@ -93,8 +94,8 @@ def make_params(
         cost_points=jnp.asarray(env_cfg.cost_points, jnp.float32),
         reward_scale=jnp.asarray(env_cfg.reward_scale, jnp.float32),
         # numpy, not jnp: built inside a trace they stay concrete, so slice_params still works
-        start=np.asarray(start, np.int32),
-        end=np.asarray(end, np.int32),
+        start=cast(jax.Array, np.asarray(start, np.int32)),
+        end=cast(jax.Array, np.asarray(end, np.int32)),
     )
 
 
@@ -180,7 +181,7 @@ def slice_params(params: EnvParams, n_slices: int) -> EnvParams:
         )
     starts = start + length * np.arange(n_slices)
     ends = np.append(starts[1:], end)
-    return params.replace(start=starts.astype(np.int32), end=ends.astype(np.int32))
+    return params.replace(start=starts.astype(np.int32), end=ends.astype(np.int32))  # type: ignore[attr-defined]  # flax.struct adds .replace
 
 
 def reset_slices(key: jax.Array, params: EnvParams, n_slices: int) -> tuple[jax.Array, EnvState]:

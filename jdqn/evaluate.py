@@ -70,7 +70,7 @@ def rollout(policy: Policy, params: env.EnvParams, key: jax.Array) -> Rollout:
 def trim(record: Rollout, params: env.EnvParams) -> Rollout:
     """Host side: drop the zero padding after the episode window; numpy arrays."""
     n = int(env.n_steps(params))
-    return Rollout(*(np.asarray(x)[:n] for x in record))
+    return Rollout(*(np.asarray(x)[:n] for x in record))  # type: ignore[arg-type]  # numpy fields
 
 
 def equity_curve(net_points: np.ndarray) -> np.ndarray:
@@ -161,13 +161,13 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 def metrics(
-    net_points: np.ndarray,
-    positions: np.ndarray,
+    net_points: np.ndarray | jax.Array,
+    positions: np.ndarray | jax.Array,
     *,
     point_value_usd: float,
     bars_per_year: float,
-    gross_points: np.ndarray | None = None,
-    cost_points: np.ndarray | None = None,
+    gross_points: np.ndarray | jax.Array | None = None,
+    cost_points: np.ndarray | jax.Array | None = None,
 ) -> dict[str, Any]:
     """Trading metrics of one per-bar record, in float64 on the host. All values JSON-safe.
 

@@ -19,7 +19,7 @@ Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": 
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import chex
 import flax
@@ -171,7 +171,7 @@ def effective_params(
 
 def apply(eff_params: Params, obs: jax.Array, cfg: Config) -> jax.Array:
     """Logits [..., K, A, N] float32 for observations [..., F+1] with effective parameters."""
-    return module(cfg).apply({"params": eff_params}, obs)
+    return cast(jax.Array, module(cfg).apply({"params": eff_params}, obs))
 
 
 def q_values(logits: jax.Array, support: jax.Array) -> jax.Array:
@@ -222,7 +222,7 @@ def magnitude_masks(params: Params, sparsity: jax.Array) -> Params:
 
 def mask_sparsity(masks: Params) -> jax.Array:
     """Fraction of kernel entries pruned, over all layers. [] float32."""
-    zeros = sum(jnp.sum(layer["kernel"] == 0) for layer in masks.values())
+    zeros = cast(jax.Array, sum(jnp.sum(layer["kernel"] == 0) for layer in masks.values()))
     total = sum(layer["kernel"].size for layer in masks.values())
     return zeros.astype(jnp.float32) / total
 

@@ -165,7 +165,7 @@ def _sample_with_uniforms(
     block_uniforms: jax.Array,  # [B] float32 in [0, 1), one per stratum
     slot_uniforms: jax.Array,  # [B] float32 in [0, 1), one per draw inside the chosen block
     alpha: float | jax.Array,
-    beta: jax.Array,
+    beta: float | jax.Array,
 ) -> tuple[jax.Array, Transition, jax.Array]:
     """:func:`replay_sample` with the uniform draws given (tests drive the extremes)."""
     capacity = _capacity(state)
@@ -214,7 +214,7 @@ def replay_sample(
     key: jax.Array,
     batch_size: int,
     alpha: float | jax.Array,
-    beta: jax.Array,
+    beta: float | jax.Array,
 ) -> tuple[jax.Array, Transition, jax.Array]:
     """Stratified proportional sample: ``(indices [B] int32, batch [B, ...], is_weights [B])``.
 

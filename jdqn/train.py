@@ -92,7 +92,7 @@ class TrainProgram:
             # Each epoch walks every slice once from its start.
             key, reset_key = jax.random.split(state.key)
             _, env_state = trading_env.reset_slices(reset_key, params, cfg.train.n_slices)
-            return state.replace(env=env_state, key=key)
+            return state.replace(env=env_state, key=key)  # type: ignore[attr-defined]  # flax.struct adds .replace
 
         state = jax.lax.cond(chunk == 0, begin_epoch, lambda s: s, state)
 

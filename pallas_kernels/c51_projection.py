@@ -49,7 +49,7 @@ GPU.
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from typing import Literal, cast
 
 import jax
 import jax.numpy as jnp
@@ -339,13 +339,13 @@ def _pallas_batched(
 # --------------------------------------------------------------------------------------------
 
 
-def resolve_impl(impl: str) -> str:
+def resolve_impl(impl: str) -> Impl:
     """Maps ``"auto"`` to ``"pallas"`` on a GPU backend and ``"reference"`` elsewhere."""
     if impl not in IMPLS:
         raise ValueError(f"c51_project: impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
         return "pallas" if jax.default_backend() == "gpu" else "reference"
-    return impl
+    return cast(Impl, impl)  # one of IMPLS, checked above
 
 
 @functools.partial(jax.jit, static_argnames=("v_min", "v_max", "impl"))

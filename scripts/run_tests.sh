@@ -6,6 +6,7 @@ bash "$root/scripts/setup_env.sh"
 cd "$root"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/mypy
 set +e
 .venv/bin/python -m pytest "$@"
 rc=$?

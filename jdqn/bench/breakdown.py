@@ -22,7 +22,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -77,9 +77,7 @@ def filled_learner(
     return learner, state
 
 
-def scan_steps_fn(
-    learner: Learner, n_steps: int, vmapped: bool = False
-) -> Callable[[LearnerState], tuple[LearnerState, Any]]:
+def scan_steps_fn(learner: Learner, n_steps: int, vmapped: bool = False) -> jax.stages.Wrapped:
     """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept."""
     step = jax.vmap(learner.step, in_axes=(0, None, None)) if vmapped else learner.step
 
@@ -315,7 +313,7 @@ def kernel_census(cfg: Config = SMOKETEST) -> dict[str, int]:
     counted (one fusion is one kernel). ``total`` approximates kernel launches per step (nested
     conditionals' branches, if any, are not counted)."""
     learner, state = filled_learner(cfg)
-    text = scan_steps_fn(learner, 8).lower(state).compile().as_text()
+    text = cast(str, scan_steps_fn(learner, 8).lower(state).compile().as_text())
     bodies = set(re.findall(r"body=(%[\w.\-]+)", text))  # the scan's while body
     counts: dict[str, int] = {}
     skip = True

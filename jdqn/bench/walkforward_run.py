@@ -65,8 +65,8 @@ def worker(overrides: Sequence[str], cache_min_compile_s: float | None = None) -
     durations: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
 
-    def listener(event: str, duration: float, **_: Any) -> None:
-        durations[event] += duration
+    def listener(event: str, duration_secs: float, **_: Any) -> None:
+        durations[event] += duration_secs
         counts[event] += 1
 
     monitoring.register_event_duration_secs_listener(listener)

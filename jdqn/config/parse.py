@@ -29,7 +29,7 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build a ``Config`` from a nested dict; unknown sections or keys raise ``ValueError``."""
     sections = {}
     for f in dataclasses.fields(Config):
-        section_cls = f.default_factory  # type: ignore[misc]
+        section_cls: Any = f.default_factory  # a section dataclass, differs per field
         values = dict(raw.get(f.name, {}))
         _reject_unknown(section_cls, values, f.name)
         kwargs = {

@@ -94,7 +94,7 @@ def make_learner(
         )
 
     def insert(state: LearnerState, transitions: Transition) -> LearnerState:
-        return state.replace(replay=replay_add(state.replay, transitions))
+        return state.replace(replay=replay_add(state.replay, transitions))  # type: ignore[attr-defined]  # flax.struct adds .replace
 
     def act_q(state: LearnerState, obs: jax.Array) -> jax.Array:
         eff, _, _ = networks.effective_params(
@@ -363,7 +363,7 @@ def make_learner(
             (candidate.params, candidate.target_params, candidate.sn_u, candidate.masks),
             (state.params, state.target_params, state.sn_u, state.masks),
         )
-        new_state = candidate.replace(
+        new_state = candidate.replace(  # type: ignore[attr-defined]  # flax.struct adds .replace
             params=kept[0],
             target_params=kept[1],
             sn_u=kept[2],
