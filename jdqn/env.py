@@ -163,7 +163,9 @@ def step(
 def slice_params(params: EnvParams, n_slices: int) -> EnvParams:
     """Split ``[start, end)`` into ``n_slices`` contiguous, disjoint slices of equal length.
 
-    The last slice also takes the remainder. Start/end gain a leading ``[S]`` axis; the data arrays
+    The ``(end - start) % n_slices`` leftover bars are dropped at the *oldest* end of the window,
+    so the newest bars (closest to the test window) are always trained on and every slice takes
+    the same number of lock-step iterations. Start/end gain a leading ``[S]`` axis; the data arrays
     stay shared (vmap them with :data:`SLICE_AXES`). The price change across each inner slice
     boundary is never traded (S-1 transitions of the fold), which keeps slices independent.
     Start/end must be concrete: params from :func:`make_params` keep them as numpy, so this also
@@ -179,8 +181,8 @@ def slice_params(params: EnvParams, n_slices: int) -> EnvParams:
             f"slice_params: window [{start}, {end}) has {end - start} bars, fewer than 2 per slice "
             f"for {n_slices} slices; use at most {(end - start) // 2} slices or a longer window"
         )
-    starts = start + length * np.arange(n_slices)
-    ends = np.append(starts[1:], end)
+    starts = end - length * n_slices + length * np.arange(n_slices)
+    ends = starts + length
     return params.replace(start=starts.astype(np.int32), end=ends.astype(np.int32))  # type: ignore[attr-defined]  # flax.struct adds .replace
 
 

@@ -97,8 +97,12 @@ def torso_layers(net: NetworkConfig) -> tuple[str, ...]:
 
 
 def atoms(net: NetworkConfig) -> jax.Array:
-    """Support z_i = v_min + i * dz, [N] float32 (Bellemare et al., 2017)."""
-    return net.v_min + jnp.arange(net.n_atoms, dtype=jnp.float32) * jnp.float32(net.delta_z)
+    """Support z_i = v_min + i * dz, [N] float32 (Bellemare et al., 2017).
+
+    ``linspace`` puts the end atoms exactly on v_min and v_max (``v_min + i * f32(dz)`` lands the
+    top atom at 240.00003) and matches the support of the projection kernel.
+    """
+    return jnp.linspace(net.v_min, net.v_max, net.n_atoms, dtype=jnp.float32)
 
 
 def init_network(key: jax.Array, cfg: Config, n_inputs: int) -> NetworkState:

@@ -242,6 +242,8 @@ def replay_update(
 ) -> ReplayState:
     """Write ``p = clip(nan_to_num(priorities) + eps, eps, priority_max)`` at ``indices``.
 
+    Proportional prioritisation (Schaul et al., ICLR 2016): priorities are TD errors plus eps.
+
     ``indices [B] int32`` come from :func:`replay_sample`; ``priorities [B]`` are usually
     ``|y - Q|``. Rows with ``valid [B] bool`` False (HER donors) never write, nor do indices
     outside the written range ``[0, size)`` (so an unwritten slot can never become sampleable).

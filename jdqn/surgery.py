@@ -92,6 +92,8 @@ def budget_clip(
 ) -> tuple[jax.Array, jax.Array]:
     """Down-only gradient budget: ``g * min(1, share * budget / |g|)``; returns ``(g', scale)``.
 
+    Norm clipping (Pascanu et al., ICML 2013) applied per loss part with a shared budget.
+
     A gradient is never scaled up (``scale <= 1``); a zero vector passes through with scale 1;
     ``share = 0`` zeroes the gradient. A non-finite ``g`` is not hidden: its norm is inf/NaN and
     the result stays non-finite, for the learner's guard to catch.

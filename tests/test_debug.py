@@ -38,6 +38,7 @@ ES_FOLDS = [
 # A small learner: the step's structure (donors, causal term, vaccine, budget) is the smoketest's.
 TINY = [
     "train.batch_size=8",
+    "train.n_slices=8",
     "replay.capacity=16",
     "network.hidden=[8]",
     "network.n_atoms=11",

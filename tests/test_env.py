@@ -179,12 +179,12 @@ def test_make_params_validates_window():
 @pytest.mark.parametrize(
     ("start", "end", "n_slices", "bounds"),
     [
-        (0, 23, 4, [(0, 5), (5, 10), (10, 15), (15, 23)]),
+        (0, 23, 4, [(3, 8), (8, 13), (13, 18), (18, 23)]),  # 3 leftover bars dropped, oldest
         (3, 13, 5, [(3, 5), (5, 7), (7, 9), (9, 11), (11, 13)]),
         (0, 7, 1, [(0, 7)]),
     ],
 )
-def test_slice_params_cover_the_window_contiguously(start, end, n_slices, bounds):
+def test_slice_params_tile_the_newest_bars_contiguously(start, end, n_slices, bounds):
     params = env.make_params(np.zeros((30, 2), np.float32), np.zeros(30, np.float32), EnvConfig())
     sliced = env.slice_params(params.replace(start=jnp.int32(start), end=jnp.int32(end)), n_slices)
     assert list(zip(sliced.start.tolist(), sliced.end.tolist(), strict=True)) == bounds
@@ -197,7 +197,7 @@ def test_slice_params_works_inside_jit_and_vmap_on_params_built_there():
 
     features, close = jnp.zeros((2, 22, 2)), jnp.zeros((2, 22))
     np.testing.assert_array_equal(
-        jax.jit(jax.vmap(slice_ends))(features, close), [[5, 10, 15, 22]] * 2
+        jax.jit(jax.vmap(slice_ends))(features, close), [[7, 12, 17, 22]] * 2
     )
 
 
@@ -232,7 +232,7 @@ _run_slices_jit = jax.jit(_run_slices)
 
 
 def test_lock_step_slices_equal_independent_episodes():
-    n_slices, n_iters = 4, 20  # slices of 5, 5, 5, 8 bars: several auto-resets each
+    n_slices, n_iters = 4, 20  # slices of 5 bars (bars 3..22): several auto-resets each
     params = _random_fold(0, n_bars=23)
     sliced = env.slice_params(params, n_slices)
     actions = jnp.asarray(np.random.default_rng(1).integers(0, 3, (n_iters, n_slices)), jnp.int32)

@@ -32,6 +32,7 @@ SMALL = (
     "network.prune_end=4",
     "network.prune_every=2",
     "train.batch_size=16",
+    "train.n_slices=16",
     "replay.capacity=32",
     "loss.gv_every=2",
     "loss.causal_every=2",
@@ -265,7 +266,7 @@ def test_old_failure_mse_phase_then_c51_with_rewards_beyond_support_stays_bounde
     64); every other component as in the smoketest (SN, donors, vaccine, budget, causal term)."""
     cfg = apply_overrides(
         SMOKETEST,
-        ["network.hidden=[32]", "train.batch_size=32", "replay.capacity=64"],
+        ["network.hidden=[32]", "train.batch_size=32", "replay.capacity=64"],  # 64 slices
     )
     assert cfg.optim.learning_rate == 1e-3 and cfg.network.v_max == 240.0
     learner = make_learner(cfg, N_FEATURES, NON_CAUSAL)

@@ -79,7 +79,7 @@ class LearnerMetrics(NamedTuple):
 
 
 class Learner(NamedTuple):
-    """The learner's pure functions (see the module docstring)."""
+    """The learner's pure functions (described in :mod:`jdqn.learner.step`)."""
 
     init: Callable[[jax.Array], LearnerState]
     insert: Callable[[LearnerState, Transition], LearnerState]

@@ -316,9 +316,6 @@ def make_learner(
         # 12. PER priorities |y - Q| of the sampled rows (head mean); donors never write.
         td = jnp.mean(jnp.abs(aux["y"] - aux["q_taken"]), axis=-1)[:batch_size]  # [B]
         checks.finite("per", "priorities", td)
-        replay = replay_update(
-            state.replay, indices, td, None, cfg.replay.priority_eps, cfg.replay.priority_max
-        )
 
         # 13. Guard: the first failing quantity, in GUARD_REASONS order.
         q_abs_max = jnp.max(jnp.abs(aux["q"]))
@@ -343,6 +340,16 @@ def make_learner(
             reason=jnp.where(
                 newly_halted, jnp.argmax(failures).astype(jnp.int32) + 1, state.guard.reason
             ).astype(jnp.int32),
+        )
+        # The guard's decision is a row mask here: a rejected step writes no priority, and the
+        # write stays O(B) (no select over the [C] priorities).
+        replay = replay_update(
+            state.replay,
+            indices,
+            td,
+            jnp.broadcast_to(apply_update, indices.shape),
+            cfg.replay.priority_eps,
+            cfg.replay.priority_max,
         )
         candidate = LearnerState(
             params=new_params,
@@ -370,12 +377,6 @@ def make_learner(
             masks=kept[3],
             opt_state=_select(apply_update, opt_state, state.opt_state),
             phi_hat=jnp.where(apply_update, phi_hat, state.phi_hat),
-            replay=state.replay._replace(
-                priorities=jnp.where(apply_update, replay.priorities, state.replay.priorities),
-                max_priority=jnp.where(
-                    apply_update, replay.max_priority, state.replay.max_priority
-                ),
-            ),
             key=jnp.where(apply_update, key, state.key),
         )
 
