@@ -29,8 +29,13 @@ def write_equity_csv(
     curves: Mapping[str, np.ndarray],
     positions: Mapping[str, np.ndarray],
 ) -> None:
-    """One row per test bar interval: cumulative net PnL (points) and position of each policy."""
-    frame = pd.DataFrame({"timestamp": pd.to_datetime(timestamps[: _length(curves)])})
+    """One row per test bar interval t -> t+1: cumulative net PnL (points) and position held.
+
+    ``timestamp`` is bar t+1, where the row's PnL is realised, so the curve lines up with a price
+    chart of the same bars; ``<policy>_position`` is what was held over the interval.
+    """
+    n = _length(curves)
+    frame = pd.DataFrame({"timestamp": pd.to_datetime(timestamps[1 : n + 1])})
     for name, curve in curves.items():
         frame[f"{name}_equity_points"] = np.asarray(curve, np.float64)
     for name, held in positions.items():
@@ -51,7 +56,7 @@ def plot_equity(
 ) -> None:
     """Equity (cumulative net PnL, points) of the agent against the baselines."""
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    x = pd.to_datetime(timestamps[: _length(curves)])
+    x = pd.to_datetime(timestamps[1 : _length(curves) + 1])  # PnL realised at bar t+1
     for name, curve in curves.items():
         ax.plot(x, curve, label=name, linewidth=1.6 if name.startswith("agent") else 1.0)
     ax.axhline(0.0, color="grey", linewidth=0.5)
