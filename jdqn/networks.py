@@ -234,11 +234,12 @@ def mask_sparsity(masks: Params) -> jax.Array:
 # ----------------------------------------------------------------------------- ensemble
 
 
-def bootstrap_masks(key: jax.Array, slots: jax.Array, n_heads: int, prob: float) -> jax.Array:
+def bootstrap_masks(key: jax.Array, serials: jax.Array, n_heads: int, prob: float) -> jax.Array:
     """Bernoulli(prob) head masks per transition (Osband et al., 2016), [B, K] float32.
 
-    Derived from the buffer slot with ``fold_in``, so a stored transition keeps one mask for its
-    whole life in the buffer without widening the transition record.
+    Derived from each transition's insertion serial (``jdqn.replay.replay_serials``) with
+    ``fold_in``, so a stored transition keeps one mask for its whole life in the buffer without
+    widening the transition record, and the next occupant of its slot draws a new one.
     """
-    draw = lambda slot: jax.random.bernoulli(jax.random.fold_in(key, slot), prob, (n_heads,))
-    return jax.vmap(draw)(slots).astype(jnp.float32)
+    draw = lambda serial: jax.random.bernoulli(jax.random.fold_in(key, serial), prob, (n_heads,))
+    return jax.vmap(draw)(serials).astype(jnp.float32)

@@ -58,6 +58,7 @@ class ReplayState(NamedTuple):
     next_index: jax.Array  # [] int32 ring write position
     size: jax.Array  # [] int32 slots written (written slots are exactly [0, size))
     max_priority: jax.Array  # [] float32, running max of priorities ever written
+    inserted: jax.Array  # [] int32, transitions ever inserted (identifies each slot's occupant)
 
 
 def replay_init(capacity: int, example: Transition) -> ReplayState:
@@ -74,6 +75,7 @@ def replay_init(capacity: int, example: Transition) -> ReplayState:
         size=jnp.zeros((), jnp.int32),
         # Schaul et al. start new transitions at p = 1 before any TD error is known.
         max_priority=jnp.ones((), jnp.float32),
+        inserted=jnp.zeros((), jnp.int32),
     )
 
 
@@ -117,7 +119,20 @@ def replay_add(state: ReplayState, batch: Transition) -> ReplayState:
         next_index=((state.next_index + n) % capacity).astype(jnp.int32),
         size=jnp.minimum(state.size + n, capacity).astype(jnp.int32),
         max_priority=state.max_priority,
+        inserted=(state.inserted + n).astype(jnp.int32),
     )
+
+
+def replay_serials(state: ReplayState, indices: jax.Array) -> jax.Array:
+    """Insertion serial of the transition now in each written slot, [B] int32.
+
+    Slot i holds the last transition whose serial s satisfies s % C == i and s < inserted. Unlike
+    the slot itself, the serial is new for every transition, so per-transition randomness keyed on
+    it (ensemble bootstrap masks) is fresh when a slot is overwritten. O(B).
+    """
+    capacity = _capacity(state)
+    indices = jnp.asarray(indices, jnp.int32)
+    return (indices + capacity * ((state.inserted - 1 - indices) // capacity)).astype(jnp.int32)
 
 
 def _block_size(capacity: int) -> int:

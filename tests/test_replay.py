@@ -16,6 +16,7 @@ from jdqn.replay import (
     replay_add,
     replay_init,
     replay_sample,
+    replay_serials,
     replay_update,
 )
 from jdqn.transition import Transition, example_transition
@@ -56,6 +57,7 @@ def state_with(priorities, size, n_features=N_FEATURES):
         next_index=jnp.int32(size % capacity),
         size=jnp.int32(size),
         max_priority=jnp.float32(priorities.max()),
+        inserted=jnp.int32(size),
     )
 
 
@@ -326,3 +328,15 @@ def test_vmap_over_seed_axis_matches_per_seed_runs():
         np.testing.assert_allclose(weights[s], want_w, rtol=1e-6)
         np.testing.assert_allclose(states.priorities[s], want_state.priorities, rtol=1e-6)
         assert_valid_draws(indices[s], states.priorities[s], 20)
+
+
+def test_serials_identify_each_slots_current_transition():
+    """After 2.5 laps of a 4-slot ring, slot i holds serial i + 4 * lap, the newest write."""
+    state = replay_init(4, example_transition(2))
+    for start in range(0, 10, 2):  # 5 inserts of 2 rows: serials 0..9
+        state = replay_add(state, rows(np.arange(start, start + 2), 2))
+    serials = replay_serials(state, jnp.arange(4, dtype=jnp.int32))
+    # Serials 8, 9 overwrote slots 0, 1; slots 2, 3 still hold 6, 7.
+    np.testing.assert_array_equal(np.asarray(serials), [8, 9, 6, 7])
+    # The stored rows agree (rows(k) writes k into every feature).
+    np.testing.assert_array_equal(np.asarray(state.transitions.features[:, 0]), [8, 9, 6, 7])

@@ -49,7 +49,7 @@ class LearnerState:
     step: jax.Array  # [] int32, learner steps taken (guarded or not)
     guard: GuardRecord  # [] leaves
     key: jax.Array  # [2] uint32, advanced every applied step
-    bootstrap_key: jax.Array  # [2] uint32, fixed: per-slot ensemble bootstrap masks
+    bootstrap_key: jax.Array  # [2] uint32, fixed: per-transition ensemble bootstrap masks
 
 
 class LearnerMetrics(NamedTuple):

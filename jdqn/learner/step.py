@@ -31,7 +31,13 @@ from jdqn import losses, networks
 from jdqn.config import Config
 from jdqn.donors import make_donors, n_donors_for
 from jdqn.learner.state import GuardRecord, Learner, LearnerMetrics, LearnerState
-from jdqn.replay import replay_add, replay_init, replay_sample, replay_update
+from jdqn.replay import (
+    replay_add,
+    replay_init,
+    replay_sample,
+    replay_serials,
+    replay_update,
+)
 from jdqn.surgery import budget_clip, gradient_vaccine
 from jdqn.transition import Transition, example_transition, observation
 
@@ -141,10 +147,15 @@ def make_learner(
         checks.finite("batch", "reward", batch.reward)
         checks.finite("batch", "price_change", batch.price_change)
         if use_bootstrap:
-            head_masks = jnp.concatenate(  # [R, K]: fixed per stored slot, fresh for donors
+            # [R, K]: one mask per stored transition for its whole life (keyed on its insertion
+            # serial, so an overwritten slot gets a fresh draw), fresh for donors.
+            head_masks = jnp.concatenate(
                 [
                     networks.bootstrap_masks(
-                        state.bootstrap_key, indices, n_heads, net.bootstrap_prob
+                        state.bootstrap_key,
+                        replay_serials(state.replay, indices),
+                        n_heads,
+                        net.bootstrap_prob,
                     ),
                     networks.bootstrap_masks(
                         bootstrap_key, jnp.arange(n_donors), n_heads, net.bootstrap_prob
