@@ -22,10 +22,12 @@ from jdqn import report, rundir
 from jdqn.checkpoint import Checkpointer
 from jdqn.config import Config
 from jdqn.data import (
+    FoldArrays,
     WalkForwardData,
     describe_source,
     load_source,
     prepare_walkforward,
+    stack_folds,
 )
 from jdqn.env import make_params
 from jdqn.evaluate import equity_curve, evaluate_baselines, metrics
@@ -162,11 +164,10 @@ def _run_all_folds(
     return rows
 
 
-def _stack(arrays: Sequence[Any]) -> FoldData:
-    return FoldData(
-        features=jnp.asarray(np.stack([a.features for a in arrays])),
-        close=jnp.asarray(np.stack([a.close for a in arrays])),
-    )
+def _stack(arrays: Sequence[FoldArrays]) -> FoldData:
+    """Folds of equal length on a leading axis, on the device."""
+    stacked = stack_folds(arrays)
+    return FoldData(features=jnp.asarray(stacked.features), close=jnp.asarray(stacked.close))
 
 
 def _take(stacked: FoldData, index: jax.Array) -> FoldData:
