@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from es_sample import ES_SAMPLE
 from malformed_bars import MALFORMED_CASES
 
 from jdqn.cli import EXIT_USER_ERROR, main
-
-ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
 
 
 def _assert_one_line_error(err: str, expected: str) -> None:

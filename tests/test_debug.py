@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from es_sample import ES_FOLDS, ES_SAMPLE
 
 import jdqn.learner.step as learner_module
 from jdqn import debug, losses, networks, walkforward
@@ -26,15 +27,6 @@ from jdqn.learner import GUARD_REASONS, make_learner
 from jdqn.train import FoldData, make_train
 from jdqn.transition import Transition
 
-ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
-ES_FOLDS = [
-    "walkforward.train_bars=1000",
-    "walkforward.test_bars=300",
-    "walkforward.purge_bars=60",
-    "train.n_slices=16",
-    "train.batch_size=32",
-    "replay.capacity=128",
-]
 # A small learner: the step's structure (donors, causal term, vaccine, budget) is the smoketest's.
 TINY = [
     "train.batch_size=8",

@@ -13,21 +13,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from es_sample import ES_FOLDS, ES_SAMPLE
 
 from jdqn.checkpoint import Checkpointer, all_finite
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.walkforward import run_walkforward
-
-ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
-ES_FOLDS = [
-    "walkforward.train_bars=1000",
-    "walkforward.test_bars=300",
-    "walkforward.purge_bars=60",
-    "train.n_slices=16",
-    "train.batch_size=32",
-    "replay.capacity=128",
-]
 
 
 def _run(tmp_path: Path, overrides: list[str], name: str = "run"):
