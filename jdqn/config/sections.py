@@ -337,10 +337,6 @@ class Config:
             "has at least one transition; lower train.n_slices or raise train_bars",
         )
 
-    @property
-    def n_epochs(self) -> int:
-        return self.train.epochs
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
