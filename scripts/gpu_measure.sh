@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# On the GPU machine (through `device`): the H200 measurements recorded in BENCHMARKS.md.
+# Usage: bash scripts/gpu_measure.sh PHASE...   with PHASE one of
+#   projection  C51 projection tests against the real kernel + benchmark + launch sweep (issue 5)
+#   debug       the smoketest walk-forward with and without --debug, wall time each (issue 7)
+#   determinism the same walk-forward twice (plain, then with XLA's deterministic GPU ops, then
+#               that with --debug): are the numbers the same? (issue 7; DESIGN section 10)
+#   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
+# Logs go to $OUT (default ./gpu_logs). Each phase has its own time limit so one slow phase
+# still leaves the others' logs.
+set -uo pipefail
+out="${OUT:-gpu_logs}"
+mkdir -p "$out"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+cd "$root"
+# tensorboardX is not installed on the GPU image.
+common=(--no-progress --set output.tensorboard=false --set output.compilation_cache=false)
+for phase in "$@"; do
+  case "$phase" in
+    projection)
+      OUT="$out" timeout "${PROJECTION_TIMEOUT:-540}" bash scripts/gpu_projection_check.sh --tune --repeats 20 ;;
+    debug)
+      for mode in off debug; do
+        flag=(); [ "$mode" = debug ] && flag=(--debug)
+        start=$(date +%s%N)
+        timeout 150 python3 -m jdqn walkforward "${common[@]}" --out "$out/runs" --name "$mode" \
+          "${flag[@]}" > "$out/debug_$mode.log" 2>&1
+        rc=$?
+        end=$(date +%s%N)
+        echo "debug-overhead $mode rc=$rc wall_ms=$(( (end - start) / 1000000 ))" | tee -a "$out/debug.log"
+        tail -3 "$out/debug_$mode.log"
+      done
+      rm -rf "$out/runs" ;;
+    determinism)
+      run() {  # name, extra args...: the fold table of one run
+        local name=$1; shift
+        timeout 150 python3 -m jdqn walkforward --no-progress --set output.tensorboard=false \
+          --out "$out/det" --name "$name" "$@" > "$out/det_$name.log" 2>&1
+        echo "== $name rc=$?"; grep -E '^ +[0-9]+ +[0-9]+ ' "$out/det_$name.log"
+      }
+      {
+        run plain_1; run plain_2
+        XLA_FLAGS=--xla_gpu_deterministic_ops=true run det_1
+        XLA_FLAGS=--xla_gpu_deterministic_ops=true run det_2
+        XLA_FLAGS=--xla_gpu_deterministic_ops=true run det_debug --debug
+      } 2>&1 | tee "$out/determinism.log"
+      rm -rf "$out/det" ;;
+    bench)
+      only=()
+      for section in ${BENCH_ONLY:-learner_step seeds walkforward breakdown torch_peer replay}; do
+        only+=(--only "$section")
+      done
+      timeout "${BENCH_TIMEOUT:-420}" python3 -m jdqn bench "${only[@]}" --json "$out/bench.json" \
+        2>&1 | tee "$out/bench.log" ;;
+    *) echo "unknown phase: $phase" >&2; exit 2 ;;
+  esac
+done
