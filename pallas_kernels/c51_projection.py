@@ -17,20 +17,29 @@ Implementations, chosen by ``impl`` in :func:`c51_project`:
 - ``"interpret"``: the same Pallas kernel in interpret mode (CPU CI).
 - ``"auto"``: ``"pallas"`` when the default backend is a GPU, ``"reference"`` otherwise.
 
-How the kernel is O(N), with no atomics and no scratch. In atom units the sources sit at
-``b_j = clip(c + g*j, 0, N-1)`` with ``c = (r - (1-g)*v_min)/dz``, monotone in ``j``; source ``j``
-gives ``p_j*(1 - f_j)`` to its lower neighbour ``l_j = min(floor(b_j), N-2)`` and ``p_j*f_j`` to
-``l_j + 1`` (``f_j = b_j - l_j``; a source on an atom gives it everything). Visited in the order
-in which ``b`` rises (``j`` ascending for ``g >= 0``, descending for ``g < 0``), ``l`` never
-decreases, so one thread per row sweeps its sources once holding just two accumulators, the
-masses of atoms ``cur`` and ``cur + 1``; when ``l`` moves past ``cur`` those atoms are final and
-are stored, each exactly once. Rounding cannot break the order: ``base + |g|*q`` is monotone in
-``q`` under round-to-nearest (with or without FMA contraction), and so are clip and floor.
-Atoms no source reaches are zero: each program first writes its rows' block (zeros; NaN for a
-row with a non-finite probability, reward or discount, so the guard sees it), a barrier, then
-the sweep, which skips such rows. HBM sees one read of ``p`` and one write of ``m``; the
-sweep's per-row loads hit the lines the block pass just brought in, and its scattered 4-byte
-stores merge in L2 over the zeros.
+How the kernel is O(N). In atom units ``b_j = clip(c + g*j, 0, N-1)`` with
+``c = (r - (1-g)*v_min)/dz``, monotone in ``j``. Target ``i`` receives from the sources with
+``b_j`` in ``[i-1, i+1)``; these form a contiguous range ``[k_{i-1}, k_{i+1})`` of ``j``, where
+``k_t = #{j : b_j < t}`` has a closed form (``ceil((t - c)/g)``, clipped). On that range the hat
+weight is linear in ``b``, and the triangle wave ``tri(b)`` = distance from ``b`` to the nearest
+even integer turns it into a function that is the same for every target of one parity:
+``hat(b - i) = 1 - tri(b)`` for even ``i`` and ``tri(b)`` for odd ``i`` on ``[i-1, i+1]``. So, with
+``A_even = cumsum(p*(1-tri(b)))`` and ``A_odd = cumsum(p*tri(b))`` (exclusive prefix sums),
+
+    m_i = A_par(i)[k_{i+1}] - A_par(i)[k_{i-1}]
+
+two gathers per target. Every piece is continuous in ``b`` (``tri`` is, and a source on a range
+boundary has the same weight on either side of it), so when float rounding puts ``k_t`` off by
+one for a source sitting on ``t``, the answer moves by rounding error only; no floor has to agree
+with another floor. Negative discounts reverse the order of ``b``; the kernel then reads the
+prefix sums from the other end.
+
+The prefix sums live in the row's own output block (stored, ``debug_barrier``, gathered back),
+so the kernel needs no scratch output and no atomics: HBM sees one read of ``p`` and one write
+of ``m`` (the scratch writes are overwritten while still in L2). They run in int32 fixed
+point (``2**-26`` units), so they are exact in any summation order, window sums are never
+negative, and a row keeps its input mass to within ``N * 2**-27`` however many atoms it has
+(probabilities are expected: a row's mass must stay below 32).
 
 The Pallas Triton backend is deprecated upstream from jax 0.11 (it still lowers and runs on the
 H200 with jax 0.11.2 and emits a ``DeprecationWarning`` at lowering); the pure-jnp paths need no
@@ -50,12 +59,14 @@ from jax.experimental.pallas import triton as plgpu
 Impl = Literal["auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"]
 IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter")
 
-# Default Pallas launch: rows per program (one row per thread when rows = 32 * warps) and the
-# Triton warp count. Tuned on the H200 (BENCHMARKS.md, "C51 projection (issue 5)").
-DEFAULT_BLOCK_ROWS = 128
-DEFAULT_NUM_WARPS = 4
-# Atoms per column chunk of the block pass: bounds its registers ([R, C] values per program).
-_CHUNK_ELEMENTS = 8192
+# Default Pallas launch: rows per program so that one block holds about this many padded atoms,
+# and the Triton warp count. Tuned on the H200 (BENCHMARKS.md, "C51 projection (issue 5)").
+DEFAULT_BLOCK_ELEMENTS = 512
+DEFAULT_NUM_WARPS = 2
+
+# Prefix sums run in int32 fixed point with 2**-26 units: exact in any order, and a row's mass
+# (<= 32 fits) keeps within N * 2**-27 of its float32 value (1.9e-6 at N = 256).
+_UNITS = float(2**26)
 
 
 def _support(n_atoms: int, v_min: float, v_max: float) -> float:
@@ -115,15 +126,29 @@ def _project_xla_scatter(
 # --------------------------------------------------------------------------------------------
 
 
+def _split_12_bits(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """x >= 0 as hi + lo, hi = x with the low 12 mantissa bits cleared: both have <= 12 bits."""
+    hi = jax.lax.bitcast_convert_type(
+        jax.lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32
+    )
+    return hi, x - hi  # x - hi is exact and >= 0
+
+
+def _to_units(x: jax.Array) -> jax.Array:
+    """float32 >= 0 -> int32 count of 2**-26 units, rounded to nearest."""
+    return jnp.floor(x * _UNITS + 0.5).astype(jnp.int32)
+
+
 def _c51_kernel(
     probs_ref,
     rewards_ref,
     discounts_ref,
     *refs,
     n_atoms: int,
-    chunk: int,
+    n_pad: int,
     block_rows: int,
     v_min: float,
+    v_max: float,
     dz: float,
     barrier: bool,
 ):
@@ -132,67 +157,98 @@ def _c51_kernel(
     batch = probs_ref.shape[0]
     row0 = pl.program_id(0) * block_rows
     rows = row0 + jnp.arange(block_rows, dtype=jnp.int32)  # [R]
+    cols = jnp.arange(n_pad, dtype=jnp.int32)  # [P], padded atom / source index
     row_ok = rows < batch  # [R]
+    valid = row_ok[:, None] & (cols < n_atoms)[None, :]  # [R, P]
+    block = (pl.ds(row0, block_rows), pl.ds(0, n_pad))
+
+    probs = plgpu.load(probs_ref.at[block], mask=valid, other=0.0)  # [R, P]
     reward = plgpu.load(rewards_ref.at[pl.ds(row0, block_rows)], mask=row_ok, other=0.0)
     discount = plgpu.load(discounts_ref.at[pl.ds(row0, block_rows)], mask=row_ok, other=0.0)
-    reward = reward.astype(jnp.float32)  # [R]
-    discount = discount.astype(jnp.float32)  # [R]
+    reward = reward.astype(jnp.float32)[:, None]  # [R, 1]
+    discount = discount.astype(jnp.float32)[:, None]  # [R, 1]
 
-    # Block pass, coalesced, in column chunks of ``chunk`` atoms: find rows with a non-finite
-    # probability (NaN/inf must not become finite garbage), then write zeros (NaN for such
-    # rows and for a NaN reward or discount) over the whole block.
-    def block_cols(start):
-        cols = start + jnp.arange(chunk, dtype=jnp.int32)  # [C]
-        valid = row_ok[:, None] & (cols < n_atoms)[None, :]  # [R, C]
-        # Index arrays, not a slice: the last chunk may run past the row's N atoms (masked).
-        return (rows[:, None], cols[None, :]), valid
+    # Unclipped source positions in atom units, u = c + g*j with c = (r - (1-g)*v_min)/dz.
+    # Sources are visited in the order in which u rises: q = j for g >= 0, q = N-1-j for g < 0,
+    # so u(q) = base + |g|*q. |g| is split into two 12-bit halves so that both products with q
+    # are exact: u(q) then rounds the same way wherever it is evaluated (FMA contraction or not),
+    # and the window counts below agree bit for bit with the positions the weights use.
+    ascending = discount >= 0.0  # [R, 1]
+    start = (reward - (1.0 - discount) * v_min) / dz  # [R, 1]
+    base = jnp.where(ascending, start, start + discount * (n_atoms - 1))  # [R, 1]
+    slope_hi, slope_lo = _split_12_bits(jnp.abs(discount))  # [R, 1] each, both >= 0
 
-    bad = jnp.isnan(reward) | jnp.isnan(discount)  # [R]
-    for start in range(0, n_atoms, chunk):
-        index, valid = block_cols(start)
-        probs = plgpu.load(probs_ref.at[index], mask=valid, other=0.0)  # [R, C]
-        bad = bad | (jnp.sum(jnp.where(jnp.isfinite(probs), 0, 1), axis=1) > 0)
-    fill = jnp.where(bad, jnp.nan, 0.0)[:, None]  # [R, 1]
-    for start in range(0, n_atoms, chunk):
-        index, valid = block_cols(start)
-        plgpu.store(out_ref.at[index], jnp.broadcast_to(fill, valid.shape), mask=valid)
-    if barrier:  # the sweep's stores (one thread per row) must land after every block store
-        plgpu.debug_barrier()
+    def position(q):  # q [R, P] float32 integer-valued -> u(q) [R, P], nondecreasing in q
+        return (base + slope_hi * q) + slope_lo * q
 
-    # The sweep. Source order q: j = q for g >= 0, j = N-1-q for g < 0, so that the unclipped
-    # position u(q) = base + |g|*q rises with q.
-    ascending = discount >= 0.0  # [R]
-    start_u = (reward - (1.0 - discount) * v_min) / dz  # [R], u of source j = 0
-    base = jnp.where(ascending, start_u, start_u + discount * (n_atoms - 1))  # [R]
-    slope = jnp.abs(discount)  # [R]
-    live = row_ok & ~bad  # [R]
+    source = cols.astype(jnp.float32)[None, :]  # [1, P]
+    u = position(jnp.where(ascending, source, (n_atoms - 1) - source))  # [R, P]
+    b = jnp.clip(u, 0.0, n_atoms - 1.0)  # [R, P], b_j in [0, N-1]
+    tri = jnp.abs(b - 2.0 * jnp.floor(0.5 * b + 0.5))  # [R, P], distance to nearest even
+    odd_units = _to_units(probs * tri)  # [R, P] int32, weight towards odd targets
+    even_units = _to_units(probs) - odd_units  # [R, P] int32, >= 0: rounding is monotone
+    odd_cum = jnp.cumsum(odd_units, axis=1)  # [R, P] int32, inclusive prefix sums
+    even_cum = jnp.cumsum(even_units, axis=1)
+    # NaN/inf in probs, or NaN in rewards/discounts, must not become finite garbage through
+    # the integer path: this row term is 0, or NaN, and is added to the result. (On the GPU,
+    # clip/min/max drop NaN, so the positions alone would not carry it.)
+    bad_row = jnp.isnan(reward) | jnp.isnan(discount)  # [R, 1]
+    poison = jnp.sum(probs * 0.0, axis=1, keepdims=True) + jnp.where(bad_row, jnp.nan, 0.0)
 
-    def store(atom, value, mask):
-        plgpu.store(out_ref.at[rows, atom], value, mask=live & mask)
+    inv_slope = 1.0 / jnp.maximum(slope_hi + slope_lo, 1e-30)  # g = 0: counts jump 0 -> N
 
-    def source(q, carry):
-        cur, mass_lo, mass_hi = carry  # [R] int32, [R], [R]: atoms cur and cur+1 so far
-        j = jnp.where(ascending, q, n_atoms - 1 - q)  # [R] int32
-        p = plgpu.load(probs_ref.at[rows, j], mask=live, other=0.0)  # [R]
-        b = jnp.clip(base + slope * q.astype(jnp.float32), 0.0, n_atoms - 1.0)  # [R]
-        lower = jnp.minimum(jnp.floor(b), n_atoms - 2.0)  # [R], float
-        frac = b - lower  # [R] in [0, 1]
-        lower = lower.astype(jnp.int32)
-        # l >= cur. Atoms below l are final: store cur, and cur+1 too when l jumped past it
-        # (only for |g| > 1; the atoms jumped over keep their zero).
-        store(cur, mass_lo, lower > cur)
-        store(cur + 1, mass_hi, lower > cur + 1)
-        zero = jnp.zeros_like(mass_lo)
-        kept_lo = jnp.where(lower == cur, mass_lo, jnp.where(lower == cur + 1, mass_hi, zero))
-        kept_hi = jnp.where(lower == cur, mass_hi, zero)
-        return lower, kept_lo + p * (1.0 - frac), kept_hi + p * frac
+    def count(t):  # t [1, P] -> k_t = #{q : u(q) < t} [R, P] int32 in [0, N]
+        # For 0 < t <= N-1, b < t <=> u < t. Closed form, then one exact fix-up step each
+        # way (the estimate is within one source of the truth while |(t - base)/g| < 2**20,
+        # and beyond that it is clipped to 0 or N, which is then exact too).
+        x = jnp.clip((t - base) * inv_slope, -1.0, n_atoms + 1.0)
+        k = jnp.clip(jnp.ceil(x).astype(jnp.int32), 0, n_atoms)  # clip again: NaN -> any int
+        k_float = k.astype(jnp.float32)
+        k = jnp.where((k < n_atoms) & (position(k_float) < t), k + 1, k)
+        k = jnp.where((k > 0) & (position(k_float - 1.0) >= t), k - 1, k)
+        k = jnp.where(t <= 0.0, 0, k)
+        return jnp.where(t >= n_atoms, n_atoms, k)
 
-    zeros = jnp.zeros((block_rows,), jnp.float32)
-    init = (jnp.zeros((block_rows,), jnp.int32), zeros, zeros)
-    cur, mass_lo, mass_hi = jax.lax.fori_loop(0, n_atoms, source, init)
-    everything = jnp.ones((block_rows,), jnp.bool_)
-    store(cur, mass_lo, everything)
-    store(cur + 1, mass_hi, everything)
+    target = cols.astype(jnp.float32)[None, :]  # [1, P]
+    k_below = count(target - 1.0)  # [R, P], sources with b < i-1
+    k_above = count(target + 1.0)  # [R, P], sources with b < i+1
+    # Target i's window [k_below, k_above) in q order, as exclusive prefix indices in j order.
+    end = jnp.where(ascending, k_above, n_atoms - k_below)
+    begin = jnp.where(ascending, k_below, n_atoms - k_above)
+
+    row_index = jnp.broadcast_to(rows[:, None], (block_rows, n_pad))
+    is_even = (cols % 2 == 0)[None, :]  # [1, P]
+
+    def window_sum(parity_mask):
+        # A[k] (exclusive) = inclusive[k - 1], A[0] = 0: masked lanes read nothing, give 0.
+        def prefix(k):
+            mask = valid & parity_mask & (k > 0)
+            bits = plgpu.load(out_ref.at[row_index, jnp.maximum(k - 1, 0)], mask=mask, other=0.0)
+            return jax.lax.bitcast_convert_type(bits, jnp.int32)
+
+        return prefix(end) - prefix(begin)  # [R, P] int32, exact
+
+    def sync():
+        # The output block doubles as scratch: other threads of this program must see the
+        # stores before the gathers, and finish gathering before the next stores.
+        if barrier:
+            plgpu.debug_barrier()
+
+    as_bits = functools.partial(jax.lax.bitcast_convert_type, new_dtype=jnp.float32)
+    plgpu.store(out_ref.at[block], as_bits(even_cum), mask=valid)
+    sync()
+    mass_even = window_sum(is_even)
+    sync()
+    plgpu.store(out_ref.at[block], as_bits(odd_cum), mask=valid)
+    sync()
+    mass_odd = window_sum(~is_even)
+    sync()
+    mass = jnp.where(is_even, mass_even, mass_odd).astype(jnp.float32) * (1.0 / _UNITS)
+    plgpu.store(out_ref.at[block], mass + poison, mask=valid)
+
+
+def _block_rows(batch: int, n_pad: int, block_elements: int) -> int:
+    return max(1, min(block_elements // n_pad, pl.next_power_of_2(max(batch, 1))))
 
 
 def c51_project_pallas(
@@ -203,31 +259,30 @@ def c51_project_pallas(
     v_max: float,
     *,
     interpret: bool,
-    block_rows: int = DEFAULT_BLOCK_ROWS,
+    block_elements: int = DEFAULT_BLOCK_ELEMENTS,
     num_warps: int = DEFAULT_NUM_WARPS,
     out_init: jax.Array | None = None,
 ) -> jax.Array:
     """The Pallas kernel on rows: probs [B, N], rewards [B], discounts [B] -> [B, N] float32.
 
-    ``block_rows`` (rows per program, a power of two) and ``num_warps`` are launch knobs for
-    benchmarking. ``out_init`` [B, N], if given, is aliased to the output buffer, so tests can
-    poison it (NaN) and see that every element is written. Not vmappable by itself;
-    :func:`c51_project` adds the vmap rule.
+    ``block_elements`` (padded atoms per program, rows = block_elements // next_pow2(N)) and
+    ``num_warps`` are launch knobs for benchmarking. ``out_init`` [B, N], if given, is aliased
+    to the output buffer, so tests can poison it (NaN) and see that every element is written.
+    Not vmappable by itself; :func:`c51_project` adds the vmap rule.
     """
     batch, n_atoms = probs.shape
     dz = _support(n_atoms, v_min, v_max)
-    if block_rows < 1 or block_rows & (block_rows - 1):
-        raise ValueError(f"c51_project: block_rows must be a power of two, got {block_rows}")
-    block_rows = min(block_rows, pl.next_power_of_2(max(batch, 1)))
-    chunk = min(pl.next_power_of_2(n_atoms), max(1, _CHUNK_ELEMENTS // block_rows))
+    n_pad = pl.next_power_of_2(n_atoms)
+    block_rows = _block_rows(batch, n_pad, block_elements)
     kernel = functools.partial(
         _c51_kernel,
         n_atoms=n_atoms,
-        chunk=chunk,
+        n_pad=n_pad,
         block_rows=block_rows,
         v_min=float(v_min),
+        v_max=float(v_max),
         dz=float(dz),
-        barrier=not interpret,  # interpret mode runs a program's stores in program order
+        barrier=not interpret,  # interpret mode runs a program's lanes in lockstep already
     )
     operands = [probs.astype(jnp.float32), rewards, discounts]
     aliases = {}
@@ -246,7 +301,9 @@ def c51_project_pallas(
 
 
 @functools.cache
-def _pallas_batched(v_min: float, v_max: float, interpret: bool, block_rows: int, num_warps: int):
+def _pallas_batched(
+    v_min: float, v_max: float, interpret: bool, block_elements: int, num_warps: int
+):
     """The Pallas path with a vmap rule that folds mapped axes into rows (one launch)."""
 
     @jax.custom_batching.custom_vmap
@@ -258,7 +315,7 @@ def _pallas_batched(v_min: float, v_max: float, interpret: bool, block_rows: int
             v_min,
             v_max,
             interpret=interpret,
-            block_rows=block_rows,
+            block_elements=block_elements,
             num_warps=num_warps,
         )
 
@@ -321,6 +378,6 @@ def c51_project(
     if impl == "xla_scatter":
         return _project_xla_scatter(probs, rewards, discounts, v_min, v_max)
     project = _pallas_batched(
-        float(v_min), float(v_max), impl == "interpret", DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS
+        float(v_min), float(v_max), impl == "interpret", DEFAULT_BLOCK_ELEMENTS, DEFAULT_NUM_WARPS
     )
     return project(probs, rewards, discounts)

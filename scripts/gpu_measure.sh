@@ -5,6 +5,8 @@
 #   debug       the smoketest walk-forward with and without --debug, wall time each (issue 7)
 #   determinism the same walk-forward twice (plain, then with XLA's deterministic GPU ops, then
 #               that with --debug): are the numbers the same? (issue 7; DESIGN section 10)
+#   coldcompile the same walk-forward in fresh processes with no compilation cache, twice each
+#               with default XLA flags, with autotuning off and with deterministic ops
 #   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
 # Logs go to $OUT (default ./gpu_logs). Each phase has its own time limit so one slow phase
 # still leaves the others' logs.
@@ -44,8 +46,23 @@ for phase in "$@"; do
         XLA_FLAGS=--xla_gpu_deterministic_ops=true run det_1
         XLA_FLAGS=--xla_gpu_deterministic_ops=true run det_2
         XLA_FLAGS=--xla_gpu_deterministic_ops=true run det_debug --debug
-      } 2>&1 | tee "$out/determinism.log"
-      rm -rf "$out/det" ;;
+      } 2>&1 | tee "$out/determinism.txt"
+      rm -rf "$out/det" "$out"/det_*.log ;;
+    coldcompile)
+      cold() {  # name, extra args...: the fold table of one run, compiled from scratch
+        local name=$1; shift
+        timeout 100 python3 -m jdqn walkforward "${common[@]}" --out "$out/cold" --name "$name" \
+          "$@" > "$out/cold_$name.log" 2>&1
+        echo "== $name rc=$?"; grep -E '^ +[0-9]+ +[0-9]+ ' "$out/cold_$name.log"
+      }
+      {
+        cold default_1; cold default_2
+        XLA_FLAGS=--xla_gpu_autotune_level=0 cold autotune0_1
+        XLA_FLAGS=--xla_gpu_autotune_level=0 cold autotune0_2
+        XLA_FLAGS=--xla_gpu_deterministic_ops=true cold detops_1
+        XLA_FLAGS=--xla_gpu_deterministic_ops=true cold detops_2
+      } 2>&1 | tee "$out/coldcompile.txt"
+      rm -rf "$out/cold" "$out"/cold_*.log ;;
     bench)
       only=()
       for section in ${BENCH_ONLY:-learner_step seeds walkforward breakdown torch_peer replay}; do

@@ -72,14 +72,6 @@ def chained(project: Callable[..., jax.Array], chain: int = CHAIN) -> Callable[.
     return jax.jit(run_chain)
 
 
-def loop_overhead_us(repeats: int = 20) -> float:
-    """Device time per iteration of ``chained`` around a trivial op: the fixed cost inside every
-    ``median_us`` (one loop iteration and one kernel launch), to read the small sizes against."""
-    args = make_inputs(jax.random.key(0), 64, 51)
-    times = time_us(chained(lambda probs, rewards, discounts: probs * 1.0001), args, repeats)
-    return statistics.median(times) / CHAIN
-
-
 def _row(batch, n_atoms, impl, project, args, repeats, max_diff, **extra) -> dict:
     device_times = [t / CHAIN for t in time_us(chained(project), args, repeats)]
     median = statistics.median(device_times)
@@ -120,58 +112,50 @@ def run(
 
 def tune(
     sizes: Sequence[tuple[int, int]] = ((262144, 51), (262144, 101), (262144, 201)),
-    launches: Sequence[tuple[int, int]] = (
-        (32, 1),
-        (64, 1),
-        (64, 2),
-        (128, 1),
-        (128, 2),
-        (128, 4),
-        (256, 2),
-        (256, 4),
-        (256, 8),
-    ),
+    block_elements: Sequence[int] = (256, 512, 1024),
+    num_warps: Sequence[int] = (1, 2, 4),
     repeats: int = 30,
 ) -> list[dict]:
-    """Pallas launch sweep: (rows per program, warps) pairs (the defaults come from here)."""
+    """Pallas launch sweep: padded atoms per program x warps (the defaults come from here)."""
     rows = []
     for batch, n_atoms in sizes:
         args = make_inputs(jax.random.key(0), batch, n_atoms)
         check = c51_project(*args, V_MIN, V_MAX, impl="xla_scatter")
-        for rows_per_program, warps in launches:
-            fn = jax.jit(
-                functools.partial(
-                    c51_project_pallas,
-                    v_min=V_MIN,
-                    v_max=V_MAX,
-                    interpret=False,
-                    block_rows=rows_per_program,
-                    num_warps=warps,
+        for elements in block_elements:
+            for warps in num_warps:
+                fn = jax.jit(
+                    functools.partial(
+                        c51_project_pallas,
+                        v_min=V_MIN,
+                        v_max=V_MAX,
+                        interpret=False,
+                        block_elements=elements,
+                        num_warps=warps,
+                    )
                 )
-            )
-            try:
-                max_diff = float(jnp.max(jnp.abs(fn(*args) - check)))
-                row = _row(
-                    batch,
-                    n_atoms,
-                    "pallas",
-                    fn,
-                    args,
-                    repeats,
-                    max_diff,
-                    block_rows=rows_per_program,
-                    num_warps=warps,
-                )
-            except Exception as error:  # a launch Triton rejects: report, keep sweeping
-                print(f"tune B={batch} N={n_atoms} rows={rows_per_program} warps={warps}: {error}")
-                continue
-            rows.append(row)
+                try:
+                    max_diff = float(jnp.max(jnp.abs(fn(*args) - check)))
+                    row = _row(
+                        batch,
+                        n_atoms,
+                        "pallas",
+                        fn,
+                        args,
+                        repeats,
+                        max_diff,
+                        block_elements=elements,
+                        num_warps=warps,
+                    )
+                except Exception as error:  # a launch Triton rejects: report, keep sweeping
+                    print(f"tune B={batch} N={n_atoms} elements={elements} warps={warps}: {error}")
+                    continue
+                rows.append(row)
     return rows
 
 
 def format_table(rows: Sequence[dict]) -> str:
     """Markdown table of ``run``/``tune`` rows."""
-    extra = [key for key in ("block_rows", "num_warps") if rows and key in rows[0]]
+    extra = [key for key in ("block_elements", "num_warps") if rows and key in rows[0]]
     head = ["B", "N", "impl", *extra, "device us", "min us", "call us", "floor us", "GB/s"]
     head.append("max|diff|")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -196,9 +180,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tune", action="store_true", help="also sweep Pallas launch knobs")
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__}, device: {jax.devices()[0].device_kind}")
-    print(
-        f"loop overhead (one elementwise op per iteration, B=64 N=51): {loop_overhead_us():.1f} us"
-    )
     print(format_table(run(repeats=args.repeats)))
     if args.tune:
         print()
