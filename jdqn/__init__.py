@@ -5,9 +5,14 @@ step), ``make_train`` (epochs as scans). ``jdqn.walkforward.run_walkforward`` ru
 seeds into a run directory; ``jdqn.data``, ``jdqn.env``, ``jdqn.evaluate`` hold the rest.
 """
 
-from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile
-from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner
-from jdqn.train import TrainProgram, TrainState, make_train
+from jdqn.xla_flags import apply_reproducible_gpu_flags
+
+# Before anything can start a JAX backend (jax starts it lazily, at the first computation).
+apply_reproducible_gpu_flags()
+
+from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile  # noqa: E402
+from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner  # noqa: E402
+from jdqn.train import TrainProgram, TrainState, make_train  # noqa: E402
 
 __all__ = [
     "DEFAULT",
