@@ -6,7 +6,8 @@
 #   determinism the same walk-forward twice (plain, then with XLA's deterministic GPU ops, then
 #               that with --debug): are the numbers the same? (issue 7; DESIGN section 10)
 #   coldcompile the same walk-forward in fresh processes with no compilation cache, twice each
-#               with default XLA flags, with autotuning off and with deterministic ops
+#               with jdqn's XLA flags, XLA's default autotuning (level 2), autotuning off and
+#               deterministic ops (COLD_VARIANTS picks some)
 #   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
 # Logs go to $OUT (default ./gpu_logs). Each phase has its own time limit so one slow phase
 # still leaves the others' logs.
@@ -55,13 +56,15 @@ for phase in "$@"; do
           "$@" > "$out/cold_$name.log" 2>&1
         echo "== $name rc=$?"; grep -E '^ +[0-9]+ +[0-9]+ ' "$out/cold_$name.log"
       }
-      {
-        cold default_1; cold default_2
-        XLA_FLAGS=--xla_gpu_autotune_level=0 cold autotune0_1
-        XLA_FLAGS=--xla_gpu_autotune_level=0 cold autotune0_2
-        XLA_FLAGS=--xla_gpu_deterministic_ops=true cold detops_1
-        XLA_FLAGS=--xla_gpu_deterministic_ops=true cold detops_2
-      } 2>&1 | tee "$out/coldcompile.txt"
+      declare -A flags=(
+        [jdqn]="" [autotune2]=--xla_gpu_autotune_level=2 [autotune0]=--xla_gpu_autotune_level=0
+        [detops]=--xla_gpu_deterministic_ops=true
+      )
+      for variant in ${COLD_VARIANTS:-jdqn autotune2 autotune0 detops}; do
+        for i in 1 2; do
+          XLA_FLAGS="${flags[$variant]}" cold "${variant}_$i"
+        done
+      done 2>&1 | tee "$out/coldcompile.txt"
       rm -rf "$out/cold" "$out"/cold_*.log ;;
     bench)
       only=()
