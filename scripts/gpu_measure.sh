@@ -6,8 +6,8 @@
 #   determinism the same walk-forward twice (plain, then with XLA's deterministic GPU ops, then
 #               that with --debug): are the numbers the same? (issue 7; DESIGN section 10)
 #   coldcompile the same walk-forward in fresh processes with no compilation cache, twice each
-#               with jdqn's XLA flags, XLA's default autotuning (level 2), autotuning off and
-#               deterministic ops (COLD_VARIANTS picks some)
+#               with jdqn's XLA flags (none set), autotuning on (level 4, which jdqn then keeps),
+#               autotuning off and deterministic ops (COLD_VARIANTS picks some)
 #   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
 # Logs go to $OUT (default ./gpu_logs). Each phase has its own time limit so one slow phase
 # still leaves the others' logs.
@@ -57,10 +57,10 @@ for phase in "$@"; do
         echo "== $name rc=$?"; grep -E '^ +[0-9]+ +[0-9]+ ' "$out/cold_$name.log"
       }
       declare -A flags=(
-        [jdqn]="" [autotune2]=--xla_gpu_autotune_level=2 [autotune0]=--xla_gpu_autotune_level=0
+        [jdqn]="" [autotune4]=--xla_gpu_autotune_level=4 [autotune0]=--xla_gpu_autotune_level=0
         [detops]=--xla_gpu_deterministic_ops=true
       )
-      for variant in ${COLD_VARIANTS:-jdqn autotune2 autotune0 detops}; do
+      for variant in ${COLD_VARIANTS:-jdqn autotune4 autotune0 detops}; do
         for i in 1 2; do
           XLA_FLAGS="${flags[$variant]}" cold "${variant}_$i"
         done
