@@ -6,13 +6,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # headless: runs write PNGs, never open windows
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
+# matplotlib's object API, not pyplot: no global figure state, no GUI backend (savefig renders
+# with Agg), and each figure is freed with its last reference.
+from matplotlib.figure import Figure
 
 # Training curves plotted per run, in this order (names of LearnerMetrics fields).
 TRAINING_CURVES = (
@@ -55,18 +54,21 @@ def plot_equity(
     path: Path, timestamps: np.ndarray, curves: Mapping[str, np.ndarray], title: str
 ) -> None:
     """Equity (cumulative net PnL, points) of the agent against the baselines."""
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    # Fixed margins and legend corner instead of bbox_inches="tight" and loc="best": both make
+    # matplotlib lay out or search over all 12,000 x 4 points again (2.5x the time per plot).
+    fig = Figure(figsize=(10, 4.5))
+    ax = fig.subplots()
     x = pd.to_datetime(timestamps[1 : _length(curves) + 1])  # PnL realised at bar t+1
     for name, curve in curves.items():
         ax.plot(x, curve, label=name, linewidth=1.6 if name.startswith("agent") else 1.0)
     ax.axhline(0.0, color="grey", linewidth=0.5)
     ax.set_title(title)
     ax.set_ylabel("net PnL (index points, after costs)")
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
     fig.autofmt_xdate()
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.2)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(path, dpi=100)
 
 
 def plot_training(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> None:
@@ -74,18 +76,19 @@ def plot_training(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> 
     if not rows:
         return
     frame = pd.DataFrame(rows)
-    fig, axes = plt.subplots(len(TRAINING_CURVES), 1, figsize=(9, 2.4 * len(TRAINING_CURVES)))
+    fig = Figure(figsize=(9, 2.4 * len(TRAINING_CURVES)))
+    axes = fig.subplots(len(TRAINING_CURVES), 1)
     for ax, names in zip(axes, TRAINING_CURVES, strict=True):
         for name in names:
             if name in frame:
                 ax.plot(frame["step"], frame[name], label=name, linewidth=1.0)
-        ax.legend(loc="best", fontsize=7)
+        ax.legend(loc="upper right", fontsize=7)
         ax.grid(alpha=0.3)
     axes[0].set_title(title)
     axes[-1].set_xlabel("learner step")
+    fig.subplots_adjust(left=0.1, right=0.98, top=0.96, bottom=0.06, hspace=0.3)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
+    fig.savefig(path, dpi=90)
 
 
 def _fmt(value: Any, spec: str) -> str:
