@@ -27,8 +27,9 @@ class MetricsLog:
         run_ids: list[tuple[int, int]],
         group_index: int,
         start_epoch: int,
+        writes: report.BackgroundWrites,
     ) -> None:
-        self._run, self._cfg, self._run_ids = run, cfg, run_ids
+        self._run, self._cfg, self._run_ids, self._writes = run, cfg, run_ids, writes
         self._rows: dict[int, list[dict[str, Any]]] = {r: [] for r in range(len(run_ids))}
         self._path = run.metrics_path
         kept = []
@@ -85,14 +86,15 @@ class MetricsLog:
         }
 
     def close(self, write_plots: bool = True) -> None:
-        """Flush TensorBoard; draw the training curves (skipped when the run failed)."""
+        """Flush TensorBoard; queue the training-curve plots (skipped when the run failed)."""
         if self._writer is not None:
             self._writer.close()
         if write_plots and self._cfg.output.plots:
             for r, (fold, seed) in enumerate(self._run_ids):
-                report.plot_training(
+                self._writes.submit(
+                    report.plot_training,
                     self._run.plots_dir / f"fold{fold}_seed{seed}_training.png",
-                    self._rows[r],
+                    list(self._rows[r]),  # a copy: the worker reads it later
                     f"fold {fold} seed {seed}: training",
                 )
 

@@ -102,7 +102,10 @@ def run_walkforward(
     log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
     log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
     try:
-        fold_results = _run_all_folds(cfg, data, run, debug=debug, progress=progress, log=log)
+        with report.BackgroundWrites() as writes:  # plots and CSVs, done before results.json
+            fold_results = _run_all_folds(
+                cfg, data, run, writes, debug=debug, progress=progress, log=log
+            )
     except debug_mode.DebugCheckFailed as failure:
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -136,6 +139,7 @@ def _run_all_folds(
     cfg: Config,
     data: WalkForwardData,
     run: rundir.RunDir,
+    writes: report.BackgroundWrites,
     *,
     debug: bool,
     progress: bool,
@@ -155,6 +159,7 @@ def _run_all_folds(
             data,
             fold_ids,
             run,
+            writes,
             group_index=group_index,
             non_causal=non_causal,
             debug=debug,
@@ -179,6 +184,7 @@ def _run_group(
     data: WalkForwardData,
     fold_ids: list[int],
     run: rundir.RunDir,
+    writes: report.BackgroundWrites,
     *,
     group_index: int,
     non_causal: tuple[int, ...],
@@ -219,7 +225,7 @@ def _run_group(
         start_epoch = int(meta["epochs_done"])
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}")
-    metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch)
+    metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch, writes)
 
     total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch
     bar = _progress_bar(
@@ -265,7 +271,7 @@ def _run_group(
         if checkpoints is not None:
             checkpoints.close()
     return _evaluate_group(
-        cfg, data, program, state, test, local_fold, run_ids, run, halted_epoch, keys
+        cfg, data, program, state, test, local_fold, run_ids, run, writes, halted_epoch, keys
     )
 
 
@@ -278,6 +284,7 @@ def _evaluate_group(
     local_fold: jax.Array,
     run_ids: list[tuple[int, int]],
     run: rundir.RunDir,
+    writes: report.BackgroundWrites,
     halted_epoch: dict[int, int],
     keys: jax.Array,
 ) -> list[dict[str, Any]]:
@@ -323,9 +330,11 @@ def _evaluate_group(
             name: np.asarray(b["rollout"].positions) for name, b in baselines.items()
         }
         stem = f"fold{fold}_seed{seed}"
-        report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
+        csv_path = run.curves_dir / f"{stem}_equity.csv"
+        writes.submit(report.write_equity_csv, csv_path, timestamps, curves, held)
         if cfg.output.plots:
-            report.plot_equity(
+            writes.submit(
+                report.plot_equity,
                 run.plots_dir / f"{stem}_equity.png",
                 timestamps,
                 curves,
