@@ -178,9 +178,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--tune", action="store_true", help="also sweep Pallas launch knobs")
+    parser.add_argument(
+        "--sizes", help="comma-separated BxN cases, e.g. 262144x101,262144x201 (default: all)"
+    )
     args = parser.parse_args(argv)
+    sizes = SIZES
+    if args.sizes:
+        sizes = tuple(
+            (int(b), int(n)) for b, n in (case.split("x") for case in args.sizes.split(","))
+        )
     print(f"jax {jax.__version__}, device: {jax.devices()[0].device_kind}")
-    print(format_table(run(repeats=args.repeats)))
+    print(format_table(run(sizes=sizes, repeats=args.repeats)))
     if args.tune:
         print()
         print(format_table(tune(repeats=args.repeats)))
