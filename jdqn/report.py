@@ -1,4 +1,5 @@
-"""Human-facing outputs of a run: equity CSVs, PNG plots and the console summary table."""
+"""Human-facing outputs of a run: equity CSVs, PNG plots, the console table, and the worker thread
+that writes the files (:class:`BackgroundWrites`)."""
 
 from __future__ import annotations
 
