@@ -3,7 +3,6 @@ that writes the files (:class:`BackgroundWrites`)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -33,27 +32,17 @@ class BackgroundWrites:
     CPU threads) could be evaluating the next fold; one worker keeps files in submission order.
     Leaving the ``with`` block waits for every write, also when the block raised, so nothing
     writes into a run directory after it is renamed or discarded; a failed write is re-raised
-    there (after the block's own exception, if any, which takes precedence).
+    there unless the block raised (its own exception takes precedence).
     """
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jdqn-writes")
         self._pending: list[Future[None]] = []
-        self._lock = threading.Lock()
 
     def submit(self, write: Callable[..., None], *args: Any) -> None:
-        """Queues ``write(*args)``; the arguments must not change afterwards."""
-        with self._lock:
-            self._pending.append(self._pool.submit(write, *args))
-
-    def wait(self) -> None:
-        """Blocks until every queued write is done; raises the first write's error."""
-        with self._lock:
-            pending, self._pending = self._pending, []
-        errors = [f.exception() for f in pending]
-        for error in errors:
-            if error is not None:
-                raise error
+        """Queues ``write(*args)`` (from the thread that owns this object); the arguments must
+        not change afterwards."""
+        self._pending.append(self._pool.submit(write, *args))
 
     def __enter__(self) -> BackgroundWrites:
         return self
@@ -64,14 +53,11 @@ class BackgroundWrites:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        try:
-            if exc is None:
-                self.wait()
-            else:  # the block's error wins; still let queued writes finish
-                for future in self._pending:
-                    future.exception()
-        finally:
-            self._pool.shutdown(wait=True)
+        self._pool.shutdown(wait=True)  # every queued write finishes, also when the block raised
+        if exc is None:  # the block's own error takes precedence over a write's
+            for future in self._pending:
+                if (error := future.exception()) is not None:
+                    raise error
 
 
 def write_equity_csv(
