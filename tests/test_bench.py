@@ -138,3 +138,14 @@ def test_torch_peer_reports_unavailable_without_torch() -> None:
         pytest.skip("torch is importable here")
     assert torch_peer.run(quick=True) == []
     assert "not importable" in suite.SECTIONS["torch_peer"](True, TINY)["skipped"]
+
+
+def test_projection_sizes_flag_parses_cases_and_rejects_bad_ones(capsys) -> None:
+    from jdqn.bench import projection
+
+    assert projection.parse_sizes("262144x101,64x51") == ((262144, 101), (64, 51))
+    for bad in ("262144", "64x51,abc", "0x51", "64x1", ""):
+        with pytest.raises(SystemExit) as exit_info:
+            projection.main(["--sizes", bad])
+        assert exit_info.value.code == 2
+        assert "want BxN cases" in capsys.readouterr().err

@@ -174,21 +174,35 @@ def format_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
+    """``"262144x101,64x51"`` -> ((262144, 101), (64, 51)); argparse reports a bad value."""
+    try:
+        sizes = tuple(
+            (int(batch), int(n_atoms))
+            for batch, n_atoms in (case.split("x") for case in text.split(","))
+        )
+    except ValueError:
+        sizes = ()
+    if not sizes or any(batch < 1 or n_atoms < 2 for batch, n_atoms in sizes):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: want BxN cases with B >= 1 and N >= 2, e.g. 262144x101,4096x51"
+        )
+    return sizes
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--tune", action="store_true", help="also sweep Pallas launch knobs")
     parser.add_argument(
-        "--sizes", help="comma-separated BxN cases, e.g. 262144x101,262144x201 (default: all)"
+        "--sizes",
+        type=parse_sizes,
+        default=SIZES,
+        help="comma-separated BxN cases, e.g. 262144x101,262144x201 (default: all)",
     )
     args = parser.parse_args(argv)
-    sizes = SIZES
-    if args.sizes:
-        sizes = tuple(
-            (int(b), int(n)) for b, n in (case.split("x") for case in args.sizes.split(","))
-        )
     print(f"jax {jax.__version__}, device: {jax.devices()[0].device_kind}")
-    print(format_table(run(sizes=sizes, repeats=args.repeats)))
+    print(format_table(run(sizes=args.sizes, repeats=args.repeats)))
     if args.tune:
         print()
         print(format_table(tune(repeats=args.repeats)))
