@@ -95,14 +95,19 @@ def _block(tree: Any) -> None:
 
 
 def time_repeated(
-    fn: Callable[[Any], Any], carry: Any, repeats: int, unpack: bool = True
+    fn: Callable[[Any], Any], carry: Any, repeats: int, unpack: bool = True, warmup: int = 0
 ) -> tuple[dict[str, float], Any]:
-    """Compile (first call), then time ``repeats`` chained calls. Seconds: compile, median, min."""
+    """Compile (first call), ``warmup`` untimed calls, then time ``repeats`` chained calls, each
+    blocked on. Seconds: compile, median, min."""
     start = time.perf_counter()
     out = fn(carry)
     _block(out)
     compile_s = time.perf_counter() - start
     carry = out[0] if unpack else out
+    for _ in range(warmup):
+        out = fn(carry)
+        carry = out[0] if unpack else out
+    _block(out)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jdqn.bench.breakdown import filled_learner
+from jdqn.bench.breakdown import filled_learner, time_repeated
 from jdqn.config import SMOKETEST, Config
 
 ALPHA, BETA = 0.2, 0.4  # the C51 phase of the smoketest schedule: both loss parts active
@@ -40,19 +38,7 @@ def run(
 
     learner, state = filled_learner(cfg)
     step = jax.jit(learner.step, donate_argnums=0)
-    start = time.perf_counter()
-    state, metrics = step(state, alpha, beta)
-    jax.block_until_ready((state, metrics))
-    compile_step_s = time.perf_counter() - start
-    for _ in range(5):  # warm up
-        state, metrics = step(state, alpha, beta)
-    jax.block_until_ready((state, metrics))
-    per_call = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        state, metrics = step(state, alpha, beta)
-        jax.block_until_ready((state, metrics))
-        per_call.append(time.perf_counter() - start)
+    per_call, state = time_repeated(lambda s: step(s, alpha, beta), state, repeats, warmup=5)
     halted = bool(state.guard.halted)
 
     def scan(state):
@@ -61,22 +47,13 @@ def run(
 
         return jax.lax.scan(body, state, None, length=n_scan)
 
-    scan_jit = jax.jit(scan, donate_argnums=0)
     learner, state = filled_learner(cfg)
-    start = time.perf_counter()
-    state, metrics = scan_jit(state)
-    jax.block_until_ready((state, metrics))
-    compile_scan_s = time.perf_counter() - start  # includes one run of n_scan steps
-    in_scan = []
-    for _ in range(scan_repeats):
-        start = time.perf_counter()
-        state, metrics = scan_jit(state)
-        jax.block_until_ready((state, metrics))
-        in_scan.append(time.perf_counter() - start)
+    # compile_s here includes one run of n_scan steps.
+    in_scan, state = time_repeated(jax.jit(scan, donate_argnums=0), state, scan_repeats)
     halted |= bool(state.guard.halted)
 
-    per_call_us = 1e6 * statistics.median(per_call)
-    in_scan_us = 1e6 * statistics.median(in_scan) / n_scan
+    per_call_us = 1e6 * per_call["median_s"]
+    in_scan_us = 1e6 * in_scan["median_s"] / n_scan
     return {
         "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()})",
         "jax": jax.__version__,
@@ -84,13 +61,13 @@ def run(
         "capacity": cfg.replay.capacity,
         "hidden": list(cfg.network.hidden),
         "per_call_us": per_call_us,
-        "per_call_min_us": 1e6 * min(per_call),
+        "per_call_min_us": 1e6 * per_call["min_s"],
         "repeats": repeats,
         "in_scan_us": in_scan_us,
         "n_scan": n_scan,
         "scan_repeats": scan_repeats,
-        "compile_step_s": compile_step_s,
-        "compile_scan_s": compile_scan_s,
+        "compile_step_s": per_call["compile_s"],
+        "compile_scan_s": in_scan["compile_s"],
         "per_call_over_in_scan": per_call_us / in_scan_us,
         "halted": halted,  # must be False: a halted learner does less work
     }
