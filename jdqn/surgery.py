@@ -62,12 +62,29 @@ def gradient_vaccine(
     """
     g1 = jnp.asarray(g1, jnp.float32)
     g2 = jnp.asarray(g2, jnp.float32)
-    phi_hat = jnp.asarray(phi_hat, jnp.float32)
-    beta = jnp.asarray(beta, jnp.float32)
     norm1, norm2 = _norm(g1), _norm(g2)  # [] float32
     unit1, unit2 = _unit(g1, norm1), _unit(g2, norm2)  # [P] float32, 0 for zero vectors
     phi = jnp.clip(jnp.dot(unit1, unit2), -1.0, 1.0)  # [] float32, 0 when a norm is 0
+    ratio, applied, new_phi_hat = _vaccine_scalars(norm1, norm2, phi, phi_hat, beta)
+    # |g1| / |g2| * g2 == |g1| * unit(g2): written with unit vectors so no ratio of norms can
+    # overflow when one gradient is much smaller than the other.
+    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
+    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
+    new_g1 = g1 + coef1 * unit2
+    new_g2 = g2 + coef2 * unit1
+    return VaccineResult(g1=new_g1, g2=new_g2, phi_hat=new_phi_hat, phi=phi, applied=applied)
 
+
+def _vaccine_scalars(
+    norm1: jax.Array,
+    norm2: jax.Array,
+    phi: jax.Array,
+    phi_hat: float | jax.Array,
+    beta: float | jax.Array,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Scalar part of the vaccine: (ratio k, applied, new phi_hat), see ``gradient_vaccine``."""
+    phi_hat = jnp.asarray(phi_hat, jnp.float32)
+    beta = jnp.asarray(beta, jnp.float32)
     skip = (norm1 == 0) | (norm2 == 0) | (norm2 < SKIP_RATIO * norm1)
     applied = (phi < phi_hat) & ~skip
     # (1 - x)(1 + x) rather than 1 - x^2: accurate near |x| = 1.
@@ -75,16 +92,15 @@ def gradient_vaccine(
     sin_phi_hat = jnp.sqrt(jnp.maximum((1.0 - phi_hat) * (1.0 + phi_hat), 0.0))
     # phi_hat is kept in [-0.99, 0.99]; the floor only guards a caller's out-of-range value.
     ratio = (phi_hat * sin_phi - phi * sin_phi_hat) / jnp.maximum(sin_phi_hat, 1e-6)  # [] <= 7.1
-    # |g1| / |g2| * g2 == |g1| * unit(g2): written with unit vectors so no ratio of norms can
-    # overflow when one gradient is much smaller than the other.
-    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
-    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
-    new_g1 = g1 + coef1 * unit2
-    new_g2 = g2 + coef2 * unit1
-
     ema = jnp.clip((1.0 - beta) * phi_hat + beta * phi, -PHI_HAT_BOUND, PHI_HAT_BOUND)
     new_phi_hat = jnp.where(skip, phi_hat, ema).astype(jnp.float32)
-    return VaccineResult(g1=new_g1, g2=new_g2, phi_hat=new_phi_hat, phi=phi, applied=applied)
+    return ratio, applied, new_phi_hat
+
+
+def _budget_scale(norm: jax.Array, limit: jax.Array) -> jax.Array:
+    """``min(1, limit / norm)``, 1 for a zero norm; NaN norms give 1 (the NaN stays in g)."""
+    scale = jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1.0), 1.0)
+    return jnp.minimum(scale, 1.0).astype(jnp.float32)
 
 
 def budget_clip(
@@ -100,7 +116,66 @@ def budget_clip(
     """
     g = jnp.asarray(g, jnp.float32)
     limit = jnp.asarray(share, jnp.float32) * jnp.asarray(budget, jnp.float32)  # []
-    norm = _norm(g)
-    scale = jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1.0), 1.0)
-    scale = jnp.minimum(scale, 1.0).astype(jnp.float32)
+    scale = _budget_scale(_norm(g), limit)
     return g * scale, scale
+
+
+class SurgeryResult(NamedTuple):
+    """Both loss parts' gradients after the (due) vaccine and the budget, with what was done."""
+
+    g1: jax.Array  # [P] float32, MSE gradient after vaccine and budget
+    g2: jax.Array  # [P] float32, C51 gradient after vaccine and budget
+    phi_hat: jax.Array  # [] float32, new EMA (unchanged when the vaccine is not due)
+    phi: jax.Array  # [] float32, cos(g1, g2) before surgery
+    applied: jax.Array  # [] bool, the vaccine was due and changed the gradients
+    norms: jax.Array  # [2] float32, |g1|, |g2| before surgery
+    norms_after: jax.Array  # [2] float32, |g1'|, |g2'| after vaccine and budget
+    row_max: jax.Array  # [2] float32, max |g_k|: finite exactly when g_k is (NaN propagates)
+
+
+def gradient_surgery(
+    grads: jax.Array,
+    phi_hat: jax.Array,
+    beta: float | jax.Array,
+    vaccine_due: jax.Array,
+    shares: tuple[float | jax.Array, float | jax.Array],
+    budget: float | jax.Array,
+) -> SurgeryResult:
+    """``gradient_vaccine`` (when ``vaccine_due``) then ``budget_clip`` on each part, from one
+    pass over the gradients: the same formulas, fused for the learner step (DESIGN section 5,
+    steps 7-8; Wang et al., ICLR 2021; Pascanu et al., ICML 2013).
+
+    Every scalar the surgery needs comes from two reductions over ``grads[:2]`` ([2, P]): the
+    max-abs of each row and the 2x2 Gram matrix of the max-abs-rescaled rows (float32 products
+    summed elementwise, so no TF32 matmul and no overflow). The vaccinated norms follow without
+    another pass, because ``g1' = g1 + k |g1| unit(g2)`` has ``|g1'| = |g1| sqrt(1 + 2 k phi +
+    k^2)`` (and symmetrically for g2). The output vectors are elementwise expressions of ``g1``
+    and ``g2`` that XLA fuses into their consumer (the sum handed to Adam): on the GPU the whole
+    surgery is a few kernels instead of one per norm, dot product and select.
+    """
+    g = jnp.asarray(grads[:2], jnp.float32)  # [2, P]
+    row_max = jnp.max(jnp.abs(g), axis=1)  # [2]
+    scaled = g / jnp.where(row_max > 0, row_max, 1.0)[:, None]
+    gram = jnp.sum(scaled[:, None, :] * scaled[None, :, :], axis=-1)  # [2, 2], entries <= P
+    root = jnp.sqrt(jnp.diagonal(gram))  # [2], |g_k| / max|g_k|
+    norm1, norm2 = row_max[0] * root[0], row_max[1] * root[1]
+    phi = jnp.clip(gram[0, 1] / jnp.where(root[0] * root[1] > 0, root[0] * root[1], 1.0), -1, 1)
+    ratio, applied, new_phi_hat = _vaccine_scalars(norm1, norm2, phi, phi_hat, beta)
+    applied = vaccine_due & applied
+    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
+    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
+    growth = jnp.where(applied, jnp.sqrt(jnp.maximum(1.0 + 2.0 * ratio * phi + ratio**2, 0.0)), 1.0)
+    budget = jnp.asarray(budget, jnp.float32)
+    scale1 = _budget_scale(norm1 * growth, jnp.asarray(shares[0], jnp.float32) * budget)
+    scale2 = _budget_scale(norm2 * growth, jnp.asarray(shares[1], jnp.float32) * budget)
+    unit1, unit2 = _unit(g[0], norm1), _unit(g[1], norm2)
+    return SurgeryResult(
+        g1=scale1 * (g[0] + coef1 * unit2),
+        g2=scale2 * (g[1] + coef2 * unit1),
+        phi_hat=jnp.where(vaccine_due, new_phi_hat, jnp.asarray(phi_hat, jnp.float32)),
+        phi=phi,
+        applied=applied,
+        norms=jnp.stack([norm1, norm2]),
+        norms_after=jnp.stack([scale1 * norm1 * growth, scale2 * norm2 * growth]),
+        row_max=row_max,
+    )

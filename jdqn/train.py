@@ -20,7 +20,14 @@ import jax.numpy as jnp
 from jdqn import env as trading_env
 from jdqn.config import Config
 from jdqn.evaluate import Rollout, greedy_policy, rollout
-from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner
+from jdqn.learner import (
+    Learner,
+    LearnerMetrics,
+    LearnerState,
+    make_learner,
+    pack_metrics,
+    unpack_metrics,
+)
 from jdqn.transition import observation
 
 
@@ -96,22 +103,24 @@ class TrainProgram:
 
         state = jax.lax.cond(chunk == 0, begin_epoch, lambda s: s, state)
 
-        def iteration(state: TrainState, offset: jax.Array) -> tuple[TrainState, IterationMetrics]:
+        record = jax.eval_shape(self._iterate, state, params, alpha)[1]
+
+        def iteration(state: TrainState, offset: jax.Array) -> tuple[TrainState, jax.Array]:
             # The last chunk of an epoch may run past the epoch's end: those iterations are
             # skipped. `active` depends only on unbatched scalars, so under vmap this stays a
             # real branch (no select over the replay buffer).
             active = first_in_epoch + offset < self.iterations_per_epoch
 
             def skip(state: TrainState) -> tuple[TrainState, IterationMetrics]:
-                shapes = jax.eval_shape(self._iterate, state, params, alpha)[1]
-                return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+                return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), record)
 
             new_state, metrics = jax.lax.cond(
                 active, lambda s: self._iterate(s, params, alpha), skip, state
             )
-            return new_state, metrics._replace(active=active)
+            return new_state, pack_metrics(metrics._replace(active=active))
 
-        return jax.lax.scan(iteration, state, jnp.arange(self.chunk_length))
+        state, packed = jax.lax.scan(iteration, state, jnp.arange(self.chunk_length))
+        return state, unpack_metrics(packed, record)
 
     def _iterate(
         self, state: TrainState, params: trading_env.EnvParams, alpha: jax.Array
@@ -142,13 +151,16 @@ class TrainProgram:
         )
 
         def train(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
-            def update(carry: LearnerState, _: None) -> tuple[LearnerState, LearnerMetrics]:
-                return self.learner.step(carry, alpha, beta)
+            record = jax.eval_shape(self.learner.step, learner_state, alpha, beta)[1]
 
-            learner_state, metrics = jax.lax.scan(
+            def update(carry: LearnerState, _: None) -> tuple[LearnerState, jax.Array]:
+                carry, metrics = self.learner.step(carry, alpha, beta)
+                return carry, pack_metrics(metrics)
+
+            learner_state, packed = jax.lax.scan(
                 update, learner_state, None, length=cfg.train.updates_per_iteration
             )
-            return learner_state, jax.tree.map(lambda m: m[-1], metrics)
+            return learner_state, unpack_metrics(packed[-1], record)
 
         def skip(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
             zeros = jax.eval_shape(train, learner_state)[1]

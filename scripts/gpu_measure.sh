@@ -9,6 +9,10 @@
 #               with jdqn's XLA flags (none set), autotuning on (level 4, which jdqn then keeps),
 #               autotuning off and deterministic ops (COLD_VARIANTS picks some)
 #   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
+#   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
+#               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
+#               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
+#               autotuning level 4, no command buffers); whilecmdbuf adds WHILE/CONDITIONAL
 # Logs go to $OUT (default ./gpu_logs). Each phase has its own time limit so one slow phase
 # still leaves the others' logs.
 set -uo pipefail
@@ -73,6 +77,23 @@ for phase in "$@"; do
       done
       timeout "${BENCH_TIMEOUT:-420}" python3 -m jdqn bench "${only[@]}" --json "$out/bench.json" \
         2>&1 | tee "$out/bench.log" ;;
+    kernels)
+      declare -A kflags=(
+        [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=
+        [whilecmdbuf]=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL
+        [autotune4]=--xla_gpu_autotune_level=4
+      )
+      profile() {  # variant, seeds, steps
+        echo "== $1, S=$2: XLA_FLAGS=${kflags[$1]}"
+        XLA_FLAGS="${kflags[$1]}" timeout 150 python3 -m jdqn.bench.kernels --seeds "$2" \
+          --steps "$3" --top 40 --json "$out/kernels_${1}_s$2.json" 2>&1 | tail -70
+      }
+      {
+        for variant in ${KERNEL_VARIANTS:-default nocmdbuf}; do profile "$variant" 1 500; done
+        for variant in ${KERNEL_SEED_VARIANTS:-default autotune4 nocmdbuf}; do
+          profile "$variant" 1024 50
+        done
+      } 2>&1 | tee "$out/kernels.txt" ;;
     *) echo "unknown phase: $phase" >&2; exit 2 ;;
   esac
 done

@@ -78,7 +78,7 @@ def test_breakdown_rows_cover_every_component_and_sum_to_the_full_step() -> None
     rows = breakdown.run(quick=True, cfg=TINY)
     names = [r["component"] for r in rows]
     assert names[0] == "full step" and names[-1].startswith("remainder")
-    for expected in ("spectral norm", "HER donors", "causal", "gradient vaccine", "Adam"):
+    for expected in ("spectral norm", "HER donors", "causal", "gradient surgery", "Adam"):
         assert any(n.startswith(expected) for n in names), expected
     full = rows[0]["us_per_step"]
     counted = [r for r in rows[1:] if not r["component"].startswith("projection")]

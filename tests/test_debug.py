@@ -290,8 +290,8 @@ def _nan_like(fn, index=None):
         (losses, "project_target", None, "projection", "projected_target", "loss"),
         (losses, "c51_cross_entropy", None, "loss", "loss_c51", "loss"),
         (losses, "causal_kl", None, "loss", "loss_causal", "loss"),
-        (learner_module, "gradient_vaccine", 0, "vaccine", "grad_mse", "gradient"),
-        (learner_module, "budget_clip", 0, "budget", "grad_mse", "gradient"),
+        (learner_module, "gradient_surgery", 0, "surgery", "grad_mse", "gradient"),
+        (learner_module, "gradient_surgery", 1, "surgery", "grad_c51", "gradient"),
     ],
 )
 def test_component_injection_is_named(

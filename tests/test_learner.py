@@ -302,3 +302,31 @@ def test_old_failure_mse_phase_then_c51_with_rewards_beyond_support_stays_bounde
     assert float(c51_metrics.edge_mass[-1]) > 0.5
     q = learner.act_q(state, jnp.ones((4, N_FEATURES + 1)))
     assert np.all(np.abs(np.asarray(q)) <= 240.0)
+
+
+def test_packed_metrics_round_trip_exactly_with_dtypes_and_leading_axes() -> None:
+    from jdqn.learner import LearnerMetrics, pack_metrics, unpack_metrics
+    from jdqn.train import IterationMetrics
+
+    metrics = LearnerMetrics(
+        *[jnp.float32(0.5 * i - 3.0) for i in range(len(LearnerMetrics._fields))]
+    )
+    record = IterationMetrics(
+        learner=metrics,
+        trained=jnp.bool_(True),
+        active=jnp.bool_(False),
+        epsilon=jnp.float32(0.25),
+        reward_mean=jnp.float32(-1e-7),
+    )
+    packed = pack_metrics(record)
+    assert packed.shape == (len(LearnerMetrics._fields) + 4,) and packed.dtype == jnp.float32
+    back = unpack_metrics(packed, record)
+    for got, want in zip(jax.tree.leaves(back), jax.tree.leaves(record), strict=True):
+        assert got.dtype == want.dtype and got == want
+    # A scan stacks packed rows to [L, M]: unpacking gives [L] leaves.
+    stacked = jnp.stack([packed, packed + 1])
+    back = unpack_metrics(stacked, jax.eval_shape(lambda: record))
+    assert back.learner.loss_mse.shape == (2,) and back.trained.dtype == jnp.bool_
+    assert float(back.learner.loss_mse[1]) == float(metrics.loss_mse) + 1
+    with pytest.raises(ValueError, match="columns"):
+        unpack_metrics(packed[:-1], record)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jdqn.surgery import budget_clip, gradient_vaccine
+from jdqn.surgery import budget_clip, gradient_surgery, gradient_vaccine
 
 
 def vaccine_reference(g1, g2, phi_hat, beta):
@@ -217,3 +217,105 @@ def test_budget_clip_jit_and_vmap_agree():
         eager, eager_scale = budget_clip(g[i], shares[i], 2.0)
         np.testing.assert_allclose(batched[i], eager, rtol=1e-6)
         assert float(scales[i]) == pytest.approx(float(eager_scale), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- fused surgery
+
+
+def surgery_reference(g1, g2, phi_hat, beta, due, shares, budget):
+    """Steps 7-8 of DESIGN section 5 composed from the float64 references above."""
+    if due:
+        v1, v2, new_phi_hat, applied = vaccine_reference(g1, g2, phi_hat, beta)
+    else:
+        v1, v2, new_phi_hat, applied = np.float64(g1), np.float64(g2), phi_hat, False
+    out1, _ = budget_reference(v1, shares[0], budget)
+    out2, _ = budget_reference(v2, shares[1], budget)
+    norms_after = (np.linalg.norm(out1), np.linalg.norm(out2))
+    return out1, out2, new_phi_hat, applied, norms_after
+
+
+def _pair(seed, size=500, theta=None):
+    rng = np.random.default_rng(seed)
+    u1 = rng.normal(size=size)
+    v = rng.normal(size=size)
+    v -= (v @ u1) / (u1 @ u1) * u1
+    theta = rng.uniform(0.1, np.pi - 0.1) if theta is None else theta
+    u1, v = u1 / np.linalg.norm(u1), v / np.linalg.norm(v)
+    g1 = u1 * 10.0 ** rng.uniform(-3, 3)
+    g2 = (np.cos(theta) * u1 + np.sin(theta) * v) * 10.0 ** rng.uniform(-3, 3)
+    return g1, g2
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("due", [True, False])
+def test_fused_surgery_matches_the_float64_vaccine_then_budget(seed, due):
+    rng = np.random.default_rng(100 + seed)
+    g1, g2 = _pair(seed)
+    phi_hat = float(rng.uniform(-0.9, 0.9))
+    shares = (0.3, 0.7) if seed % 3 else (1.0, 0.0)  # the MSE-only phase gives C51 no share
+    # Budgets from far below to far above the norms: clipping binds for some parts, not others.
+    budget = float(10.0 ** rng.uniform(-3, 3))
+    grads = jnp.asarray(np.stack([g1, g2]), jnp.float32)
+    out = jax.jit(gradient_surgery)(grads, phi_hat, 0.05, jnp.bool_(due), shares, budget)
+    ref1, ref2, ref_phi_hat, ref_applied, ref_after = surgery_reference(
+        g1, g2, phi_hat, 0.05, due, shares, budget
+    )
+    assert bool(out.applied) == ref_applied
+    for got, want in ((out.g1, ref1), (out.g2, ref2)):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(np.abs(want).max(), 1e-30))
+    assert float(out.phi_hat) == pytest.approx(ref_phi_hat, abs=1e-6)
+    assert float(out.phi) == pytest.approx(cosine64(g1, g2), abs=1e-6)
+    np.testing.assert_allclose(out.norms, [np.linalg.norm(g1), np.linalg.norm(g2)], rtol=1e-5)
+    np.testing.assert_allclose(out.norms_after, ref_after, rtol=2e-5, atol=1e-30)
+    # The analytic after-norms agree with the norms of the returned vectors.
+    got_after = [np.linalg.norm(np.float64(out.g1)), np.linalg.norm(np.float64(out.g2))]
+    np.testing.assert_allclose(out.norms_after, got_after, rtol=2e-5, atol=1e-30)
+    assert all(
+        float(n) <= s * budget * (1 + 1e-5) for n, s in zip(out.norms_after, shares, strict=True)
+    )
+
+
+def test_fused_surgery_equals_the_unfused_float32_functions():
+    g1, g2 = _pair(7)
+    f1, f2 = jnp.asarray(g1, jnp.float32), jnp.asarray(g2, jnp.float32)
+    vaccine = gradient_vaccine(f1, f2, jnp.float32(0.9), 0.1)
+    want1, _ = budget_clip(vaccine.g1, 0.3, 0.5)
+    want2, _ = budget_clip(vaccine.g2, 0.7, 0.5)
+    out = gradient_surgery(jnp.stack([f1, f2]), 0.9, 0.1, jnp.bool_(True), (0.3, 0.7), 0.5)
+    assert bool(out.applied) and bool(vaccine.applied)
+    np.testing.assert_allclose(out.g1, want1, rtol=0, atol=1e-5 * float(jnp.abs(want1).max()))
+    np.testing.assert_allclose(out.g2, want2, rtol=0, atol=1e-5 * float(jnp.abs(want2).max()))
+    assert float(out.phi_hat) == pytest.approx(float(vaccine.phi_hat), abs=1e-6)
+
+
+def test_fused_surgery_edge_cases():
+    ones = jnp.ones((1000,), jnp.float32)
+    # Entries near the float32 range: the norms and the Gram matrix do not overflow.
+    huge = jnp.stack([1e30 * ones, jnp.concatenate([-1e30 * ones[:500], 2e30 * ones[500:]])])
+    out = gradient_surgery(huge, 0.5, 0.1, jnp.bool_(True), (0.3, 0.7), 1e35)
+    assert bool(out.applied)
+    assert np.all(np.isfinite(np.asarray(out.g1))) and np.all(np.isfinite(np.asarray(out.norms)))
+    assert cosine64(out.g1, huge[1]) == pytest.approx(0.5, abs=1e-4)
+    # A zero C51 gradient (alpha = 0): skip, phi_hat kept, MSE clipped alone.
+    out = gradient_surgery(jnp.stack([ones, 0 * ones]), 0.5, 0.1, jnp.bool_(True), (1.0, 0.0), 1.0)
+    assert not bool(out.applied) and float(out.phi_hat) == 0.5
+    np.testing.assert_allclose(out.g1, ones / np.sqrt(1000), rtol=1e-6)
+    assert np.all(np.asarray(out.g2) == 0)
+    # A NaN anywhere is not hidden: its row's max-abs and its output are NaN.
+    bad = jnp.stack([ones.at[3].set(jnp.nan), ones])
+    out = gradient_surgery(bad, 0.5, 0.1, jnp.bool_(True), (0.3, 0.7), 1.0)
+    assert np.isnan(float(out.row_max[0])) and np.isfinite(float(out.row_max[1]))
+    assert np.isnan(float(out.g1[3])) and np.isnan(float(out.norms_after[0]))
+
+
+def test_fused_surgery_vmaps_like_single_calls():
+    grads = jnp.asarray(np.stack([np.stack(_pair(s)) for s in range(3)]), jnp.float32)
+    due = jnp.asarray([True, False, True])
+    batched = jax.vmap(gradient_surgery, in_axes=(0, None, None, 0, None, None))(
+        grads, 0.4, 0.1, due, (0.3, 0.7), 2.0
+    )
+    for i in range(3):
+        single = gradient_surgery(grads[i], 0.4, 0.1, due[i], (0.3, 0.7), 2.0)
+        for got, want in zip(batched, single, strict=True):
+            # Batched reductions may sum in another order: float32 rounding only.
+            np.testing.assert_allclose(got[i], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -4,7 +4,7 @@ The learner step is one executable, so per-operation timers cannot see inside it
 variant is compiled with one component switched off through the config (spectral norm, HER
 donors, causal intervention, the Pallas projection swapped for the XLA hat kernel) and timed
 inside ``lax.scan``; the component's cost is ``full - variant``. Components that have no config
-switch (gradient vaccine, budget, Adam, PER, forward, losses) are timed *isolated*: the same
+switch (gradient surgery, Adam, PER, forward, losses) are timed *isolated*: the same
 functions at the same shapes, in their own ``lax.scan``. Isolated costs overstate the marginal
 cost inside the fused step (no fusion with neighbours), so the table says which method each row
 used; the remainder (backward pass, guard, metrics, glue) is ``full - sum(rows)``.
@@ -31,9 +31,9 @@ from jax.flatten_util import ravel_pytree
 
 from jdqn import losses, networks
 from jdqn.config import SMOKETEST, Config, apply_overrides
-from jdqn.learner import Learner, LearnerState, make_learner
+from jdqn.learner import Learner, LearnerState, make_learner, pack_metrics
 from jdqn.replay import replay_sample, replay_update
-from jdqn.surgery import budget_clip, gradient_vaccine
+from jdqn.surgery import gradient_surgery
 from jdqn.transition import Transition
 
 # Synthetic ES features of the smoketest run: 4 returns + 4 range + 1 volume + 6 calendar
@@ -83,7 +83,9 @@ def scan_steps_fn(learner: Learner, n_steps: int, vmapped: bool = False) -> jax.
 
     def run(state: LearnerState) -> tuple[LearnerState, Any]:
         def body(carry: LearnerState, _: None) -> tuple[LearnerState, Any]:
-            return step(carry, jnp.float32(ALPHA), jnp.float32(BETA))
+            # Metrics packed into one vector per step, as jdqn.train records them.
+            carry, metrics = step(carry, jnp.float32(ALPHA), jnp.float32(BETA))
+            return carry, pack_metrics(metrics)
 
         return jax.lax.scan(body, state, None, length=n_steps)
 
@@ -202,15 +204,13 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         total += jnp.mean(losses.causal_kl(logits[:batch], logits[rows : rows + batch]))
         return logits + 1e-9 * total
 
-    def vaccine(carry: tuple[jax.Array, jax.Array, jax.Array]) -> Any:
-        result = gradient_vaccine(carry[0], carry[1], carry[2], cfg.loss.gv_beta)
-        return result.g1, result.g2, result.phi_hat
-
-    def budget(carry: tuple[jax.Array, jax.Array]) -> Any:
-        return (
-            budget_clip(carry[0], 0.3, cfg.loss.grad_budget)[0],
-            budget_clip(carry[1], 0.7, cfg.loss.grad_budget)[0],
+    def surgery(carry: tuple[jax.Array, jax.Array]) -> Any:
+        # Vaccine (due every step here) and both budgets, as the step runs them: one fused pass.
+        grads, phi_hat = carry
+        result = gradient_surgery(
+            grads, phi_hat, cfg.loss.gv_beta, jnp.bool_(True), (0.3, 0.7), cfg.loss.grad_budget
         )
+        return jnp.stack([result.g1, result.g2]), result.phi_hat
 
     grads = unravel(1e-3 * jax.random.normal(key, (n_params,)))
 
@@ -238,8 +238,11 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
     cases = (
         ("forward (SN + online s,s',do(s) + target s')", forward, obs),
         ("losses (softmax, DDQN, projection, MSE, C51, KL)", loss_parts, logits0),
-        ("gradient vaccine", vaccine, (g1, g2, jnp.float32(0.5))),
-        ("gradient budget (x2)", budget, (g1, g2)),
+        (
+            "gradient surgery (vaccine + budget x2)",
+            surgery,
+            (jnp.stack([g1, g2]), jnp.float32(0.5)),
+        ),
         ("Adam (optax, tree)", adam, (state.params, state.opt_state)),
         ("PER sample + update", per, (state.replay, key)),
     )

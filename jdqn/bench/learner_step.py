@@ -24,10 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jdqn.bench.breakdown import filled_learner, time_repeated
+from jdqn.bench.breakdown import ALPHA, BETA, filled_learner, scan_steps_fn, time_repeated
 from jdqn.config import SMOKETEST, Config
-
-ALPHA, BETA = 0.2, 0.4  # the C51 phase of the smoketest schedule: both loss parts active
 
 
 def run(
@@ -41,15 +39,9 @@ def run(
     per_call, state = time_repeated(lambda s: step(s, alpha, beta), state, repeats, warmup=5)
     halted = bool(state.guard.halted)
 
-    def scan(state):
-        def body(carry, _):
-            return learner.step(carry, alpha, beta)
-
-        return jax.lax.scan(body, state, None, length=n_scan)
-
     learner, state = filled_learner(cfg)
     # compile_s here includes one run of n_scan steps.
-    in_scan, state = time_repeated(jax.jit(scan, donate_argnums=0), state, scan_repeats)
+    in_scan, state = time_repeated(scan_steps_fn(learner, n_scan), state, scan_repeats)
     halted |= bool(state.guard.halted)
 
     per_call_us = 1e6 * per_call["median_s"]

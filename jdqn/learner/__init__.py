@@ -6,6 +6,8 @@ from jdqn.learner.state import (
     Learner,
     LearnerMetrics,
     LearnerState,
+    pack_metrics,
+    unpack_metrics,
 )
 from jdqn.learner.step import make_learner
 
@@ -16,4 +18,6 @@ __all__ = [
     "LearnerMetrics",
     "LearnerState",
     "make_learner",
+    "pack_metrics",
+    "unpack_metrics",
 ]

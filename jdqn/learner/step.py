@@ -38,12 +38,31 @@ from jdqn.replay import (
     replay_serials,
     replay_update,
 )
-from jdqn.surgery import budget_clip, gradient_vaccine
+from jdqn.surgery import gradient_surgery
 from jdqn.transition import Transition, example_transition, observation
+
+# Named scopes of the step's parts (``jax.named_scope``), as they appear in the op metadata of
+# the compiled program; ``jdqn.bench.kernels`` attributes each kernel to one of them.
+SCOPES = (
+    "per_sample",
+    "donors",
+    "target_net",
+    "online_forward",
+    "projection",
+    "losses",
+    "surgery",
+    "adam",
+    "target_sync",
+    "per_update",
+    "guard",
+    "metrics",
+)
 
 
 def _all_finite(tree: Any) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
+    # One reduction over the concatenated leaves (XLA fuses the concatenation into it), not one
+    # reduction kernel per leaf.
+    return jnp.all(jnp.isfinite(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(tree)])))
 
 
 def _select(ok: jax.Array, new: Any, old: Any) -> Any:
@@ -119,24 +138,26 @@ def make_learner(
         checks.finite("learner_state", "target_params", state.target_params)
 
         # 1. PER sample: stratified proportional, IS weights normalised by their max.
-        indices, sampled, is_weights = replay_sample(
-            state.replay, sample_key, batch_size, cfg.replay.alpha, beta
-        )
-        # 2. HER donors: other actions at the same bar; IS weight 1; never write priorities.
-        if n_donors > 0:
-            donors = make_donors(
-                donor_key,
-                sampled,
-                positions,
-                cfg.env.cost_points,
-                cfg.env.reward_scale,
-                loss_cfg.donor_mode,
-                n_donors,
+        with jax.named_scope("per_sample"):
+            indices, sampled, is_weights = replay_sample(
+                state.replay, sample_key, batch_size, cfg.replay.alpha, beta
             )
-            batch = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), sampled, donors)
-            row_weights = jnp.concatenate([is_weights, jnp.ones((n_donors,), jnp.float32)])
-        else:
-            batch, row_weights = sampled, is_weights
+        # 2. HER donors: other actions at the same bar; IS weight 1; never write priorities.
+        with jax.named_scope("donors"):
+            if n_donors > 0:
+                donors = make_donors(
+                    donor_key,
+                    sampled,
+                    positions,
+                    cfg.env.cost_points,
+                    cfg.env.reward_scale,
+                    loss_cfg.donor_mode,
+                    n_donors,
+                )
+                batch = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), sampled, donors)
+                row_weights = jnp.concatenate([is_weights, jnp.ones((n_donors,), jnp.float32)])
+            else:
+                batch, row_weights = sampled, is_weights
         n_rows = batch_size + n_donors
         obs = observation(batch.features, batch.position)  # [R, F+1]
         next_obs = observation(batch.next_features, positions[batch.action])  # [R, F+1]
@@ -183,19 +204,23 @@ def make_learner(
         else:
             masks = state.masks
         params = jax.tree.map(jnp.multiply, state.params, masks)  # pruned entries exactly 0
-        target_eff, _, _ = networks.effective_params(
-            state.target_params, masks, state.sn_u, net, update_u=False
-        )
-        target_probs_next = jax.nn.softmax(
-            networks.apply(target_eff, next_obs, cfg), axis=-1
-        )  # [R, K, A, N]
+        with jax.named_scope("target_net"):
+            target_eff, _, _ = networks.effective_params(
+                state.target_params, masks, state.sn_u, net, update_u=False
+            )
+            target_probs_next = jax.nn.softmax(
+                networks.apply(target_eff, next_obs, cfg), axis=-1
+            )  # [R, K, A, N]
         checks.distribution("target_network", "probs_next", target_probs_next, 1e-4)
 
         def forward(p: Any) -> tuple[jax.Array, dict[str, Any]]:
             """Loss parts [3] = (L_mse, L_c51, L_div + causal) of one online forward pass."""
-            eff, new_u, sigmas = networks.effective_params(p, masks, state.sn_u, net, update_u=True)
-            # One pass over s, s' and do(s): one matmul chain instead of three.
-            logits_all = networks.apply(eff, jnp.concatenate([obs, next_obs, causal_obs]), cfg)
+            with jax.named_scope("online_forward"):
+                eff, new_u, sigmas = networks.effective_params(
+                    p, masks, state.sn_u, net, update_u=True
+                )
+                # One pass over s, s' and do(s): one matmul chain instead of three.
+                logits_all = networks.apply(eff, jnp.concatenate([obs, next_obs, causal_obs]), cfg)
             logits = logits_all[:n_rows]  # [R, K, A, N] float32
             logits_next = jax.lax.stop_gradient(logits_all[n_rows : 2 * n_rows])
             checks.finite("spectral_norm", "u", new_u)
@@ -206,20 +231,21 @@ def make_learner(
             checks.within("online_network", "q", q, q_low, q_high)
 
             # 4. Double-DQN target, projection, label smoothing; no gradient flows into it.
-            q_next = networks.q_values(logits_next, support)  # [R, K, A]
-            _, probs_star, q_star = losses.double_dqn_target(q_next, target_probs_next, support)
-            checks.within("online_network", "q_next", q_next, q_low, q_high)
-            checks.within("target_network", "q_star", q_star, q_low, q_high)
-            rewards_k = jnp.broadcast_to(batch.reward[:, None], (n_rows, n_heads))  # [R, K]
-            discounts_k = jnp.broadcast_to(discounts[:, None], (n_rows, n_heads))  # [R, K]
-            projected = losses.project_target(
-                probs_star.reshape(n_rows * n_heads, -1),
-                rewards_k.reshape(-1),
-                discounts_k.reshape(-1),
-                net.v_min,
-                net.v_max,
-                impl=loss_cfg.projection_impl,
-            ).reshape(n_rows, n_heads, -1)  # [R, K, N]
+            with jax.named_scope("projection"):
+                q_next = networks.q_values(logits_next, support)  # [R, K, A]
+                _, probs_star, q_star = losses.double_dqn_target(q_next, target_probs_next, support)
+                checks.within("online_network", "q_next", q_next, q_low, q_high)
+                checks.within("target_network", "q_star", q_star, q_low, q_high)
+                rewards_k = jnp.broadcast_to(batch.reward[:, None], (n_rows, n_heads))  # [R, K]
+                discounts_k = jnp.broadcast_to(discounts[:, None], (n_rows, n_heads))  # [R, K]
+                projected = losses.project_target(
+                    probs_star.reshape(n_rows * n_heads, -1),
+                    rewards_k.reshape(-1),
+                    discounts_k.reshape(-1),
+                    net.v_min,
+                    net.v_max,
+                    impl=loss_cfg.projection_impl,
+                ).reshape(n_rows, n_heads, -1)  # [R, K, N]
             checks.distribution("projection", "projected_target", projected, 1e-4)
             target = jax.lax.stop_gradient(losses.label_smooth(projected, loss_cfg.label_smoothing))
             checks.distribution("label_smoothing", "target", target, 1e-4)
@@ -229,23 +255,26 @@ def make_learner(
             checks.within("scalar_target", "y", y, net.v_min, net.v_max)
 
             # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
-            action = batch.action[:, None, None]  # [R, 1, 1]
-            q_taken = jnp.take_along_axis(q, action, axis=-1)[..., 0]  # [R, K]
-            logits_taken = jnp.take_along_axis(logits, action[..., None], axis=-2)[..., 0, :]
-            mse_parts = losses.q_regression_loss(
-                q_taken, y, net.v_min, net.v_max, loss_cfg.huber_delta
-            )  # [R, K]
-            c51_parts = losses.c51_cross_entropy(logits_taken, target)  # [R, K]
-            loss_mse = jnp.mean(row_head_weights * mse_parts)
-            loss_c51 = jnp.mean(row_head_weights * c51_parts)
-            loss_div = (
-                losses.ensemble_diversity(q, net.lambda_div) if use_diversity else jnp.float32(0)
-            )
-            if use_causal:
-                logits_do = logits_all[2 * n_rows :]  # [B, K, A, N]
-                loss_causal = jnp.mean(losses.causal_kl(logits[:batch_size], logits_do))
-            else:
-                loss_causal = jnp.float32(0)
+            with jax.named_scope("losses"):
+                action = batch.action[:, None, None]  # [R, 1, 1]
+                q_taken = jnp.take_along_axis(q, action, axis=-1)[..., 0]  # [R, K]
+                logits_taken = jnp.take_along_axis(logits, action[..., None], axis=-2)[..., 0, :]
+                mse_parts = losses.q_regression_loss(
+                    q_taken, y, net.v_min, net.v_max, loss_cfg.huber_delta
+                )  # [R, K]
+                c51_parts = losses.c51_cross_entropy(logits_taken, target)  # [R, K]
+                loss_mse = jnp.mean(row_head_weights * mse_parts)
+                loss_c51 = jnp.mean(row_head_weights * c51_parts)
+                loss_div = (
+                    losses.ensemble_diversity(q, net.lambda_div)
+                    if use_diversity
+                    else jnp.float32(0)
+                )
+                if use_causal:
+                    logits_do = logits_all[2 * n_rows :]  # [B, K, A, N]
+                    loss_causal = jnp.mean(losses.causal_kl(logits[:batch_size], logits_do))
+                else:
+                    loss_causal = jnp.float32(0)
             checks.finite("loss", "loss_mse", loss_mse)
             checks.finite("loss", "loss_c51", loss_c51)
             checks.finite("loss", "loss_div", loss_div)
@@ -284,64 +313,70 @@ def make_learner(
         checks.finite("gradient", "grad_mse", grad_mse)
         checks.finite("gradient", "grad_c51", grad_c51)
 
-        # 7. Gradient vaccine every gv_every steps (a select: it costs a few dot products).
-        vaccine = gradient_vaccine(grad_mse, grad_c51, state.phi_hat, loss_cfg.gv_beta)
-        vaccine_due = state.step % loss_cfg.gv_every == 0
-        grad_mse_v = jnp.where(vaccine_due, vaccine.g1, grad_mse)
-        grad_c51_v = jnp.where(vaccine_due, vaccine.g2, grad_c51)
-        phi_hat = jnp.where(vaccine_due, vaccine.phi_hat, state.phi_hat)
-        checks.finite("vaccine", "grad_mse", grad_mse_v)
-        checks.finite("vaccine", "grad_c51", grad_c51_v)
-
-        # 8. Down-only budget; C51 gets no share while it is off.
-        c51_on = alpha > 0
-        share_mse = jnp.where(c51_on, loss_cfg.budget_share_mse, 1.0)
-        share_c51 = jnp.where(c51_on, 1.0 - loss_cfg.budget_share_mse, 0.0)
-        grad_mse_b, _ = budget_clip(grad_mse_v, share_mse, loss_cfg.grad_budget)
-        grad_c51_b, _ = budget_clip(grad_c51_v, share_c51, loss_cfg.grad_budget)
-        checks.finite("budget", "grad_mse", grad_mse_b)
-        checks.finite("budget", "grad_c51", grad_c51_b)
+        # 7-8. Gradient vaccine every gv_every steps, then the down-only budget (C51 gets no
+        # share while it is off): one fused pass (jdqn.surgery.gradient_surgery).
+        with jax.named_scope("surgery"):
+            c51_on = alpha > 0
+            surgery = gradient_surgery(
+                flat,
+                state.phi_hat,
+                loss_cfg.gv_beta,
+                state.step % loss_cfg.gv_every == 0,
+                (
+                    jnp.where(c51_on, loss_cfg.budget_share_mse, 1.0),
+                    jnp.where(c51_on, 1.0 - loss_cfg.budget_share_mse, 0.0),
+                ),
+                loss_cfg.grad_budget,
+            )
+        checks.finite("surgery", "grad_mse", surgery.g1)
+        checks.finite("surgery", "grad_c51", surgery.g2)
 
         # 10. Sum (plus diversity and causal gradients), Adam, re-apply masks.
-        grad_total = grad_mse_b + grad_c51_b
+        grad_total = surgery.g1 + surgery.g2
         if n_parts == 3:
             checks.finite("gradient", "grad_extra", flat[2])
             grad_total = grad_total + flat[2]
         checks.finite("gradient", "grad_total", grad_total)
-        updates, opt_state = optimizer.update(unravel(grad_total), state.opt_state, params)
+        with jax.named_scope("adam"):
+            updates, opt_state = optimizer.update(unravel(grad_total), state.opt_state, params)
         checks.finite_norm("adam", "update", updates)
-        new_params = jax.tree.map(jnp.multiply, optax.apply_updates(params, updates), masks)
+        with jax.named_scope("adam"):
+            new_params = jax.tree.map(jnp.multiply, optax.apply_updates(params, updates), masks)
         checks.finite_norm("adam", "new_params", new_params)
 
         # 11. Target sync: Polyak when tau > 0, else a hard copy every target_every steps.
-        next_step = state.step + 1
-        if cfg.optim.tau > 0:
-            tau = cfg.optim.tau
-            target_params = jax.tree.map(
-                lambda t, o: (1.0 - tau) * t + tau * o, state.target_params, new_params
-            )
-        else:
-            sync = next_step % cfg.optim.target_every == 0
-            target_params = _select(sync, new_params, state.target_params)
+        with jax.named_scope("target_sync"):
+            next_step = state.step + 1
+            if cfg.optim.tau > 0:
+                tau = cfg.optim.tau
+                target_params = jax.tree.map(
+                    lambda t, o: (1.0 - tau) * t + tau * o, state.target_params, new_params
+                )
+            else:
+                sync = next_step % cfg.optim.target_every == 0
+                target_params = _select(sync, new_params, state.target_params)
 
         # 12. PER priorities |y - Q| of the sampled rows (head mean); donors never write.
         td = jnp.mean(jnp.abs(aux["y"] - aux["q_taken"]), axis=-1)[:batch_size]  # [B]
         checks.finite("per", "priorities", td)
 
         # 13. Guard: the first failing quantity, in GUARD_REASONS order.
-        q_abs_max = jnp.max(jnp.abs(aux["q"]))
-        params_sq_norm = sum(jnp.sum(x**2) for x in jax.tree.leaves(new_params))
-        failures = jnp.stack(
-            [
-                ~_all_finite((obs, next_obs, batch.reward, batch.price_change)),
-                ~_all_finite((loss_parts, aux["loss_causal"])),
-                ~_all_finite((flat, grad_total)),
-                ~(_all_finite(new_params) & jnp.isfinite(params_sq_norm)),
-                ~_all_finite((aux["q"], aux["q_next"], aux["q_star"])),
-                ~(q_abs_max <= loss_cfg.q_clip),
-                ~_all_finite(td),
-            ]
-        )  # [len(GUARD_REASONS) - 1] bool
+        with jax.named_scope("guard"):
+            q_abs_max = jnp.max(jnp.abs(aux["q"]))
+            # Finite exactly when every new parameter is and the squared norm does not overflow.
+            params_sq_norm = jnp.sum(jnp.square(ravel_pytree(new_params)[0]))
+            failures = jnp.stack(
+                [
+                    ~_all_finite((obs, next_obs, batch.reward, batch.price_change)),
+                    ~_all_finite((loss_parts, aux["loss_causal"])),
+                    # max |g| is NaN/inf exactly when a part's gradient is: no pass over flat.
+                    ~(_all_finite(surgery.row_max) & _all_finite(grad_total)),
+                    ~jnp.isfinite(params_sq_norm),
+                    ~_all_finite((aux["q"], aux["q_next"], aux["q_star"])),
+                    ~(q_abs_max <= loss_cfg.q_clip),
+                    ~_all_finite(td),
+                ]
+            )  # [len(GUARD_REASONS) - 1] bool
         failed = jnp.any(failures)
         apply_update = ~state.guard.halted & ~failed
         newly_halted = ~state.guard.halted & failed
@@ -354,21 +389,22 @@ def make_learner(
         )
         # The guard's decision is a row mask here: a rejected step writes no priority, and the
         # write stays O(B) (no select over the [C] priorities).
-        replay = replay_update(
-            state.replay,
-            indices,
-            td,
-            jnp.broadcast_to(apply_update, indices.shape),
-            cfg.replay.priority_eps,
-            cfg.replay.priority_max,
-        )
+        with jax.named_scope("per_update"):
+            replay = replay_update(
+                state.replay,
+                indices,
+                td,
+                jnp.broadcast_to(apply_update, indices.shape),
+                cfg.replay.priority_eps,
+                cfg.replay.priority_max,
+            )
         candidate = LearnerState(
             params=new_params,
             target_params=target_params,
             sn_u=aux["new_u"],
             masks=masks,
             opt_state=opt_state,
-            phi_hat=phi_hat,
+            phi_hat=surgery.phi_hat,
             # Only the priorities change; the transitions are not selected (no buffer copy).
             replay=replay,
             step=next_step,
@@ -387,35 +423,37 @@ def make_learner(
             sn_u=kept[2],
             masks=kept[3],
             opt_state=_select(apply_update, opt_state, state.opt_state),
-            phi_hat=jnp.where(apply_update, phi_hat, state.phi_hat),
+            phi_hat=jnp.where(apply_update, surgery.phi_hat, state.phi_hat),
             key=jnp.where(apply_update, key, state.key),
         )
 
         # 14. Metrics.
-        written = replay.priorities[indices]  # [B] as stored (sanitised, clipped)
-        metrics = LearnerMetrics(
-            loss_mse=loss_parts[0],
-            loss_c51=loss_parts[1],
-            loss_div=aux["loss_div"],
-            loss_causal=aux["loss_causal"],
-            grad_norm_mse=jnp.linalg.norm(grad_mse),
-            grad_norm_c51=jnp.linalg.norm(grad_c51),
-            grad_norm_mse_after=jnp.linalg.norm(grad_mse_b),
-            grad_norm_c51_after=jnp.linalg.norm(grad_c51_b),
-            grad_norm_total=jnp.linalg.norm(grad_total),
-            vaccine_cos=vaccine.phi,
-            phi_hat=phi_hat,
-            vaccine_applied=(vaccine_due & vaccine.applied).astype(jnp.float32),
-            q_mean=jnp.mean(aux["q"]),
-            q_max=q_abs_max,
-            edge_mass=aux["edge_mass"],
-            priority_mean=jnp.mean(written),
-            priority_max=jnp.max(written),
-            sigma_max=jnp.max(aux["sigmas"], initial=0.0),
-            sparsity=networks.mask_sparsity(masks),
-            alpha=alpha,
-            halted=guard.halted.astype(jnp.float32),
-        )
+        with jax.named_scope("metrics"):
+            written = replay.priorities[indices]  # [B] as stored (sanitised, clipped)
+            metrics = LearnerMetrics(
+                loss_mse=loss_parts[0],
+                loss_c51=loss_parts[1],
+                loss_div=aux["loss_div"],
+                loss_causal=aux["loss_causal"],
+                grad_norm_mse=surgery.norms[0],
+                grad_norm_c51=surgery.norms[1],
+                grad_norm_mse_after=surgery.norms_after[0],
+                grad_norm_c51_after=surgery.norms_after[1],
+                grad_norm_total=jnp.linalg.norm(grad_total),
+                vaccine_cos=surgery.phi,
+                phi_hat=surgery.phi_hat,
+                vaccine_applied=surgery.applied.astype(jnp.float32),
+                q_mean=jnp.mean(aux["q"]),
+                q_max=q_abs_max,
+                edge_mass=aux["edge_mass"],
+                priority_mean=jnp.mean(written),
+                priority_max=jnp.max(written),
+                sigma_max=jnp.max(aux["sigmas"], initial=0.0),
+                # Masks change only through pruning: without it they stay all ones.
+                sparsity=networks.mask_sparsity(masks) if use_pruning else 0.0,
+                alpha=alpha,
+                halted=guard.halted.astype(jnp.float32),
+            )
         metrics = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), metrics)
         return new_state, metrics
 

@@ -1,0 +1,185 @@
+"""Per-kernel device profile of the in-scan learner step (issue 6): which kernels run, how long
+each takes on the device, and which part of the step launched it.
+
+The step is one executable, so per-operation timers cannot see inside it; ``jax.profiler`` can.
+The scan of learner steps runs under a trace; the trace's per-op events (those with an
+``hlo_op`` argument, on the GPU's device streams when there is a GPU) are summed per kernel, and
+each kernel is attributed to a part of the step through the ``op_name`` metadata of the compiled
+HLO (the learner's ``jax.named_scope`` names, ``jdqn.learner.step.SCOPES``; ops of the backward
+pass carry ``transpose(...)``). Device busy time per step against wall time per step says
+whether the step is launch-bound (the device idles between kernels) or kernel-bound.
+
+    python -m jdqn.bench.kernels [--steps 200] [--seeds 1] [--top 25] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from jdqn.bench.breakdown import filled_learner, scan_steps_fn, time_repeated
+from jdqn.config import SMOKETEST, Config
+from jdqn.learner.step import SCOPES
+
+_METADATA = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?metadata=\{op_name="([^"]*)"')
+
+
+def op_names(hlo_text: str) -> dict[str, str]:
+    """HLO instruction name -> its ``op_name`` metadata, from compiled (optimised) HLO text."""
+    names = {}
+    for line in hlo_text.splitlines():
+        match = _METADATA.match(line)
+        if match:
+            names[match.group(1)] = match.group(2)
+    return names
+
+
+def scope_of(op_name: str) -> str:
+    """The part of the step an op belongs to: ``backward`` for transposed (VJP) ops, else the
+    innermost learner scope in its name stack, else ``other``."""
+    if "transpose(" in op_name:
+        return "backward"
+    parts = re.split(r"[/()]", op_name)
+    for part in reversed(parts):
+        if part in SCOPES:
+            return part
+    return "other"
+
+
+def device_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
+    """Complete events of XLA ops: on ``/device:GPU*`` processes when the trace has any (kernels
+    as the GPU ran them), else the host's XLA thunks (the CPU backend)."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    processes = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    gpu = {pid for pid, name in processes.items() if name.startswith("/device:GPU")}
+    ops = [e for e in events if e.get("ph") == "X" and "hlo_op" in e.get("args", {})]
+    return [e for e in ops if e["pid"] in gpu] if gpu else ops
+
+
+def summarise(
+    events: Sequence[dict[str, Any]], names: dict[str, str], n_steps: int
+) -> dict[str, Any]:
+    """Per-kernel and per-scope device microseconds per step, and kernels per step."""
+    per_kernel: dict[str, list[float]] = collections.defaultdict(list)
+    for e in events:
+        per_kernel[e["args"]["hlo_op"]].append(float(e.get("dur", 0.0)))
+    kernels: list[dict[str, Any]] = [
+        {
+            "kernel": op,
+            "scope": scope_of(names.get(op, "")),
+            "launches_per_step": len(durs) / n_steps,
+            "us_per_step": sum(durs) / n_steps,
+            "op_name": names.get(op, ""),
+        }
+        for op, durs in per_kernel.items()
+    ]
+    kernels.sort(key=lambda k: -k["us_per_step"])
+    scopes: dict[str, dict[str, float]] = collections.defaultdict(
+        lambda: {"kernels_per_step": 0.0, "us_per_step": 0.0}
+    )
+    for k in kernels:
+        scopes[k["scope"]]["kernels_per_step"] += k["launches_per_step"]
+        scopes[k["scope"]]["us_per_step"] += k["us_per_step"]
+    return {
+        "kernels_per_step": sum(k["launches_per_step"] for k in kernels),
+        "busy_us_per_step": sum(k["us_per_step"] for k in kernels),
+        "kernels": kernels,
+        "scopes": dict(sorted(scopes.items(), key=lambda s: -s[1]["us_per_step"])),
+    }
+
+
+def run(
+    cfg: Config = SMOKETEST, n_steps: int = 200, n_seeds: int = 1, repeats: int = 3
+) -> dict[str, Any]:
+    """Profile ``repeats`` scans of ``n_steps`` learner steps (``n_seeds`` vmapped when > 1)."""
+    if n_seeds > 1:
+        from jdqn.bench.seeds import seeded_states
+
+        learner, state = seeded_states(cfg, n_seeds)
+    else:
+        learner, state = filled_learner(cfg)
+    fn = scan_steps_fn(learner, n_steps, vmapped=n_seeds > 1)
+    names = op_names(fn.lower(state).compile().as_text() or "")
+    timing, state = time_repeated(fn, state, repeats)  # untraced wall clock, compile first
+    with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                state, _ = fn(state)
+            jax.block_until_ready(state)
+            traced_s = time.perf_counter() - start
+        (path,) = Path(log_dir).rglob("perfetto_trace.json.gz")
+        with gzip.open(path, "rt") as f:
+            trace = json.load(f)
+    summary = summarise(device_events(trace), names, n_steps * repeats)
+    return {
+        "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()})",
+        "jax": jax.__version__,
+        "n_steps": n_steps,
+        "n_seeds": n_seeds,
+        "repeats": repeats,
+        "wall_us_per_step": 1e6 * timing["median_s"] / n_steps,
+        "traced_wall_us_per_step": 1e6 * traced_s / (n_steps * repeats),
+        **summary,
+    }
+
+
+def table(result: dict[str, Any], top: int = 25) -> str:
+    """Markdown: the headline, the per-scope table, then the ``top`` kernels by device time."""
+    wall, busy = result["wall_us_per_step"], result["busy_us_per_step"]
+    lines = [
+        f"device: {result['device']}, jax {result['jax']}; {result['n_seeds']} seed(s), "
+        f"{result['n_steps']} steps x {result['repeats']}",
+        f"wall {wall:.1f} us/step (traced {result['traced_wall_us_per_step']:.1f}), device busy "
+        f"{busy:.1f} us/step ({100 * busy / wall:.0f}% of wall), "
+        f"{result['kernels_per_step']:.1f} kernels/step",
+        "",
+        "| scope | kernels/step | device us/step | share of busy |",
+        "|---|---|---|---|",
+    ]
+    for scope, s in result["scopes"].items():
+        lines.append(
+            f"| {scope} | {s['kernels_per_step']:.1f} | {s['us_per_step']:.2f} | "
+            f"{100 * s['us_per_step'] / max(busy, 1e-9):.0f}% |"
+        )
+    lines += ["", "| kernel | scope | launches/step | device us/step |", "|---|---|---|---|"]
+    for k in result["kernels"][:top]:
+        lines.append(
+            f"| {k['kernel']} | {k['scope']} | {k['launches_per_step']:.1f} | "
+            f"{k['us_per_step']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    if min(args.steps, args.seeds, args.repeats) < 1:
+        parser.error("--steps, --seeds and --repeats must be >= 1")
+    result = run(n_steps=args.steps, n_seeds=args.seeds, repeats=args.repeats)
+    print(table(result, args.top))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

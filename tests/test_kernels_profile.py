@@ -1,0 +1,96 @@
+"""jdqn.bench.kernels: HLO metadata parsing, scope attribution, event summary, and a CPU run."""
+
+from __future__ import annotations
+
+import pytest
+
+from jdqn.bench import kernels
+
+_ADAM = 'metadata={op_name="jit(run)/while/body/eval_jaxpr/adam/mul" source_line=3}'
+_HEAD = (
+    'metadata={op_name="jit(run)/while/body/eval_jaxpr/vmap(transpose(jvp(online_forward)))'
+    '/C51MLP/head/dot_general"}'
+)
+HLO = f"""\
+HloModule jit_run
+%fused_computation (p: f32[4]) -> f32[4] {{
+  %p = f32[4]{{0}} parameter(0)
+  ROOT %m = f32[4]{{0}} multiply(%p, %p), metadata={{op_name="jit(run)/while/body/adam/mul"}}
+}}
+  %loop_multiply_fusion.9 = f32[4]{{0}} fusion(%x), kind=kLoop, calls=%fc, {_ADAM}
+  ROOT %gemm_fusion_dot.11 = f32[4]{{0}} fusion(%y), kind=kCustom, {_HEAD}
+  %copy.3 = f32[4]{{0}} copy(%z)
+"""
+
+
+def test_op_names_reads_the_metadata_of_every_named_instruction() -> None:
+    names = kernels.op_names(HLO)
+    assert names["loop_multiply_fusion.9"] == "jit(run)/while/body/eval_jaxpr/adam/mul"
+    assert names["gemm_fusion_dot.11"].endswith("head/dot_general")
+    assert names["m"] == "jit(run)/while/body/adam/mul"
+    assert "copy.3" not in names  # no metadata: attributed to "other" later
+
+
+@pytest.mark.parametrize(
+    ("op_name", "scope"),
+    [
+        ("jit(run)/while/body/eval_jaxpr/adam/mul", "adam"),
+        ("jit(run)/while/body/eval_jaxpr/vmap(transpose(jvp(online_forward)))/dot", "backward"),
+        (
+            "jit(run)/while/body/eval_jaxpr/jvp(projection)/jit(c51_project)/pallas_call",
+            "projection",
+        ),
+        ("jit(run)/while/body/eval_jaxpr/per_update/scatter-max", "per_update"),
+        ("jit(run)/while/body/jit(dynamic_update_index_in_dim)/dynamic_update_slice", "other"),
+        ("", "other"),
+    ],
+)
+def test_scope_of_picks_the_learner_scope_or_backward(op_name: str, scope: str) -> None:
+    assert kernels.scope_of(op_name) == scope
+
+
+def _event(pid: int, op: str, dur: float) -> dict:
+    return {"ph": "X", "pid": pid, "name": op, "dur": dur, "args": {"hlo_op": op}}
+
+
+def test_device_events_prefer_gpu_streams_and_summary_is_per_step() -> None:
+    meta = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+    ]
+    events = meta + [
+        _event(1, "loop_multiply_fusion.9", 50.0),  # the host's launch record: not device time
+        _event(2, "loop_multiply_fusion.9", 1.0),
+        _event(2, "loop_multiply_fusion.9", 3.0),
+        _event(2, "gemm_fusion_dot.11", 4.0),
+        _event(2, "gemm_fusion_dot.11", 6.0),
+        {"ph": "X", "pid": 2, "name": "MemcpyDtoH", "dur": 9.0, "args": {}},  # not an XLA op
+    ]
+    device = kernels.device_events({"traceEvents": events})
+    assert [e["dur"] for e in device] == [1.0, 3.0, 4.0, 6.0]
+    summary = kernels.summarise(device, kernels.op_names(HLO), n_steps=2)
+    assert summary["kernels_per_step"] == pytest.approx(2.0)
+    assert summary["busy_us_per_step"] == pytest.approx(7.0)
+    assert summary["scopes"]["backward"] == {"kernels_per_step": 1.0, "us_per_step": 5.0}
+    assert summary["scopes"]["adam"] == {"kernels_per_step": 1.0, "us_per_step": 2.0}
+    assert [k["kernel"] for k in summary["kernels"]] == [
+        "gemm_fusion_dot.11",
+        "loop_multiply_fusion.9",
+    ]
+
+
+def test_device_events_fall_back_to_host_thunks_without_a_gpu() -> None:
+    meta = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}}]
+    events = meta + [_event(1, "loop_multiply_fusion.9", 2.0), {"ph": "X", "pid": 1, "dur": 1.0}]
+    assert len(kernels.device_events({"traceEvents": events})) == 1
+
+
+def test_profile_of_the_step_on_this_backend_attributes_kernels_to_scopes() -> None:
+    result = kernels.run(n_steps=2, repeats=1)
+    assert result["kernels_per_step"] > 10
+    assert result["busy_us_per_step"] > 0
+    named = set(result["scopes"]) - {"other"}
+    # The forward, the backward pass and the optimizer are all seen as distinct parts.
+    assert {"online_forward", "backward", "adam", "per_sample"} <= named
+    table = kernels.table(result, top=5)
+    assert "kernels/step" in table and table.count("\n") > 10
