@@ -5,10 +5,10 @@ step), ``make_train`` (epochs as scans). ``jdqn.walkforward.run_walkforward`` ru
 seeds into a run directory; ``jdqn.data``, ``jdqn.env``, ``jdqn.evaluate`` hold the rest.
 """
 
-from jdqn.xla_flags import apply_reproducible_gpu_flags
+from jdqn.xla_flags import apply_gpu_flags
 
 # Before anything can start a JAX backend (jax starts it lazily, at the first computation).
-apply_reproducible_gpu_flags()
+apply_gpu_flags()
 
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile  # noqa: E402
 from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner  # noqa: E402

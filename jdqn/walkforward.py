@@ -34,6 +34,7 @@ from jdqn.evaluate import equity_curve, evaluate_baselines, metrics
 from jdqn.learner import GUARD_REASONS
 from jdqn.metrics_log import MetricsLog
 from jdqn.train import FoldData, TrainProgram, TrainState, make_train
+from jdqn.xla_flags import cache_root
 
 
 class UserError(Exception):
@@ -51,8 +52,7 @@ def enable_compilation_cache(cfg: Config) -> None:
     """Persist XLA executables across runs (warm starts skip compilation)."""
     if not cfg.output.compilation_cache:
         return
-    cache = os.environ.get("JDQN_CACHE_DIR") or str(Path.home() / ".cache" / "jdqn" / "xla")
-    jax.config.update("jax_compilation_cache_dir", cache)
+    jax.config.update("jax_compilation_cache_dir", str(cache_root()))
     # Cache every program, not only slow ones: the many small ones add up (measured on the H200,
     # BENCHMARKS.md "Speed": warm compile 5.2 s -> 3.3 s).
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)

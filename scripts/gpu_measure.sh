@@ -8,6 +8,7 @@
 #   coldcompile the same walk-forward in fresh processes with no compilation cache, twice each
 #               with jdqn's XLA flags (none set), autotuning on (level 4, which jdqn then keeps),
 #               autotuning off and deterministic ops (COLD_VARIANTS picks some)
+#   autotunecache  autotuning with a per-fusion results cache: reproducible across processes?
 #   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
@@ -82,6 +83,9 @@ for phase in "$@"; do
         [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=
         [whilecmdbuf]=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL
         [autotune4]=--xla_gpu_autotune_level=4
+        [autotune4_nocmdbuf]="--xla_gpu_autotune_level=4 --xla_gpu_enable_command_buffer="
+        [notriton]=--xla_gpu_enable_triton_gemm=false
+        [notriton_nocmdbuf]="--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_command_buffer="
       )
       profile() {  # variant, seeds, steps
         echo "== $1, S=$2: XLA_FLAGS=${kflags[$1]}"
@@ -94,6 +98,27 @@ for phase in "$@"; do
           profile "$variant" 1024 50
         done
       } 2>&1 | tee "$out/kernels.txt" ;;
+    autotunecache)
+      # Autotuning on, its results kept in a per-fusion cache: do processes sharing the cache
+      # agree bit for bit (A, B), does a fresh cache (C), and how fast are many seeds with it?
+      cache="$out/autotune_cache"
+      cachedflags() {
+        mkdir -p "$1"; echo "--xla_gpu_autotune_level=4 --xla_gpu_per_fusion_autotune_cache_dir=$1"
+      }
+      cached() {  # name, cache dir: the fold table of one walk-forward run
+        local start=$(date +%s%N)
+        XLA_FLAGS="$(cachedflags "$2")" timeout 120 python3 -m jdqn walkforward "${common[@]}" \
+          --out "$out/at" --name "$1" > "$out/at_$1.log" 2>&1
+        echo "== $1 rc=$? wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))"
+        grep -E '^ +[0-9]+ +[0-9]+ ' "$out/at_$1.log"
+      }
+      {
+        cached A "$cache/shared"; echo "cache files: $(find "$cache" -type f | wc -l)"
+        cached B "$cache/shared"; cached C "$cache/fresh"
+        XLA_FLAGS="$(cachedflags "$cache/shared")" timeout 150 python3 -m jdqn.bench.kernels \
+          --seeds 1024 --steps 50 --top 5 2>&1 | grep -E '^wall'
+      } 2>&1 | tee "$out/autotunecache.txt"
+      rm -rf "$out/at" "$cache" ;;
     *) echo "unknown phase: $phase" >&2; exit 2 ;;
   esac
 done

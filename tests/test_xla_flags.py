@@ -3,38 +3,63 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
-from jdqn.xla_flags import REPRODUCIBLE_GPU_FLAGS, with_reproducible_gpu_flags
+from jdqn.xla_flags import AUTOTUNE_CACHE_FLAG, cache_root, with_gpu_flags
+
+CACHE = Path("/cache/autotune")
 
 
-def test_flags_are_added_to_empty_and_other_flags():
-    assert with_reproducible_gpu_flags("") == "--xla_gpu_autotune_level=0"
-    assert with_reproducible_gpu_flags("--xla_force_host_platform_device_count=1").split() == [
+def test_the_autotune_cache_is_added_to_empty_and_other_flags():
+    assert with_gpu_flags("", CACHE) == f"{AUTOTUNE_CACHE_FLAG}=/cache/autotune"
+    assert with_gpu_flags("--xla_force_host_platform_device_count=1", CACHE).split() == [
         "--xla_force_host_platform_device_count=1",
-        "--xla_gpu_autotune_level=0",
+        f"{AUTOTUNE_CACHE_FLAG}=/cache/autotune",
     ]
 
 
-def test_a_level_the_user_set_wins_and_nothing_is_added_twice():
-    assert with_reproducible_gpu_flags("--xla_gpu_autotune_level=4") == (
-        "--xla_gpu_autotune_level=4"
+def test_what_the_user_set_wins_and_nothing_is_added_twice():
+    # An explicit autotune level (0 = no autotuning) is taken as is: no cache added.
+    assert with_gpu_flags("--xla_gpu_autotune_level=0", CACHE) == "--xla_gpu_autotune_level=0"
+    own = f"{AUTOTUNE_CACHE_FLAG}=/elsewhere"
+    assert with_gpu_flags(own, CACHE) == own
+    once = with_gpu_flags("", CACHE)
+    assert with_gpu_flags(once, CACHE) == once
+
+
+def test_cache_root_follows_jdqn_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path))
+    assert cache_root() == tmp_path
+    monkeypatch.delenv("JDQN_CACHE_DIR")
+    assert cache_root() == Path.home() / ".cache" / "jdqn" / "xla"
+
+
+def _fresh_process(code: str, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
+    env.update(JAX_PLATFORMS="cpu", **env_extra)
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
-    once = with_reproducible_gpu_flags("")
-    assert with_reproducible_gpu_flags(once) == once
 
 
-def test_importing_jdqn_sets_the_flags_before_any_backend_starts():
-    """A fresh process: after ``import jdqn`` XLA_FLAGS holds the flags and JAX still runs."""
+def test_importing_jdqn_sets_the_flags_before_any_backend_starts(tmp_path):
+    """A fresh process: after ``import jdqn`` XLA_FLAGS holds the cache flag, the directory
+    exists, and JAX (which parses every flag) still runs."""
     code = (
         "import os, jdqn, jax.numpy as jnp;"
         "print(os.environ['XLA_FLAGS']);"
         "print(float(jnp.arange(4.0).sum()))"
     )
-    env = {key: value for key, value in os.environ.items() if key != "XLA_FLAGS"}
-    env["JAX_PLATFORMS"] = "cpu"
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-    )
+    result = _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path))
     flags, total = result.stdout.split("\n")[:2]
-    assert flags.split() == list(REPRODUCIBLE_GPU_FLAGS)
+    assert flags.split() == [f"{AUTOTUNE_CACHE_FLAG}={tmp_path / 'autotune'}"]
+    assert (tmp_path / "autotune").is_dir()
     assert total == "6.0"
+
+
+def test_an_unwritable_cache_dir_leaves_the_flags_alone(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    code = "import os, jdqn; print(repr(os.environ.get('XLA_FLAGS', '')))"
+    result = _fresh_process(code, JDQN_CACHE_DIR=str(blocker / "cache"))
+    assert result.stdout.strip() == "''"
