@@ -134,11 +134,13 @@ def spectral_normalise(
     Returns (normalised kernel [in, out], next u [out], sigma []).
     """
     chex.assert_rank([kernel, u], [2, 1])
-    w = jax.lax.stop_gradient(kernel)
-    v = _l2_normalise(w @ u)  # [in]   v = W^T u / |W^T u|
-    u_next = jax.lax.stop_gradient(_l2_normalise(v @ w))  # [out]  u = W v / |W v|
-    v = jax.lax.stop_gradient(v)
-    sigma = v @ kernel @ u_next
+    v = jax.lax.stop_gradient(_l2_normalise(jax.lax.stop_gradient(kernel) @ u))  # [in] W^T u/|.|
+    wv = v @ kernel  # [out], W v (v fixed; the gradient flows into the kernel)
+    # sigma = u_next^T W v with u_next = W v / |W v| is |W v|: one matrix-vector product per layer
+    # instead of two, and d sigma / dW = v u_next^T, the paper's gradient. The floor keeps that
+    # gradient finite for an all-zero kernel (|W v| = 0), where it would be 0/0.
+    sigma = jnp.sqrt(jnp.maximum(jnp.sum(jnp.square(wv)), _SN_EPS**2))
+    u_next = jax.lax.stop_gradient(wv / (sigma + _SN_EPS))  # [out] u = W v / |W v|
     scale = jnp.maximum(sigma, 1.0) if mode == "clip" else sigma
     return kernel / scale, u_next, sigma
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -21,6 +21,7 @@ from jdqn import env as trading_env
 from jdqn.config import Config
 from jdqn.evaluate import Rollout, greedy_policy, rollout
 from jdqn.learner import (
+    LEARNER_METRICS_RECORD,
     Learner,
     LearnerMetrics,
     LearnerState,
@@ -103,7 +104,7 @@ class TrainProgram:
 
         state = jax.lax.cond(chunk == 0, begin_epoch, lambda s: s, state)
 
-        record = jax.eval_shape(self._iterate, state, params, alpha)[1]
+        record = _iteration_record()
 
         def iteration(state: TrainState, offset: jax.Array) -> tuple[TrainState, jax.Array]:
             # The last chunk of an epoch may run past the epoch's end: those iterations are
@@ -112,7 +113,7 @@ class TrainProgram:
             active = first_in_epoch + offset < self.iterations_per_epoch
 
             def skip(state: TrainState) -> tuple[TrainState, IterationMetrics]:
-                return state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), record)
+                return state, _zeros(record)
 
             new_state, metrics = jax.lax.cond(
                 active, lambda s: self._iterate(s, params, alpha), skip, state
@@ -151,8 +152,6 @@ class TrainProgram:
         )
 
         def train(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
-            record = jax.eval_shape(self.learner.step, learner_state, alpha, beta)[1]
-
             def update(carry: LearnerState, _: None) -> tuple[LearnerState, jax.Array]:
                 carry, metrics = self.learner.step(carry, alpha, beta)
                 return carry, pack_metrics(metrics)
@@ -160,11 +159,10 @@ class TrainProgram:
             learner_state, packed = jax.lax.scan(
                 update, learner_state, None, length=cfg.train.updates_per_iteration
             )
-            return learner_state, unpack_metrics(packed[-1], record)
+            return learner_state, unpack_metrics(packed[-1], LEARNER_METRICS_RECORD)
 
         def skip(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
-            zeros = jax.eval_shape(train, learner_state)[1]
-            return learner_state, jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), zeros)
+            return learner_state, _zeros(LEARNER_METRICS_RECORD)
 
         learner_state, learner_metrics = jax.lax.cond(ready, train, skip, learner_state)
         new_state = TrainState(
@@ -197,6 +195,23 @@ class TrainProgram:
                 state, metrics = run_chunk(state, fold, jnp.int32(epoch), jnp.int32(chunk))
                 history.append(metrics)
         return state, history
+
+
+def _iteration_record() -> IterationMetrics:
+    """Shapes and dtypes of one iteration's record, known without tracing the step again."""
+    scalar: Any = jax.ShapeDtypeStruct((), jnp.float32)
+    flag: Any = jax.ShapeDtypeStruct((), jnp.bool_)
+    return IterationMetrics(
+        learner=LEARNER_METRICS_RECORD,
+        trained=flag,
+        active=flag,
+        epsilon=scalar,
+        reward_mean=scalar,
+    )
+
+
+def _zeros(record: Any) -> Any:
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), record)
 
 
 def _env_params(cfg: Config, fold: FoldData) -> trading_env.EnvParams:

@@ -330,3 +330,16 @@ def test_packed_metrics_round_trip_exactly_with_dtypes_and_leading_axes() -> Non
     assert float(back.learner.loss_mse[1]) == float(metrics.loss_mse) + 1
     with pytest.raises(ValueError, match="columns"):
         unpack_metrics(packed[:-1], record)
+
+
+def test_the_static_metrics_record_matches_what_the_step_returns() -> None:
+    from jdqn.learner import LEARNER_METRICS_RECORD
+
+    learner = make_learner(_cfg(), 15, (9, 10))
+    state = learner.init(jax.random.PRNGKey(0))
+    traced = jax.eval_shape(learner.step, state, 0.2, 0.5)[1]
+    assert jax.tree.structure(traced) == jax.tree.structure(LEARNER_METRICS_RECORD)
+    for got, want in zip(
+        jax.tree.leaves(traced), jax.tree.leaves(LEARNER_METRICS_RECORD), strict=True
+    ):
+        assert (got.shape, got.dtype) == (want.shape, want.dtype)

@@ -2,6 +2,7 @@
 
 from jdqn.learner.state import (
     GUARD_REASONS,
+    LEARNER_METRICS_RECORD,
     GuardRecord,
     Learner,
     LearnerMetrics,
@@ -13,6 +14,7 @@ from jdqn.learner.step import make_learner
 
 __all__ = [
     "GUARD_REASONS",
+    "LEARNER_METRICS_RECORD",
     "GuardRecord",
     "Learner",
     "LearnerMetrics",

@@ -79,6 +79,12 @@ class LearnerMetrics(NamedTuple):
     halted: float | jax.Array  # 1 when the guard has halted this learner
 
 
+# Shapes and dtypes of LearnerMetrics (every field a float32 scalar; the step casts them), so
+# callers can build a record's zeros or unpack it without tracing the step to find out.
+_F32_SCALAR: Any = jax.ShapeDtypeStruct((), jnp.float32)
+LEARNER_METRICS_RECORD = LearnerMetrics(*[_F32_SCALAR for _ in LearnerMetrics._fields])
+
+
 def pack_metrics(record: Any) -> jax.Array:
     """A pytree of scalar metrics as one float32 vector ``[M]`` (leaf order).
 
