@@ -1,10 +1,12 @@
 """Gradient surgery on flat float32 gradients: Gradient Vaccine and the down-only budget.
 
 DESIGN section 5 steps 7-8. The learner flattens each loss part's gradient pytree with
-``jax.flatten_util.ravel_pytree`` and calls these on the flat ``[P]`` vectors. Everything is
-branch-free (``jnp.where``), so it stays cheap under ``vmap`` over seeds and folds, and float32.
-Norms are computed on max-abs-rescaled vectors so that finite gradients with entries near the
-float32 range do not overflow the sum of squares.
+``jax.flatten_util.ravel_pytree`` and calls :func:`gradient_surgery` on the ``[parts, P]`` array:
+the vaccine (when due) and both budgets in one pass, with the formulas of
+:func:`gradient_vaccine` and :func:`budget_clip` (which remain the readable, separately tested
+forms). Everything is branch-free (``jnp.where``), so it stays cheap under ``vmap`` over seeds and
+folds, and float32. Norms are computed on max-abs-rescaled vectors so that finite gradients with
+entries near the float32 range do not overflow the sum of squares.
 """
 
 from __future__ import annotations

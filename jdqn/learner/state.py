@@ -89,7 +89,7 @@ def pack_metrics(record: Any) -> jax.Array:
     """A pytree of scalar metrics as one float32 vector ``[M]`` (leaf order).
 
     A ``lax.scan`` that returns a pytree of M scalars writes M separate one-element slices per
-    iteration, each its own GPU kernel (~1 us apiece on the H200, DESIGN section 11); the packed
+    iteration, each its own GPU kernel (~1 us apiece on the H200, BENCHMARKS.md); the packed
     vector is one write. Bools and small ints round-trip exactly (float32 holds every integer up
     to 2^24), which :func:`unpack_metrics` relies on.
     """
