@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from jdqn.bench import kernels
@@ -85,12 +87,56 @@ def test_device_events_fall_back_to_host_thunks_without_a_gpu() -> None:
     assert len(kernels.device_events({"traceEvents": events})) == 1
 
 
-def test_profile_of_the_step_on_this_backend_attributes_kernels_to_scopes() -> None:
-    result = kernels.run(n_steps=2, repeats=1)
-    assert result["kernels_per_step"] > 10
-    assert result["busy_us_per_step"] > 0
+def test_profile_of_the_step_attributes_kernels_to_scopes(tmp_path) -> None:
+    """``--no-command-buffers`` (a fresh process, so on the GPU the kernels are not hidden in
+    CUDA graphs; on CPU the flag is a no-op) gives a per-scope table of the real step."""
+    out = tmp_path / "kernels.json"
+    with pytest.raises(SystemExit) as exit_info:
+        kernels.main(
+            [
+                "--steps",
+                "2",
+                "--repeats",
+                "1",
+                "--top",
+                "5",
+                "--json",
+                str(out),
+                "--no-command-buffers",
+            ]
+        )
+    assert exit_info.value.code == 0
+    result = json.loads(out.read_text())
+    assert not result["command_buffers"]
+    assert result["kernels_per_step"] > 10 and result["busy_us_per_step"] > 0
     named = set(result["scopes"]) - {"other"}
     # The forward, the backward pass and the optimizer are all seen as distinct parts.
     assert {"online_forward", "backward", "adam", "per_sample"} <= named
     table = kernels.table(result, top=5)
     assert "kernels/step" in table and table.count("\n") > 10
+
+
+def test_a_table_from_command_buffers_says_how_to_see_the_kernels() -> None:
+    result = {
+        "device": "gpu",
+        "jax": "0",
+        "n_seeds": 1,
+        "n_steps": 1,
+        "repeats": 1,
+        "wall_us_per_step": 10.0,
+        "traced_wall_us_per_step": 11.0,
+        "busy_us_per_step": 9.0,
+        "kernels_per_step": 1.0,
+        "command_buffers": True,
+        "scopes": {"other": {"kernels_per_step": 1.0, "us_per_step": 9.0}},
+        "kernels": [
+            {
+                "kernel": "command_buffer_5",
+                "scope": "other",
+                "launches_per_step": 1.0,
+                "us_per_step": 9.0,
+                "op_name": "",
+            }
+        ],
+    }
+    assert "--no-command-buffers" in kernels.table(result)

@@ -9,7 +9,14 @@ HLO (the learner's ``jax.named_scope`` names, ``jdqn.learner.step.SCOPES``; ops 
 pass carry ``transpose(...)``). Device busy time per step against wall time per step says
 whether the step is launch-bound (the device idles between kernels) or kernel-bound.
 
+On the GPU, XLA runs the scan body as CUDA graphs (command buffers) by default, and the trace
+then shows one ``command_buffer_N`` event per graph instead of its kernels: the wall time is the
+real one, the per-kernel table is not. ``--no-command-buffers`` re-runs the profile in a fresh
+process with ``--xla_gpu_enable_command_buffer=`` (kernels launched one by one: per-kernel device
+times are right, the wall time then includes launch gaps).
+
     python -m jdqn.bench.kernels [--steps 200] [--seeds 1] [--top 25] [--json FILE]
+                                 [--no-command-buffers]
 """
 
 from __future__ import annotations
@@ -18,7 +25,10 @@ import argparse
 import collections
 import gzip
 import json
+import os
 import re
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -31,6 +41,7 @@ from jdqn.bench.breakdown import filled_learner, scan_steps_fn, time_repeated
 from jdqn.config import SMOKETEST, Config
 from jdqn.learner.step import SCOPES
 
+NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # every kernel launched on its own
 _METADATA = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?metadata=\{op_name="([^"]*)"')
 
 
@@ -128,6 +139,9 @@ def run(
             trace = json.load(f)
     summary = summarise(device_events(trace), names, n_steps * repeats)
     return {
+        "command_buffers": any(
+            k["kernel"].startswith("command_buffer") for k in summary["kernels"]
+        ),
         "device": f"{jax.devices()[0].device_kind} ({jax.default_backend()})",
         "jax": jax.__version__,
         "n_steps": n_steps,
@@ -149,6 +163,14 @@ def table(result: dict[str, Any], top: int = 25) -> str:
         f"{busy:.1f} us/step ({100 * busy / wall:.0f}% of wall), "
         f"{result['kernels_per_step']:.1f} kernels/step",
         "",
+        *(
+            [
+                "kernels ran inside CUDA graphs (command_buffer_N rows); for the per-kernel "
+                "table run with --no-command-buffers"
+            ]
+            if result["command_buffers"]
+            else []
+        ),
         "| scope | kernels/step | device us/step | share of busy |",
         "|---|---|---|---|",
     ]
@@ -173,9 +195,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--no-command-buffers",
+        action="store_true",
+        help="profile in a fresh process with XLA's command buffers off (per-kernel GPU times)",
+    )
     args = parser.parse_args(argv)
     if min(args.steps, args.seeds, args.repeats) < 1:
         parser.error("--steps, --seeds and --repeats must be >= 1")
+    if args.no_command_buffers:
+        # XLA reads its flags when the backend starts, so a fresh process is the reliable way.
+        rest = [
+            a for a in (argv if argv is not None else sys.argv[1:]) if a != "--no-command-buffers"
+        ]
+        flags = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
+        env = dict(os.environ, XLA_FLAGS=flags)
+        sys.exit(
+            subprocess.run([sys.executable, "-m", "jdqn.bench.kernels", *rest], env=env).returncode
+        )
     result = run(n_steps=args.steps, n_seeds=args.seeds, repeats=args.repeats)
     print(table(result, args.top))
     if args.json is not None:
