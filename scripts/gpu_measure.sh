@@ -6,14 +6,16 @@
 #   determinism the same walk-forward twice (plain, then with XLA's deterministic GPU ops, then
 #               that with --debug): are the numbers the same? (issue 7; DESIGN section 10)
 #   coldcompile the same walk-forward in fresh processes with no compilation cache, twice each
-#               with jdqn's XLA flags (none set), autotuning on (level 4, which jdqn then keeps),
-#               autotuning off and deterministic ops (COLD_VARIANTS picks some)
+#               with jdqn's XLA flags (none set: autotuning with jdqn's per-fusion autotune cache,
+#               which the first run fills), autotuning on without a cache (level 4), autotuning
+#               off and deterministic ops (COLD_VARIANTS picks some)
 #   autotunecache  autotuning with a per-fusion results cache: reproducible across processes?
 #   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
-#               autotuning level 4, no command buffers); whilecmdbuf adds WHILE/CONDITIONAL
+#               autotuning level 4, no command buffers); whilecmdbuf adds WHILE/CONDITIONAL;
+#               an empty variable runs none of its list
 # Logs go to $OUT (default ./gpu_logs). Each phase has its own time limit so one slow phase
 # still leaves the others' logs.
 set -uo pipefail
@@ -93,8 +95,8 @@ for phase in "$@"; do
           --steps "$3" --top 40 --json "$out/kernels_${1}_s$2.json" 2>&1 | tail -70
       }
       {
-        for variant in ${KERNEL_VARIANTS:-default nocmdbuf}; do profile "$variant" 1 500; done
-        for variant in ${KERNEL_SEED_VARIANTS:-default autotune4 nocmdbuf}; do
+        for variant in ${KERNEL_VARIANTS-default nocmdbuf}; do profile "$variant" 1 500; done
+        for variant in ${KERNEL_SEED_VARIANTS-default autotune4 nocmdbuf}; do
           profile "$variant" 1024 50
         done
       } 2>&1 | tee "$out/kernels.txt" ;;
