@@ -75,7 +75,7 @@ for phase in "$@"; do
       rm -rf "$out/cold" "$out"/cold_*.log ;;
     bench)
       only=()
-      for section in ${BENCH_ONLY:-learner_step seeds walkforward breakdown torch_peer replay}; do
+      for section in ${BENCH_ONLY:-learner_step seeds walkforward breakdown kernels torch_peer replay}; do
         only+=(--only "$section")
       done
       timeout "${BENCH_TIMEOUT:-420}" python3 -m jdqn bench "${only[@]}" --json "$out/bench.json" \

@@ -149,3 +149,50 @@ def test_projection_sizes_flag_parses_cases_and_rejects_bad_ones(capsys) -> None
             projection.main(["--sizes", bad])
         assert exit_info.value.code == 2
         assert "want BxN cases" in capsys.readouterr().err
+
+
+def test_kernels_section_turns_the_profile_into_rows_and_a_table(monkeypatch) -> None:
+    from jdqn.bench import kernels
+
+    profile = {
+        "device": "cpu (cpu)",
+        "jax": jax.__version__,
+        "n_seeds": 1,
+        "n_steps": 5,
+        "repeats": 3,
+        "wall_us_per_step": 10.0,
+        "traced_wall_us_per_step": 11.0,
+        "busy_us_per_step": 8.0,
+        "kernels_per_step": 3.0,
+        "command_buffers": False,
+        "scopes": {
+            "backward": {"kernels_per_step": 2.0, "us_per_step": 6.0},
+            "adam": {"kernels_per_step": 1.0, "us_per_step": 2.0},
+        },
+        "kernels": [
+            {
+                "kernel": "gemm_fusion_dot.1",
+                "scope": "backward",
+                "launches_per_step": 2.0,
+                "us_per_step": 6.0,
+                "op_name": "x/transpose(jvp(online_forward))/dot_general",
+            },
+            {
+                "kernel": "loop_multiply_fusion",
+                "scope": "adam",
+                "launches_per_step": 1.0,
+                "us_per_step": 2.0,
+                "op_name": "x/adam/mul",
+            },
+        ],
+    }
+    calls = []
+    monkeypatch.setattr(
+        kernels, "run_without_command_buffers", lambda **kw: calls.append(kw) or profile
+    )
+    out = suite.run_all(["kernels"], None, quick=True, echo=lambda _: None, keep_going=False)
+    section = out["sections"]["kernels"]
+    assert calls == [{"n_steps": 5}]
+    assert [r["scope"] for r in section["rows"]] == ["backward", "adam"]
+    assert section["rows"][0]["us_per_step"] == 6.0
+    assert "gemm_fusion_dot.1" in section["table"] and "kernels/step" in section["table"]

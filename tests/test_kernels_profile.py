@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import subprocess
 
 import pytest
 
@@ -87,26 +87,10 @@ def test_device_events_fall_back_to_host_thunks_without_a_gpu() -> None:
     assert len(kernels.device_events({"traceEvents": events})) == 1
 
 
-def test_profile_of_the_step_attributes_kernels_to_scopes(tmp_path) -> None:
-    """``--no-command-buffers`` (a fresh process, so on the GPU the kernels are not hidden in
+def test_profile_of_the_step_attributes_kernels_to_scopes() -> None:
+    """A fresh process with command buffers off (on the GPU the kernels are then not hidden in
     CUDA graphs; on CPU the flag is a no-op) gives a per-scope table of the real step."""
-    out = tmp_path / "kernels.json"
-    with pytest.raises(SystemExit) as exit_info:
-        kernels.main(
-            [
-                "--steps",
-                "2",
-                "--repeats",
-                "1",
-                "--top",
-                "5",
-                "--json",
-                str(out),
-                "--no-command-buffers",
-            ]
-        )
-    assert exit_info.value.code == 0
-    result = json.loads(out.read_text())
+    result = kernels.run_without_command_buffers(n_steps=2)
     assert not result["command_buffers"]
     assert result["kernels_per_step"] > 10 and result["busy_us_per_step"] > 0
     named = set(result["scopes"]) - {"other"}
@@ -114,6 +98,22 @@ def test_profile_of_the_step_attributes_kernels_to_scopes(tmp_path) -> None:
     assert {"online_forward", "backward", "adam", "per_sample"} <= named
     table = kernels.table(result, top=5)
     assert "kernels/step" in table and table.count("\n") > 10
+
+
+def test_no_command_buffers_flag_reruns_in_a_fresh_process(monkeypatch) -> None:
+    seen = []
+
+    def fake(args, capture=False):
+        seen.append(list(args))
+        return subprocess.CompletedProcess(args, 0)
+
+    monkeypatch.setattr(kernels, "_fresh_process_without_command_buffers", fake)
+    with pytest.raises(SystemExit) as exit_info:
+        kernels.main(["--steps", "3", "--no-command-buffers", "--top", "4"])
+    assert exit_info.value.code == 0
+    assert seen == [["--steps", "3", "--top", "4"]]
+    with pytest.raises(SystemExit):
+        kernels.main(["--steps", "0"])  # argparse: one line, exit 2
 
 
 def test_a_table_from_command_buffers_says_how_to_see_the_kernels() -> None:

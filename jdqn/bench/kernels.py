@@ -188,6 +188,30 @@ def table(result: dict[str, Any], top: int = 25) -> str:
     return "\n".join(lines)
 
 
+def _fresh_process_without_command_buffers(
+    args: Sequence[str], capture: bool = False
+) -> subprocess.CompletedProcess[str]:
+    # XLA reads its flags when the backend starts, so a fresh process is the reliable way.
+    flags = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
+    return subprocess.run(
+        [sys.executable, "-m", "jdqn.bench.kernels", *args],
+        env=dict(os.environ, XLA_FLAGS=flags),
+        capture_output=capture,
+        text=True,
+    )
+
+
+def run_without_command_buffers(n_steps: int = 200, n_seeds: int = 1) -> dict[str, Any]:
+    """:func:`run` in a fresh process with XLA's command buffers off (per-kernel GPU times)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "kernels.json"
+        args = ["--steps", str(n_steps), "--seeds", str(n_seeds), "--json", str(out)]
+        done = _fresh_process_without_command_buffers(args, capture=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"kernel profile failed: {done.stderr.strip()[-2000:]}")
+        return dict(json.loads(out.read_text()))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
@@ -204,15 +228,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if min(args.steps, args.seeds, args.repeats) < 1:
         parser.error("--steps, --seeds and --repeats must be >= 1")
     if args.no_command_buffers:
-        # XLA reads its flags when the backend starts, so a fresh process is the reliable way.
-        rest = [
-            a for a in (argv if argv is not None else sys.argv[1:]) if a != "--no-command-buffers"
-        ]
-        flags = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
-        env = dict(os.environ, XLA_FLAGS=flags)
-        sys.exit(
-            subprocess.run([sys.executable, "-m", "jdqn.bench.kernels", *rest], env=env).returncode
-        )
+        given = argv if argv is not None else sys.argv[1:]
+        rest = [a for a in given if a != "--no-command-buffers"]
+        sys.exit(_fresh_process_without_command_buffers(rest).returncode)
     result = run(n_steps=args.steps, n_seeds=args.seeds, repeats=args.repeats)
     print(table(result, args.top))
     if args.json is not None:

@@ -8,6 +8,8 @@ Sections (run in this order; ``--only NAME`` picks some):
 - ``walkforward``: the README main command's work, cold and warm compilation cache, in fresh
   processes.
 - ``breakdown``: where the step's time goes (variants with one component off, differenced).
+- ``kernels``: every kernel of the in-scan step with its device time and the part of the step
+  that launched it (``jdqn.bench.kernels``, command buffers off, in a fresh process).
 - ``torch_peer``: the same step in PyTorch, eager and CUDA-graph captured (when torch imports);
   the jdqn/peer ratios use jdqn's numbers measured in the same run.
 - ``projection``, ``replay``, ``data_pipeline``: the component benchmarks of their own modules.
@@ -73,6 +75,15 @@ def _walkforward(quick: bool, cfg: Config) -> dict[str, Any]:
 
 def _breakdown(quick: bool, cfg: Config) -> dict[str, Any]:
     return {"rows": breakdown.run(quick, cfg), "kernel_census": breakdown.kernel_census(cfg)}
+
+
+def _kernels(quick: bool, cfg: Config) -> dict[str, Any]:
+    del cfg  # the profiler's own fixture: the smoketest step
+    from jdqn.bench import kernels
+
+    result = kernels.run_without_command_buffers(n_steps=5 if quick else 200)
+    rows = [{"scope": scope, **figures} for scope, figures in result["scopes"].items()]
+    return {"rows": rows, "detail": result, "table": kernels.table(result, top=15)}
 
 
 def _torch_peer(quick: bool, cfg: Config) -> dict[str, Any]:
@@ -145,6 +156,7 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "seeds": _seeds,
     "walkforward": _walkforward,
     "breakdown": _breakdown,
+    "kernels": _kernels,
     "torch_peer": _torch_peer,
     "projection": _projection,
     "replay": _replay,
