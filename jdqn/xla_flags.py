@@ -11,8 +11,9 @@ autotune cache next to the compilation cache: the first compile of a fusion time
 every later compile in any process reads the record, so processes that share the cache pick the
 same algorithms and agree bit for bit (BENCHMARKS.md, "Reproducibility on the GPU").
 
-The flags are no-ops on CPU. A flag the user already put in ``XLA_FLAGS`` wins (an explicit
-``--xla_gpu_autotune_level=0`` restores the uncached, autotuning-free behaviour).
+The flags are no-ops on CPU (the cache directory is still created at ``import jdqn``). A flag
+the user already put in ``XLA_FLAGS`` wins (an explicit ``--xla_gpu_autotune_level=0`` restores
+the uncached, autotuning-free behaviour).
 """
 
 from __future__ import annotations
