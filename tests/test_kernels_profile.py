@@ -140,3 +140,19 @@ def test_a_table_from_command_buffers_says_how_to_see_the_kernels() -> None:
         ],
     }
     assert "--no-command-buffers" in kernels.table(result)
+
+
+def test_bad_json_path_and_a_failed_profile_process_are_one_line_errors(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        kernels.main(["--json", str(tmp_path / "missing" / "k.json")])
+    assert exit_info.value.code == 2
+    assert "no directory" in capsys.readouterr().err
+
+    def failing(args, capture=False):
+        return subprocess.CompletedProcess(args, 1, "", "Traceback ...\nValueError: boom\n")
+
+    monkeypatch.setattr(kernels, "_fresh_process_without_command_buffers", failing)
+    with pytest.raises(RuntimeError, match="(?s)kernel profile failed: .*boom"):
+        kernels.run_without_command_buffers(n_steps=2)

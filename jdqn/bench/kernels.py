@@ -227,6 +227,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.steps, args.seeds, args.repeats) < 1:
         parser.error("--steps, --seeds and --repeats must be >= 1")
+    if args.json is not None and not args.json.parent.is_dir():
+        # Checked before minutes of profiling, not after.
+        parser.error(f"--json {args.json}: no directory {args.json.parent}; fix: create it first")
     if args.no_command_buffers:
         given = argv if argv is not None else sys.argv[1:]
         rest = [a for a in given if a != "--no-command-buffers"]
