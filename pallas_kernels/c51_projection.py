@@ -17,29 +17,26 @@ Implementations, chosen by ``impl`` in :func:`c51_project`:
 - ``"interpret"``: the same Pallas kernel in interpret mode (CPU CI).
 - ``"auto"``: ``"pallas"`` when the default backend is a GPU, ``"reference"`` otherwise.
 
-How the kernel is O(N). In atom units ``b_j = clip(c + g*j, 0, N-1)`` with
-``c = (r - (1-g)*v_min)/dz``, monotone in ``j``. Target ``i`` receives from the sources with
-``b_j`` in ``[i-1, i+1)``; these form a contiguous range ``[k_{i-1}, k_{i+1})`` of ``j``, where
-``k_t = #{j : b_j < t}`` has a closed form (``ceil((t - c)/g)``, clipped). On that range the hat
-weight is linear in ``b``, and the triangle wave ``tri(b)`` = distance from ``b`` to the nearest
-even integer turns it into a function that is the same for every target of one parity:
-``hat(b - i) = 1 - tri(b)`` for even ``i`` and ``tri(b)`` for odd ``i`` on ``[i-1, i+1]``. So, with
-``A_even = cumsum(p*(1-tri(b)))`` and ``A_odd = cumsum(p*tri(b))`` (exclusive prefix sums),
+How the kernel is O(N). In atom units source ``j`` sits at ``u_j = c + g*j`` before clipping,
+with ``c = (r - (1-g)*v_min)/dz``; order the sources by ``q`` (``q = j`` for ``g >= 0``,
+``q = N-1-j`` for ``g < 0``) so that ``u(q) = base + s*q`` rises with ``s = |g|``. Then:
 
-    m_i = A_par(i)[k_{i+1}] - A_par(i)[k_{i-1}]
+- clipped sources (``u <= 0`` or ``u >= N-1``) put their whole mass on the end atom: two row
+  sums;
+- a terminal row (``s = 0``) has every source at ``u = base``: the row's inside mass times
+  ``hat(base - i)``;
+- otherwise target ``i`` receives from the inside sources with ``u`` in ``(i-1, i+1)``, the
+  ``q`` in an interval of length ``2/s`` starting at ``x_i = (i-1-base)/s``: at most
+  ``floor(2/s) + 1`` of them (3 for ``g = 0.99``). Each target walks its own window, gathering
+  ``p`` from the row it has just loaded (L1/L2 hits), and sums ``p * max(0, 1 - |u - i|)``.
 
-two gathers per target. Every piece is continuous in ``b`` (``tri`` is, and a source on a range
-boundary has the same weight on either side of it), so when float rounding puts ``k_t`` off by
-one for a source sitting on ``t``, the answer moves by rounding error only; no floor has to agree
-with another floor. Negative discounts reverse the order of ``b``; the kernel then reads the
-prefix sums from the other end.
-
-The prefix sums live in the row's own output block (stored, ``debug_barrier``, gathered back),
-so the kernel needs no scratch output and no atomics: HBM sees one read of ``p`` and one write
-of ``m`` (the scratch writes are overwritten while still in L2). They run in int32 fixed
-point (``2**-26`` units), so they are exact in any summation order, window sums are never
-negative, and a row keeps its input mass to within ``N * 2**-27`` however many atoms it has
-(probabilities are expected: a row's mass must stay below 32).
+So a row costs ``N * (floor(2/s) + 2)`` hat evaluations: O(N) for discounts bounded away from 0,
+which is what ``gamma^n`` is. A program loops to the widest window among its rows, so a row with
+a tiny nonzero ``|g|`` makes its block O(N^2), like the hat formulation (correct, only slower).
+Every target computes its own weights from the same ``u(q)``: a source's two weights add to one
+up to rounding, and nothing is written twice, so there are no atomics, scratch buffers or
+barriers: HBM sees one read of ``p`` and one write of ``m``. Summation order is fixed, so the
+result is deterministic.
 
 The Pallas Triton backend is deprecated upstream from jax 0.11 (it still lowers and runs on the
 H200 with jax 0.11.2 and emits a ``DeprecationWarning`` at lowering); the pure-jnp paths need no
@@ -64,9 +61,9 @@ IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat",
 DEFAULT_BLOCK_ELEMENTS = 512
 DEFAULT_NUM_WARPS = 2
 
-# Prefix sums run in int32 fixed point with 2**-26 units: exact in any order, and a row's mass
-# (<= 32 fits) keeps within N * 2**-27 of its float32 value (1.9e-6 at N = 256).
-_UNITS = float(2**26)
+# The window of a target starts this far (in atom units) before x_i: float32 positions carry
+# ~1e-5 of rounding, so no source with a positive hat weight can fall before it.
+_SLACK = 0.01
 
 
 def _support(n_atoms: int, v_min: float, v_max: float) -> float:
@@ -134,11 +131,6 @@ def _split_12_bits(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return hi, x - hi  # x - hi is exact and >= 0
 
 
-def _to_units(x: jax.Array) -> jax.Array:
-    """float32 >= 0 -> int32 count of 2**-26 units, rounded to nearest."""
-    return jnp.floor(x * _UNITS + 0.5).astype(jnp.int32)
-
-
 def _c51_kernel(
     probs_ref,
     rewards_ref,
@@ -148,13 +140,12 @@ def _c51_kernel(
     n_pad: int,
     block_rows: int,
     v_min: float,
-    v_max: float,
     dz: float,
-    barrier: bool,
 ):
     """One program projects ``block_rows`` rows; refs are whole arrays, indexed by hand."""
     out_ref = refs[-1]  # refs = (out,) or (poison_in, out) when the output is aliased
     batch = probs_ref.shape[0]
+    top = n_atoms - 1.0  # the last atom, in atom units
     row0 = pl.program_id(0) * block_rows
     rows = row0 + jnp.arange(block_rows, dtype=jnp.int32)  # [R]
     cols = jnp.arange(n_pad, dtype=jnp.int32)  # [P], padded atom / source index
@@ -164,86 +155,71 @@ def _c51_kernel(
 
     probs = plgpu.load(probs_ref.at[block], mask=valid, other=0.0)  # [R, P]
     reward = plgpu.load(rewards_ref.at[pl.ds(row0, block_rows)], mask=row_ok, other=0.0)
-    discount = plgpu.load(discounts_ref.at[pl.ds(row0, block_rows)], mask=row_ok, other=0.0)
+    discount_row = plgpu.load(discounts_ref.at[pl.ds(row0, block_rows)], mask=row_ok, other=0.0)
+    discount_row = discount_row.astype(jnp.float32)  # [R]
     reward = reward.astype(jnp.float32)[:, None]  # [R, 1]
-    discount = discount.astype(jnp.float32)[:, None]  # [R, 1]
+    discount = discount_row[:, None]  # [R, 1]
 
     # Unclipped source positions in atom units, u = c + g*j with c = (r - (1-g)*v_min)/dz.
     # Sources are visited in the order in which u rises: q = j for g >= 0, q = N-1-j for g < 0,
-    # so u(q) = base + |g|*q. |g| is split into two 12-bit halves so that both products with q
-    # are exact: u(q) then rounds the same way wherever it is evaluated (FMA contraction or not),
-    # and the window counts below agree bit for bit with the positions the weights use.
+    # so u(q) = base + s*q with s = |g|. s is split into two 12-bit halves so that both products
+    # with q are exact: u(q) rounds the same way wherever it is evaluated (FMA contraction or
+    # not), so a source is "clipped" or "inside" by the same test in the row sums and the window.
     ascending = discount >= 0.0  # [R, 1]
     start = (reward - (1.0 - discount) * v_min) / dz  # [R, 1]
-    base = jnp.where(ascending, start, start + discount * (n_atoms - 1))  # [R, 1]
-    slope_hi, slope_lo = _split_12_bits(jnp.abs(discount))  # [R, 1] each, both >= 0
+    base = jnp.where(ascending, start, start + discount * top)  # [R, 1]
+    slope = jnp.abs(discount)  # [R, 1]
+    slope_hi, slope_lo = _split_12_bits(slope)
 
     def position(q):  # q [R, P] float32 integer-valued -> u(q) [R, P], nondecreasing in q
         return (base + slope_hi * q) + slope_lo * q
 
-    source = cols.astype(jnp.float32)[None, :]  # [1, P]
-    u = position(jnp.where(ascending, source, (n_atoms - 1) - source))  # [R, P]
-    b = jnp.clip(u, 0.0, n_atoms - 1.0)  # [R, P], b_j in [0, N-1]
-    tri = jnp.abs(b - 2.0 * jnp.floor(0.5 * b + 0.5))  # [R, P], distance to nearest even
-    odd_units = _to_units(probs * tri)  # [R, P] int32, weight towards odd targets
-    even_units = _to_units(probs) - odd_units  # [R, P] int32, >= 0: rounding is monotone
-    odd_cum = jnp.cumsum(odd_units, axis=1)  # [R, P] int32, inclusive prefix sums
-    even_cum = jnp.cumsum(even_units, axis=1)
-    # NaN/inf in probs, or NaN in rewards/discounts, must not become finite garbage through
-    # the integer path: this row term is 0, or NaN, and is added to the result. (On the GPU,
-    # clip/min/max drop NaN, so the positions alone would not carry it.)
+    def inside(u):  # sources strictly between the end atoms; the rest are clipped onto them
+        return (u > 0.0) & (u < top)
+
+    def source_index(q):  # q order -> column j of probs
+        return jnp.where(ascending, q, top - q)
+
+    # Row sums over the tile: clipped mass goes whole to an end atom. The low sum adds p*0 for
+    # the other sources, so a NaN/inf anywhere in the row makes it NaN, and the row with it.
+    # (On the GPU, min/max drop NaN, so the positions alone would not carry a NaN reward.)
+    u_own = position(source_index(cols.astype(jnp.float32)[None, :]))  # [R, P], source j's u
+    low = jnp.sum(jnp.where(u_own <= 0.0, probs, probs * 0.0), axis=1, keepdims=True)  # [R, 1]
+    high = jnp.sum(jnp.where(u_own >= top, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
+    inner = jnp.sum(jnp.where(inside(u_own), probs, 0.0), axis=1, keepdims=True)  # [R, 1]
     bad_row = jnp.isnan(reward) | jnp.isnan(discount)  # [R, 1]
-    poison = jnp.sum(probs * 0.0, axis=1, keepdims=True) + jnp.where(bad_row, jnp.nan, 0.0)
+    poison = low * 0.0 + jnp.where(bad_row, jnp.nan, 0.0)  # [R, 1]: 0 or NaN
 
-    inv_slope = 1.0 / jnp.maximum(slope_hi + slope_lo, 1e-30)  # g = 0: counts jump 0 -> N
+    target = cols.astype(jnp.float32)[None, :]  # [1, P], target atom i
+    moving = slope > 0.0  # [R, 1]; s = 0 (terminal): every source sits at u = base
+    mass = jnp.where(target == 0.0, low, 0.0) + jnp.where(target == top, high, 0.0)
+    mass += jnp.where(moving, 0.0, inner * jnp.maximum(0.0, 1.0 - jnp.abs(base - target)))
 
-    def count(t):  # t [1, P] -> k_t = #{q : u(q) < t} [R, P] int32 in [0, N]
-        # For 0 < t <= N-1, b < t <=> u < t. Closed form, then one exact fix-up step each
-        # way (the estimate is within one source of the truth while |(t - base)/g| < 2**20,
-        # and beyond that it is clipped to 0 or N, which is then exact too).
-        x = jnp.clip((t - base) * inv_slope, -1.0, n_atoms + 1.0)
-        k = jnp.clip(jnp.ceil(x).astype(jnp.int32), 0, n_atoms)  # clip again: NaN -> any int
-        k_float = k.astype(jnp.float32)
-        k = jnp.where((k < n_atoms) & (position(k_float) < t), k + 1, k)
-        k = jnp.where((k > 0) & (position(k_float - 1.0) >= t), k - 1, k)
-        k = jnp.where(t <= 0.0, 0, k)
-        return jnp.where(t >= n_atoms, n_atoms, k)
-
-    target = cols.astype(jnp.float32)[None, :]  # [1, P]
-    k_below = count(target - 1.0)  # [R, P], sources with b < i-1
-    k_above = count(target + 1.0)  # [R, P], sources with b < i+1
-    # Target i's window [k_below, k_above) in q order, as exclusive prefix indices in j order.
-    end = jnp.where(ascending, k_above, n_atoms - k_below)
-    begin = jnp.where(ascending, k_below, n_atoms - k_above)
-
+    # Moving rows: target i gathers the inside sources with u in (i-1, i+1), where the hat
+    # weight max(0, 1 - |u - i|) is positive. They are the q in an interval of length 2/s, from
+    # x_i = (i-1-base)/s on: at most floor(2/s) + 1 of them. The window starts SLACK atom units
+    # early (u carries ~1e-5 of rounding) and a source outside it gets weight 0 anyway.
+    inv_slope = 1.0 / jnp.where(moving, slope, 1.0)  # [R, 1]
+    # Window length per row, as [R]: a reduction over [R, 1] trips the CUDA lowering.
+    row_slope = jnp.abs(discount_row)  # [R]
+    width = jnp.floor((2.0 + 2 * _SLACK) / jnp.where(row_slope > 0.0, row_slope, 1.0)) + 1.0
+    width = jnp.where(row_slope > 0.0, jnp.minimum(width, n_atoms), 0.0)  # [R], <= N
+    first = jnp.clip((target - 1.0 - _SLACK - base) * inv_slope, -1.0, n_atoms)  # [R, P]
+    first = jnp.where(jnp.isnan(first), n_atoms, jnp.maximum(jnp.ceil(first), 0.0))
     row_index = jnp.broadcast_to(rows[:, None], (block_rows, n_pad))
-    is_even = (cols % 2 == 0)[None, :]  # [1, P]
+    gather_ok = valid & moving  # [R, P]
 
-    def window_sum(parity_mask):
-        # A[k] (exclusive) = inclusive[k - 1], A[0] = 0: masked lanes read nothing, give 0.
-        def prefix(k):
-            mask = valid & parity_mask & (k > 0)
-            bits = plgpu.load(out_ref.at[row_index, jnp.maximum(k - 1, 0)], mask=mask, other=0.0)
-            return jax.lax.bitcast_convert_type(bits, jnp.int32)
+    def add_source(step, total):  # the step-th source of every target's window
+        q = first + step.astype(jnp.float32)  # [R, P] float32, integer-valued, >= 0
+        ok = gather_ok & (q < n_atoms)
+        column = jnp.where(ok, source_index(q), 0.0).astype(jnp.int32)
+        p = plgpu.load(probs_ref.at[row_index, column], mask=ok, other=0.0)  # L1/L2 hit
+        u = position(q)
+        weight = jnp.where(ok & inside(u), jnp.maximum(0.0, 1.0 - jnp.abs(u - target)), 0.0)
+        return total + p * weight
 
-        return prefix(end) - prefix(begin)  # [R, P] int32, exact
-
-    def sync():
-        # The output block doubles as scratch: other threads of this program must see the
-        # stores before the gathers, and finish gathering before the next stores.
-        if barrier:
-            plgpu.debug_barrier()
-
-    as_bits = functools.partial(jax.lax.bitcast_convert_type, new_dtype=jnp.float32)
-    plgpu.store(out_ref.at[block], as_bits(even_cum), mask=valid)
-    sync()
-    mass_even = window_sum(is_even)
-    sync()
-    plgpu.store(out_ref.at[block], as_bits(odd_cum), mask=valid)
-    sync()
-    mass_odd = window_sum(~is_even)
-    sync()
-    mass = jnp.where(is_even, mass_even, mass_odd).astype(jnp.float32) * (1.0 / _UNITS)
+    steps = jnp.max(width).astype(jnp.int32)  # the block's widest window (3 for s = 0.99)
+    mass = jax.lax.fori_loop(0, steps, add_source, mass)
     plgpu.store(out_ref.at[block], mass + poison, mask=valid)
 
 
@@ -280,9 +256,7 @@ def c51_project_pallas(
         n_pad=n_pad,
         block_rows=block_rows,
         v_min=float(v_min),
-        v_max=float(v_max),
         dz=float(dz),
-        barrier=not interpret,  # interpret mode runs a program's lanes in lockstep already
     )
     operands = [probs.astype(jnp.float32), rewards, discounts]
     aliases = {}

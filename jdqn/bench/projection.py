@@ -110,10 +110,13 @@ def run(
     return rows
 
 
+TUNE_SIZES: tuple[tuple[int, int], ...] = ((262144, 51), (262144, 101), (262144, 201))
+
+
 def tune(
-    sizes: Sequence[tuple[int, int]] = ((262144, 51), (262144, 101), (262144, 201)),
-    block_elements: Sequence[int] = (256, 512, 1024),
-    num_warps: Sequence[int] = (1, 2, 4),
+    sizes: Sequence[tuple[int, int]] = TUNE_SIZES,
+    block_elements: Sequence[int] = (256, 512, 1024, 2048),
+    num_warps: Sequence[int] = (1, 2, 4, 8),
     repeats: int = 30,
 ) -> list[dict]:
     """Pallas launch sweep: padded atoms per program x warps (the defaults come from here)."""
@@ -200,12 +203,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=SIZES,
         help="comma-separated BxN cases, e.g. 262144x101,262144x201 (default: all)",
     )
+    parser.add_argument(
+        "--tune-sizes",
+        type=parse_sizes,
+        default=TUNE_SIZES,
+        help="BxN cases for --tune (default: 262144 x 51, 101, 201)",
+    )
     args = parser.parse_args(argv)
     print(f"jax {jax.__version__}, device: {jax.devices()[0].device_kind}")
     print(format_table(run(sizes=args.sizes, repeats=args.repeats)))
     if args.tune:
         print()
-        print(format_table(tune(repeats=args.repeats)))
+        print(format_table(tune(sizes=args.tune_sizes, repeats=args.repeats)))
 
 
 if __name__ == "__main__":
