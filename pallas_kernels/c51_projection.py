@@ -65,6 +65,9 @@ DEFAULT_NUM_WARPS = 2
 # ~1e-5 of rounding, so no source with a positive hat weight can fall before it.
 _SLACK = 0.01
 
+# Window steps unrolled in the kernel: rows with |g| > 2.02 / UNROLLED (0.674) need no loop.
+UNROLLED = 3
+
 
 def _support(n_atoms: int, v_min: float, v_max: float) -> float:
     """Validates the static support and returns the atom spacing dz."""
@@ -123,16 +126,9 @@ def _project_xla_scatter(
 # --------------------------------------------------------------------------------------------
 
 
-def _split_12_bits(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """x >= 0 as hi + lo, hi = x with the low 12 mantissa bits cleared: both have <= 12 bits."""
-    hi = jax.lax.bitcast_convert_type(
-        jax.lax.bitcast_convert_type(x, jnp.uint32) & jnp.uint32(0xFFFFF000), jnp.float32
-    )
-    return hi, x - hi  # x - hi is exact and >= 0
-
-
 def _c51_kernel(
     probs_ref,
+    flat_probs_ref,
     rewards_ref,
     discounts_ref,
     *refs,
@@ -142,7 +138,11 @@ def _c51_kernel(
     v_min: float,
     dz: float,
 ):
-    """One program projects ``block_rows`` rows; refs are whole arrays, indexed by hand."""
+    """One program projects ``block_rows`` rows; refs are whole arrays, indexed by hand.
+
+    ``flat_probs_ref`` is ``probs_ref`` as one [B*N] vector: the window gathers address it by a
+    flat offset that each step moves by one (cheaper than a row and a column per gather).
+    """
     out_ref = refs[-1]  # refs = (out,) or (poison_in, out) when the output is aliased
     batch = probs_ref.shape[0]
     top = n_atoms - 1.0  # the last atom, in atom units
@@ -161,34 +161,27 @@ def _c51_kernel(
     discount = discount_row[:, None]  # [R, 1]
 
     # Unclipped source positions in atom units, u = c + g*j with c = (r - (1-g)*v_min)/dz.
-    # Sources are visited in the order in which u rises: q = j for g >= 0, q = N-1-j for g < 0,
-    # so u(q) = base + s*q with s = |g|. s is split into two 12-bit halves so that both products
-    # with q are exact: u(q) rounds the same way wherever it is evaluated (FMA contraction or
-    # not), so a source is "clipped" or "inside" by the same test in the row sums and the window.
+    # Sources are taken in the order in which u rises: q = j for g >= 0, q = N-1-j for g < 0,
+    # so u(q) = base + s*q with s = |g|, nondecreasing in q however it is rounded.
     ascending = discount >= 0.0  # [R, 1]
     start = (reward - (1.0 - discount) * v_min) / dz  # [R, 1]
     base = jnp.where(ascending, start, start + discount * top)  # [R, 1]
     slope = jnp.abs(discount)  # [R, 1]
-    slope_hi, slope_lo = _split_12_bits(slope)
 
-    def position(q):  # q [R, P] float32 integer-valued -> u(q) [R, P], nondecreasing in q
-        return (base + slope_hi * q) + slope_lo * q
-
-    def inside(u):  # sources strictly between the end atoms; the rest are clipped onto them
-        return (u > 0.0) & (u < top)
-
-    def source_index(q):  # q order -> column j of probs
-        return jnp.where(ascending, q, top - q)
-
-    # Row sums over the tile: clipped mass goes whole to an end atom. The low sum adds p*0 for
-    # the other sources, so a NaN/inf anywhere in the row makes it NaN, and the row with it.
-    # (On the GPU, min/max drop NaN, so the positions alone would not carry a NaN reward.)
-    u_own = position(source_index(cols.astype(jnp.float32)[None, :]))  # [R, P], source j's u
-    low = jnp.sum(jnp.where(u_own <= 0.0, probs, probs * 0.0), axis=1, keepdims=True)  # [R, 1]
-    high = jnp.sum(jnp.where(u_own >= top, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
-    inner = jnp.sum(jnp.where(inside(u_own), probs, 0.0), axis=1, keepdims=True)  # [R, 1]
-    bad_row = jnp.isnan(reward) | jnp.isnan(discount)  # [R, 1]
-    poison = low * 0.0 + jnp.where(bad_row, jnp.nan, 0.0)  # [R, 1]: 0 or NaN
+    # Row sums over the tile. Clipped sources (u <= 0 or u >= N-1) put their whole mass on an
+    # end atom; they are the first n_low and the last n_high sources in q order, so the window
+    # below takes exactly the others, and no source is counted twice however u rounds there.
+    u_own = base + slope * jnp.where(ascending, cols, top - cols).astype(jnp.float32)  # [R, P]
+    is_low = valid & (u_own <= 0.0)
+    is_high = valid & (u_own >= top)
+    low = jnp.sum(jnp.where(is_low, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
+    high = jnp.sum(jnp.where(is_high, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
+    inner = jnp.sum(jnp.where(is_low | is_high, 0.0, probs), axis=1, keepdims=True)  # [R, 1]
+    q_low = jnp.sum(is_low.astype(jnp.float32), axis=1, keepdims=True)  # [R, 1], n_low
+    q_high = n_atoms - jnp.sum(is_high.astype(jnp.float32), axis=1, keepdims=True)  # [R, 1]
+    # A NaN reward or discount clips nothing and moves nothing: mark its row NaN for the guard.
+    # (NaN/inf in probs reaches an end atom or a window on its own.)
+    poison = jnp.where(jnp.isnan(reward) | jnp.isnan(discount), jnp.nan, 0.0)  # [R, 1]
 
     target = cols.astype(jnp.float32)[None, :]  # [1, P], target atom i
     moving = slope > 0.0  # [R, 1]; s = 0 (terminal): every source sits at u = base
@@ -205,21 +198,26 @@ def _c51_kernel(
     width = jnp.floor((2.0 + 2 * _SLACK) / jnp.where(row_slope > 0.0, row_slope, 1.0)) + 1.0
     width = jnp.where(row_slope > 0.0, jnp.minimum(width, n_atoms), 0.0)  # [R], <= N
     first = jnp.clip((target - 1.0 - _SLACK - base) * inv_slope, -1.0, n_atoms)  # [R, P]
-    first = jnp.where(jnp.isnan(first), n_atoms, jnp.maximum(jnp.ceil(first), 0.0))
-    row_index = jnp.broadcast_to(rows[:, None], (block_rows, n_pad))
-    gather_ok = valid & moving  # [R, P]
+    first = jnp.where(jnp.isnan(first), n_atoms, jnp.maximum(jnp.ceil(first), q_low))
+    u_first = base + slope * first  # [R, P]
+    # Flat offset of the window's first source; each step moves it one source on (in q order).
+    first_column = jnp.where(ascending, first, top - first).astype(jnp.int32)
+    offset = rows[:, None] * n_atoms + first_column  # [R, P] int32 (B*N < 2**31, checked)
+    direction = jnp.where(ascending, 1, -1)  # [R, 1]
+    last = jnp.where(moving & valid, q_high - first, 0.0)  # [R, P], steps inside the window
 
     def add_source(step, total):  # the step-th source of every target's window
-        q = first + step.astype(jnp.float32)  # [R, P] float32, integer-valued, >= 0
-        ok = gather_ok & (q < n_atoms)
-        column = jnp.where(ok, source_index(q), 0.0).astype(jnp.int32)
-        p = plgpu.load(probs_ref.at[row_index, column], mask=ok, other=0.0)  # L1/L2 hit
-        u = position(q)
-        weight = jnp.where(ok & inside(u), jnp.maximum(0.0, 1.0 - jnp.abs(u - target)), 0.0)
-        return total + p * weight
+        ok = step.astype(jnp.float32) < last
+        p = plgpu.load(flat_probs_ref.at[offset + direction * step], mask=ok, other=0.0)
+        u = u_first + slope * step.astype(jnp.float32)
+        return total + p * jnp.maximum(0.0, 1.0 - jnp.abs(u - target))
 
+    # The first UNROLLED steps are unrolled so that their gathers are in flight together (a
+    # loop waits for each one); wider windows (s < 0.674) run on in a loop.
+    for step in range(UNROLLED):
+        mass = add_source(jnp.int32(step), mass)
     steps = jnp.max(width).astype(jnp.int32)  # the block's widest window (3 for s = 0.99)
-    mass = jax.lax.fori_loop(0, steps, add_source, mass)
+    mass = jax.lax.fori_loop(UNROLLED, steps, add_source, mass)
     plgpu.store(out_ref.at[block], mass + poison, mask=valid)
 
 
@@ -258,11 +256,17 @@ def c51_project_pallas(
         v_min=float(v_min),
         dz=float(dz),
     )
-    operands = [probs.astype(jnp.float32), rewards, discounts]
+    if batch * n_atoms >= 2**31:
+        raise ValueError(
+            f"c51_project: {batch} x {n_atoms} probabilities exceed the kernel's int32 offsets;"
+            " project in chunks of fewer than 2**31 / N rows"
+        )
+    probs = probs.astype(jnp.float32)
+    operands = [probs, probs.reshape(-1), rewards, discounts]
     aliases = {}
     if out_init is not None:
         operands.append(out_init.astype(jnp.float32))
-        aliases = {3: 0}
+        aliases = {4: 0}
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((batch, n_atoms), jnp.float32),

@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,20 @@ def device_events(trace: dict[str, Any]) -> list[dict[str, Any]]:
     return [e for e in ops if e["pid"] in gpu] if gpu else ops
 
 
+def traced_device_events(work: Callable[[], object]) -> tuple[list[dict[str, Any]], float]:
+    """Runs ``work()`` under ``jax.profiler``: its XLA op events (``device_events``) and the
+    traced wall seconds. ``work`` must block until its results are ready."""
+    with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+            start = time.perf_counter()
+            work()
+            traced_s = time.perf_counter() - start
+        (path,) = Path(log_dir).rglob("perfetto_trace.json.gz")
+        with gzip.open(path, "rt") as f:
+            trace = json.load(f)
+    return device_events(trace), traced_s
+
+
 def summarise(
     events: Sequence[dict[str, Any]], names: dict[str, str], n_steps: int
 ) -> dict[str, Any]:
@@ -127,17 +141,15 @@ def run(
     fn = scan_steps_fn(learner, n_steps, vmapped=n_seeds > 1).lower(state).compile()
     names = op_names(fn.as_text() or "")
     timing, state = time_repeated(fn, state, repeats)  # untraced wall clock (first call: warm-up)
-    with tempfile.TemporaryDirectory() as log_dir:
-        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
-            start = time.perf_counter()
-            for _ in range(repeats):
-                state, _ = fn(state)
-            jax.block_until_ready(state)
-            traced_s = time.perf_counter() - start
-        (path,) = Path(log_dir).rglob("perfetto_trace.json.gz")
-        with gzip.open(path, "rt") as f:
-            trace = json.load(f)
-    summary = summarise(device_events(trace), names, n_steps * repeats)
+
+    def scans():
+        nonlocal state
+        for _ in range(repeats):
+            state, _ = fn(state)
+        jax.block_until_ready(state)
+
+    events, traced_s = traced_device_events(scans)
+    summary = summarise(events, names, n_steps * repeats)
     return {
         "command_buffers": any(
             k["kernel"].startswith("command_buffer") for k in summary["kernels"]
