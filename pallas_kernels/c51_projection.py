@@ -168,38 +168,40 @@ def _c51_kernel(
     base = jnp.where(ascending, start, start + discount * top)  # [R, 1]
     slope = jnp.abs(discount)  # [R, 1]
 
-    # Row sums over the tile. Clipped sources (u <= 0 or u >= N-1) put their whole mass on an
-    # end atom; they are the first n_low and the last n_high sources in q order, so the window
-    # below takes exactly the others, and no source is counted twice however u rounds there.
-    u_own = base + slope * jnp.where(ascending, cols, top - cols).astype(jnp.float32)  # [R, P]
-    is_low = valid & (u_own <= 0.0)
-    is_high = valid & (u_own >= top)
-    low = jnp.sum(jnp.where(is_low, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
-    high = jnp.sum(jnp.where(is_high, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
-    inner = jnp.sum(jnp.where(is_low | is_high, 0.0, probs), axis=1, keepdims=True)  # [R, 1]
-    q_low = jnp.sum(is_low.astype(jnp.float32), axis=1, keepdims=True)  # [R, 1], n_low
-    q_high = n_atoms - jnp.sum(is_high.astype(jnp.float32), axis=1, keepdims=True)  # [R, 1]
+    target = cols.astype(jnp.float32)[None, :]  # [1, P], target atom i
+    moving = slope > 0.0  # [R, 1]; s = 0 (terminal): every source sits at u = base
+    inv_slope = 1.0 / jnp.where(moving, slope, 1.0)  # [R, 1]
+    q = jnp.where(ascending, target, top - target)  # [R, P], q of the source in column j
+
+    # Clipped sources put their whole mass on an end atom. In q order they are the first n_low
+    # (u <= 0) and those from q_high on (u >= N-1); the window below takes only the q between,
+    # so no source is counted twice, and where the closed-form counts round a source at u ~ 0
+    # to the other side, its weight there is the same to within that rounding. A terminal row
+    # counts all its sources as "low" and puts them at clip(base) instead of at atom 0.
+    n_low = jnp.clip(jnp.floor(-base * inv_slope) + 1.0, 0.0, n_atoms)  # [R, 1]
+    q_high = jnp.clip(jnp.ceil((top - base) * inv_slope), n_low, n_atoms)  # [R, 1]
+    n_low = jnp.where(moving, n_low, n_atoms)
+    q_high = jnp.where(moving, q_high, n_atoms)
+    low = jnp.sum(jnp.where(q < n_low, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
+    high = jnp.sum(jnp.where(q >= q_high, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
+    anchor = jnp.where(moving, 0.0, jnp.clip(base, 0.0, top))  # [R, 1], where "low" goes
+    mass = low * jnp.maximum(0.0, 1.0 - jnp.abs(anchor - target))  # [R, P]
+    mass += jnp.where(target == top, high, 0.0)
     # A NaN reward or discount clips nothing and moves nothing: mark its row NaN for the guard.
     # (NaN/inf in probs reaches an end atom or a window on its own.)
     poison = jnp.where(jnp.isnan(reward) | jnp.isnan(discount), jnp.nan, 0.0)  # [R, 1]
-
-    target = cols.astype(jnp.float32)[None, :]  # [1, P], target atom i
-    moving = slope > 0.0  # [R, 1]; s = 0 (terminal): every source sits at u = base
-    mass = jnp.where(target == 0.0, low, 0.0) + jnp.where(target == top, high, 0.0)
-    mass += jnp.where(moving, 0.0, inner * jnp.maximum(0.0, 1.0 - jnp.abs(base - target)))
 
     # Moving rows: target i gathers the inside sources with u in (i-1, i+1), where the hat
     # weight max(0, 1 - |u - i|) is positive. They are the q in an interval of length 2/s, from
     # x_i = (i-1-base)/s on: at most floor(2/s) + 1 of them. The window starts SLACK atom units
     # early (u carries ~1e-5 of rounding) and a source outside it gets weight 0 anyway.
-    inv_slope = 1.0 / jnp.where(moving, slope, 1.0)  # [R, 1]
     # Window length per row, as [R]: a reduction over [R, 1] trips the CUDA lowering.
     row_slope = jnp.abs(discount_row)  # [R]
     width = jnp.floor((2.0 + 2 * _SLACK) / jnp.where(row_slope > 0.0, row_slope, 1.0)) + 1.0
     width = jnp.where(row_slope > 0.0, jnp.minimum(width, n_atoms), 0.0)  # [R], <= N
     first = jnp.clip((target - 1.0 - _SLACK - base) * inv_slope, -1.0, n_atoms)  # [R, P]
-    first = jnp.where(jnp.isnan(first), n_atoms, jnp.maximum(jnp.ceil(first), q_low))
-    u_first = base + slope * first  # [R, P]
+    first = jnp.where(jnp.isnan(first), n_atoms, jnp.maximum(jnp.ceil(first), n_low))
+    distance = base + slope * first - target  # [R, P], u - i at the window's first source
     # Flat offset of the window's first source; each step moves it one source on (in q order).
     first_column = jnp.where(ascending, first, top - first).astype(jnp.int32)
     offset = rows[:, None] * n_atoms + first_column  # [R, P] int32 (B*N < 2**31, checked)
@@ -207,10 +209,9 @@ def _c51_kernel(
     last = jnp.where(moving & valid, q_high - first, 0.0)  # [R, P], steps inside the window
 
     def add_source(step, total):  # the step-th source of every target's window
-        ok = step.astype(jnp.float32) < last
-        p = plgpu.load(flat_probs_ref.at[offset + direction * step], mask=ok, other=0.0)
-        u = u_first + slope * step.astype(jnp.float32)
-        return total + p * jnp.maximum(0.0, 1.0 - jnp.abs(u - target))
+        step_f = step.astype(jnp.float32)
+        p = plgpu.load(flat_probs_ref.at[offset + direction * step], mask=step_f < last, other=0.0)
+        return total + p * jnp.maximum(0.0, 1.0 - jnp.abs(distance + slope * step_f))
 
     # The first UNROLLED steps are unrolled so that their gathers are in flight together (a
     # loop waits for each one); wider windows (s < 0.674) run on in a loop.
