@@ -196,3 +196,16 @@ def test_kernels_section_turns_the_profile_into_rows_and_a_table(monkeypatch) ->
     assert [r["scope"] for r in section["rows"]] == ["backward", "adam"]
     assert section["rows"][0]["us_per_step"] == 6.0
     assert "gemm_fusion_dot.1" in section["table"] and "kernels/step" in section["table"]
+
+
+def test_projection_benchmark_reports_kernel_time_per_call() -> None:
+    """The projection section on this backend: a kernel time from the profiler for every
+    implementation, next to the loop and call times, and the agreement with the scatter."""
+    from jdqn.bench import projection
+
+    rows = projection.run(sizes=((16, 51),), repeats=2, impls=("reference", "xla_scatter"))
+    assert [row["impl"] for row in rows] == ["reference", "xla_scatter"]
+    for row in rows:
+        assert row["median_us"] > 0 and row["loop_us"] > 0 and row["call_us"] > 0
+        assert row["max_abs_diff_vs_xla_scatter"] < 2e-5
+    assert "kernel us" in projection.format_table(rows)
