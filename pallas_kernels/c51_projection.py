@@ -21,22 +21,26 @@ How the kernel is O(N). In atom units source ``j`` sits at ``u_j = c + g*j`` bef
 with ``c = (r - (1-g)*v_min)/dz``; order the sources by ``q`` (``q = j`` for ``g >= 0``,
 ``q = N-1-j`` for ``g < 0``) so that ``u(q) = base + s*q`` rises with ``s = |g|``. Then:
 
-- clipped sources (``u <= 0`` or ``u >= N-1``) put their whole mass on the end atom: two row
-  sums;
-- a terminal row (``s = 0``) has every source at ``u = base``: the row's inside mass times
-  ``hat(base - i)``;
-- otherwise target ``i`` receives from the inside sources with ``u`` in ``(i-1, i+1)``, the
-  ``q`` in an interval of length ``2/s`` starting at ``x_i = (i-1-base)/s``: at most
-  ``floor(2/s) + 1`` of them (3 for ``g = 0.99``). Each target walks its own window, gathering
-  ``p`` from the row it has just loaded (L1/L2 hits), and sums ``p * max(0, 1 - |u - i|)``.
+- clipped sources (``u <= 0`` or ``u >= N-1``) put their whole mass on an end atom. In ``q``
+  order they are the first ``n_low`` and the last ``N - q_high``, counted in closed form per row
+  (``n_low = floor(-base/s) + 1``, clipped): two masked row sums;
+- a terminal row (``s = 0``) has every source at ``u = base``: its whole mass times
+  ``hat(clip(base) - i)``;
+- otherwise target ``i`` receives from the sources ``q`` in ``[n_low, q_high)`` with ``u`` in
+  ``(i-1, i+1)``: a run of consecutive ``q`` from ``x_i = (i-1-base)/s`` on, at most
+  ``floor(2/s) + 1`` long (3 for ``g = 0.99``). Each target walks its own window, gathering ``p``
+  from the row it has just loaded (L1/L2 hits), and sums ``p * max(0, 1 - |u - i|)``.
 
-So a row costs ``N * (floor(2/s) + 2)`` hat evaluations: O(N) for discounts bounded away from 0,
-which is what ``gamma^n`` is. A program loops to the widest window among its rows, so a row with
-a tiny nonzero ``|g|`` makes its block O(N^2), like the hat formulation (correct, only slower).
-Every target computes its own weights from the same ``u(q)``: a source's two weights add to one
-up to rounding, and nothing is written twice, so there are no atomics, scratch buffers or
-barriers: HBM sees one read of ``p`` and one write of ``m``. Summation order is fixed, so the
-result is deterministic.
+So a row costs about ``N * (floor(2/s) + 1)`` gathers and hat evaluations: O(N) for discounts
+bounded away from 0, which is what ``gamma^n`` is. The first 3 window steps are unrolled; a
+program whose rows need more (``|g| < 0.674``) loops to its widest window, so a row with a tiny
+nonzero ``|g|`` makes its block O(N^2), like the hat formulation (correct, only slower). The
+clip counts decide which sources the windows may take, so no source is counted twice however
+``u`` rounds at a boundary (it is then within rounding of the end atom, where both weights
+agree); a source's two hat weights add to one up to rounding, and every output element is
+written once by its own target: no atomics, scratch buffers or barriers, and HBM sees one read of
+``p`` and one write of ``m``. Summation order is fixed, so the result is deterministic. Flat
+int32 offsets address ``p``, so ``B*N < 2**31`` (checked).
 
 The Pallas Triton backend is deprecated upstream from jax 0.11 (it still lowers and runs on the
 H200 with jax 0.11.2 and emits a ``DeprecationWarning`` at lowering); the pure-jnp paths need no
@@ -244,7 +248,8 @@ def c51_project_pallas(
     ``block_elements`` (padded atoms per program, rows = block_elements // next_pow2(N)) and
     ``num_warps`` are launch knobs for benchmarking. ``out_init`` [B, N], if given, is aliased
     to the output buffer, so tests can poison it (NaN) and see that every element is written.
-    Not vmappable by itself; :func:`c51_project` adds the vmap rule.
+    Not vmappable by itself; :func:`c51_project` adds the vmap rule. Raises ``ValueError`` for
+    ``B*N >= 2**31`` (int32 offsets): project in chunks of rows.
     """
     batch, n_atoms = probs.shape
     dz = _support(n_atoms, v_min, v_max)

@@ -272,6 +272,20 @@ def test_dispatch_and_validation():
         c51_project(probs, jnp.zeros(2), jnp.ones(2), 1.0, 1.0)
 
 
+def test_pallas_refuses_inputs_beyond_int32_offsets():
+    """The kernel addresses probs by int32 flat offsets: B*N >= 2**31 is refused at trace time
+    with the way out (checked on shapes only, nothing is allocated)."""
+    probs = jax.ShapeDtypeStruct((2**25, 64), jnp.float32)
+    rows = jax.ShapeDtypeStruct((2**25,), jnp.float32)
+    with pytest.raises(ValueError, match="int32 offsets.*chunks"):
+        jax.eval_shape(
+            lambda p, r, g: c51_project_pallas(p, r, g, -1.0, 1.0, interpret=True),
+            probs,
+            rows,
+            rows,
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # CUDA lowering on any machine (an abstract H200): catches shapes the GPU backend rejects.
 # --------------------------------------------------------------------------------------------
