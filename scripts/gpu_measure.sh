@@ -2,6 +2,9 @@
 # On the GPU machine (through `device`): the H200 measurements recorded in BENCHMARKS.md.
 # Usage: bash scripts/gpu_measure.sh PHASE...   with PHASE one of
 #   projection  C51 projection tests against the real kernel + benchmark + launch sweep (issue 5)
+#   projvariants  the projection kernel against earlier ones saved as scripts/_<name>.py, a copy-only
+#               kernel and the XLA scatter, kernel times, at 262,144 x 51 / 101 / 201 and 4,096 x 51;
+#               then Nsight Compute on the kernel at 262,144 x 51 (registers, occupancy, throughput)
 #   debug       the smoketest walk-forward with and without --debug, wall time each (issue 7)
 #   determinism the same walk-forward twice (plain, then with XLA's deterministic GPU ops, then
 #               that with --debug): are the numbers the same? (issue 7; DESIGN section 10)
@@ -30,6 +33,16 @@ for phase in "$@"; do
   case "$phase" in
     projection)
       OUT="$out" timeout "${PROJECTION_TIMEOUT:-540}" bash scripts/gpu_projection_check.sh --tune --repeats 20 ;;
+    projvariants)
+      timeout -s KILL 240 python3 scripts/projection_variants.py 262144x51 262144x101 262144x201 \
+        4096x51 2>&1 | grep -v -i deprecat | tee "$out/variants.log"
+      # Without preallocation: ncu saves and restores the process's GPU memory on every replay.
+      XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_FLAGS=--xla_gpu_enable_command_buffer= \
+        timeout -s KILL 150 ncu --clock-control none --kernel-name regex:c51_project \
+        --launch-count 1 --section LaunchStats --section Occupancy --section SpeedOfLight \
+        --section WarpStateStats --section ComputeWorkloadAnalysis \
+        python3 scripts/projection_variants.py --ncu 262144x51 > "$out/ncu.txt" 2>&1
+      grep -E "Duration|Registers Per|Occupancy|Throughput|Issued Warp" "$out/ncu.txt" ;;
     debug)
       for mode in off debug; do
         flag=(); [ "$mode" = debug ] && flag=(--debug)
