@@ -176,7 +176,10 @@ def _c51_kernel(
     target = cols.astype(jnp.float32)[None, :]  # [1, P], target atom i
     moving = slope > 0.0  # [R, 1]; s = 0 (terminal): every source sits at u = base
     inv_slope = 1.0 / jnp.where(moving, slope, 1.0)  # [R, 1]
-    q = jnp.where(ascending, target, top - target)  # [R, P], q of the source in column j
+    # q order <-> column: q = flip + turn*j (q = j, or N-1-j for g < 0), one FMA per element.
+    flip = jnp.where(ascending, 0.0, top)  # [R, 1]
+    turn = jnp.where(ascending, 1.0, -1.0)  # [R, 1]
+    q = flip + turn * target  # [R, P], q of the source in column j
 
     # Clipped sources put their whole mass on an end atom. In q order they are the first n_low
     # (u <= 0) and those from q_high on (u >= N-1); the window below takes only the q between,
@@ -204,14 +207,19 @@ def _c51_kernel(
     row_slope = jnp.abs(discount_row)  # [R]
     width = jnp.floor((2.0 + 2 * _SLACK) / jnp.where(row_slope > 0.0, row_slope, 1.0)) + 1.0
     width = jnp.where(row_slope > 0.0, jnp.minimum(width, n_atoms), 0.0)  # [R], <= N
-    first = jnp.clip((target - 1.0 - _SLACK - base) * inv_slope, -1.0, n_atoms)  # [R, P]
-    first = jnp.where(jnp.isnan(first), n_atoms, jnp.maximum(jnp.ceil(first), n_low))
+    # Clipped to [n_low, N] before the int conversion below. A NaN reward gathers nothing or
+    # inside its own row (as the NaN min/max happen to resolve); its poison marks the row.
+    first = jnp.minimum(
+        jnp.maximum(jnp.ceil((target - 1.0 - _SLACK - base) * inv_slope), n_low), n_atoms
+    )
     distance = base + slope * first - target  # [R, P], u - i at the window's first source
     # Flat offset of the window's first source; each step moves it one source on (in q order).
-    first_column = jnp.where(ascending, first, top - first).astype(jnp.int32)
+    first_column = (flip + turn * first).astype(jnp.int32)
     offset = rows[:, None] * n_atoms + first_column  # [R, P] int32 (B*N < 2**31, checked)
     direction = jnp.where(ascending, 1, -1)  # [R, 1]
-    last = jnp.where(moving & valid, q_high - first, 0.0)  # [R, P], steps inside the window
+    # Steps inside the window. Terminal rows (and rows past B, loaded as g = 0) have
+    # n_low = q_high = N, so none; padded target lanes gather inside their row, unused.
+    last = q_high - first  # [R, P]
 
     def add_source(step, total):  # the step-th source of every target's window
         step_f = step.astype(jnp.float32)

@@ -1,6 +1,6 @@
 """Times variants of the Pallas C51 projection against each other in one process (issue 5).
 
-    python3 scripts/projection_variants.py [--ncu] [BxN ...]
+    python3 scripts/projection_variants.py [--ncu] [--default] [BxN ...]
 
 Variants: ``window`` (the kernel in ``pallas_kernels``) at a few launch configs; earlier kernels
 saved beside this script as ``_<name>.py`` (e.g. ``git show
@@ -8,7 +8,7 @@ saved beside this script as ``_<name>.py`` (e.g. ``git show
 grid and masked [rows, padded atoms] tile loads and stores, no arithmetic: the floor of that
 access pattern); and ``xla_scatter``. Times are kernel times from the profiler
 (``jdqn.bench.projection.kernel_us``). ``--ncu`` runs each kernel once without timing, for
-``ncu --kernel-name regex:c51``.
+``ncu --kernel-name regex:c51``; ``--default`` times the default launch only.
 """
 
 import functools
@@ -88,7 +88,7 @@ def main() -> None:
         batch, n_atoms = map(int, size.split("x"))
         args = make_inputs(jax.random.key(0), batch, n_atoms)
         check = window.c51_project(*args, V_MIN, V_MAX, impl="xla_scatter")
-        for elements, warps in CONFIGS[:1] if ncu else CONFIGS:
+        for elements, warps in CONFIGS[:1] if ncu or "--default" in sys.argv else CONFIGS:
             for name, project in variants(elements, warps).items():
                 if name != "window" and (elements, warps) != CONFIGS[0]:
                     continue
