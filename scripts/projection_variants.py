@@ -62,7 +62,7 @@ def _earlier_kernels() -> dict:
     return modules
 
 
-def variants(elements, warps, ncu=False):
+def variants(elements, warps):
     def pallas(module):
         return functools.partial(
             module.c51_project_pallas,
