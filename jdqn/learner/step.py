@@ -339,10 +339,9 @@ def make_learner(
         checks.finite("gradient", "grad_total", grad_total)
         with jax.named_scope("adam"):
             updates, opt_state = optimizer.update(unravel(grad_total), state.opt_state, params)
-        checks.finite_norm("adam", "update", updates)
-        with jax.named_scope("adam"):
+            checks.finite_norm("adam", "update", updates)
             new_params = jax.tree.map(jnp.multiply, optax.apply_updates(params, updates), masks)
-        checks.finite_norm("adam", "new_params", new_params)
+            checks.finite_norm("adam", "new_params", new_params)
 
         # 11. Target sync: Polyak when tau > 0, else a hard copy every target_every steps.
         with jax.named_scope("target_sync"):
