@@ -11,9 +11,9 @@ access pattern); and ``xla_scatter``. Times are kernel times from the profiler
 ``ncu --kernel-name regex:c51``; ``--default`` times the default launch only.
 """
 
+import argparse
 import functools
 import importlib.util
-import sys
 from pathlib import Path
 
 import jax
@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 import pallas_kernels.c51_projection as window
-from jdqn.bench.projection import V_MAX, V_MIN, kernel_us, make_inputs
+from jdqn.bench.projection import V_MAX, V_MIN, kernel_us, make_inputs, parse_sizes
 
 CONFIGS = ((512, 2), (512, 4), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 8))
 
@@ -79,16 +79,20 @@ def variants(elements, warps):
     return out
 
 
-def main() -> None:
-    ncu = "--ncu" in sys.argv
-    sizes = [arg for arg in sys.argv[1:] if not arg.startswith("--")] or ["262144x51"]
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sizes", nargs="*", type=parse_sizes, help="BxN cases (262144x51)")
+    parser.add_argument("--ncu", action="store_true", help="run each kernel once, no timing")
+    parser.add_argument("--default", action="store_true", help="the default launch only")
+    args = parser.parse_args(argv)
+    ncu = args.ncu
+    sizes = [size for group in args.sizes for size in group] or [(262144, 51)]
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
     print("| B | N | variant | block elements | warps | kernel us | max abs diff |", flush=True)
-    for size in sizes:
-        batch, n_atoms = map(int, size.split("x"))
+    for batch, n_atoms in sizes:
         args = make_inputs(jax.random.key(0), batch, n_atoms)
         check = window.c51_project(*args, V_MIN, V_MAX, impl="xla_scatter")
-        for elements, warps in CONFIGS[:1] if ncu or "--default" in sys.argv else CONFIGS:
+        for elements, warps in CONFIGS[:1] if ncu or args.default else CONFIGS:
             for name, project in variants(elements, warps).items():
                 if name != "window" and (elements, warps) != CONFIGS[0]:
                     continue
