@@ -151,6 +151,16 @@ def test_projection_sizes_flag_parses_cases_and_rejects_bad_ones(capsys) -> None
         assert "want BxN cases" in capsys.readouterr().err
 
 
+def test_projection_tune_sizes_flag_rejects_bad_cases(capsys) -> None:
+    """--tune-sizes goes through the same parser: a bad case stops before any benchmark runs."""
+    from jdqn.bench import projection
+
+    with pytest.raises(SystemExit) as exit_info:
+        projection.main(["--tune", "--tune-sizes", "64x1"])
+    assert exit_info.value.code == 2
+    assert "want BxN cases" in capsys.readouterr().err
+
+
 def test_kernels_section_turns_the_profile_into_rows_and_a_table(monkeypatch) -> None:
     from jdqn.bench import kernels
 
