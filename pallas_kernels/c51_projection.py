@@ -42,6 +42,14 @@ written once by its own target: no atomics, scratch buffers or barriers, and HBM
 ``p`` and one write of ``m``. Summation order is fixed, so the result is deterministic. Flat
 int32 offsets address ``p``, so ``B*N < 2**31`` (checked).
 
+Layout. A program's arrays are [padded atoms, rows], and the atom index that addresses the tile
+is multiplied by a 1 the kernel reads from memory, so that Triton cannot see that the tile is
+contiguous along the atoms. Triton then lays its threads along the rows and each thread holds
+atoms of a single row; left to itself it spreads every row over a warp, so each thread holds 8
+rows and does every per-row computation 8 times, with 16 full warp reductions. On the H200 at
+B = 262,144, N = 51 that is 42 million warp instructions instead of 82 million, and 59 us instead
+of 98 us (Nsight Compute; BENCHMARKS.md, "C51 projection (issue 5)", "One row per thread").
+
 The Pallas Triton backend is deprecated upstream from jax 0.11 (it still lowers and runs on the
 H200 with jax 0.11.2 and emits a ``DeprecationWarning`` at lowering); the pure-jnp paths need no
 GPU.
@@ -62,7 +70,8 @@ IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat",
 
 # Default Pallas launch: rows per program so that one block holds about this many padded atoms,
 # and the Triton warp count. Tuned on the H200 (BENCHMARKS.md, "C51 projection (issue 5)",
-# "Per-target windows"): best or within 3 % of the best of 7 launches at N = 51 and 201.
+# "One row per thread"): the best of 7 launches at N = 51 with rows laid along the threads
+# (59 us; the next best 72 us), as it was before at N = 51 and 201 with the earlier layout.
 DEFAULT_BLOCK_ELEMENTS = 512
 DEFAULT_NUM_WARPS = 2
 
@@ -136,6 +145,7 @@ def _c51_kernel(
     flat_probs_ref,
     rewards_ref,
     discounts_ref,
+    one_ref,
     *refs,
     n_atoms: int,
     n_pad: int,
@@ -144,6 +154,11 @@ def _c51_kernel(
     dz: float,
 ):
     """One program projects ``block_rows`` rows; refs are whole arrays, indexed by hand.
+
+    Every block array is [P, R] (padded atoms x rows); the tile's atom index is multiplied by
+    ``one_ref`` (a [1] int32 holding 1) so that each thread holds atoms of one row (module
+    docstring, "Layout"): the row's constants are computed once per thread and its two sums are
+    mostly in-thread adds.
 
     ``flat_probs_ref`` is ``probs_ref`` as one [B*N] vector: the window gathers address it by a
     flat offset that each step moves by one (cheaper than a row and a column per gather).
@@ -154,56 +169,62 @@ def _c51_kernel(
     row0 = pl.program_id(0) * block_rows
     rows = row0 + jnp.arange(block_rows, dtype=jnp.int32)  # [R]
     cols = jnp.arange(n_pad, dtype=jnp.int32)  # [P], padded atom / source index
+    row_index = jnp.broadcast_to(rows[None, :], (n_pad, block_rows))  # [P, R]
+    # The atom index for addressing the tile, times a 1 from memory: opaque to Triton's axis
+    # analysis. A 1 the compiler can see through (min(grid size, 1) was tried) leaves the slow
+    # layout, and deriving the target atoms below from this product made N = 101 and 201
+    # slower than before (BENCHMARKS.md, runs 10 and 11): only the addresses use it.
+    col_index = cols[:, None] * plgpu.load(one_ref.at[pl.ds(0, 1)])[None, :]  # [P, 1]
+    col_index = jnp.broadcast_to(col_index, (n_pad, block_rows))  # [P, R]
     row_ok = rows < batch  # [R]
-    valid = row_ok[:, None] & (cols < n_atoms)[None, :]  # [R, P]
-    block = (pl.ds(row0, block_rows), pl.ds(0, n_pad))
+    valid = (cols < n_atoms)[:, None] & row_ok[None, :]  # [P, R]
 
-    probs = plgpu.load(probs_ref.at[block], mask=valid, other=0.0)  # [R, P]
+    probs = plgpu.load(probs_ref.at[row_index, col_index], mask=valid, other=0.0)  # [P, R]
     reward = plgpu.load(rewards_ref.at[pl.ds(row0, block_rows)], mask=row_ok, other=0.0)
     discount_row = plgpu.load(discounts_ref.at[pl.ds(row0, block_rows)], mask=row_ok, other=0.0)
     discount_row = discount_row.astype(jnp.float32)  # [R]
-    reward = reward.astype(jnp.float32)[:, None]  # [R, 1]
-    discount = discount_row[:, None]  # [R, 1]
+    reward = reward.astype(jnp.float32)[None, :]  # [1, R]
+    discount = discount_row[None, :]  # [1, R]
 
     # Unclipped source positions in atom units, u = c + g*j with c = (r - (1-g)*v_min)/dz.
     # Sources are taken in the order in which u rises: q = j for g >= 0, q = N-1-j for g < 0,
     # so u(q) = base + s*q with s = |g|, nondecreasing in q however it is rounded.
-    ascending = discount >= 0.0  # [R, 1]
-    start = (reward - (1.0 - discount) * v_min) / dz  # [R, 1]
-    base = jnp.where(ascending, start, start + discount * top)  # [R, 1]
-    slope = jnp.abs(discount)  # [R, 1]
+    ascending = discount >= 0.0  # [1, R]
+    start = (reward - (1.0 - discount) * v_min) / dz  # [1, R]
+    base = jnp.where(ascending, start, start + discount * top)  # [1, R]
+    slope = jnp.abs(discount)  # [1, R]
 
-    target = cols.astype(jnp.float32)[None, :]  # [1, P], target atom i
-    moving = slope > 0.0  # [R, 1]; s = 0 (terminal): every source sits at u = base
-    inv_slope = 1.0 / jnp.where(moving, slope, 1.0)  # [R, 1]
-    # q order <-> column: q = flip + turn*j (q = j, or N-1-j for g < 0), one FMA per element.
-    flip = jnp.where(ascending, 0.0, top)  # [R, 1]
-    turn = jnp.where(ascending, 1.0, -1.0)  # [R, 1]
-    q = flip + turn * target  # [R, P], q of the source in column j
+    target = cols.astype(jnp.float32)[:, None]  # [P, 1], target atom i
+    moving = slope > 0.0  # [1, R]; s = 0 (terminal): every source sits at u = base
+    inv_slope = 1.0 / jnp.where(moving, slope, 1.0)  # [1, R]
+    # q order <-> column: q = flip + turn*j (q = j, or N-1-j for g < 0).
+    flip = jnp.where(ascending, 0.0, top)  # [1, R]
+    turn = jnp.where(ascending, 1.0, -1.0)  # [1, R]
+    q = flip + turn * target  # [P, R], q of the source in column j
 
     # Clipped sources put their whole mass on an end atom. In q order they are the first n_low
     # (u <= 0) and those from q_high on (u >= N-1); the window below takes only the q between,
     # so no source is counted twice, and where the closed-form counts round a source at u ~ 0
     # to the other side, its weight there is the same to within that rounding. A terminal row
     # counts all its sources as "low" and puts them at clip(base) instead of at atom 0.
-    n_low = jnp.clip(jnp.floor(-base * inv_slope) + 1.0, 0.0, n_atoms)  # [R, 1]
-    q_high = jnp.clip(jnp.ceil((top - base) * inv_slope), n_low, n_atoms)  # [R, 1]
+    n_low = jnp.clip(jnp.floor(-base * inv_slope) + 1.0, 0.0, n_atoms)  # [1, R]
+    q_high = jnp.clip(jnp.ceil((top - base) * inv_slope), n_low, n_atoms)  # [1, R]
     n_low = jnp.where(moving, n_low, n_atoms)
     q_high = jnp.where(moving, q_high, n_atoms)
-    low = jnp.sum(jnp.where(q < n_low, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
-    high = jnp.sum(jnp.where(q >= q_high, probs, 0.0), axis=1, keepdims=True)  # [R, 1]
-    anchor = jnp.where(moving, 0.0, jnp.clip(base, 0.0, top))  # [R, 1], where "low" goes
-    mass = low * jnp.maximum(0.0, 1.0 - jnp.abs(anchor - target))  # [R, P]
+    low = jnp.sum(jnp.where(q < n_low, probs, 0.0), axis=0, keepdims=True)  # [1, R]
+    high = jnp.sum(jnp.where(q >= q_high, probs, 0.0), axis=0, keepdims=True)  # [1, R]
+    anchor = jnp.where(moving, 0.0, jnp.clip(base, 0.0, top))  # [1, R], where "low" goes
+    mass = low * jnp.maximum(0.0, 1.0 - jnp.abs(anchor - target))  # [P, R]
     mass += jnp.where(target == top, high, 0.0)
     # A NaN reward or discount clips nothing and moves nothing: mark its row NaN for the guard.
     # (NaN/inf in probs reaches an end atom or a window on its own.)
-    poison = jnp.where(jnp.isnan(reward) | jnp.isnan(discount), jnp.nan, 0.0)  # [R, 1]
+    poison = jnp.where(jnp.isnan(reward) | jnp.isnan(discount), jnp.nan, 0.0)  # [1, R]
 
     # Moving rows: target i gathers the inside sources with u in (i-1, i+1), where the hat
     # weight max(0, 1 - |u - i|) is positive. They are the q in an interval of length 2/s, from
     # x_i = (i-1-base)/s on: at most floor(2/s) + 1 of them. The window starts SLACK atom units
     # early (u carries ~1e-5 of rounding) and a source outside it gets weight 0 anyway.
-    # Window length per row, as [R]: a reduction over [R, 1] trips the CUDA lowering.
+    # Window length per row, as [R]: a reduction over [1, R] trips the CUDA lowering.
     row_slope = jnp.abs(discount_row)  # [R]
     width = jnp.floor((2.0 + 2 * _SLACK) / jnp.where(row_slope > 0.0, row_slope, 1.0)) + 1.0
     width = jnp.where(row_slope > 0.0, jnp.minimum(width, n_atoms), 0.0)  # [R], <= N
@@ -211,15 +232,15 @@ def _c51_kernel(
     # inside its own row (as the NaN min/max happen to resolve); its poison marks the row.
     first = jnp.minimum(
         jnp.maximum(jnp.ceil((target - 1.0 - _SLACK - base) * inv_slope), n_low), n_atoms
-    )
-    distance = base + slope * first - target  # [R, P], u - i at the window's first source
+    )  # [P, R]
+    distance = base + slope * first - target  # [P, R], u - i at the window's first source
     # Flat offset of the window's first source; each step moves it one source on (in q order).
     first_column = (flip + turn * first).astype(jnp.int32)
-    offset = rows[:, None] * n_atoms + first_column  # [R, P] int32 (B*N < 2**31, checked)
-    direction = jnp.where(ascending, 1, -1)  # [R, 1]
+    offset = row_index * n_atoms + first_column  # [P, R] int32 (B*N < 2**31, checked)
+    direction = jnp.where(ascending, 1, -1)  # [1, R]
     # Steps inside the window. Terminal rows (and rows past B, loaded as g = 0) have
     # n_low = q_high = N, so none; padded target lanes gather inside their row, unused.
-    last = q_high - first  # [R, P]
+    last = q_high - first  # [P, R]
 
     def add_source(step, total):  # the step-th source of every target's window
         step_f = step.astype(jnp.float32)
@@ -232,7 +253,7 @@ def _c51_kernel(
         mass = add_source(jnp.int32(step), mass)
     steps = jnp.max(width).astype(jnp.int32)  # the block's widest window (3 for s = 0.99)
     mass = jax.lax.fori_loop(UNROLLED, steps, add_source, mass)
-    plgpu.store(out_ref.at[block], mass + poison, mask=valid)
+    plgpu.store(out_ref.at[row_index, col_index], mass + poison, mask=valid)
 
 
 def _block_rows(batch: int, n_pad: int, block_elements: int) -> int:
@@ -277,11 +298,12 @@ def c51_project_pallas(
             " project in chunks of fewer than 2**31 / N rows"
         )
     probs = probs.astype(jnp.float32)
-    operands = [probs, probs.reshape(-1), rewards, discounts]
+    # The last input is the kernel's run-time 1 (see _c51_kernel).
+    operands = [probs, probs.reshape(-1), rewards, discounts, jnp.ones((1,), jnp.int32)]
     aliases = {}
     if out_init is not None:
         operands.append(out_init.astype(jnp.float32))
-        aliases = {4: 0}
+        aliases = {5: 0}
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((batch, n_atoms), jnp.float32),

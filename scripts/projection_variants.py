@@ -84,24 +84,28 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("sizes", nargs="*", type=parse_sizes, help="BxN cases (262144x51)")
     parser.add_argument("--ncu", action="store_true", help="run each kernel once, no timing")
     parser.add_argument("--default", action="store_true", help="the default launch only")
+    parser.add_argument(
+        "--sweep-all", action="store_true", help="every launch config for every kernel variant"
+    )
     args = parser.parse_args(argv)
     ncu = args.ncu
     sizes = [size for group in args.sizes for size in group] or [(262144, 51)]
     print(f"jax {jax.__version__}, {jax.devices()[0].device_kind}", flush=True)
     print("| B | N | variant | block elements | warps | kernel us | max abs diff |", flush=True)
     for batch, n_atoms in sizes:
-        args = make_inputs(jax.random.key(0), batch, n_atoms)
-        check = window.c51_project(*args, V_MIN, V_MAX, impl="xla_scatter")
+        inputs = make_inputs(jax.random.key(0), batch, n_atoms)
+        check = window.c51_project(*inputs, V_MIN, V_MAX, impl="xla_scatter")
         for elements, warps in CONFIGS[:1] if ncu or args.default else CONFIGS:
             for name, project in variants(elements, warps).items():
-                if name != "window" and (elements, warps) != CONFIGS[0]:
+                swept = name == "window" or (args.sweep_all and name != "tile_copy")
+                if not swept and (elements, warps) != CONFIGS[0]:
                     continue
                 fn = jax.jit(project)
-                diff = float(jnp.max(jnp.abs(fn(*args) - check)))
+                diff = float(jnp.max(jnp.abs(fn(*inputs) - check)))
                 if not ncu:
                     print(
                         f"| {batch} | {n_atoms} | {name} | {elements} | {warps} | "
-                        f"{kernel_us(fn, args, 10):.1f} | {diff:.1e} |",
+                        f"{kernel_us(fn, inputs, 10):.1f} | {diff:.1e} |",
                         flush=True,
                     )
         if not ncu:
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
             )
             print(
                 f"| {batch} | {n_atoms} | xla_scatter | - | - | "
-                f"{kernel_us(fn, args, 10):.1f} | 0 |",
+                f"{kernel_us(fn, inputs, 10):.1f} | 0 |",
                 flush=True,
             )
 
