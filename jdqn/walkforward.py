@@ -205,7 +205,10 @@ def _run_group(
     base = jax.random.PRNGKey(cfg.train.seed)
     keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(base, f), s) for f, s in run_ids])
 
-    init_all = jax.jit(jax.vmap(lambda k, i: program.init(k, _take(train, i))))
+    def init_run(key: jax.Array, i: jax.Array) -> TrainState:  # named: compile events say so
+        return program.init(key, _take(train, i))
+
+    init_all = jax.jit(jax.vmap(init_run))
 
     def run_chunk(s: TrainState, i: jax.Array, e: jax.Array, c: jax.Array) -> Any:
         return program.run_chunk(s, _take(train, i), e, c)
@@ -289,7 +292,11 @@ def _evaluate_group(
     keys: jax.Array,
 ) -> list[dict[str, Any]]:
     eval_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2**20))(keys)
-    evaluate_all = jax.jit(jax.vmap(lambda s, i, k: program.evaluate(s, _take(test, i), k)))
+
+    def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array) -> Any:
+        return program.evaluate(s, _take(test, i), key)
+
+    evaluate_all = jax.jit(jax.vmap(evaluate_run))
     rollouts = jax.device_get(evaluate_all(state, local_fold, eval_keys))
     guard = jax.device_get(state.learner.guard)
     rows: list[dict[str, Any]] = []

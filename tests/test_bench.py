@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn.bench import breakdown, suite, torch_peer
+from jdqn.bench import breakdown, suite, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.donors import n_donors_for
 from jdqn.replay import replay_sample
@@ -219,3 +219,49 @@ def test_projection_benchmark_reports_kernel_time_per_call() -> None:
         assert row["median_us"] > 0 and row["loop_us"] > 0 and row["call_us"] > 0
         assert row["max_abs_diff_vs_xla_scatter"] < 2e-5
     assert "kernel us" in projection.format_table(rows)
+
+
+def test_compile_times_attribute_trace_lower_and_compile_to_the_training_program() -> None:
+    # Real events from JAX: a fresh jitted function named like the training program.
+    times = walkforward_run.CompileTimes()
+    jax.monitoring.register_event_duration_secs_listener(times)
+    try:
+
+        def run_chunk(x: jax.Array) -> jax.Array:
+            return jnp.sin(x) * 3.0 + 1.0
+
+        jax.jit(run_chunk)(jnp.arange(7.0)).block_until_ready()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(times)
+    assert walkforward_run.TRAINING_PROGRAM == "run_chunk"
+    training = times.per_program["run_chunk"]
+    # The three compile stages of that one program, and nothing else counted under its name.
+    stages = sum(times.durations[e] for e in walkforward_run.COMPILE_EVENTS)
+    assert 0.0 < training <= stages
+    assert next(iter(times.top_programs(1))) in times.per_program
+    assert walkforward_run.program_name("jit(run_chunk)") == "run_chunk"
+    assert walkforward_run.program_name("run_chunk") == "run_chunk"
+
+
+def test_walkforward_table_shows_the_training_program_compile() -> None:
+    row = {
+        "run": "cold",
+        "process_wall_s": 20.0,
+        "walkforward_s": 17.0,
+        "compile_s": 12.0,
+        "training_compile_s": 8.5,
+        "run_s": 5.0,
+        "import_s": 3.0,
+        "backend_compiles": 28,
+        "overrides": [],
+    }
+    table = walkforward_run.format_table([row])
+    assert "training-program compile s" in table
+    assert "| cold | 20.0 | 17.0 | 12.0 | 8.5 | 5.0 | 3.0 | 28 |" in table
+    goals = suite._goals({"walkforward": {"rows": [row, {**row, "run": "warm"}]}})
+    assert {
+        "goal": "training-program compile s (cold)",
+        "measured": 8.5,
+        "limit": 10.0,
+        "met": True,
+    } in goals
