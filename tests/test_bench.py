@@ -265,3 +265,51 @@ def test_walkforward_table_shows_the_training_program_compile() -> None:
         "limit": 10.0,
         "met": True,
     } in goals
+
+
+def test_projection_goals_judge_the_80_us_target_and_the_fastest_implementation() -> None:
+    from jdqn.bench import projection
+
+    def row(batch: int, impl: str, us: float) -> dict:
+        return {"batch": batch, "n_atoms": 51, "impl": impl, "median_us": us}
+
+    rows = [
+        row(262144, "pallas", 58.9),
+        row(262144, "xla_hat", 1424.8),
+        row(262144, "xla_scatter", 212.7),
+        row(4096, "pallas", 7.0),  # slower than the scatter here
+        row(4096, "xla_hat", 23.1),
+        row(4096, "xla_scatter", 6.4),
+        row(64, "pallas", 9.0),  # below 4,096: not judged
+        row(64, "xla_hat", 1.5),
+        row(64, "xla_scatter", 3.1),
+    ]
+    lines = projection.goals(rows)
+    assert lines[0] == "- pallas at 262144 x 51: 58.9 us (goal <= 80): met"
+    assert (
+        lines[1] == "- pallas fastest of 3 at each of 2 cases with B >= 4096: NOT met at 4096 x 51"
+    )
+    rows[0] = row(262144, "pallas", 80.5)
+    rows[3] = row(4096, "pallas", 2.4)
+    assert projection.goals(rows) == [
+        "- pallas at 262144 x 51: 80.5 us (goal <= 80): NOT met",
+        "- pallas fastest of 3 at each of 2 cases with B >= 4096: met",
+    ]
+    # On a CPU run (no pallas rows) nothing can be judged.
+    assert projection.goals([r for r in rows if r["impl"] != "pallas"]) == []
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU fallback of the CLI")
+def test_projection_cli_without_a_gpu_times_xla_only_and_refuses_tune(capsys) -> None:
+    from jdqn.bench import projection
+
+    projection.main(["--sizes", "64x51", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "no GPU: timing the XLA implementations only" in out
+    assert "| 64 | 51 | xla_scatter |" in out and "| pallas |" not in out
+    with pytest.raises(SystemExit) as exit_info:
+        projection.main(["--tune"])
+    assert exit_info.value.code == 2
+    assert (
+        "--tune times the Pallas kernel's launch knobs; it needs a GPU" in capsys.readouterr().err
+    )

@@ -132,6 +132,41 @@ def run(
     return rows
 
 
+# Issue 5's goals, by kernel time: the Pallas kernel within this at 262,144 x 51, and the fastest
+# implementation for every N at every B from GOAL_FASTEST_FROM_B on.
+GOAL_US_AT_262144_X_51 = 80.0
+GOAL_FASTEST_FROM_B = 4096
+
+
+def goals(rows: Sequence[dict]) -> list[str]:
+    """Issue 5's goals judged on ``run`` rows (kernel us), one line each; empty where the rows
+    cannot judge one (no pallas row at 262,144 x 51; no case with B >= 4,096 and all three)."""
+    lines = []
+    by_case: dict[tuple[int, int], dict[str, float]] = {}
+    for row in rows:
+        by_case.setdefault((row["batch"], row["n_atoms"]), {})[row["impl"]] = row["median_us"]
+    target = by_case.get((262144, 51), {}).get("pallas")
+    if target is not None:
+        met = "met" if target <= GOAL_US_AT_262144_X_51 else "NOT met"
+        limit = f"goal <= {GOAL_US_AT_262144_X_51:.0f}"
+        lines.append(f"- pallas at 262144 x 51: {target:.1f} us ({limit}): {met}")
+    judged = {
+        case: times
+        for case, times in by_case.items()
+        if case[0] >= GOAL_FASTEST_FROM_B and set(IMPLS) <= set(times)
+    }
+    if judged:
+        slower = [
+            f"{b} x {n}" for (b, n), t in sorted(judged.items()) if t["pallas"] > min(t.values())
+        ]
+        verdict = "met" if not slower else "NOT met at " + ", ".join(slower)
+        lines.append(
+            f"- pallas fastest of {len(IMPLS)} at each of {len(judged)} cases with "
+            f"B >= {GOAL_FASTEST_FROM_B}: {verdict}"
+        )
+    return lines
+
+
 TUNE_SIZES: tuple[tuple[int, int], ...] = ((262144, 51), (262144, 101), (262144, 201))
 
 
@@ -233,8 +268,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="BxN cases for --tune (default: 262144 x 51, 101, 201)",
     )
     args = parser.parse_args(argv)
+    on_gpu = jax.default_backend() == "gpu"
+    if args.tune and not on_gpu:
+        parser.error("--tune times the Pallas kernel's launch knobs; it needs a GPU")
     print(f"jax {jax.__version__}, device: {jax.devices()[0].device_kind}")
-    print(format_table(run(sizes=args.sizes, repeats=args.repeats)))
+    if not on_gpu:  # the Pallas kernel lowers for GPUs only (CPU tests run it interpreted)
+        print("no GPU: timing the XLA implementations only")
+    rows = run(sizes=args.sizes, repeats=args.repeats, impls=IMPLS if on_gpu else IMPLS[1:])
+    print(format_table(rows))
+    if judged := goals(rows):
+        print("\ngoals (issue 5, kernel time):\n" + "\n".join(judged))
     if args.tune:
         print()
         print(format_table(tune(sizes=args.tune_sizes, repeats=args.repeats)))
