@@ -219,12 +219,15 @@ def make_learner(
                 eff, new_u, sigmas = networks.effective_params(
                     p, masks, state.sn_u, net, update_u=True
                 )
-                # One pass over s, s' and do(s): one matmul chain instead of three.
-                logits_all = networks.apply(eff, jnp.concatenate([obs, next_obs, causal_obs]), cfg)
+                # s' only picks a* for the (stop-gradient) target: a pass through the stopped
+                # weights keeps those rows out of the backward pass, which then runs over the
+                # rows the loss parts read (s and do(s), one chain) instead of all of them.
+                logits_next = networks.apply(jax.lax.stop_gradient(eff), next_obs, cfg)
+                logits_all = networks.apply(eff, jnp.concatenate([obs, causal_obs]), cfg)
             logits = logits_all[:n_rows]  # [R, K, A, N] float32
-            logits_next = jax.lax.stop_gradient(logits_all[n_rows : 2 * n_rows])
             checks.finite("spectral_norm", "u", new_u)
             checks.finite("online_network", "logits", logits_all)
+            checks.finite("online_network", "logits_next", logits_next)
             log_probs = jax.nn.log_softmax(logits, axis=-1)  # [R, K, A, N]
             checks.within("online_network", "log_probs", log_probs, -math.inf, 0.0)
             q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)  # [R, K, A]
@@ -271,7 +274,7 @@ def make_learner(
                     else jnp.float32(0)
                 )
                 if use_causal:
-                    logits_do = logits_all[2 * n_rows :]  # [B, K, A, N]
+                    logits_do = logits_all[n_rows:]  # [B, K, A, N]
                     loss_causal = jnp.mean(losses.causal_kl(logits[:batch_size], logits_do))
                 else:
                     loss_causal = jnp.float32(0)
