@@ -47,9 +47,9 @@ is multiplied by a 1 the kernel reads from memory, so that Triton cannot see tha
 contiguous along the atoms. Triton then lays its threads along the rows and each thread holds
 atoms of a single row; left to itself it spreads every row over a warp, so each thread holds 8
 rows and does every per-row computation 8 times, with 16 full warp reductions. On the H200 at
-B = 262,144, N = 51 that is 42 million warp instructions instead of 82 million, and 59 us instead
-of 98 us (Nsight Compute, profiler; BENCHMARKS.md, "C51 projection (issue 5)", "One row
-per thread").
+B = 262,144, N = 51 this layout ran 42 million warp instructions instead of 82 million (Nsight
+Compute), and the kernel takes 59 us instead of 98 us (BENCHMARKS.md, "C51 projection
+(issue 5)", "One row per thread").
 
 The Pallas Triton backend is deprecated upstream from jax 0.11 (it still lowers and runs on the
 H200 with jax 0.11.2 and emits a ``DeprecationWarning`` at lowering); the pure-jnp paths need no
