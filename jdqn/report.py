@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.csv as pa_csv
 
 # matplotlib's object API, not pyplot: no global figure state, no GUI backend (savefig renders
 # with Agg), and each figure is freed with its last reference.
@@ -72,13 +74,23 @@ def write_equity_csv(
     chart of the same bars; ``<policy>_position`` is what was held over the interval.
     """
     n = _length(curves)
-    frame = pd.DataFrame({"timestamp": pd.to_datetime(timestamps[1 : n + 1])})
+    stamps = np.asarray(timestamps[1 : n + 1], "datetime64[ns]")
+    # Whole seconds (1-minute bars) are written without a fractional part.
+    if np.all(stamps.astype(np.int64) % 10**9 == 0):
+        stamps = stamps.astype("datetime64[s]")
+    columns = {"timestamp": pa.array(stamps)}
     for name, curve in curves.items():
-        frame[f"{name}_equity_points"] = np.asarray(curve, np.float64)
+        columns[f"{name}_equity_points"] = pa.array(np.asarray(curve, np.float64))
     for name, held in positions.items():
-        frame[f"{name}_position"] = np.asarray(held, np.float64)
+        columns[f"{name}_position"] = pa.array(np.asarray(held, np.float64))
     path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False, float_format="%.6g")
+    # pyarrow's writer: ~9x faster than pandas' to_csv here and off the GIL, so the worker
+    # thread holds up the main thread less; floats keep full precision (shortest round trip).
+    # The header is written by hand: pyarrow quotes header names whatever the quoting style.
+    with path.open("wb") as handle:
+        handle.write((",".join(columns) + "\n").encode())
+        options = pa_csv.WriteOptions(include_header=False, quoting_style="none")
+        pa_csv.write_csv(pa.table(columns), handle, options)
 
 
 def _length(curves: Mapping[str, np.ndarray]) -> int:

@@ -1,9 +1,13 @@
-"""report.BackgroundWrites: writes happen in order, all before the block ends, errors surface."""
+"""report: BackgroundWrites (writes happen in order, all before the block ends, errors surface)
+and the equity CSV (exact round trip)."""
 
 import threading
 
+import numpy as np
+import pandas as pd
 import pytest
 
+from jdqn import report
 from jdqn.report import BackgroundWrites
 
 
@@ -45,3 +49,26 @@ def test_the_blocks_own_error_wins_and_queued_writes_still_finish():
         started.set()
         raise KeyboardInterrupt
     assert done == ["slow"]
+
+
+def test_equity_csv_round_trips_exactly_with_rows_at_the_realising_bar(tmp_path) -> None:
+    n = 500
+    stamps = np.datetime64("2013-09-03T09:30") + np.arange(n + 1).astype("timedelta64[m]")
+    rng = np.random.default_rng(0)
+    curves = {"agent": np.cumsum(rng.normal(size=n)) * 1e3, "flat": np.zeros(n)}
+    held = {"agent": rng.choice([-1.0, 0.0, 1.0], size=n)}
+    path = tmp_path / "curves" / "fold0.csv"
+    report.write_equity_csv(path, stamps, curves, held)
+
+    header, first = path.read_text().splitlines()[:2]
+    assert header == "timestamp,agent_equity_points,flat_equity_points,agent_position"
+    assert first.startswith("2013-09-03 09:31:00,")  # bar t+1, whole seconds without fraction
+    back = pd.read_csv(path, parse_dates=["timestamp"])
+    assert len(back) == n
+    np.testing.assert_array_equal(back["agent_equity_points"].to_numpy(), curves["agent"])
+    np.testing.assert_array_equal(back["agent_position"].to_numpy(), held["agent"])
+    np.testing.assert_array_equal(
+        back["timestamp"].to_numpy().astype("datetime64[s]"), stamps[1:].astype("datetime64[s]")
+    )
+    with pytest.raises(ValueError, match="differ in length"):
+        report.write_equity_csv(path, stamps, {"a": np.zeros(3), "b": np.zeros(4)}, {})
