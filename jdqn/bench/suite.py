@@ -38,6 +38,7 @@ from jdqn.config import SMOKETEST, Config
 GOAL_IN_SCAN_US = 25.0
 GOAL_SEED_STEPS_PER_S = 2_000_000
 GOAL_COLD_S, GOAL_WARM_S = 10.0, 3.0
+GOAL_TRAINING_COMPILE_S = 10.0
 
 
 def _learner_step_rows(quick: bool, cfg: Config) -> dict[str, Any]:
@@ -194,7 +195,11 @@ def _goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         return bool(results.get(name, {}).get("rows"))
 
     if has("learner_step"):
-        add("in-scan learner step us", results["learner_step"]["rows"][1]["us_per_step"], 25.0)
+        add(
+            "in-scan learner step us",
+            results["learner_step"]["rows"][1]["us_per_step"],
+            GOAL_IN_SCAN_US,
+        )
     if has("seeds"):
         big = max(results["seeds"]["rows"], key=lambda r: r["seeds"])
         add(
@@ -207,7 +212,9 @@ def _goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         cold, warm = results["walkforward"]["rows"]
         add("main command cold s (process wall)", cold["process_wall_s"], GOAL_COLD_S)
         add("main command warm s (process wall)", warm["process_wall_s"], GOAL_WARM_S)
-        add("training-program compile s (cold)", cold["training_compile_s"], 10.0)
+        add(
+            "training-program compile s (cold)", cold["training_compile_s"], GOAL_TRAINING_COMPILE_S
+        )
     return goals
 
 
