@@ -172,16 +172,18 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         return jax.jit(run)
 
     def forward(x: jax.Array) -> jax.Array:
-        # Spectral norm, the online passes as the step runs them (s and do(s) in one chain, s'
-        # in another) and the target pass on s'.
+        # Spectral norm, the online passes as the step runs them (s, do(s) and s', one chain
+        # each) and the target pass on s'.
         eff_online, _, _ = networks.effective_params(
             state.params, state.masks, state.sn_u, net, True
         )
         next_obs = x[rows : 2 * rows]
-        logits = networks.apply(eff_online, jnp.concatenate([x[:rows], x[2 * rows :]]), cfg)
+        logits = networks.apply(eff_online, x[:rows], cfg)
+        logits_do = networks.apply(eff_online, x[2 * rows :], cfg)
         logits_next = networks.apply(eff_online, next_obs, cfg)
         target = networks.apply(eff, next_obs, cfg)
-        return x + 1e-9 * (jnp.mean(logits) + jnp.mean(logits_next) + jnp.mean(target))
+        means = jnp.mean(logits) + jnp.mean(logits_do) + jnp.mean(logits_next)
+        return x + 1e-9 * (means + jnp.mean(target))
 
     logits0 = networks.apply(eff, obs[: 2 * rows], cfg)[:, 0]  # [2R, A, N]
     action = jax.random.randint(key, (rows,), 0, cfg.env.n_actions)

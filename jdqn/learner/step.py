@@ -186,11 +186,6 @@ def make_learner(
         else:
             head_masks = jnp.ones((n_rows, n_heads), jnp.float32)
         row_head_weights = row_weights[:, None] * head_masks  # [R, K]
-        causal_obs = (
-            losses.causal_intervention(causal_key, obs[:batch_size], non_causal)
-            if use_causal
-            else obs[:0]
-        )  # [B or 0, F+1]
 
         # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm.
         if use_pruning:
@@ -213,49 +208,53 @@ def make_learner(
             )  # [R, K, A, N]
         checks.distribution("target_network", "probs_next", target_probs_next, 1e-4)
 
-        def forward(p: Any) -> tuple[jax.Array, dict[str, Any]]:
-            """Loss parts [3] = (L_mse, L_c51, L_div + causal) of one online forward pass."""
+        # 3 (cont.). The effective weights and their VJP: the loss chains below differentiate
+        # with respect to the effective weights, and one batched pull-back through the mask and
+        # the spectral norm turns those cotangents into parameter gradients.
+        def effective(p: Any) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
+            eff, new_u, sigmas = networks.effective_params(p, masks, state.sn_u, net, True)
+            return eff, (new_u, sigmas)
+
+        with jax.named_scope("online_forward"):
+            eff, pull_back, (new_u, sigmas) = jax.vjp(effective, params, has_aux=True)
+            # s' only picks a* for the (stop-gradient) target: a forward pass, outside every VJP.
+            logits_next = networks.apply(eff, next_obs, cfg)  # [R, K, A, N]
+        checks.finite("spectral_norm", "u", new_u)
+        checks.finite("online_network", "logits_next", logits_next)
+
+        # 4. Double-DQN target, projection, label smoothing; no gradient flows into it.
+        with jax.named_scope("projection"):
+            q_next = networks.q_values(logits_next, support)  # [R, K, A]
+            _, probs_star, q_star = losses.double_dqn_target(q_next, target_probs_next, support)
+            checks.within("online_network", "q_next", q_next, q_low, q_high)
+            checks.within("target_network", "q_star", q_star, q_low, q_high)
+            rewards_k = jnp.broadcast_to(batch.reward[:, None], (n_rows, n_heads))  # [R, K]
+            discounts_k = jnp.broadcast_to(discounts[:, None], (n_rows, n_heads))  # [R, K]
+            projected = losses.project_target(
+                probs_star.reshape(n_rows * n_heads, -1),
+                rewards_k.reshape(-1),
+                discounts_k.reshape(-1),
+                net.v_min,
+                net.v_max,
+                impl=loss_cfg.projection_impl,
+            ).reshape(n_rows, n_heads, -1)  # [R, K, N]
+        checks.distribution("projection", "projected_target", projected, 1e-4)
+        target = jax.lax.stop_gradient(losses.label_smooth(projected, loss_cfg.label_smoothing))
+        checks.distribution("label_smoothing", "target", target, 1e-4)
+        y = jax.lax.stop_gradient(
+            losses.scalar_target(rewards_k, discounts_k, q_star, net.v_min, net.v_max)
+        )  # [R, K]
+        checks.within("scalar_target", "y", y, net.v_min, net.v_max)
+
+        def observed(e: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+            """(L_mse, L_c51, L_div) [3] of the online pass over s (sampled rows and donors)."""
             with jax.named_scope("online_forward"):
-                eff, new_u, sigmas = networks.effective_params(
-                    p, masks, state.sn_u, net, update_u=True
-                )
-                # s' only picks a* for the (stop-gradient) target: a pass through the stopped
-                # weights keeps those rows out of the backward pass, which then runs over the
-                # rows the loss parts read (s and do(s), one chain) instead of all of them.
-                logits_next = networks.apply(jax.lax.stop_gradient(eff), next_obs, cfg)
-                logits_all = networks.apply(eff, jnp.concatenate([obs, causal_obs]), cfg)
-            logits = logits_all[:n_rows]  # [R, K, A, N] float32
-            checks.finite("spectral_norm", "u", new_u)
-            checks.finite("online_network", "logits", logits_all)
-            checks.finite("online_network", "logits_next", logits_next)
+                logits = networks.apply(e, obs, cfg)  # [R, K, A, N] float32
+            checks.finite("online_network", "logits", logits)
             log_probs = jax.nn.log_softmax(logits, axis=-1)  # [R, K, A, N]
             checks.within("online_network", "log_probs", log_probs, -math.inf, 0.0)
             q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)  # [R, K, A]
             checks.within("online_network", "q", q, q_low, q_high)
-
-            # 4. Double-DQN target, projection, label smoothing; no gradient flows into it.
-            with jax.named_scope("projection"):
-                q_next = networks.q_values(logits_next, support)  # [R, K, A]
-                _, probs_star, q_star = losses.double_dqn_target(q_next, target_probs_next, support)
-                checks.within("online_network", "q_next", q_next, q_low, q_high)
-                checks.within("target_network", "q_star", q_star, q_low, q_high)
-                rewards_k = jnp.broadcast_to(batch.reward[:, None], (n_rows, n_heads))  # [R, K]
-                discounts_k = jnp.broadcast_to(discounts[:, None], (n_rows, n_heads))  # [R, K]
-                projected = losses.project_target(
-                    probs_star.reshape(n_rows * n_heads, -1),
-                    rewards_k.reshape(-1),
-                    discounts_k.reshape(-1),
-                    net.v_min,
-                    net.v_max,
-                    impl=loss_cfg.projection_impl,
-                ).reshape(n_rows, n_heads, -1)  # [R, K, N]
-            checks.distribution("projection", "projected_target", projected, 1e-4)
-            target = jax.lax.stop_gradient(losses.label_smooth(projected, loss_cfg.label_smoothing))
-            checks.distribution("label_smoothing", "target", target, 1e-4)
-            y = jax.lax.stop_gradient(
-                losses.scalar_target(rewards_k, discounts_k, q_star, net.v_min, net.v_max)
-            )  # [R, K]
-            checks.within("scalar_target", "y", y, net.v_min, net.v_max)
 
             # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
             with jax.named_scope("losses"):
@@ -273,46 +272,59 @@ def make_learner(
                     if use_diversity
                     else jnp.float32(0)
                 )
-                if use_causal:
-                    logits_do = logits_all[n_rows:]  # [B, K, A, N]
-                    loss_causal = jnp.mean(losses.causal_kl(logits[:batch_size], logits_do))
-                else:
-                    loss_causal = jnp.float32(0)
             checks.finite("loss", "loss_mse", loss_mse)
             checks.finite("loss", "loss_c51", loss_c51)
             checks.finite("loss", "loss_div", loss_div)
-            checks.finite("loss", "loss_causal", loss_causal)
-            # 9. The causal term enters only every causal_every steps (a 0/1 factor, so it rides
-            # the same backward pass instead of a cond that vmap would turn into both branches).
-            causal_on = (state.step % loss_cfg.causal_every == 0).astype(jnp.float32)
-            extra = loss_div + loss_cfg.causal_weight * causal_on * loss_causal
-            aux = {
-                "new_u": new_u,
-                "sigmas": sigmas,
-                "q": q,
-                "q_next": q_next,
-                "q_star": q_star,
-                "q_taken": q_taken,
-                "y": y,
-                "edge_mass": jnp.mean(losses.edge_mass(projected)),
-                "loss_div": loss_div,
-                "loss_causal": loss_causal,
-            }
-            return jnp.stack([loss_mse, loss_c51, extra]), aux
+            aux = {"logits": logits, "q": q, "q_taken": q_taken}
+            return jnp.stack([loss_mse, loss_c51, loss_div]), aux
 
-        # 6. One forward, one batched backward: vmap the VJP over the cotangents that pick
-        # (1-alpha) L_mse, alpha L_c51 and the extra terms. value_and_grad of the blend would
-        # give only the sum; surgery needs the parts.
-        loss_parts, vjp, aux = jax.vjp(forward, params, has_aux=True)
-        n_parts = 3 if (use_diversity or use_causal) else 2
-        cotangents = jnp.zeros((n_parts, 3), jnp.float32)
-        cotangents = cotangents.at[0, 0].set(1.0 - alpha).at[1, 1].set(alpha)
-        if n_parts == 3:
-            cotangents = cotangents.at[2, 2].set(1.0)
-        (part_grads,) = jax.vmap(vjp)(cotangents)  # tree, leaves [P, ...]
+        def intervened(e: Any, reference: jax.Array) -> jax.Array:
+            """Mean KL(p(s) || p(do(s))) of the online pass over do(s); ``reference`` is the
+            (stop-gradient) logits of s for the same sampled rows."""
+            causal_obs = losses.causal_intervention(causal_key, obs[:batch_size], non_causal)
+            with jax.named_scope("online_forward"):
+                logits_do = networks.apply(e, causal_obs, cfg)  # [B, K, A, N]
+            checks.finite("online_network", "logits_intervened", logits_do)
+            with jax.named_scope("losses"):
+                loss = jnp.mean(losses.causal_kl(reference, logits_do))
+            checks.finite("loss", "loss_causal", loss)
+            return loss
+
+        # 6. The gradients of the parts separately (surgery needs them, value_and_grad of the
+        # blend would give only their sum), as two chains: s rows with a batched VJP over the
+        # cotangents that pick (1-alpha) L_mse, alpha L_c51 (and L_div), and do(s) rows with
+        # one VJP for the causal term. One chain over both row sets ran every cotangent over
+        # every row: 3 x 144 rows at the smoketest against 2 x 80 + 64 now.
+        main_parts, observed_vjp, aux = jax.vjp(observed, eff, has_aux=True)
+        q, q_taken = aux["q"], aux["q_taken"]
+        n_main = 3 if use_diversity else 2
+        main_cotangents = jnp.zeros((n_main, 3), jnp.float32)
+        main_cotangents = main_cotangents.at[0, 0].set(1.0 - alpha).at[1, 1].set(alpha)
+        if use_diversity:
+            main_cotangents = main_cotangents.at[2, 2].set(1.0)
+        (eff_grads,) = jax.vmap(observed_vjp)(main_cotangents)  # tree, leaves [n_main, ...]
+        # 9. The causal term enters only every causal_every steps (a 0/1 factor on its
+        # cotangent rather than a cond, which vmap over seeds would turn into both branches).
+        causal_on = (state.step % loss_cfg.causal_every == 0).astype(jnp.float32)
+        if use_causal:
+            reference = jax.lax.stop_gradient(aux["logits"][:batch_size])
+            loss_causal, causal_vjp = jax.vjp(lambda e: intervened(e, reference), eff)
+            (causal_grads,) = causal_vjp(loss_cfg.causal_weight * causal_on)
+            if use_diversity:  # the third part: diversity plus causal
+                eff_grads = jax.tree.map(lambda g, c: g.at[2].add(c), eff_grads, causal_grads)
+            else:
+                eff_grads = jax.tree.map(
+                    lambda g, c: jnp.concatenate([g, c[None]]), eff_grads, causal_grads
+                )
+        else:
+            loss_causal = jnp.float32(0)
+        extra = main_parts[2] + loss_cfg.causal_weight * causal_on * loss_causal
+        loss_parts = jnp.stack([main_parts[0], main_parts[1], extra])
+        (part_grads,) = jax.vmap(pull_back)(eff_grads)  # tree, leaves [P, ...]
         _, unravel = ravel_pytree(params)
         flat = jax.vmap(lambda tree: ravel_pytree(tree)[0])(part_grads)  # [P, n_params] f32
         grad_mse, grad_c51 = flat[0], flat[1]
+        n_parts = flat.shape[0]  # 3 with a diversity or causal part, else 2
         checks.finite("gradient", "grad_mse", grad_mse)
         checks.finite("gradient", "grad_c51", grad_c51)
 
@@ -359,22 +371,22 @@ def make_learner(
                 target_params = _select(sync, new_params, state.target_params)
 
         # 12. PER priorities |y - Q| of the sampled rows (head mean); donors never write.
-        td = jnp.mean(jnp.abs(aux["y"] - aux["q_taken"]), axis=-1)[:batch_size]  # [B]
+        td = jnp.mean(jnp.abs(y - q_taken), axis=-1)[:batch_size]  # [B]
         checks.finite("per", "priorities", td)
 
         # 13. Guard: the first failing quantity, in GUARD_REASONS order.
         with jax.named_scope("guard"):
-            q_abs_max = jnp.max(jnp.abs(aux["q"]))
+            q_abs_max = jnp.max(jnp.abs(q))
             # Finite exactly when every new parameter is and the squared norm does not overflow.
             params_sq_norm = jnp.sum(jnp.square(ravel_pytree(new_params)[0]))
             failures = jnp.stack(
                 [
                     ~_all_finite((obs, next_obs, batch.reward, batch.price_change)),
-                    ~_all_finite((loss_parts, aux["loss_causal"])),
+                    ~_all_finite((loss_parts, loss_causal)),
                     # max |g| is NaN/inf exactly when a part's gradient is: no pass over flat.
                     ~(_all_finite(surgery.row_max) & _all_finite(grad_total)),
                     ~jnp.isfinite(params_sq_norm),
-                    ~_all_finite((aux["q"], aux["q_next"], aux["q_star"])),
+                    ~_all_finite((q, q_next, q_star)),
                     ~(q_abs_max <= loss_cfg.q_clip),
                     ~_all_finite(td),
                 ]
@@ -403,7 +415,7 @@ def make_learner(
         candidate = LearnerState(
             params=new_params,
             target_params=target_params,
-            sn_u=aux["new_u"],
+            sn_u=new_u,
             masks=masks,
             opt_state=opt_state,
             phi_hat=surgery.phi_hat,
@@ -435,8 +447,8 @@ def make_learner(
             metrics = LearnerMetrics(
                 loss_mse=loss_parts[0],
                 loss_c51=loss_parts[1],
-                loss_div=aux["loss_div"],
-                loss_causal=aux["loss_causal"],
+                loss_div=main_parts[2],
+                loss_causal=loss_causal,
                 grad_norm_mse=surgery.norms[0],
                 grad_norm_c51=surgery.norms[1],
                 grad_norm_mse_after=surgery.norms_after[0],
@@ -445,12 +457,12 @@ def make_learner(
                 vaccine_cos=surgery.phi,
                 phi_hat=surgery.phi_hat,
                 vaccine_applied=surgery.applied.astype(jnp.float32),
-                q_mean=jnp.mean(aux["q"]),
+                q_mean=jnp.mean(q),
                 q_max=q_abs_max,
-                edge_mass=aux["edge_mass"],
+                edge_mass=jnp.mean(losses.edge_mass(projected)),
                 priority_mean=jnp.mean(written),
                 priority_max=jnp.max(written),
-                sigma_max=jnp.max(aux["sigmas"], initial=0.0),
+                sigma_max=jnp.max(sigmas, initial=0.0),
                 # Masks change only through pruning: without it they stay all ones.
                 sparsity=networks.mask_sparsity(masks) if use_pruning else 0.0,
                 alpha=alpha,
