@@ -13,12 +13,15 @@ state, so the learner can carry, select and vmap every piece:
 - ``bootstrap_masks(key, slots, n_heads, prob) -> [B, K]``: per-transition head masks
   (Osband et al., 2016).
 
+- ``param_layout(cfg, n_inputs) -> ParamLayout``: the parameter tree as one flat vector and back.
+
 Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": {"kernel":
 [H_last, K*A*N], "bias": [K*A*N]}}``. ``sn_u`` maps each torso layer name to its ``[H_l]`` vector.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, cast
 
 import chex
@@ -40,6 +43,44 @@ class NetworkState(NamedTuple):
     params: Params  # layer tree, float32
     masks: Params  # same tree as params, {0, 1} float32 (biases always 1)
     sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32}, empty when spectral norm is off
+
+
+class ParamLayout(NamedTuple):
+    """Where each leaf of the parameter tree sits in one flat float32 vector ``[n_params]``
+    (leaf order of ``jax.tree.leaves``, each leaf row-major).
+
+    The learner carries parameters, target parameters, masks and Adam's moments as flat vectors:
+    the optimizer update, the masks, the target sync and the guard's keep-or-reject select are
+    then one elementwise pass each over the whole network instead of one small GPU kernel per
+    leaf (BENCHMARKS.md, issue 6), and the per-loss gradients come out of the backward pass as
+    the [P, n_params] matrix the surgery works on. The network itself still reads the tree.
+    """
+
+    treedef: Any  # jax tree structure of the parameter tree
+    shapes: tuple[tuple[int, ...], ...]  # per leaf
+    offsets: tuple[int, ...]  # per leaf, into the flat vector
+    size: int  # n_params
+
+    def unravel(self, flat: jax.Array) -> Params:
+        """``[n_params]`` -> the parameter tree (static slices: no copy inside a fusion)."""
+        leaves = [
+            flat[offset : offset + math.prod(shape)].reshape(shape)
+            for offset, shape in zip(self.offsets, self.shapes, strict=True)
+        ]
+        return jax.tree.unflatten(self.treedef, leaves)
+
+    def ravel(self, tree: Params) -> jax.Array:
+        """The parameter tree (or one shaped like it) -> ``[n_params]``."""
+        return jnp.concatenate([jnp.ravel(leaf) for leaf in jax.tree.leaves(tree)])
+
+
+def param_layout(cfg: Config, n_inputs: int) -> ParamLayout:
+    """The flat layout of :func:`init_network`'s parameters, from shapes only (nothing runs)."""
+    shapes = jax.eval_shape(lambda: init_network(jax.random.PRNGKey(0), cfg, n_inputs).params)
+    leaves, treedef = jax.tree.flatten(shapes)
+    sizes = [math.prod(leaf.shape) for leaf in leaves]
+    offsets = tuple(int(sum(sizes[:i])) for i in range(len(sizes)))
+    return ParamLayout(treedef, tuple(tuple(leaf.shape) for leaf in leaves), offsets, sum(sizes))
 
 
 class _Dense(nn.Module):

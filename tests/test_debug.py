@@ -226,10 +226,16 @@ def _replay(state, **fields):
     return state.replace(replay=state.replay._replace(transitions=transitions))
 
 
+def _poison_layers(flat):
+    """NaN as the first entry of every leaf of a flat parameter vector's tree."""
+    layout = networks.param_layout(apply_overrides(SMOKETEST, TINY), N_FEATURES + 1)
+    return layout.ravel(_poison(layout.unravel(flat)))
+
+
 STATE_INJECTIONS = {
-    "params": (lambda s: s.replace(params=_poison(s.params)), "learner_state", "params['"),
+    "params": (lambda s: s.replace(params=_poison_layers(s.params)), "learner_state", "params['"),
     "target_params": (
-        lambda s: s.replace(target_params=_poison(s.target_params)),
+        lambda s: s.replace(target_params=_poison_layers(s.target_params)),
         "learner_state",
         "target_params['",
     ),
@@ -452,8 +458,16 @@ def test_clean_run_gives_the_same_numbers_with_and_without_debug(tmp_path):
     assert _cli(tmp_path, "plain") == 0
     with_debug = json.loads((tmp_path / "debug" / "results.json").read_text())
     without = json.loads((tmp_path / "plain" / "results.json").read_text())
-    assert with_debug["folds"] == without["folds"]
-    assert (tmp_path / "debug" / "metrics.jsonl").read_text() == (
-        tmp_path / "plain" / "metrics.jsonl"
-    ).read_text()
+    assert with_debug["folds"] == without["folds"]  # the same trades, to the cent
+    # The checks change XLA's fusion (a different program), so the logged training metrics agree
+    # to float32 rounding, not bit for bit (measured: <= 1e-6 relative on this run).
+    lines = [
+        [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        for name in ("debug", "plain")
+    ]
+    assert len(lines[0]) == len(lines[1]) > 0
+    for a, b in zip(*lines, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-9), key
     assert not (tmp_path / "debug" / debug.FAILURE_FILE).exists()

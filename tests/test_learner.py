@@ -99,18 +99,22 @@ def _assert_trees_equal(a, b):
 
 def test_steps_train_and_report_finite_metrics():
     step = _jit_step()
-    state = _filled(_learner())
-    start = _copy(state.params)
+    learner = _learner()
+    state = _filled(learner)
+    start = learner.layout.unravel(_copy(state.params))
     for i in range(6):
         state, metrics = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
         for name, value in metrics._asdict().items():
             assert np.isfinite(value), name
     assert not bool(state.guard.halted) and int(state.step) == 6
-    assert not np.allclose(state.params["torso_0"]["kernel"], start["torso_0"]["kernel"])
+    params = learner.layout.unravel(state.params)
+    assert not np.allclose(params["torso_0"]["kernel"], start["torso_0"]["kernel"])
     # Pruning reached its target at prune_end (= 4) and pruned weights are exactly zero.
     assert abs(float(metrics.sparsity) - 0.5) < 0.01
-    for p, m in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.masks), strict=True):
-        assert np.all(np.asarray(p)[np.asarray(m) == 0] == 0.0)
+    masks = learner.layout.unravel(state.masks)
+    assert float(jnp.mean(masks["torso_1"]["kernel"])) == pytest.approx(0.5, abs=0.01)
+    assert np.all(np.asarray(masks["torso_1"]["bias"]) == 1.0)  # biases are never pruned
+    assert np.all(np.asarray(state.params)[np.asarray(state.masks) == 0] == 0.0)
     # Hard target sync every 3 steps: after step 6 the target is the online net.
     _assert_trees_equal(state.target_params, state.params)
     assert float(metrics.halted) == 0.0 and float(metrics.sigma_max) > 0.0
@@ -134,19 +138,20 @@ def test_spectral_u_advances_once_per_step_from_online_weights_only():
     learner = _learner()
     state = _filled(learner)
     # A target net far from the online one: if the target pass touched u, u would differ.
-    state = state.replace(target_params=jax.tree.map(lambda p: 3.0 * p[::-1], state.params))
+    state = state.replace(target_params=3.0 * state.params[::-1])
     before = _copy(state)
     q_before = learner.act_q(state, jnp.ones((2, N_FEATURES + 1)))
     _assert_trees_equal(state.sn_u, before.sn_u)  # acting does not move u
     new_state, _ = _jit_step()(state, jnp.float32(0.2), jnp.float32(0.4))
-    masks = networks.magnitude_masks(before.params, networks.prune_sparsity(0, _cfg().network))
+    params = learner.layout.unravel(before.params)
+    masks = networks.magnitude_masks(params, networks.prune_sparsity(0, _cfg().network))
     for name in networks.torso_layers(_cfg().network):
-        kernel = before.params[name]["kernel"] * masks[name]["kernel"]
+        kernel = params[name]["kernel"] * masks[name]["kernel"]
         _, expected_u, _ = networks.spectral_normalise(kernel, before.sn_u[name], "clip")
         np.testing.assert_allclose(new_state.sn_u[name], expected_u, rtol=1e-5, atol=1e-6)
     # act_q = head mean of Q with the stored u.
     eff, _, _ = networks.effective_params(
-        before.params, before.masks, before.sn_u, _cfg().network, False
+        params, learner.layout.unravel(before.masks), before.sn_u, _cfg().network, False
     )
     q = networks.q_values(
         networks.apply(eff, jnp.ones((2, N_FEATURES + 1)), _cfg()), networks.atoms(_cfg().network)
@@ -194,7 +199,8 @@ def test_vmap_over_two_seeds_equals_separate_runs():
         np.testing.assert_allclose(
             batched_metrics.loss_c51[s], singles_metrics[s].loss_c51, rtol=1e-4
         )
-    assert not np.allclose(batched.params["head"]["kernel"][0], batched.params["head"]["kernel"][1])
+    heads = jax.vmap(learner.layout.unravel)(batched.params)["head"]["kernel"]  # [2, H, K*A*N]
+    assert not np.allclose(heads[0], heads[1])
 
 
 def _poison_and_step(poison, n_healthy=2, *extra):

@@ -224,3 +224,25 @@ def test_spectral_sigma_gradient_is_the_papers_outer_product():
         lambda k: networks.spectral_normalise(k, jnp.asarray(u, jnp.float32), "clip")[2]
     )(jnp.zeros((7, 5), jnp.float32))
     assert np.all(np.isfinite(np.asarray(zero_grad)))
+
+
+def test_param_layout_round_trips_and_matches_the_tree_by_hand():
+    """The flat vector the learner carries: each leaf's entries, row-major, in leaf order."""
+    cfg = _cfg("network.n_heads=2")
+    params = networks.init_network(jax.random.PRNGKey(0), cfg, 5).params
+    layout = networks.param_layout(cfg, 5)
+    # By hand: head (kernel [8, 2*3*11], bias [66]), torso_0 ([5, 16], [16]), torso_1
+    # ([16, 8], [8]), leaves in sorted-key order with bias before kernel.
+    sizes = [66, 8 * 66, 16, 5 * 16, 8, 16 * 8]
+    assert layout.size == sum(sizes)
+    assert layout.offsets == tuple(int(np.sum(sizes[:i])) for i in range(len(sizes)))
+    flat = layout.ravel(params)
+    expected = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree.leaves(params)])
+    np.testing.assert_array_equal(np.asarray(flat), expected)
+    np.testing.assert_array_equal(
+        np.asarray(flat[66 : 66 + 8 * 66]).reshape(8, 66), np.asarray(params["head"]["kernel"])
+    )
+    back = jax.jit(layout.unravel)(flat)
+    assert jax.tree.structure(back) == jax.tree.structure(params)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

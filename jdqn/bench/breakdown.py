@@ -27,7 +27,6 @@ from typing import Any, cast
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from jdqn import losses, networks
 from jdqn.config import SMOKETEST, Config, apply_overrides
@@ -157,9 +156,9 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
     net = cfg.network
     batch = cfg.train.batch_size
     rows = batch + int(round(cfg.loss.donor_fraction * batch))  # sampled + donors
-    eff, _, _ = networks.effective_params(state.params, state.masks, state.sn_u, net, False)
-    flat, unravel = ravel_pytree(state.params)
-    n_params = flat.shape[0]
+    tree = learner.layout.unravel(state.params * state.masks)
+    eff, _, _ = networks.effective_params(tree, None, state.sn_u, net, False)
+    n_params = learner.layout.size
     key = jax.random.PRNGKey(3)
     obs = jax.random.normal(key, (2 * rows + batch, N_FEATURES + 1), jnp.float32)
     support = networks.atoms(net)
@@ -174,9 +173,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
     def forward(x: jax.Array) -> jax.Array:
         # Spectral norm, the online passes as the step runs them (s, do(s) and s', one chain
         # each) and the target pass on s'.
-        eff_online, _, _ = networks.effective_params(
-            state.params, state.masks, state.sn_u, net, True
-        )
+        eff_online, _, _ = networks.effective_params(tree, None, state.sn_u, net, True)
         next_obs = x[rows : 2 * rows]
         logits = networks.apply(eff_online, x[:rows], cfg)
         logits_do = networks.apply(eff_online, x[2 * rows :], cfg)
@@ -217,7 +214,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         )
         return jnp.stack([result.g1, result.g2]), result.phi_hat
 
-    grads = unravel(1e-3 * jax.random.normal(key, (n_params,)))
+    grads = 1e-3 * jax.random.normal(key, (n_params,))
 
     def adam(carry: Any) -> Any:
         params, opt_state = carry
@@ -248,7 +245,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
             surgery,
             (jnp.stack([g1, g2]), jnp.float32(0.5)),
         ),
-        ("Adam (optax, tree)", adam, (state.params, state.opt_state)),
+        ("Adam (optax, flat)", adam, (state.params, state.opt_state)),
         ("PER sample + update", per, (state.replay, key)),
     )
     out = []

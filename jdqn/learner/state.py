@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jdqn.networks import ParamLayout
 from jdqn.replay import ReplayState
 from jdqn.transition import Transition
 
@@ -39,12 +40,14 @@ class LearnerState:
     """Everything the learner carries between steps (DESIGN section 2). Leaves gain a leading
     [S] axis under vmap over seeds/folds."""
 
-    params: Any  # online net: {torso_l: {kernel [in, H_l], bias [H_l]}, head: {kernel [H, K*A*N],
-    #              bias [K*A*N]}} float32
-    target_params: Any  # same tree as params, float32 (a full copy: torso and every head)
+    # Parameters, target, masks and Adam's moments are flat [n_params] float32 vectors in the
+    # layout of ``Learner.layout`` (``layout.unravel`` gives the tree {torso_l: {kernel [in, H_l],
+    # bias [H_l]}, head: {kernel [H, K*A*N], bias [K*A*N]}}): one elementwise pass each per step.
+    params: jax.Array  # [n_params] float32, online net
+    target_params: jax.Array  # [n_params] float32 (a full copy: torso and every head)
     sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32} spectral-norm vectors (stop-gradient)
-    masks: Any  # same tree as params, {0, 1} float32 pruning masks (biases always 1)
-    opt_state: optax.OptState  # Adam moments: two trees like params, count [] int32
+    masks: jax.Array  # [n_params] {0, 1} float32 pruning masks (biases always 1)
+    opt_state: optax.OptState  # Adam: moments mu, nu [n_params] float32, count [] int32
     phi_hat: jax.Array  # [] float32, gradient-vaccine EMA of cos(g_mse, g_c51)
     replay: ReplayState  # PER ring buffer, [C, ...] transitions and [C] priorities
     step: jax.Array  # [] int32, learner steps taken (guarded or not)
@@ -116,3 +119,4 @@ class Learner(NamedTuple):
     insert: Callable[[LearnerState, Transition], LearnerState]
     step: Callable[[LearnerState, jax.Array, jax.Array], tuple[LearnerState, LearnerMetrics]]
     act_q: Callable[[LearnerState, jax.Array], jax.Array]
+    layout: ParamLayout  # flat parameter vectors <-> the network's parameter tree

@@ -24,7 +24,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from jax.flatten_util import ravel_pytree
 
 from jdqn import debug as debug_mode
 from jdqn import losses, networks
@@ -96,16 +95,18 @@ def make_learner(
     # Debug checks on Q allow float32 rounding of sum_i p_i z_i (p sums to 1 within ~1e-6).
     q_slack = 1e-4 * (net.v_max - net.v_min)
     q_low, q_high = net.v_min - q_slack, net.v_max + q_slack
+    layout = networks.param_layout(cfg, n_features + 1)
 
     def init(key: jax.Array) -> LearnerState:
         net_key, state_key, bootstrap_key = jax.random.split(key, 3)
         network = networks.init_network(net_key, cfg, n_features + 1)
+        params = layout.ravel(network.params)
         return LearnerState(
-            params=network.params,
-            target_params=jax.tree.map(jnp.copy, network.params),
+            params=params,
+            target_params=jnp.copy(params),
             sn_u=network.sn_u,
-            masks=network.masks,
-            opt_state=optimizer.init(network.params),
+            masks=layout.ravel(network.masks),
+            opt_state=optimizer.init(params),
             phi_hat=jnp.zeros((), jnp.float32),
             replay=replay_init(cfg.replay.capacity, example_transition(n_features)),
             step=jnp.zeros((), jnp.int32),
@@ -123,7 +124,7 @@ def make_learner(
 
     def act_q(state: LearnerState, obs: jax.Array) -> jax.Array:
         eff, _, _ = networks.effective_params(
-            state.params, state.masks, state.sn_u, net, update_u=False
+            layout.unravel(state.params * state.masks), None, state.sn_u, net, update_u=False
         )
         return jnp.mean(networks.q_values(networks.apply(eff, obs, cfg), support), axis=-2)
 
@@ -134,8 +135,9 @@ def make_learner(
         beta = jnp.asarray(beta, jnp.float32)
         key, sample_key, donor_key, causal_key, bootstrap_key = jax.random.split(state.key, 5)
         checks = debug_mode.boundaries(debug, state.step)  # no-ops when debug is off
-        checks.finite("learner_state", "params", state.params)
-        checks.finite("learner_state", "target_params", state.target_params)
+        # Checked as trees, so a failure names the layer.
+        checks.finite("learner_state", "params", layout.unravel(state.params))
+        checks.finite("learner_state", "target_params", layout.unravel(state.target_params))
 
         # 1. PER sample: stratified proportional, IS weights normalised by their max.
         with jax.named_scope("per_sample"):
@@ -191,17 +193,19 @@ def make_learner(
         if use_pruning:
             masks = jax.lax.cond(
                 networks.prune_due(state.step, net),
-                lambda: networks.magnitude_masks(
-                    state.params, networks.prune_sparsity(state.step, net)
+                lambda: layout.ravel(
+                    networks.magnitude_masks(
+                        layout.unravel(state.params), networks.prune_sparsity(state.step, net)
+                    )
                 ),
                 lambda: state.masks,
             )
         else:
             masks = state.masks
-        params = jax.tree.map(jnp.multiply, state.params, masks)  # pruned entries exactly 0
+        params = state.params * masks  # [n_params], pruned entries exactly 0
         with jax.named_scope("target_net"):
             target_eff, _, _ = networks.effective_params(
-                state.target_params, masks, state.sn_u, net, update_u=False
+                layout.unravel(state.target_params * masks), None, state.sn_u, net, False
             )
             target_probs_next = jax.nn.softmax(
                 networks.apply(target_eff, next_obs, cfg), axis=-1
@@ -210,9 +214,11 @@ def make_learner(
 
         # 3 (cont.). The effective weights and their VJP: the loss chains below differentiate
         # with respect to the effective weights, and one batched pull-back through the mask and
-        # the spectral norm turns those cotangents into parameter gradients.
-        def effective(p: Any) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
-            eff, new_u, sigmas = networks.effective_params(p, masks, state.sn_u, net, True)
+        # the spectral norm turns those cotangents into the flat parameter gradients.
+        def effective(p: jax.Array) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
+            # The mask inside the differentiated function: pruned entries get zero gradient.
+            tree = layout.unravel(p * masks)
+            eff, new_u, sigmas = networks.effective_params(tree, None, state.sn_u, net, True)
             return eff, (new_u, sigmas)
 
         with jax.named_scope("online_forward"):
@@ -320,9 +326,7 @@ def make_learner(
             loss_causal = jnp.float32(0)
         extra = main_parts[2] + loss_cfg.causal_weight * causal_on * loss_causal
         loss_parts = jnp.stack([main_parts[0], main_parts[1], extra])
-        (part_grads,) = jax.vmap(pull_back)(eff_grads)  # tree, leaves [P, ...]
-        _, unravel = ravel_pytree(params)
-        flat = jax.vmap(lambda tree: ravel_pytree(tree)[0])(part_grads)  # [P, n_params] f32
+        (flat,) = jax.vmap(pull_back)(eff_grads)  # [P, n_params] float32
         grad_mse, grad_c51 = flat[0], flat[1]
         n_parts = flat.shape[0]  # 3 with a diversity or causal part, else 2
         checks.finite("gradient", "grad_mse", grad_mse)
@@ -353,22 +357,20 @@ def make_learner(
             grad_total = grad_total + flat[2]
         checks.finite("gradient", "grad_total", grad_total)
         with jax.named_scope("adam"):
-            updates, opt_state = optimizer.update(unravel(grad_total), state.opt_state, params)
-            checks.finite_norm("adam", "update", updates)
-            new_params = jax.tree.map(jnp.multiply, optax.apply_updates(params, updates), masks)
-            checks.finite_norm("adam", "new_params", new_params)
+            updates, opt_state = optimizer.update(grad_total, state.opt_state, params)
+            checks.finite_norm("adam", "update", layout.unravel(updates))
+            new_params = optax.apply_updates(params, updates) * masks  # [n_params]
+            checks.finite_norm("adam", "new_params", layout.unravel(new_params))
 
         # 11. Target sync: Polyak when tau > 0, else a hard copy every target_every steps.
         with jax.named_scope("target_sync"):
             next_step = state.step + 1
             if cfg.optim.tau > 0:
                 tau = cfg.optim.tau
-                target_params = jax.tree.map(
-                    lambda t, o: (1.0 - tau) * t + tau * o, state.target_params, new_params
-                )
+                target_params = (1.0 - tau) * state.target_params + tau * new_params
             else:
                 sync = next_step % cfg.optim.target_every == 0
-                target_params = _select(sync, new_params, state.target_params)
+                target_params = jnp.where(sync, new_params, state.target_params)
 
         # 12. PER priorities |y - Q| of the sampled rows (head mean); donors never write.
         td = jnp.mean(jnp.abs(y - q_taken), axis=-1)[:batch_size]  # [B]
@@ -378,7 +380,7 @@ def make_learner(
         with jax.named_scope("guard"):
             q_abs_max = jnp.max(jnp.abs(q))
             # Finite exactly when every new parameter is and the squared norm does not overflow.
-            params_sq_norm = jnp.sum(jnp.square(ravel_pytree(new_params)[0]))
+            params_sq_norm = jnp.sum(jnp.square(new_params))
             failures = jnp.stack(
                 [
                     ~_all_finite((obs, next_obs, batch.reward, batch.price_change)),
@@ -464,11 +466,11 @@ def make_learner(
                 priority_max=jnp.max(written),
                 sigma_max=jnp.max(sigmas, initial=0.0),
                 # Masks change only through pruning: without it they stay all ones.
-                sparsity=networks.mask_sparsity(masks) if use_pruning else 0.0,
+                sparsity=networks.mask_sparsity(layout.unravel(masks)) if use_pruning else 0.0,
                 alpha=alpha,
                 halted=guard.halted.astype(jnp.float32),
             )
         metrics = jax.tree.map(lambda m: jnp.asarray(m, jnp.float32), metrics)
         return new_state, metrics
 
-    return Learner(init=init, insert=insert, step=step, act_q=act_q)
+    return Learner(init=init, insert=insert, step=step, act_q=act_q, layout=layout)
