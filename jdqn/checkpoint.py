@@ -42,6 +42,7 @@ class Checkpointer:
     """Saves ``(state, meta)`` at epoch ends; keeps the latest two."""
 
     def __init__(self, directory: Path) -> None:
+        self._directory = directory
         self._manager = ocp.CheckpointManager(
             directory.absolute(),
             options=ocp.CheckpointManagerOptions(max_to_keep=2, enable_async_checkpointing=False),
@@ -69,12 +70,21 @@ class Checkpointer:
         if step is None:
             raise FileNotFoundError("no checkpoint to resume from")
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_storable(like))
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-            ),
-        )
+        try:
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+                ),
+            )
+        except ValueError as error:
+            if "tree structures do not match" not in str(error):
+                raise
+            # orbax's own message lists every mismatching leaf over many lines.
+            raise ValueError(
+                f"checkpoint {self._directory} (step {step}) holds a state of another layout "
+                "(written by another jdqn version or config); fix: start the run again"
+            ) from None
         return _from_storable(restored.state, like), dict(restored.meta)
 
     def close(self) -> None:

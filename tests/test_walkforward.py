@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
@@ -239,3 +240,18 @@ def test_agent_learns_a_planted_signal_out_of_sample(tmp_path):
         assert agent > 500.0, row
         assert agent > row["baselines"]["flat"]["net_pnl_usd"] + 500.0, row
         assert agent > row["baselines"]["random"]["net_pnl_usd"] + 10_000.0, row
+
+
+def test_a_checkpoint_of_another_state_layout_is_a_one_line_error(tmp_path):
+    """Resuming a run whose checkpoint was written with another state layout (an older jdqn: tree
+    parameters, not flat vectors) names the problem and the fix instead of orbax's leaf list."""
+    old = {"params": {"head": {"bias": jnp.zeros(3)}}, "step": jnp.int32(4)}
+    checkpointer = Checkpointer(tmp_path / "group0")
+    checkpointer.save(1, old, {"epochs_done": 1})
+    new = {"params": jnp.zeros(3), "step": jnp.int32(0)}
+    with pytest.raises(ValueError, match=r"holds a state of another layout") as caught:
+        checkpointer.restore(new)
+    assert "\n" not in str(caught.value) and "fix: start the run again" in str(caught.value)
+    restored, meta = checkpointer.restore(old)  # the matching layout still restores
+    assert int(restored["step"]) == 4 and meta == {"epochs_done": 1}
+    checkpointer.close()
