@@ -1,7 +1,7 @@
 """Gradient surgery on flat float32 gradients: Gradient Vaccine and the down-only budget.
 
-DESIGN section 5 steps 7-8. The learner flattens each loss part's gradient pytree with
-``jax.flatten_util.ravel_pytree`` and calls :func:`gradient_surgery` on the ``[parts, P]`` array:
+DESIGN section 5 steps 7-8. The learner's gradients are flat (``jdqn.networks.ParamLayout``); it
+calls :func:`gradient_surgery` on the ``[parts, P]`` array of the loss parts' gradients:
 the vaccine (when due) and both budgets in one pass, with the formulas of
 :func:`gradient_vaccine` and :func:`budget_clip` (which remain the readable, separately tested
 forms). Everything is branch-free (``jnp.where``), so it stays cheap under ``vmap`` over seeds and
@@ -132,7 +132,9 @@ class SurgeryResult(NamedTuple):
     applied: jax.Array  # [] bool, the vaccine was due and changed the gradients
     norms: jax.Array  # [2] float32, |g1|, |g2| before surgery
     norms_after: jax.Array  # [2] float32, |g1'|, |g2'| after vaccine and budget
-    row_max: jax.Array  # [2] float32, max |g_k|: finite exactly when g_k is (NaN propagates)
+    row_max: jax.Array  # [parts] float32, max |g_k|: finite exactly when g_k is (NaN propagates)
+    total: jax.Array  # [P] float32, g1' + g2' + the other parts unchanged: what Adam gets
+    total_norm: jax.Array  # [] float32, |total|, from the Gram matrix (no pass over total)
 
 
 def gradient_surgery(
@@ -147,18 +149,25 @@ def gradient_surgery(
     pass over the gradients: the same formulas, fused for the learner step (DESIGN section 5,
     steps 7-8; Wang et al., ICLR 2021; Pascanu et al., ICML 2013).
 
-    Every scalar the surgery needs comes from two reductions over ``grads[:2]`` ([2, P]): the
-    max-abs of each row and the 2x2 Gram matrix of the max-abs-rescaled rows (float32 products
-    summed elementwise, so no TF32 matmul and no overflow). The vaccinated norms follow without
-    another pass, because ``g1' = g1 + k |g1| unit(g2)`` has ``|g1'| = |g1| sqrt(1 + 2 k phi +
-    k^2)`` (and symmetrically for g2). The output vectors are elementwise expressions of ``g1``
-    and ``g2`` that XLA fuses into their consumer (the sum handed to Adam): on the GPU the whole
-    surgery is a few kernels instead of one per norm, dot product and select.
+    ``grads`` is ``[parts, P]``: rows 0 and 1 are the MSE and C51 gradients, further rows (the
+    diversity and causal terms) join the sum unchanged.
+
+    Every scalar the surgery needs comes from two reductions over ``grads``: the max-abs of each
+    row and the Gram matrix of the max-abs-rescaled rows (float32 products summed elementwise, so
+    no TF32 matmul and no overflow). The vaccinated norms follow without another pass, because
+    ``g1' = g1 + k |g1| unit(g2)`` has ``|g1'| = |g1| sqrt(1 + 2 k phi + k^2)`` (and
+    symmetrically for g2), and so does the norm of the total: it is ``sum_k w_k s_k`` over the
+    rescaled rows ``s_k``, so ``|total|^2 = w^T G w``. The output vectors are elementwise
+    expressions of the rows that XLA fuses into their consumer (Adam): on the GPU the whole
+    surgery is a few kernels instead of one per norm, dot product and select, and the total's
+    norm (a logged metric) costs no pass over the total. From the Gram
+    matrix, ``|total|`` carries float32 rounding relative to the parts' norms, not its own: a
+    total that nearly cancels is reported to ~1e-7 of the parts' norms.
     """
-    g = jnp.asarray(grads[:2], jnp.float32)  # [2, P]
-    row_max = jnp.max(jnp.abs(g), axis=1)  # [2]
+    g = jnp.asarray(grads, jnp.float32)  # [parts, P]
+    row_max = jnp.max(jnp.abs(g), axis=1)  # [parts]
     scaled = g / jnp.where(row_max > 0, row_max, 1.0)[:, None]
-    gram = jnp.sum(scaled[:, None, :] * scaled[None, :, :], axis=-1)  # [2, 2], entries <= P
+    gram = jnp.sum(scaled[:, None, :] * scaled[None, :, :], axis=-1)  # [parts]^2, entries <= P
     root = jnp.sqrt(jnp.diagonal(gram))  # [2], |g_k| / max|g_k|
     norm1, norm2 = row_max[0] * root[0], row_max[1] * root[1]
     phi = jnp.clip(gram[0, 1] / jnp.where(root[0] * root[1] > 0, root[0] * root[1], 1.0), -1, 1)
@@ -171,13 +180,31 @@ def gradient_surgery(
     scale1 = _budget_scale(norm1 * growth, jnp.asarray(shares[0], jnp.float32) * budget)
     scale2 = _budget_scale(norm2 * growth, jnp.asarray(shares[1], jnp.float32) * budget)
     unit1, unit2 = _unit(g[0], norm1), _unit(g[1], norm2)
+    g1 = scale1 * (g[0] + coef1 * unit2)
+    g2 = scale2 * (g[1] + coef2 * unit1)
+    # total = sum_k w_k scaled_k: g1' = scale1 (g1 + coef1 / |g2| g2) and symmetrically.
+    safe1, safe2 = jnp.where(norm1 > 0, norm1, 1.0), jnp.where(norm2 > 0, norm2, 1.0)
+    weights = row_max * jnp.concatenate(
+        [
+            jnp.stack([scale1 + scale2 * coef2 / safe1, scale2 + scale1 * coef1 / safe2]),
+            jnp.ones((g.shape[0] - 2,), jnp.float32),
+        ]
+    )  # [parts]
+    # Rescaled by sum |w_k| (>= |total_i|, as |scaled| <= 1) so the quadratic form cannot overflow;
+    # elementwise products, not a matmul (which could run in TF32 on the GPU).
+    bound = jnp.sum(jnp.abs(weights))
+    unit_weights = weights / jnp.where(bound > 0, bound, 1.0)
+    quadratic = jnp.sum(unit_weights[:, None] * gram * unit_weights[None, :])
+    total_norm = bound * jnp.sqrt(jnp.maximum(quadratic, 0.0))
     return SurgeryResult(
-        g1=scale1 * (g[0] + coef1 * unit2),
-        g2=scale2 * (g[1] + coef2 * unit1),
+        g1=g1,
+        g2=g2,
         phi_hat=jnp.where(vaccine_due, new_phi_hat, jnp.asarray(phi_hat, jnp.float32)),
         phi=phi,
         applied=applied,
         norms=jnp.stack([norm1, norm2]),
         norms_after=jnp.stack([scale1 * norm1 * growth, scale2 * norm2 * growth]),
         row_max=row_max,
+        total=g1 + g2 + jnp.sum(g[2:], axis=0),
+        total_norm=total_norm,
     )

@@ -255,11 +255,19 @@ def test_fused_surgery_matches_the_float64_vaccine_then_budget(seed, due):
     shares = (0.3, 0.7) if seed % 3 else (1.0, 0.0)  # the MSE-only phase gives C51 no share
     # Budgets from far below to far above the norms: clipping binds for some parts, not others.
     budget = float(10.0 ** rng.uniform(-3, 3))
-    grads = jnp.asarray(np.stack([g1, g2]), jnp.float32)
+    # Half the cases carry a third part (diversity + causal), which joins the total unchanged.
+    extra = [rng.normal(size=g1.shape) * 10.0 ** rng.uniform(-3, 3)] if seed % 2 else []
+    grads = jnp.asarray(np.stack([g1, g2, *extra]), jnp.float32)
     out = jax.jit(gradient_surgery)(grads, phi_hat, 0.05, jnp.bool_(due), shares, budget)
     ref1, ref2, ref_phi_hat, ref_applied, ref_after = surgery_reference(
         g1, g2, phi_hat, 0.05, due, shares, budget
     )
+    total = ref1 + ref2 + sum(np.float64(np.float32(e)) for e in extra)
+    scale = max(np.abs(total).max(), np.abs(ref1).max(), np.abs(ref2).max(), 1e-30)
+    np.testing.assert_allclose(out.total, total, rtol=0, atol=2e-5 * scale)
+    # The Gram-matrix norm of the total, to rounding of the parts' norms.
+    parts = np.linalg.norm(ref1) + np.linalg.norm(ref2) + sum(np.linalg.norm(e) for e in extra)
+    assert float(out.total_norm) == pytest.approx(np.linalg.norm(total), abs=1e-5 * parts)
     assert bool(out.applied) == ref_applied
     for got, want in ((out.g1, ref1), (out.g2, ref2)):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(np.abs(want).max(), 1e-30))
@@ -286,6 +294,32 @@ def test_fused_surgery_equals_the_unfused_float32_functions():
     np.testing.assert_allclose(out.g1, want1, rtol=0, atol=1e-5 * float(jnp.abs(want1).max()))
     np.testing.assert_allclose(out.g2, want2, rtol=0, atol=1e-5 * float(jnp.abs(want2).max()))
     assert float(out.phi_hat) == pytest.approx(float(vaccine.phi_hat), abs=1e-6)
+
+
+def test_total_norm_of_parts_that_cancel_and_of_a_non_finite_part():
+    g = np.random.default_rng(3).normal(size=1000)
+    # MSE and the extra part cancel exactly; C51 is off (share 0): the total is 0.
+    grads = jnp.asarray(np.stack([g, 0 * g, -g]), jnp.float32)
+    out = gradient_surgery(grads, 0.0, 0.1, jnp.bool_(False), (1.0, 0.0), 1e6)
+    assert np.all(np.asarray(out.total) == 0.0)
+    assert float(out.total_norm) <= 1e-6 * np.linalg.norm(g)
+    # Hand case: totals of orthogonal parts add in quadrature.
+    e = np.eye(4)
+    out = gradient_surgery(
+        jnp.asarray(np.stack([3 * e[0], 0 * e[0], 4 * e[1]]), jnp.float32),
+        0.0,
+        0.1,
+        jnp.bool_(False),
+        (1.0, 0.0),
+        1e6,
+    )
+    assert float(out.total_norm) == pytest.approx(5.0, rel=1e-6)
+    # A non-finite extra part: its max-abs says so (what the guard reads), and so do the total
+    # and its norm.
+    bad = grads.at[2, 5].set(jnp.inf)
+    out = gradient_surgery(bad, 0.0, 0.1, jnp.bool_(False), (1.0, 0.0), 1e6)
+    assert not np.isfinite(float(out.row_max[2])) and not np.isfinite(float(out.total[5]))
+    assert not np.isfinite(float(out.total_norm))
 
 
 def test_fused_surgery_edge_cases():

@@ -327,10 +327,10 @@ def make_learner(
         extra = main_parts[2] + loss_cfg.causal_weight * causal_on * loss_causal
         loss_parts = jnp.stack([main_parts[0], main_parts[1], extra])
         (flat,) = jax.vmap(pull_back)(eff_grads)  # [P, n_params] float32
-        grad_mse, grad_c51 = flat[0], flat[1]
-        n_parts = flat.shape[0]  # 3 with a diversity or causal part, else 2
-        checks.finite("gradient", "grad_mse", grad_mse)
-        checks.finite("gradient", "grad_c51", grad_c51)
+        checks.finite("gradient", "grad_mse", flat[0])
+        checks.finite("gradient", "grad_c51", flat[1])
+        if flat.shape[0] == 3:  # a diversity or causal part
+            checks.finite("gradient", "grad_extra", flat[2])
 
         # 7-8. Gradient vaccine every gv_every steps, then the down-only budget (C51 gets no
         # share while it is off): one fused pass (jdqn.surgery.gradient_surgery).
@@ -350,11 +350,8 @@ def make_learner(
         checks.finite("surgery", "grad_mse", surgery.g1)
         checks.finite("surgery", "grad_c51", surgery.g2)
 
-        # 10. Sum (plus diversity and causal gradients), Adam, re-apply masks.
-        grad_total = surgery.g1 + surgery.g2
-        if n_parts == 3:
-            checks.finite("gradient", "grad_extra", flat[2])
-            grad_total = grad_total + flat[2]
+        # 10. Sum (plus diversity and causal gradients: the surgery's total), Adam, masks.
+        grad_total = surgery.total
         checks.finite("gradient", "grad_total", grad_total)
         with jax.named_scope("adam"):
             updates, opt_state = optimizer.update(grad_total, state.opt_state, params)
@@ -455,7 +452,7 @@ def make_learner(
                 grad_norm_c51=surgery.norms[1],
                 grad_norm_mse_after=surgery.norms_after[0],
                 grad_norm_c51_after=surgery.norms_after[1],
-                grad_norm_total=jnp.linalg.norm(grad_total),
+                grad_norm_total=surgery.total_norm,
                 vaccine_cos=surgery.phi,
                 phi_hat=surgery.phi_hat,
                 vaccine_applied=surgery.applied.astype(jnp.float32),
