@@ -6,12 +6,13 @@ expanding folds differ in length and run in sequence (DESIGN sections 7, 8, 11).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -169,6 +170,25 @@ def _run_all_folds(
     return rows
 
 
+class RunKeys(NamedTuple):
+    """Each run's keys, [R, 2] uint32 (R = folds x seeds of a group)."""
+
+    training: jax.Array  # fold_in(fold_in(PRNGKey(seed), fold), seed index): init and training
+    evaluation: jax.Array  # fold_in(training, 2**20): the greedy test-window pass
+    baselines: jax.Array  # fold_in(training, 2**21): the random baseline of the run's fold
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def run_keys(seed: int, folds: jax.Array, seeds: jax.Array) -> RunKeys:
+    """Every key of a group's runs from the config seed and each run's (fold, seed index), in one
+    small program (op-by-op derivation compiled a program per operation on a cold start)."""
+    training = jax.vmap(
+        lambda f, s: jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), f), s)
+    )(folds, seeds)
+    fold_in = jax.vmap(jax.random.fold_in, (0, None))
+    return RunKeys(training, fold_in(training, 2**20), fold_in(training, 2**21))
+
+
 def _stack(arrays: Sequence[FoldArrays]) -> FoldData:
     """Folds of equal length on a leading axis, on the device."""
     stacked = stack_folds(arrays)
@@ -202,8 +222,11 @@ def _run_group(
     # Run r trains fold fold_ids[r // seeds] with seed r % seeds.
     local_fold = jnp.repeat(jnp.arange(len(fold_ids)), seeds)
     run_ids = [(fold_ids[i // seeds], i % seeds) for i in range(len(fold_ids) * seeds)]
-    base = jax.random.PRNGKey(cfg.train.seed)
-    keys = jnp.stack([jax.random.fold_in(jax.random.fold_in(base, f), s) for f, s in run_ids])
+    keys = run_keys(
+        cfg.train.seed,
+        np.asarray([f for f, _ in run_ids], np.int32),
+        np.asarray([s for _, s in run_ids], np.int32),
+    )
 
     def init_run(key: jax.Array, i: jax.Array) -> TrainState:  # named: compile events say so
         return program.init(key, _take(train, i))
@@ -218,7 +241,7 @@ def _run_group(
         jax.vmap(debug_mode.checked(run_chunk) if debug else run_chunk, (0, 0, None, None)),
         donate_argnums=0,
     )
-    state = init_all(keys, local_fold)
+    state = init_all(keys.training, local_fold)
     checkpoints = (
         Checkpointer(run.checkpoint_dir / f"group{group_index}") if cfg.output.checkpoints else None
     )
@@ -289,16 +312,16 @@ def _evaluate_group(
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
     halted_epoch: dict[int, int],
-    keys: jax.Array,
+    keys: RunKeys,
 ) -> list[dict[str, Any]]:
-    eval_keys = jax.vmap(lambda k: jax.random.fold_in(k, 2**20))(keys)
 
     def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array) -> Any:
         return program.evaluate(s, _take(test, i), key)
 
     evaluate_all = jax.jit(jax.vmap(evaluate_run))
-    rollouts = jax.device_get(evaluate_all(state, local_fold, eval_keys))
+    rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation))
     guard = jax.device_get(state.learner.guard)
+    baseline_keys = np.asarray(keys.baselines)  # indexed on the host: no device program per run
     rows: list[dict[str, Any]] = []
     baselines_by_fold: dict[int, dict[str, Any]] = {}
     for r, (fold, seed) in enumerate(run_ids):
@@ -309,7 +332,7 @@ def _evaluate_group(
                 jnp.asarray(data.test[fold].features), jnp.asarray(data.test[fold].close), cfg.env
             )
             baselines_by_fold[fold] = evaluate_baselines(
-                params, jax.random.fold_in(keys[r], 2**21), cfg.env, data.bars_per_year
+                params, baseline_keys[r], cfg.env, data.bars_per_year
             )
         baselines = baselines_by_fold[fold]
         positions = np.asarray(rollouts.positions[r])

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -246,3 +247,29 @@ def test_param_layout_round_trips_and_matches_the_tree_by_hand():
     assert jax.tree.structure(back) == jax.tree.structure(params)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_init_is_lecun_normal_truncated_at_two_sd_with_unit_u():
+    """The distribution of flax's ``lecun_normal`` (variance 1 / fan_in, truncated at 2 sd)."""
+    cfg = apply_overrides(SMOKETEST, ["network.hidden=[256,128]", "network.n_atoms=11"])
+    state = networks.init_network(jax.random.PRNGKey(5), cfg, 300)
+    for name, fan_in in (("torso_0", 300), ("torso_1", 256), ("head", 128)):
+        kernel = np.asarray(state.params[name]["kernel"], np.float64)
+        bound = 2.0 / np.sqrt(fan_in) / 0.87962566103423978
+        assert np.abs(kernel).max() <= bound * (1 + 1e-6)
+        assert np.abs(kernel).max() > 0.9 * bound  # the tails are there, cut at 2 sd
+        # Sample variance of >= 4,000 draws: within 10 % of 1 / fan_in.
+        assert kernel.var() == pytest.approx(1.0 / fan_in, rel=0.1)
+        assert abs(kernel.mean()) < 3.0 / np.sqrt(fan_in * kernel.size)  # 3 standard errors
+        assert np.all(np.asarray(state.params[name]["bias"]) == 0.0)
+    # Layers are not copies of one another's draws, and u is a unit vector per torso layer.
+    unit = {
+        n: np.asarray(state.params[n]["kernel"]) * np.sqrt(f)
+        for n, f in (("torso_1", 256), ("head", 128))
+    }
+    assert not np.allclose(unit["torso_1"][:8, :8], unit["head"][:8, :8], atol=1e-3)
+    for name, width in (("torso_0", 256), ("torso_1", 128)):
+        u = np.asarray(state.sn_u[name], np.float64)
+        assert u.shape == (width,) and np.linalg.norm(u) == pytest.approx(1.0, rel=1e-6)
+    again = networks.init_network(jax.random.PRNGKey(5), cfg, 300)
+    np.testing.assert_array_equal(again.params["head"]["kernel"], state.params["head"]["kernel"])
