@@ -12,7 +12,6 @@ state, so the learner can carry, select and vmap every piece:
   the cubic pruning schedule (Zhu & Gupta, 2017) and layer-wise magnitude masks.
 - ``bootstrap_masks(key, slots, n_heads, prob) -> [B, K]``: per-transition head masks
   (Osband et al., 2016).
-
 - ``param_layout(cfg, n_inputs) -> ParamLayout``: the parameter tree as one flat vector and back.
 
 Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": {"kernel":
@@ -62,7 +61,7 @@ class ParamLayout(NamedTuple):
     size: int  # n_params
 
     def unravel(self, flat: jax.Array) -> Params:
-        """``[n_params]`` -> the parameter tree (static slices: no copy inside a fusion)."""
+        """``[n_params]`` -> the parameter tree (static slices and reshapes)."""
         leaves = [
             flat[offset : offset + math.prod(shape)].reshape(shape)
             for offset, shape in zip(self.offsets, self.shapes, strict=True)
@@ -158,7 +157,7 @@ def init_network(key: jax.Array, cfg: Config, n_inputs: int) -> NetworkState:
     ``lecun_normal``: a normal truncated at two standard deviations, variance 1 / fan_in; biases
     are 0. All kernels come from one draw, and all ``u`` from another: the erf-inverse behind each
     draw is what the init program spends its compile time on, so one draw instead of one per
-    layer compiles in about a third of the time (BENCHMARKS.md, P25).
+    layer compiles in about half the time (BENCHMARKS.md, P25).
     """
     k_params, k_u = jax.random.split(key)
     example = jnp.zeros((1, n_inputs), jnp.float32)

@@ -314,7 +314,6 @@ def _evaluate_group(
     halted_epoch: dict[int, int],
     keys: RunKeys,
 ) -> list[dict[str, Any]]:
-
     def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array) -> Any:
         return program.evaluate(s, _take(test, i), key)
 
