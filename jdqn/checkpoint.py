@@ -38,6 +38,10 @@ def all_finite(tree: Any) -> bool:
     return all(bool(np.isfinite(np.asarray(x)).all()) for x in leaves)
 
 
+class CheckpointLayoutError(ValueError):
+    """A checkpoint whose state tree does not match the state this jdqn builds."""
+
+
 class Checkpointer:
     """Saves ``(state, meta)`` at epoch ends; keeps the latest two."""
 
@@ -81,7 +85,7 @@ class Checkpointer:
             if "tree structures do not match" not in str(error):
                 raise
             # orbax's own message lists every mismatching leaf over many lines.
-            raise ValueError(
+            raise CheckpointLayoutError(
                 f"checkpoint {self._directory} (step {step}) holds a state of another layout "
                 "(written by another jdqn version or config); fix: start the run again"
             ) from None

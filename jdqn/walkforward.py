@@ -20,7 +20,7 @@ import numpy as np
 
 from jdqn import debug as debug_mode
 from jdqn import report, rundir
-from jdqn.checkpoint import Checkpointer
+from jdqn.checkpoint import Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
 from jdqn.data import (
     FoldArrays,
@@ -111,6 +111,8 @@ def run_walkforward(
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
         raise
+    except CheckpointLayoutError:
+        raise  # resuming again cannot help (the error says to start again); the directory stays
     except BaseException:
         if not any(run.checkpoint_dir.glob("group*/[0-9]*")):
             rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing behind

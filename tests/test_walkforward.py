@@ -255,3 +255,23 @@ def test_a_checkpoint_of_another_state_layout_is_a_one_line_error(tmp_path):
     restored, meta = checkpointer.restore(old)  # the matching layout still restores
     assert int(restored["step"]) == 4 and meta == {"epochs_done": 1}
     checkpointer.close()
+
+
+def test_resuming_from_a_checkpoint_of_another_layout_says_start_again(tmp_path, capsys):
+    """The CLI path: one line, exit 2, no "resume with" hint (resuming again cannot help), and
+    the user's directory is left as it was."""
+    cfg = apply_overrides(SMOKETEST, [*ES_FOLDS, f"data.path={ES_SAMPLE}", "output.plots=false"])
+    incomplete = tmp_path / "old.incomplete"
+    incomplete.mkdir()
+    (incomplete / "config.json").write_text(cfg.to_json() + "\n")
+    checkpointer = Checkpointer(incomplete / "checkpoints" / "group0")
+    tree_params = {"params": {"head": {"bias": jnp.zeros(3)}}}  # not this jdqn's state
+    checkpointer.save(1, tree_params, {"epochs_done": 1, "halted_epoch": {}})
+    checkpointer.close()
+    code = main(["walkforward", "--resume", str(incomplete), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.startswith("jdqn: error")]
+    assert len(lines) == 1 and "holds a state of another layout" in lines[0]
+    assert "fix: start the run again" in lines[0] and "resume with" not in err
+    assert (incomplete / "checkpoints" / "group0" / "1").exists()
