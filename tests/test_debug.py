@@ -460,16 +460,8 @@ def test_clean_run_gives_the_same_numbers_with_and_without_debug(tmp_path):
     assert _cli(tmp_path, "plain") == 0
     with_debug = json.loads((tmp_path / "debug" / "results.json").read_text())
     without = json.loads((tmp_path / "plain" / "results.json").read_text())
-    assert with_debug["folds"] == without["folds"]  # the same trades, to the cent
-    # The checks change XLA's fusion (a different program), so the logged training metrics agree
-    # to float32 rounding, not bit for bit (measured: <= 1e-6 relative on this run).
-    lines = [
-        [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        for name in ("debug", "plain")
-    ]
-    assert len(lines[0]) == len(lines[1]) > 0
-    for a, b in zip(*lines, strict=True):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-9), key
+    assert with_debug["folds"] == without["folds"]
+    assert (tmp_path / "debug" / "metrics.jsonl").read_text() == (
+        tmp_path / "plain" / "metrics.jsonl"
+    ).read_text()
     assert not (tmp_path / "debug" / debug.FAILURE_FILE).exists()

@@ -351,7 +351,13 @@ def make_learner(
         checks.finite("surgery", "grad_c51", surgery.g2)
 
         # 10. Sum (plus diversity and causal gradients: the surgery's total), Adam, masks.
-        grad_total = surgery.total
+        # On CPU the total is materialised before Adam, as the debug checks of it force: fused
+        # into Adam's loop it rounds differently (contracted multiply-adds), and a --debug run
+        # would no longer reproduce the plain run bit for bit. GPU programs are left as they
+        # are (a debug run differs there anyway: README).
+        grad_total = jax.lax.platform_dependent(
+            surgery.total, cpu=jax.lax.optimization_barrier, default=lambda total: total
+        )
         checks.finite("gradient", "grad_total", grad_total)
         with jax.named_scope("adam"):
             updates, opt_state = optimizer.update(grad_total, state.opt_state, params)
