@@ -28,6 +28,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
 from jdqn.config import Config, NetworkConfig
 
@@ -70,7 +71,7 @@ class ParamLayout(NamedTuple):
 
     def ravel(self, tree: Params) -> jax.Array:
         """The parameter tree (or one shaped like it) -> ``[n_params]``."""
-        return jnp.concatenate([jnp.ravel(leaf) for leaf in jax.tree.leaves(tree)])
+        return ravel_pytree(tree)[0]
 
 
 def param_layout(cfg: Config, n_inputs: int) -> ParamLayout:
