@@ -32,6 +32,7 @@ from jdqn.data import (
 )
 from jdqn.env import make_params
 from jdqn.evaluate import equity_curve, evaluate_baselines, metrics
+from jdqn.executables import ExecutableCache
 from jdqn.learner import GUARD_REASONS
 from jdqn.metrics_log import MetricsLog
 from jdqn.train import FoldData, TrainProgram, TrainState, make_train
@@ -191,6 +192,24 @@ def run_keys(seed: int, folds: jax.Array, seeds: jax.Array) -> RunKeys:
     return RunKeys(training, fold_in(training, 2**20), fold_in(training, 2**21))
 
 
+def _executable_cache(cfg: Config, debug: bool) -> ExecutableCache:
+    """Compiled programs on disk next to the compilation cache, on the GPU. Off with that cache,
+    for debug runs (their checked programs are compiled in each process) and on CPU: XLA:CPU
+    shares the machine code of identical small kernels between the executables of one process,
+    so an executable compiled after another is not whole when serialised (a fresh process that
+    loaded one failed with "Function wrapped_iota not found")."""
+    on = cfg.output.compilation_cache and not debug and jax.default_backend() == "gpu"
+    return ExecutableCache(cache_root() / "executables" if on else None)
+
+
+def _program_context(cfg: Config, non_causal: tuple[int, ...], debug: bool) -> str:
+    """What a group's programs are built from besides their arguments: every config section but
+    ``output`` (where results go does not change a program), the permuted feature columns and
+    debug mode."""
+    sections = {k: v for k, v in json.loads(cfg.to_json()).items() if k != "output"}
+    return json.dumps([sections, non_causal, debug], sort_keys=True)
+
+
 def _stack(arrays: Sequence[FoldArrays]) -> FoldData:
     """Folds of equal length on a leading axis, on the device."""
     stacked = stack_folds(arrays)
@@ -230,20 +249,22 @@ def _run_group(
         np.asarray([s for _, s in run_ids], np.int32),
     )
 
-    def init_run(key: jax.Array, i: jax.Array) -> TrainState:  # named: compile events say so
-        return program.init(key, _take(train, i))
+    # The programs take the folds' data as an argument (not a closure), so that a compiled
+    # program depends only on what ``context`` and the arguments' types say (jdqn.executables).
+    executables = _executable_cache(cfg, debug)
+    context = _program_context(cfg, non_causal, debug)
 
-    init_all = jax.jit(jax.vmap(init_run))
+    def init_run(key: jax.Array, i: jax.Array, data: FoldData) -> TrainState:  # named: compile
+        return program.init(key, _take(data, i))  # events say so
 
-    def run_chunk(s: TrainState, i: jax.Array, e: jax.Array, c: jax.Array) -> Any:
-        return program.run_chunk(s, _take(train, i), e, c)
+    def run_chunk(s: TrainState, i: jax.Array, e: jax.Array, c: jax.Array, data: FoldData) -> Any:
+        return program.run_chunk(s, _take(data, i), e, c)
 
-    # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
-    chunk_all = jax.jit(
-        jax.vmap(debug_mode.checked(run_chunk) if debug else run_chunk, (0, 0, None, None)),
-        donate_argnums=0,
+    init_args = (keys.training, local_fold, train)
+    init_all = executables.compile(
+        "init_run", jax.jit(jax.vmap(init_run, (0, 0, None))), *init_args, context=context
     )
-    state = init_all(keys.training, local_fold)
+    state = init_all(*init_args)
     checkpoints = (
         Checkpointer(run.checkpoint_dir / f"group{group_index}") if cfg.output.checkpoints else None
     )
@@ -263,11 +284,27 @@ def _run_group(
         # Counted in iterations, so the rate reads lock-step iterations/s (x slices x runs).
         iterations_per_chunk=program.chunk_length,
     )
+    # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
+    chunk_all = executables.compile(
+        "run_chunk",
+        jax.jit(
+            jax.vmap(
+                debug_mode.checked(run_chunk) if debug else run_chunk, (0, 0, None, None, None)
+            ),
+            donate_argnums=0,
+        ),
+        state,
+        local_fold,
+        jnp.int32(start_epoch),
+        jnp.int32(0),
+        train,
+        context=context,
+    )
     completed = False
     try:
         for epoch in range(start_epoch, cfg.train.epochs):
             for chunk in range(program.chunks_per_epoch):
-                result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk))
+                result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
                 error, (state, chunk_metrics) = result if debug else (None, result)
                 summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
                 if error is not None:  # fetched once per chunk, with the chunk's metrics
@@ -299,7 +336,18 @@ def _run_group(
         if checkpoints is not None:
             checkpoints.close()
     return _evaluate_group(
-        cfg, data, program, state, test, local_fold, run_ids, run, writes, halted_epoch, keys
+        cfg,
+        data,
+        program,
+        state,
+        test,
+        local_fold,
+        run_ids,
+        run,
+        writes,
+        halted_epoch,
+        keys,
+        functools.partial(executables.compile, context=context),
     )
 
 
@@ -315,12 +363,16 @@ def _evaluate_group(
     writes: report.BackgroundWrites,
     halted_epoch: dict[int, int],
     keys: RunKeys,
+    compile_program: Callable[..., Callable[..., Any]],
 ) -> list[dict[str, Any]]:
-    def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array) -> Any:
-        return program.evaluate(s, _take(test, i), key)
+    def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
+        return program.evaluate(s, _take(data, i), key)
 
-    evaluate_all = jax.jit(jax.vmap(evaluate_run))
-    rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation))
+    args = (state, local_fold, keys.evaluation, test)
+    evaluate_all = compile_program(
+        "evaluate_run", jax.jit(jax.vmap(evaluate_run, (0, 0, 0, None))), *args
+    )
+    rollouts = jax.device_get(evaluate_all(*args))
     guard = jax.device_get(state.learner.guard)
     baseline_keys = np.asarray(keys.baselines)  # indexed on the host: no device program per run
     rows: list[dict[str, Any]] = []

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
@@ -116,6 +117,46 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
     other = _run(tmp_path, [*small, "train.seed=1"], "c").results
     assert _agent_numbers(first) == _agent_numbers(second)
     assert _agent_numbers(first) != _agent_numbers(other)
+
+
+def test_a_warm_run_loads_its_programs_instead_of_tracing_them(tmp_path, monkeypatch):
+    """On the GPU a second process with the same config and shapes (here: a second run in this
+    one) finds the compiled training, init and evaluation programs on disk: it neither traces nor
+    compiles them, and its numbers are the first run's. On CPU nothing is stored (an XLA:CPU
+    executable is not whole when serialised: jdqn.walkforward._executable_cache) and both runs
+    trace; the numbers agree all the same."""
+    monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path / "cache"))
+    small = [
+        *ES_FOLDS,
+        f"data.path={ES_SAMPLE}",
+        "output.plots=false",
+        "output.tensorboard=false",
+        "output.checkpoints=false",
+    ]
+    traced: list[str] = []
+
+    def listener(event: str, duration: float, **kwargs) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(str(kwargs.get("fun_name")))
+
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        first = _run(tmp_path, small, "cold").results
+        cold_traced = list(traced)
+        traced.clear()
+        # Other outputs, same programs: where results go is not part of a program's key.
+        second = _run(tmp_path / "elsewhere", small, "warm").results
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    programs = {"run_chunk", "init_run", "evaluate_run"}
+    assert programs <= set(cold_traced)
+    directory = tmp_path / "cache" / "executables"
+    if jax.default_backend() == "gpu":
+        assert not programs & set(traced)
+        assert {p.name.split("-")[0] for p in directory.iterdir()} == programs
+    else:
+        assert programs <= set(traced) and not directory.exists()
+    assert first["folds"] == second["folds"]
 
 
 @pytest.mark.slow

@@ -5,7 +5,9 @@ twice, each time in a new Python process so nothing is shared but the persistent
 cache (``JDQN_CACHE_DIR``, see ``jdqn.walkforward.enable_compilation_cache``):
 
 - cold: a fresh, empty cache directory, so every executable is compiled;
-- warm: the same directory again, so executables load from the cache.
+- warm: the same directory again, so executables load from the caches: the training, init and
+  evaluation programs from jdqn's own (``jdqn.executables``: no tracing, no compile event; their
+  load time is part of ``run``), the smaller programs from JAX's compilation cache.
 
 Each worker reports the wall time of ``run_walkforward`` and, from JAX's monitoring events, the
 seconds spent tracing, lowering and compiling (``/jax/core/compile/*``; on a cache hit the backend

@@ -1,0 +1,161 @@
+"""Compiled programs kept on disk, so a warm start skips tracing and lowering too (issue 6).
+
+JAX's persistent compilation cache (``jdqn.walkforward.enable_compilation_cache``) skips XLA's
+backend compile, but it is keyed on the lowered program, so every process still traces the
+Python functions and lowers them to StableHLO before it can look the program up: on the H200 that
+was 2-3 s of a ~9 s warm walk-forward run (BENCHMARKS.md, "Seventh session"). Here the compiled
+executable itself is stored (``jax.experimental.serialize_executable``) under a key computed
+without tracing: every input that can change the program is hashed, namely
+
+- the source of jdqn and its Pallas kernels (any edit gives new keys),
+- the versions of jax, jaxlib and the libraries that build the traced functions, and JAX's
+  configuration (precision, x64, PRNG implementation, ...),
+- the backend (platform, device kind and count) and ``XLA_FLAGS``,
+- the caller's description of what the function closes over (the config as JSON, static shapes),
+- and the abstract signature of the arguments (tree structure, shapes, dtypes, weak types).
+
+Functions handed to :meth:`ExecutableCache.compile` must close over no arrays (pass data as
+arguments): a closed-over array would be baked into the program without being in the key.
+
+A file that cannot be read back (a partial write, another jaxlib) is compiled again and replaced;
+files are written to a temporary name and renamed, so readers never see half a file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import os
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+from jax.experimental import serialize_executable
+
+SUFFIX = ".jaxexe"
+# The libraries whose code runs while jdqn's functions are traced.
+_TRACED_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "chex", "numpy")
+# JAX settings that only say where caches and logs go; every other setting is in the key.
+_IGNORED_CONFIG = ("cache", "_dir", "log", "explain")
+
+
+@functools.lru_cache(maxsize=1)
+def source_fingerprint() -> str:
+    """sha256 of every Python file of the ``jdqn`` and ``pallas_kernels`` packages."""
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent.parent
+    for package in ("jdqn", "pallas_kernels"):
+        for path in sorted((root / package).rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _versions() -> str:
+    versions = []
+    for name in _TRACED_LIBRARIES:
+        try:
+            versions.append(f"{name}={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{name}=?")
+    return ",".join(versions)
+
+
+def _jax_settings() -> str:
+    values = jax.config.values
+    return repr(
+        sorted(
+            (name, repr(value))
+            for name, value in values.items()
+            if not any(part in name for part in _IGNORED_CONFIG)
+        )
+    )
+
+
+def _backend() -> str:
+    devices = jax.devices()
+    first = devices[0]
+    return f"{first.platform}:{first.device_kind}:{len(devices)}:{first.client.platform_version}"
+
+
+def signature(args: tuple[Any, ...]) -> str:
+    """The abstract signature of ``args``: tree structure and each leaf's type (shape, dtype,
+    weak type), which is what a jitted function specialises on."""
+    leaves, tree = jax.tree.flatten(args)
+    return f"{tree}|" + ";".join(str(jax.typeof(leaf)) for leaf in leaves)
+
+
+def cache_key(name: str, context: str, args: tuple[Any, ...]) -> str:
+    """The file key of program ``name`` built from ``context`` and called on ``args``."""
+    digest = hashlib.sha256()
+    for part in (
+        name,
+        context,
+        signature(args),
+        source_fingerprint(),
+        _versions(),
+        _jax_settings(),
+        _backend(),
+        os.environ.get("XLA_FLAGS", ""),
+    ):
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
+
+
+class ExecutableCache:
+    """Compiles jitted functions through a directory of serialized executables.
+
+    ``directory=None`` turns the cache off (:meth:`compile` then only compiles). ``hits`` and
+    ``misses`` count loads and compiles, for tests and benchmarks."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self.hits = 0
+        self.misses = 0
+
+    def compile(self, name: str, jitted: Any, *args: Any, context: str) -> Callable[..., Any]:
+        """``jitted`` (a ``jax.jit`` function that closes over no arrays) compiled for ``args``:
+        loaded from the directory when an executable with the same key is there, else lowered,
+        compiled and stored. The result is called like ``jitted`` on arguments of the same
+        signature (donation included)."""
+        if self.directory is None:
+            return jitted.lower(*args).compile()
+        path = self.directory / f"{name}-{cache_key(name, context, args)}{SUFFIX}"
+        loaded = _load(path)
+        if loaded is not None:
+            self.hits += 1
+            return loaded
+        self.misses += 1
+        compiled = jitted.lower(*args).compile()
+        _store(path, compiled)
+        return compiled
+
+
+def _load(path: Path) -> Any | None:
+    try:
+        payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+    except FileNotFoundError:
+        return None
+    except Exception:  # a partial or foreign file: compile again and replace it
+        return None
+
+
+def _store(path: Path, compiled: Any) -> None:
+    try:
+        blob = pickle.dumps(serialize_executable.serialize(compiled))
+    except (ValueError, NotImplementedError, pickle.PicklingError, TypeError):
+        return  # this program cannot be serialized: it is compiled in every process
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+        os.replace(tmp, path)
+    except OSError:
+        return  # an unwritable cache only costs the next process a compile

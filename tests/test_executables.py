@@ -1,0 +1,84 @@
+"""Compiled programs kept on disk (jdqn.executables): stored once, loaded instead of traced,
+the same numbers, keys that change with everything a program depends on."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jdqn.executables import SUFFIX, ExecutableCache, cache_key
+
+
+def _step(state: dict, x: jax.Array, scale: jax.Array) -> tuple[dict, jax.Array]:
+    new = {"w": state["w"] * scale + jnp.sin(x), "n": state["n"] + 1}
+    return new, jnp.sum(new["w"] ** 2)
+
+
+STEP = jax.jit(_step, donate_argnums=0)
+
+
+def _args() -> tuple[dict, jax.Array, jax.Array]:
+    state = {"w": jnp.linspace(-1.0, 1.0, 12).reshape(3, 4), "n": jnp.int32(0)}
+    return state, jnp.arange(4.0), jnp.float32(0.5)
+
+
+def test_a_stored_program_is_loaded_and_gives_the_same_numbers(tmp_path):
+    first = ExecutableCache(tmp_path)
+    compiled = first.compile("step", STEP, *_args(), context="c")
+    assert (first.hits, first.misses) == (0, 1)
+    assert len(list(tmp_path.glob(f"step-*{SUFFIX}"))) == 1
+    expected = compiled(*_args())
+
+    second = ExecutableCache(tmp_path)  # as a new process would
+    loaded = second.compile("step", STEP, *_args(), context="c")
+    assert (second.hits, second.misses) == (1, 0)
+    args = _args()
+    got = loaded(*args)
+    np.testing.assert_array_equal(got[1], expected[1])
+    np.testing.assert_array_equal(got[0]["w"], expected[0]["w"])
+    assert int(got[0]["n"]) == 1
+    assert args[0]["w"].is_deleted()  # the donation is part of the stored program
+    np.testing.assert_allclose(got[1], STEP(*_args())[1], rtol=1e-6)
+
+
+def test_the_key_changes_with_what_the_program_depends_on(monkeypatch):
+    state, x, scale = _args()
+    key = cache_key("step", "c", (state, x, scale))
+    assert cache_key("step", "c", _args()) == key  # same types, other values: same program
+    assert cache_key("other", "c", (state, x, scale)) != key
+    assert cache_key("step", "d", (state, x, scale)) != key
+    assert cache_key("step", "c", (state, jnp.arange(5.0), scale)) != key  # shape
+    assert cache_key("step", "c", (state, x, jnp.bfloat16(0.5))) != key  # dtype
+    assert cache_key("step", "c", (state, x, jnp.asarray(0.5))) != key  # weakly typed
+    assert cache_key("step", "c", ({"w": state["w"]}, x, scale)) != key  # tree structure
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    assert cache_key("step", "c", (state, x, scale)) != key
+
+
+def test_a_damaged_file_is_compiled_again_and_replaced(tmp_path):
+    ExecutableCache(tmp_path).compile("step", STEP, *_args(), context="c")
+    (path,) = tmp_path.glob(f"step-*{SUFFIX}")
+    path.write_bytes(path.read_bytes()[:100])  # a partial write
+    cache = ExecutableCache(tmp_path)
+    compiled = cache.compile("step", STEP, *_args(), context="c")
+    assert (cache.hits, cache.misses) == (0, 1)
+    np.testing.assert_allclose(compiled(*_args())[1], STEP(*_args())[1], rtol=1e-6)
+    again = ExecutableCache(tmp_path)
+    again.compile("step", STEP, *_args(), context="c")
+    assert again.hits == 1
+
+
+def test_without_a_directory_or_a_writable_one_it_only_compiles(tmp_path):
+    off = ExecutableCache(None)
+    np.testing.assert_allclose(
+        off.compile("step", STEP, *_args(), context="c")(*_args())[1],
+        STEP(*_args())[1],
+        rtol=1e-6,
+    )
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    unwritable = ExecutableCache(blocker / "executables")
+    compiled = unwritable.compile("step", STEP, *_args(), context="c")
+    np.testing.assert_allclose(compiled(*_args())[1], STEP(*_args())[1], rtol=1e-6)
+    assert unwritable.misses == 1 and blocker.read_text() == "not a directory"
