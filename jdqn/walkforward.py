@@ -254,8 +254,9 @@ def _run_group(
     executables = _executable_cache(cfg, debug)
     context = _program_context(cfg, non_causal, debug)
 
-    def init_run(key: jax.Array, i: jax.Array, data: FoldData) -> TrainState:  # named: compile
-        return program.init(key, _take(data, i))  # events say so
+    # Named functions: the compile events and the stored programs carry these names.
+    def init_run(key: jax.Array, i: jax.Array, data: FoldData) -> TrainState:
+        return program.init(key, _take(data, i))
 
     def run_chunk(s: TrainState, i: jax.Array, e: jax.Array, c: jax.Array, data: FoldData) -> Any:
         return program.run_chunk(s, _take(data, i), e, c)
@@ -284,24 +285,25 @@ def _run_group(
         # Counted in iterations, so the rate reads lock-step iterations/s (x slices x runs).
         iterations_per_chunk=program.chunk_length,
     )
-    # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
-    chunk_all = executables.compile(
-        "run_chunk",
-        jax.jit(
-            jax.vmap(
-                debug_mode.checked(run_chunk) if debug else run_chunk, (0, 0, None, None, None)
-            ),
-            donate_argnums=0,
-        ),
-        state,
-        local_fold,
-        jnp.int32(start_epoch),
-        jnp.int32(0),
-        train,
-        context=context,
-    )
     completed = False
     try:
+        # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
+        chunk_all = executables.compile(
+            "run_chunk",
+            jax.jit(
+                jax.vmap(
+                    debug_mode.checked(run_chunk) if debug else run_chunk,
+                    (0, 0, None, None, None),
+                ),
+                donate_argnums=0,
+            ),
+            state,
+            local_fold,
+            jnp.int32(start_epoch),
+            jnp.int32(0),
+            train,
+            context=context,
+        )
         for epoch in range(start_epoch, cfg.train.epochs):
             for chunk in range(program.chunks_per_epoch):
                 result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
