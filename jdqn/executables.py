@@ -18,7 +18,9 @@ Functions handed to :meth:`ExecutableCache.compile` must close over no arrays (p
 arguments): a closed-over array would be baked into the program without being in the key.
 
 A file that cannot be read back (a partial write, another jaxlib) is compiled again and replaced;
-files are written to a temporary name and renamed, so readers never see half a file.
+files are written to a temporary name and renamed, so readers never see half a file. Loading a
+file runs what it holds, so the directory is trusted like JAX's own compilation cache: the
+user's cache directory, written only by jdqn.
 """
 
 from __future__ import annotations
@@ -137,25 +139,30 @@ class ExecutableCache:
 
 
 def _load(path: Path) -> Any | None:
+    """The executable stored at ``path``; None when there is none or it cannot be loaded (a
+    partial or foreign file: the caller compiles again and replaces it)."""
     try:
         payload, in_tree, out_tree = pickle.loads(path.read_bytes())
         return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
-    except FileNotFoundError:
-        return None
-    except Exception:  # a partial or foreign file: compile again and replace it
+    except Exception:
         return None
 
 
 def _store(path: Path, compiled: Any) -> None:
+    """Writes ``compiled`` to ``path`` whole or not at all; a program that cannot be serialised
+    or a directory that cannot be written only costs the next process a compile."""
     try:
         blob = pickle.dumps(serialize_executable.serialize(compiled))
     except (ValueError, NotImplementedError, pickle.PicklingError, TypeError):
-        return  # this program cannot be serialized: it is compiled in every process
+        return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    except OSError:
+        return
+    try:
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
         os.replace(tmp, path)
     except OSError:
-        return  # an unwritable cache only costs the next process a compile
+        Path(tmp).unlink(missing_ok=True)
