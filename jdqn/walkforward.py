@@ -104,7 +104,9 @@ def run_walkforward(
     log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
     log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
     try:
-        with report.BackgroundWrites() as writes:  # plots and CSVs, done before results.json
+        # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
+        preload = report.PLOT_MODULES if cfg.output.plots else ()
+        with report.BackgroundWrites(preload) as writes:
             fold_results = _run_all_folds(
                 cfg, data, run, writes, debug=debug, progress=progress, log=log
             )

@@ -1,6 +1,8 @@
 """report: BackgroundWrites (writes happen in order, all before the block ends, errors surface)
 and the equity CSV (exact round trip)."""
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -72,3 +74,21 @@ def test_equity_csv_round_trips_exactly_with_rows_at_the_realising_bar(tmp_path)
     )
     with pytest.raises(ValueError, match="differ in length"):
         report.write_equity_csv(path, stamps, {"a": np.zeros(3), "b": np.zeros(4)}, {})
+
+
+def test_the_plotting_library_is_imported_only_for_plots_and_off_the_main_thread():
+    """``import jdqn.walkforward`` leaves matplotlib out (runs without plots never pay its
+    import); ``BackgroundWrites(PLOT_MODULES)`` imports it on the writer thread."""
+    code = (
+        "import sys, threading, jdqn.walkforward\n"
+        "from jdqn import report\n"
+        "before = 'matplotlib' in sys.modules\n"
+        "main = threading.get_ident()\n"
+        "with report.BackgroundWrites(report.PLOT_MODULES) as writes:\n"
+        "    writes.submit(lambda: print(threading.get_ident() != main))\n"
+        "print(before, 'matplotlib.figure' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["True", "False", "True"]
