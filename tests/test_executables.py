@@ -1,7 +1,18 @@
 """Compiled programs kept on disk (jdqn.executables): stored once, loaded instead of traced,
-the same numbers, keys that change with everything a program depends on."""
+the same numbers, keys that change with everything a program depends on.
+
+The tests that load a stored program run in a fresh process, as a warm start would: XLA:CPU
+shares the machine code of identical small kernels between the executables of one process, so
+in a process that has compiled other programs a serialised executable can miss a kernel (the
+reason jdqn stores programs only on the GPU; jdqn.walkforward._executable_cache). In a fresh
+process the stored program is whole on every backend.
+"""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,7 +34,28 @@ def _args() -> tuple[dict, jax.Array, jax.Array]:
     return state, jnp.arange(4.0), jnp.float32(0.5)
 
 
+def _in_a_fresh_process(scenario: str, tmp_path: Path) -> None:
+    """Runs ``scenario(tmp_path)`` of this module in a new interpreter (same environment)."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+        "from pathlib import Path; import test_executables as t; "
+        f"t.{scenario}(Path({str(tmp_path)!r}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_a_stored_program_is_loaded_and_gives_the_same_numbers(tmp_path):
+    _in_a_fresh_process("stored_program_scenario", tmp_path)
+
+
+def test_a_damaged_file_is_compiled_again_and_replaced(tmp_path):
+    _in_a_fresh_process("damaged_file_scenario", tmp_path)
+
+
+def stored_program_scenario(tmp_path: Path) -> None:
     first = ExecutableCache(tmp_path)
     compiled = first.compile("step", STEP, *_args(), context="c")
     assert (first.hits, first.misses) == (0, 1)
@@ -56,7 +88,7 @@ def test_the_key_changes_with_what_the_program_depends_on(monkeypatch):
     assert cache_key("step", "c", (state, x, scale)) != key
 
 
-def test_a_damaged_file_is_compiled_again_and_replaced(tmp_path):
+def damaged_file_scenario(tmp_path: Path) -> None:
     ExecutableCache(tmp_path).compile("step", STEP, *_args(), context="c")
     (path,) = tmp_path.glob(f"step-*{SUFFIX}")
     path.write_bytes(path.read_bytes()[:100])  # a partial write
