@@ -18,9 +18,9 @@ Functions handed to :meth:`ExecutableCache.compile` must close over no arrays (p
 arguments): a closed-over array would be baked into the program without being in the key.
 
 A file that cannot be read back (a partial write, another jaxlib) is compiled again and replaced;
-files are written to a temporary name and renamed, so readers never see half a file. Loading a
-file runs what it holds, so the directory is trusted like JAX's own compilation cache: the
-user's cache directory, written only by jdqn.
+files are written atomically (``jdqn.rundir.write_atomic``), so readers never see half a file.
+Loading a file runs what it holds, so the directory is trusted like JAX's own compilation cache:
+the user's cache directory, written only by jdqn.
 """
 
 from __future__ import annotations
@@ -30,13 +30,14 @@ import hashlib
 import importlib.metadata
 import os
 import pickle
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import jax
 from jax.experimental import serialize_executable
+
+from jdqn import rundir
 
 SUFFIX = ".jaxexe"
 # The libraries whose code runs while jdqn's functions are traced.
@@ -156,13 +157,6 @@ def _store(path: Path, compiled: Any) -> None:
     except (ValueError, NotImplementedError, pickle.PicklingError, TypeError):
         return
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        rundir.write_atomic(path, blob)
     except OSError:
         return
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)

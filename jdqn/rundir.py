@@ -97,11 +97,21 @@ def discard(run: RunDir) -> None:
     shutil.rmtree(run.path, ignore_errors=True)
 
 
-def write_json(path: Path, payload: Any) -> None:
-    """Write JSON atomically (temp file + rename): a reader never sees half a file."""
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` atomically (temp file + rename): a reader never sees half a file, and a
+    failed write leaves no temp file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        json.dump(payload, handle, indent=2, sort_keys=True, allow_nan=False)
-        handle.write("\n")
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write JSON atomically (``write_atomic``)."""
+    text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    write_atomic(path, text.encode())
