@@ -30,6 +30,7 @@ import hashlib
 import importlib.metadata
 import os
 import pickle
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,7 @@ class ExecutableCache:
         self.directory = directory
         self.hits = 0
         self.misses = 0
+        self._count = threading.Lock()  # programs may be compiled on several threads at once
 
     def compile(self, name: str, jitted: Any, *args: Any, context: str) -> Callable[..., Any]:
         """``jitted`` (a ``jax.jit`` function that closes over no arrays) compiled for ``args``:
@@ -131,9 +133,11 @@ class ExecutableCache:
         path = self.directory / f"{name}-{cache_key(name, context, args)}{SUFFIX}"
         loaded = _load(path)
         if loaded is not None:
-            self.hits += 1
+            with self._count:
+                self.hits += 1
             return loaded
-        self.misses += 1
+        with self._count:
+            self.misses += 1
         compiled = jitted.lower(*args).compile()
         _store(path, compiled)
         return compiled

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jdqn import background, report, rundir
 from jdqn import debug as debug_mode
-from jdqn import report, rundir
 from jdqn.checkpoint import Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
 from jdqn.data import (
@@ -254,7 +254,9 @@ def _run_group(
     # The programs take the folds' data as an argument (not a closure), so that a compiled
     # program depends only on what ``context`` and the arguments' types say (jdqn.executables).
     executables = _executable_cache(cfg, debug)
-    context = _program_context(cfg, non_causal, debug)
+    compile_program = functools.partial(
+        executables.compile, context=_program_context(cfg, non_causal, debug)
+    )
 
     # Named functions: the compile events and the stored programs carry these names.
     def init_run(key: jax.Array, i: jax.Array, data: FoldData) -> TrainState:
@@ -263,11 +265,98 @@ def _run_group(
     def run_chunk(s: TrainState, i: jax.Array, e: jax.Array, c: jax.Array, data: FoldData) -> Any:
         return program.run_chunk(s, _take(data, i), e, c)
 
-    init_args = (keys.training, local_fold, train)
-    init_all = executables.compile(
-        "init_run", jax.jit(jax.vmap(init_run, (0, 0, None))), *init_args, context=context
+    def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
+        return program.evaluate(s, _take(data, i), key)
+
+    with background.Overlap() as overlap:
+        # What does not depend on training runs on worker threads while the training program
+        # compiles (jdqn.background): the baselines, and the evaluation program's compile.
+        baselines = overlap.submit(_baselines, cfg, data, run_ids, np.asarray(keys.baselines))
+        init_args = (keys.training, local_fold, train)
+        init_all = compile_program(
+            "init_run", jax.jit(jax.vmap(init_run, (0, 0, None))), *init_args
+        )
+        state = init_all(*init_args)
+        # Compiled for the state's type, not its buffers (the first chunk donates them while the
+        # evaluation program may still be compiling); the same programs run any epoch and chunk
+        # number and any restored state of that type.
+        state_type = _abstract(state)
+        compiling_evaluate = overlap.submit(
+            compile_program,
+            "evaluate_run",
+            jax.jit(jax.vmap(evaluate_run, (0, 0, 0, None))),
+            state_type,
+            local_fold,
+            keys.evaluation,
+            test,
+        )
+        chunk_all = compile_program(
+            "run_chunk",
+            jax.jit(
+                # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
+                jax.vmap(
+                    debug_mode.checked(run_chunk) if debug else run_chunk, (0, 0, None, None, None)
+                ),
+                donate_argnums=0,
+            ),
+            state_type,
+            local_fold,
+            jnp.int32(0),
+            jnp.int32(0),
+            train,
+        )
+        state, halted_epoch = _train_group(
+            cfg,
+            program,
+            state,
+            local_fold,
+            train,
+            run,
+            writes,
+            chunk_all,
+            group_index=group_index,
+            fold_ids=fold_ids,
+            run_ids=run_ids,
+            debug=debug,
+            progress=progress,
+            log=log,
+        )
+        evaluate_all = compiling_evaluate.result()
+        rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation, test))
+        return _judge_group(
+            cfg, data, state, rollouts, run_ids, run, writes, halted_epoch, baselines.result()
+        )
+
+
+def _abstract(tree: Any) -> Any:
+    """The type of every array leaf (shape, dtype, weak type, placement), without its buffer."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=x.sharding, weak_type=jax.typeof(x).weak_type
+        ),
+        tree,
     )
-    state = init_all(*init_args)
+
+
+def _train_group(
+    cfg: Config,
+    program: TrainProgram,
+    state: TrainState,
+    local_fold: jax.Array,
+    train: FoldData,
+    run: rundir.RunDir,
+    writes: report.BackgroundWrites,
+    chunk_all: Callable[..., Any],
+    *,
+    group_index: int,
+    fold_ids: list[int],
+    run_ids: list[tuple[int, int]],
+    debug: bool,
+    progress: bool,
+    log: Callable[[str], None],
+) -> tuple[TrainState, dict[int, int]]:
+    """Every epoch of a group from its initial (or last checkpointed) state, checkpointed per
+    epoch; returns the trained state and the epoch at which each halted run halted."""
     checkpoints = (
         Checkpointer(run.checkpoint_dir / f"group{group_index}") if cfg.output.checkpoints else None
     )
@@ -283,29 +372,12 @@ def _run_group(
     bar = _progress_bar(
         total,
         progress,
-        f"folds {fold_ids} x {seeds} seed(s)",
+        f"folds {fold_ids} x {cfg.train.seeds} seed(s)",
         # Counted in iterations, so the rate reads lock-step iterations/s (x slices x runs).
         iterations_per_chunk=program.chunk_length,
     )
     completed = False
     try:
-        # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
-        chunk_all = executables.compile(
-            "run_chunk",
-            jax.jit(
-                jax.vmap(
-                    debug_mode.checked(run_chunk) if debug else run_chunk,
-                    (0, 0, None, None, None),
-                ),
-                donate_argnums=0,
-            ),
-            state,
-            local_fold,
-            jnp.int32(start_epoch),
-            jnp.int32(0),
-            train,
-            context=context,
-        )
         for epoch in range(start_epoch, cfg.train.epochs):
             for chunk in range(program.chunks_per_epoch):
                 result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
@@ -339,58 +411,41 @@ def _run_group(
         metrics_log.close(write_plots=completed)
         if checkpoints is not None:
             checkpoints.close()
-    return _evaluate_group(
-        cfg,
-        data,
-        program,
-        state,
-        test,
-        local_fold,
-        run_ids,
-        run,
-        writes,
-        halted_epoch,
-        keys,
-        functools.partial(executables.compile, context=context),
-    )
+    return state, halted_epoch
 
 
-def _evaluate_group(
+def _baselines(
+    cfg: Config, data: WalkForwardData, run_ids: list[tuple[int, int]], keys: np.ndarray
+) -> dict[int, dict[str, Any]]:
+    """Each fold's baselines on its test window, seeded by the key of the fold's first run."""
+    by_fold: dict[int, dict[str, Any]] = {}
+    for r, (fold, _) in enumerate(run_ids):
+        if fold not in by_fold:
+            params = make_params(
+                jnp.asarray(data.test[fold].features), jnp.asarray(data.test[fold].close), cfg.env
+            )
+            by_fold[fold] = evaluate_baselines(params, keys[r], cfg.env, data.bars_per_year)
+    return by_fold
+
+
+def _judge_group(
     cfg: Config,
     data: WalkForwardData,
-    program: TrainProgram,
     state: TrainState,
-    test: FoldData,
-    local_fold: jax.Array,
+    rollouts: Any,
     run_ids: list[tuple[int, int]],
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
     halted_epoch: dict[int, int],
-    keys: RunKeys,
-    compile_program: Callable[..., Callable[..., Any]],
+    baselines_by_fold: dict[int, dict[str, Any]],
 ) -> list[dict[str, Any]]:
-    def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
-        return program.evaluate(s, _take(data, i), key)
-
-    args = (state, local_fold, keys.evaluation, test)
-    evaluate_all = compile_program(
-        "evaluate_run", jax.jit(jax.vmap(evaluate_run, (0, 0, 0, None))), *args
-    )
-    rollouts = jax.device_get(evaluate_all(*args))
+    """Each run's result row from its test-window rollout, with its fold's baselines; the
+    equity CSVs and plots are handed to the writer thread."""
     guard = jax.device_get(state.learner.guard)
-    baseline_keys = np.asarray(keys.baselines)  # indexed on the host: no device program per run
     rows: list[dict[str, Any]] = []
-    baselines_by_fold: dict[int, dict[str, Any]] = {}
     for r, (fold, seed) in enumerate(run_ids):
         fold_window = data.folds[fold]
         timestamps = data.test_timestamps[fold]
-        if fold not in baselines_by_fold:
-            params = make_params(
-                jnp.asarray(data.test[fold].features), jnp.asarray(data.test[fold].close), cfg.env
-            )
-            baselines_by_fold[fold] = evaluate_baselines(
-                params, baseline_keys[r], cfg.env, data.bars_per_year
-            )
         baselines = baselines_by_fold[fold]
         positions = np.asarray(rollouts.positions[r])
         net = np.asarray(rollouts.net_points[r])

@@ -7,6 +7,7 @@ import math
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +18,7 @@ import pandas as pd
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
 
+from jdqn import background, walkforward
 from jdqn.checkpoint import Checkpointer, all_finite
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
@@ -110,12 +112,26 @@ def test_expanding_folds_run_in_sequence_and_seeds_are_vmapped(tmp_path):
 
 
 @pytest.mark.slow
-def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path):
+def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path, monkeypatch):
+    """Also wherever the work that overlaps the training compile ran: inline on this 2-core
+    machine (run a) or on worker threads (run b, as on a machine with cores to spare)."""
     small = [*ES_FOLDS, f"data.path={ES_SAMPLE}", "output.plots=false", "output.tensorboard=false"]
+    baseline_threads: list[str] = []
+    baselines = walkforward._baselines
+
+    def recorded(*args):
+        baseline_threads.append(threading.current_thread().name)
+        return baselines(*args)
+
+    monkeypatch.setattr(walkforward, "_baselines", recorded)
+    monkeypatch.setattr(background, "MIN_CORES", 10**6)
     first = _run(tmp_path, small, "a").results
+    monkeypatch.setattr(background, "MIN_CORES", 1)
     second = _run(tmp_path, small, "b").results
     other = _run(tmp_path, [*small, "train.seed=1"], "c").results
-    assert _agent_numbers(first) == _agent_numbers(second)
+    assert baseline_threads[0] == threading.main_thread().name
+    assert baseline_threads[1].startswith("jdqn-overlap")
+    assert first["folds"] == second["folds"]
     assert _agent_numbers(first) != _agent_numbers(other)
 
 

@@ -1,0 +1,67 @@
+"""Work that overlaps the training program's compile (DESIGN section 11).
+
+A walk-forward group compiles its training program in 9-14 s on the H200 (BENCHMARKS.md, runs
+T9-T11: ~4.5 s of it in XLA's fusion passes, ~3 s autotuning GEMMs). The evaluation program
+(1.1-1.6 s to compile) and the baselines (their rollout programs, 1.8-2.5 s, and the rollouts)
+do not depend on training, so they run on worker threads meanwhile; JAX releases the GIL while
+XLA compiles. On a machine with no cores to spare (this project's 2-core CPU boxes) threads only
+contend with XLA's own compile threads, so the same calls run inline, in submission order, on
+the calling thread.
+
+Results do not depend on where the work ran: a program compiled on another thread is the same
+program, and every random draw comes from an explicit key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from typing import Any
+
+# Fewer usable cores than this and background work runs inline.
+MIN_CORES = 4
+WORKERS = 2  # the evaluation program's compile, the baselines
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+class InlineExecutor(Executor):
+    """An ``Executor`` that runs each task when it is submitted, on the submitting thread; its
+    futures are done on return (an exception is kept in the future, as a thread pool's is)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # handed back by .result(), as a pool would
+            future.set_exception(error)
+        return future
+
+
+class Overlap:
+    """Context manager around the executor for one group's overlapped work.
+
+    On leaving with an exception, tasks not yet started are cancelled and the caller does not
+    wait for running ones (an XLA compile cannot be interrupted; the worker thread ends with it).
+    """
+
+    def __init__(self, threads: bool | None = None) -> None:
+        threads = usable_cores() >= MIN_CORES if threads is None else threads
+        self.executor: Executor = (
+            ThreadPoolExecutor(WORKERS, thread_name_prefix="jdqn-overlap")
+            if threads
+            else InlineExecutor()
+        )
+
+    def __enter__(self) -> Executor:
+        return self.executor
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.executor.shutdown(wait=exc_type is None, cancel_futures=exc_type is not None)
