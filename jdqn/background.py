@@ -21,7 +21,7 @@ from typing import Any
 
 # Fewer usable cores than this and background work runs inline.
 MIN_CORES = 4
-WORKERS = 2  # the evaluation program's compile, the baselines
+WORKERS = 3  # the training and evaluation programs' compiles, the baselines
 
 
 def usable_cores() -> int:

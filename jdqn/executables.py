@@ -123,6 +123,18 @@ class ExecutableCache:
         self.misses = 0
         self._count = threading.Lock()  # programs may be compiled on several threads at once
 
+    def load(self, name: str, *args: Any, context: str) -> Any | None:
+        """The stored program ``name`` for ``args`` (a ``jax.stages.Compiled``; its ``out_info``
+        gives the output types without tracing), or None when there is none or the cache is
+        off."""
+        if self.directory is None:
+            return None
+        loaded = _load(self._path(name, context, args))
+        if loaded is not None:
+            with self._count:
+                self.hits += 1
+        return loaded
+
     def compile(self, name: str, jitted: Any, *args: Any, context: str) -> Callable[..., Any]:
         """``jitted`` (a ``jax.jit`` function that closes over no arrays) compiled for ``args``:
         loaded from the directory when an executable with the same key is there, else lowered,
@@ -130,17 +142,18 @@ class ExecutableCache:
         signature (donation included)."""
         if self.directory is None:
             return jitted.lower(*args).compile()
-        path = self.directory / f"{name}-{cache_key(name, context, args)}{SUFFIX}"
-        loaded = _load(path)
+        loaded = self.load(name, *args, context=context)
         if loaded is not None:
-            with self._count:
-                self.hits += 1
             return loaded
         with self._count:
             self.misses += 1
         compiled = jitted.lower(*args).compile()
-        _store(path, compiled)
+        _store(self._path(name, context, args), compiled)
         return compiled
+
+    def _path(self, name: str, context: str, args: tuple[Any, ...]) -> Path:
+        assert self.directory is not None
+        return self.directory / f"{name}-{cache_key(name, context, args)}{SUFFIX}"
 
 
 def _load(path: Path) -> Any | None:

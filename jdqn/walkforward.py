@@ -245,18 +245,14 @@ def _run_group(
     # Run r trains fold fold_ids[r // seeds] with seed r % seeds.
     local_fold = jnp.repeat(jnp.arange(len(fold_ids)), seeds)
     run_ids = [(fold_ids[i // seeds], i % seeds) for i in range(len(fold_ids) * seeds)]
-    keys = run_keys(
-        cfg.train.seed,
-        np.asarray([f for f, _ in run_ids], np.int32),
-        np.asarray([s for _, s in run_ids], np.int32),
-    )
+    run_folds = np.asarray([f for f, _ in run_ids], np.int32)
+    run_seeds = np.asarray([s for _, s in run_ids], np.int32)
 
     # The programs take the folds' data as an argument (not a closure), so that a compiled
     # program depends only on what ``context`` and the arguments' types say (jdqn.executables).
     executables = _executable_cache(cfg, debug)
-    compile_program = functools.partial(
-        executables.compile, context=_program_context(cfg, non_causal, debug)
-    )
+    context = _program_context(cfg, non_causal, debug)
+    compile_program = functools.partial(executables.compile, context=context)
 
     # Named functions: the compile events and the stored programs carry these names.
     def init_run(key: jax.Array, i: jax.Array, data: FoldData) -> TrainState:
@@ -268,29 +264,22 @@ def _run_group(
     def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
         return program.evaluate(s, _take(data, i), key)
 
-    with background.Overlap() as overlap:
-        # What does not depend on training runs on worker threads while the training program
-        # compiles (jdqn.background): the baselines, and the evaluation program's compile.
-        baselines = overlap.submit(_baselines, cfg, data, run_ids, np.asarray(keys.baselines))
-        init_args = (keys.training, local_fold, train)
-        init_all = compile_program(
-            "init_run", jax.jit(jax.vmap(init_run, (0, 0, None))), *init_args
+    init_all_program = jax.jit(jax.vmap(init_run, (0, 0, None)))
+    key_type = jax.eval_shape(functools.partial(run_keys, cfg.train.seed), run_folds, run_seeds)
+    init_types = (key_type.training, local_fold, train)
+    # A warm start's stored init program; its output type is the state's (no tracing).
+    stored_init = executables.load("init_run", *init_types, context=context)
+
+    def compile_chunk() -> Callable[..., Any]:
+        # Compiled for the state's type, from the stored init program or traced from init
+        # without running it; the same program runs any epoch and chunk number and any restored
+        # state of that type.
+        state_type = (
+            _abstract(stored_init.out_info)
+            if stored_init is not None
+            else jax.eval_shape(init_all_program, *init_types)
         )
-        state = init_all(*init_args)
-        # Compiled for the state's type, not its buffers (the first chunk donates them while the
-        # evaluation program may still be compiling); the same programs run any epoch and chunk
-        # number and any restored state of that type.
-        state_type = _abstract(state)
-        compiling_evaluate = overlap.submit(
-            compile_program,
-            "evaluate_run",
-            jax.jit(jax.vmap(evaluate_run, (0, 0, 0, None))),
-            state_type,
-            local_fold,
-            keys.evaluation,
-            test,
-        )
-        chunk_all = compile_program(
+        return compile_program(
             "run_chunk",
             jax.jit(
                 # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
@@ -305,6 +294,32 @@ def _run_group(
             jnp.int32(0),
             train,
         )
+
+    with background.Overlap() as overlap:
+        # The training program compiles on a worker thread while the keys, the baselines, the
+        # init program and the evaluation program's compile (none of which it needs) run
+        # (jdqn.background).
+        compiling_chunk = overlap.submit(compile_chunk)
+        keys = run_keys(cfg.train.seed, run_folds, run_seeds)
+        baselines = overlap.submit(_baselines, cfg, data, run_ids, np.asarray(keys.baselines))
+        init_args = (keys.training, local_fold, train)
+        init_all = (
+            stored_init
+            if stored_init is not None
+            else compile_program("init_run", init_all_program, *init_args)
+        )
+        state = init_all(*init_args)
+        # For the state's type, not its buffers: the first chunk donates them while the
+        # evaluation program may still be compiling.
+        compiling_evaluate = overlap.submit(
+            compile_program,
+            "evaluate_run",
+            jax.jit(jax.vmap(evaluate_run, (0, 0, 0, None))),
+            _abstract(state),
+            local_fold,
+            keys.evaluation,
+            test,
+        )
         state, halted_epoch = _train_group(
             cfg,
             program,
@@ -313,7 +328,7 @@ def _run_group(
             train,
             run,
             writes,
-            chunk_all,
+            compiling_chunk.result(),
             group_index=group_index,
             fold_ids=fold_ids,
             run_ids=run_ids,

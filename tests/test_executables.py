@@ -73,11 +73,22 @@ def stored_program_scenario(tmp_path: Path) -> None:
     assert args[0]["w"].is_deleted()  # the donation is part of the stored program
     np.testing.assert_allclose(got[1], STEP(*_args())[1], rtol=1e-6)
 
+    # Found by the arguments' types alone, with its output types (no tracing, no compile).
+    third = ExecutableCache(tmp_path)
+    types = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _args())
+    stored = third.load("step", *types, context="c")
+    assert stored is not None and (third.hits, third.misses) == (1, 0)
+    out_state, out_loss = stored.out_info
+    assert (out_state["w"].shape, out_state["w"].dtype, out_loss.shape) == ((3, 4), "float32", ())
+    assert third.load("other", *types, context="c") is None
+
 
 def test_the_key_changes_with_what_the_program_depends_on(monkeypatch):
     state, x, scale = _args()
     key = cache_key("step", "c", (state, x, scale))
     assert cache_key("step", "c", _args()) == key  # same types, other values: same program
+    types = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (state, x, scale))
+    assert cache_key("step", "c", types) == key  # the types alone name the same program
     assert cache_key("other", "c", (state, x, scale)) != key
     assert cache_key("step", "d", (state, x, scale)) != key
     assert cache_key("step", "c", (state, jnp.arange(5.0), scale)) != key  # shape
