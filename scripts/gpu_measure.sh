@@ -13,6 +13,11 @@
 #               which the first run fills), autotuning on without a cache (level 4), autotuning
 #               off and deterministic ops (COLD_VARIANTS picks some)
 #   autotunecache  autotuning with a per-fusion results cache: reproducible across processes?
+#   coldtrees   the main command cold (fresh cache each) for every tree in TREES (directories
+#               holding `git archive <commit>` checkouts; default: this tree), after one warm-up
+#               process (a machine's first process is slower), two rounds in rotated order
+#   compiletimers  XLA's own compile timers (pass and backend times per program) of one cold
+#               main command, summed per timer name
 #   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
@@ -134,6 +139,42 @@ for phase in "$@"; do
           --seeds 1024 --steps 50 --top 5 2>&1 | grep -E '^wall'
       } 2>&1 | tee "$out/autotunecache.txt"
       rm -rf "$out/at" "$cache" ;;
+    coldtrees)
+      worker() {  # label, tree: one cold run in a fresh cache; wall, compile and program times
+        local start=$(date +%s%N)
+        (cd "$2" && JDQN_CACHE_DIR="$out/ct_cache_$1" PYTHONPATH="$2" timeout 150 python3 -m \
+          jdqn.bench.walkforward_run --worker --set output.tensorboard=false \
+          --set "output.out_dir=$out/ct_runs/$1" > "$out/ct_$1.log" 2>&1)
+        echo "== $1 ($2) rc=$? wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))"
+        grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*' "$out/ct_$1.log" | tr '\n' ' '
+        echo
+      }
+      trees=(${TREES:-$root}); n=${#trees[@]}
+      {
+        worker warmup "${trees[0]}"
+        for i in "${!trees[@]}"; do worker "r1_t$i" "${trees[$i]}"; done
+        for ((i = n - 1; i >= 0; i--)); do worker "r2_t$i" "${trees[$i]}"; done
+      } 2>&1 | tee "$out/coldtrees.txt"
+      rm -rf "$out"/ct_cache_* "$out/ct_runs" ;;
+    compiletimers)
+      JDQN_CACHE_DIR="$out/timers_cache" TF_CPP_MIN_LOG_LEVEL=0 \
+        TF_CPP_VMODULE=gpu_compiler=1,nvptx_compiler=1,hlo_pass_pipeline=1,compile_module_to_llvm_ir=1 \
+        timeout 150 python3 -m jdqn.bench.walkforward_run --worker --set output.tensorboard=false \
+        --set "output.out_dir=$out/timers_runs" > "$out/timers.log" 2>&1
+      python3 - "$out/timers.log" <<'PY' | tee "$out/compiletimers.txt"
+import collections, re, sys
+seconds = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+total, count = collections.defaultdict(float), collections.Counter()
+for line in open(sys.argv[1]):
+    m = re.search(r"\] (.*?) time: ([0-9.]+) (s|ms|us) ", line)
+    if m:
+        name = re.sub(r"\.\d+", ".#", m.group(1))
+        total[name] += float(m.group(2)) * seconds[m.group(3)]
+        count[name] += 1
+for name, s in sorted(total.items(), key=lambda kv: -kv[1])[:40]:
+    print(f"{s:8.3f} s {count[name]:5d}  {name}")
+PY
+      rm -rf "$out/timers_cache" "$out/timers_runs" "$out/timers.log" ;;
     *) echo "unknown phase: $phase" >&2; exit 2 ;;
   esac
 done
