@@ -1,4 +1,4 @@
-"""Work that overlaps the training program's compile (DESIGN section 11).
+"""Work that overlaps the training program's compile.
 
 A walk-forward group compiles its training program in 9-14 s on the H200 (BENCHMARKS.md, runs
 T9-T11: ~4.5 s of it in XLA's fusion passes, ~3 s autotuning GEMMs). The evaluation program
@@ -49,7 +49,9 @@ class Overlap:
     """Context manager around the executor for one group's overlapped work.
 
     On leaving with an exception, tasks not yet started are cancelled and the caller does not
-    wait for running ones (an XLA compile cannot be interrupted; the worker thread ends with it).
+    wait for running ones (an XLA compile cannot be interrupted; the worker thread ends with it,
+    and the interpreter joins it before the process exits, as it would have waited for the same
+    compile on the main thread).
     """
 
     def __init__(self, threads: bool | None = None) -> None:
