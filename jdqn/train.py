@@ -164,7 +164,13 @@ class TrainProgram:
         def skip(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
             return learner_state, _zeros(LEARNER_METRICS_RECORD)
 
-        learner_state, learner_metrics = jax.lax.cond(ready, train, skip, learner_state)
+        if cfg.train.train_every == 1 and cfg.train.n_slices >= cfg.train.batch_size:
+            # Statically ready: the first insert fills a batch and every iteration trains. No
+            # cond: under vmap a cond on the (batched) replay size runs both branches and
+            # selects every leaf of the learner state, every iteration.
+            learner_state, learner_metrics = train(learner_state)
+        else:
+            learner_state, learner_metrics = jax.lax.cond(ready, train, skip, learner_state)
         new_state = TrainState(
             learner=learner_state, env=env_state, key=key, iteration=state.iteration + 1
         )
