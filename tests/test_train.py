@@ -32,6 +32,8 @@ N_FEATURES = 4
         # The first insert (4 transitions) does not fill a batch of 8.
         (["train.n_slices=4", "train.batch_size=8"], [False, True, True, True]),
         (["train.n_slices=8", "train.batch_size=8", "train.train_every=2"], [True, False] * 2),
+        # Two learner steps per training iteration (a scan of steps).
+        (["train.n_slices=8", "train.batch_size=8", "train.updates_per_iteration=2"], [True] * 4),
     ],
 )
 def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, trained):
@@ -47,6 +49,7 @@ def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, 
     state, metrics = chunk(state, folds, jnp.int32(0), jnp.int32(0))
     assert np.asarray(metrics.active).all()
     np.testing.assert_array_equal(np.asarray(metrics.trained), [trained, trained])
-    np.testing.assert_array_equal(np.asarray(state.learner.step), [sum(trained)] * 2)
+    steps = sum(trained) * cfg.train.updates_per_iteration
+    np.testing.assert_array_equal(np.asarray(state.learner.step), [steps] * 2)
     losses = np.asarray(metrics.learner.loss_mse)
     assert np.all((losses > 0) == np.asarray(trained))  # untrained iterations report zeros
