@@ -18,6 +18,7 @@ from jdqn.config import PROFILES, Config, apply_overrides, profile
 EXIT_USER_ERROR = 2
 EXIT_HALTED = 3
 EXIT_DEBUG_FAILURE = 4
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 
 
 class _Parser(argparse.ArgumentParser):
@@ -166,7 +167,13 @@ def _bench(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     handlers = {"walkforward": _walkforward, "data": _data, "bench": _bench}
-    return handlers[args.command](args)
+    try:
+        return handlers[args.command](args)
+    except KeyboardInterrupt:
+        # A walk-forward run has already removed its directory (nothing to resume) or printed
+        # the --resume command; no traceback for a Ctrl-C.
+        print("jdqn: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
-from es_sample import ES_SAMPLE
+from es_sample import ES_FOLDS, ES_SAMPLE
 from malformed_bars import MALFORMED_CASES
 
-from jdqn.cli import EXIT_USER_ERROR, main
+from jdqn.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, main
 
 
 def _assert_one_line_error(err: str, expected: str) -> None:
@@ -93,3 +95,43 @@ def test_data_synth_then_check_round_trip(tmp_path, capsys):
     assert main(["data", "synth", "--bars", "2000", "--seed", "3", "--out", str(path)]) == 0
     assert main(["data", "check", str(path)]) == 0
     assert "2,000 valid bars" in capsys.readouterr().out
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("jdqn.walkforward.run_walkforward", interrupted)
+    assert main(["walkforward", "--no-progress"]) == EXIT_INTERRUPTED
+    err = capsys.readouterr().err
+    assert err == "jdqn: interrupted\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_run_leaves_no_directory_and_no_traceback(tmp_path):
+    """A real SIGINT to `jdqn walkforward` once its run directory exists (it is compiling or
+    training; no checkpoint is ever written here): exit 130, one line, nothing left behind."""
+    out = tmp_path / "runs"
+    args = [
+        "walkforward", "--data", str(ES_SAMPLE), "--no-progress",
+        *[arg for item in ES_FOLDS for arg in ("--set", item)],
+        "--set", "output.checkpoints=false", "--out", str(out),
+    ]  # fmt: skip
+    # Python turns SIGINT into KeyboardInterrupt unless it starts with SIGINT ignored (as
+    # background jobs of a non-interactive shell do): the child installs the handler itself.
+    child = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        f"sys.argv = ['jdqn', *{args!r}]; runpy.run_module('jdqn', run_name='__main__')"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(out.glob("*.incomplete")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == "jdqn: interrupted"
+    assert not list(out.iterdir())
