@@ -14,9 +14,11 @@ program, and every random draw comes from an explicit key.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 # Fewer usable cores than this and background work runs inline.
@@ -24,12 +26,33 @@ MIN_CORES = 4
 WORKERS = 3  # the training and evaluation programs' compiles, the baselines
 
 
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity mask where the OS has one)."""
+def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """Cores this process may run on: its affinity mask where the OS has one, capped by a
+    container's CPU quota (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), which the mask
+    does not show."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = _cgroup_quota(cgroup)
+    return max(1, min(cores, math.ceil(quota))) if quota is not None else cores
+
+
+def _cgroup_quota(cgroup: Path) -> float | None:
+    """CPUs' worth of time per period the cgroup allows; None without a limit or cgroup files."""
+    try:
+        fields = (cgroup / "cpu.max").read_text().split()
+        if fields and fields[0] != "max":
+            return int(fields[0]) / int(fields[1])
+        return None
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        quota = int((cgroup / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((cgroup / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 class InlineExecutor(Executor):

@@ -45,3 +45,19 @@ def test_threads_only_with_cores_to_spare(monkeypatch):
     assert isinstance(background.Overlap().executor, background.InlineExecutor)
     monkeypatch.setattr(background, "usable_cores", lambda: background.MIN_CORES)
     assert not isinstance(background.Overlap().executor, background.InlineExecutor)
+
+
+def test_a_container_cpu_quota_caps_the_cores(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs
+    assert background.usable_cores(v2) == min(2, background.usable_cores(tmp_path / "none"))
+    (v2 / "cpu.max").write_text("max 100000\n")  # no limit
+    assert background.usable_cores(v2) == background.usable_cores(tmp_path / "none")
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert background.usable_cores(v1.parent) == 1
+    (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # no limit
+    assert background.usable_cores(v1.parent) == background.usable_cores(tmp_path / "none")
