@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
+from tiny_learner import N_FEATURES, TINY
 
 import jdqn.learner.step as learner_module
 from jdqn import debug, losses, networks, walkforward
@@ -26,20 +27,6 @@ from jdqn.data import FoldArrays
 from jdqn.learner import GUARD_REASONS, make_learner
 from jdqn.train import FoldData, make_train
 from jdqn.transition import Transition
-
-# A small learner: the step's structure (donors, causal term, vaccine, budget) is the smoketest's.
-TINY = [
-    "train.batch_size=8",
-    "train.n_slices=8",
-    "replay.capacity=16",
-    "network.hidden=[8]",
-    "network.n_atoms=11",
-    "network.v_min=-10",
-    "network.v_max=10",
-    "loss.projection_impl=reference",
-    "loss.causal_every=1",
-]
-N_FEATURES = 4
 
 
 def _failures(fn, *args):

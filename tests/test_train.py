@@ -7,20 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from tiny_learner import N_FEATURES, TINY
 
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.train import FoldData, make_train
-
-SMALL = [
-    "replay.capacity=16",
-    "network.hidden=[8]",
-    "network.n_atoms=11",
-    "network.v_min=-10",
-    "network.v_max=10",
-    "loss.projection_impl=reference",
-    "train.chunk_iterations=4",
-]
-N_FEATURES = 4
 
 
 @pytest.mark.parametrize(
@@ -37,7 +27,7 @@ N_FEATURES = 4
     ],
 )
 def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, trained):
-    cfg = apply_overrides(SMOKETEST, [*SMALL, *overrides])
+    cfg = apply_overrides(SMOKETEST, [*TINY, "train.chunk_iterations=4", *overrides])
     program = make_train(cfg, N_FEATURES, 64, (0,))
     folds = FoldData(
         features=jax.random.normal(jax.random.PRNGKey(1), (2, 64, N_FEATURES)),

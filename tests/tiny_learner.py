@@ -1,0 +1,15 @@
+"""A small learner config shared by tests: the step's structure (donors, causal term, vaccine,
+budget) is the smoketest's, at a size that compiles and runs fast on CPU."""
+
+TINY = [
+    "train.batch_size=8",
+    "train.n_slices=8",
+    "replay.capacity=16",
+    "network.hidden=[8]",
+    "network.n_atoms=11",
+    "network.v_min=-10",
+    "network.v_max=10",
+    "loss.projection_impl=reference",
+    "loss.causal_every=1",
+]
+N_FEATURES = 4  # feature columns of the tests' made-up data
