@@ -61,3 +61,5 @@ def test_a_container_cpu_quota_caps_the_cores(tmp_path):
     assert background.usable_cores(v1.parent) == 1
     (v1 / "cpu.cfs_quota_us").write_text("-1\n")  # no limit
     assert background.usable_cores(v1.parent) == background.usable_cores(tmp_path / "none")
+    (v2 / "cpu.max").write_text("garbled\n")  # unreadable: no cap
+    assert background.usable_cores(v2) == background.usable_cores(tmp_path / "none")
