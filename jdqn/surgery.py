@@ -137,6 +137,73 @@ class SurgeryResult(NamedTuple):
     total_norm: jax.Array  # [] float32, |total|, from the Gram matrix (no pass over total)
 
 
+class SurgeryScalars(NamedTuple):
+    """Every scalar of the surgery, from the rows' max-abs and Gram matrix alone (no vectors)."""
+
+    phi_hat: jax.Array  # [] float32, new EMA (unchanged when the vaccine is not due)
+    phi: jax.Array  # [] float32, cos(g1, g2) before surgery
+    applied: jax.Array  # [] bool, the vaccine was due and changed the gradients
+    norms: jax.Array  # [2] float32, |g1|, |g2| before surgery
+    norms_after: jax.Array  # [2] float32, |g1'|, |g2'| after vaccine and budget
+    total_norm: jax.Array  # [] float32, |total|
+    weights: jax.Array  # [parts] float32, total = sum_k weights[k] g_k over the raw rows
+    coefs: jax.Array  # [2] float32, g1' = scales[0] (g1 + coefs[0] unit(g2)), and for g2
+    scales: jax.Array  # [2] float32, the budget's down-only scales
+
+
+def surgery_scalars(
+    row_max: jax.Array,
+    gram: jax.Array,
+    phi_hat: jax.Array,
+    beta: float | jax.Array,
+    vaccine_due: jax.Array,
+    shares: tuple[float | jax.Array, float | jax.Array],
+    budget: float | jax.Array,
+) -> SurgeryScalars:
+    """The vaccine and budget decisions from ``row_max [parts]`` (max |g_k|) and ``gram [parts,
+    parts]`` (Gram matrix of the rows divided by their max): see :func:`gradient_surgery`, which
+    computes both reductions with jnp, and ``pallas_kernels.flat_tail.gram``, which computes
+    them in one GPU kernel."""
+    parts = row_max.shape[0]
+    root = jnp.sqrt(jnp.diagonal(gram))  # [parts], |g_k| / max|g_k|
+    norm1, norm2 = row_max[0] * root[0], row_max[1] * root[1]
+    phi = jnp.clip(gram[0, 1] / jnp.where(root[0] * root[1] > 0, root[0] * root[1], 1.0), -1, 1)
+    ratio, applied, new_phi_hat = _vaccine_scalars(norm1, norm2, phi, phi_hat, beta)
+    applied = vaccine_due & applied
+    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
+    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
+    growth = jnp.where(applied, jnp.sqrt(jnp.maximum(1.0 + 2.0 * ratio * phi + ratio**2, 0.0)), 1.0)
+    budget = jnp.asarray(budget, jnp.float32)
+    scale1 = _budget_scale(norm1 * growth, jnp.asarray(shares[0], jnp.float32) * budget)
+    scale2 = _budget_scale(norm2 * growth, jnp.asarray(shares[1], jnp.float32) * budget)
+    # total = sum_k w_k g_k: g1' = scale1 (g1 + coef1 / |g2| g2) and symmetrically.
+    safe1, safe2 = jnp.where(norm1 > 0, norm1, 1.0), jnp.where(norm2 > 0, norm2, 1.0)
+    weights = jnp.concatenate(
+        [
+            jnp.stack([scale1 + scale2 * coef2 / safe1, scale2 + scale1 * coef1 / safe2]),
+            jnp.ones((parts - 2,), jnp.float32),
+        ]
+    )  # [parts]
+    # |total|^2 = w^T G w over the rescaled rows (weights row_max w). Rescaled by sum |w_k|
+    # (>= |total_i|, as |scaled| <= 1) so the quadratic form cannot overflow; elementwise
+    # products, not a matmul (which could run in TF32 on the GPU).
+    scaled_weights = row_max * weights
+    bound = jnp.sum(jnp.abs(scaled_weights))
+    unit_weights = scaled_weights / jnp.where(bound > 0, bound, 1.0)
+    quadratic = jnp.sum(unit_weights[:, None] * gram * unit_weights[None, :])
+    return SurgeryScalars(
+        phi_hat=jnp.where(vaccine_due, new_phi_hat, jnp.asarray(phi_hat, jnp.float32)),
+        phi=phi,
+        applied=applied,
+        norms=jnp.stack([norm1, norm2]),
+        norms_after=jnp.stack([scale1 * norm1 * growth, scale2 * norm2 * growth]),
+        total_norm=bound * jnp.sqrt(jnp.maximum(quadratic, 0.0)),
+        weights=weights,
+        coefs=jnp.stack([coef1, coef2]),
+        scales=jnp.stack([scale1, scale2]),
+    )
+
+
 def gradient_surgery(
     grads: jax.Array,
     phi_hat: jax.Array,
@@ -154,13 +221,13 @@ def gradient_surgery(
 
     Every scalar the surgery needs comes from two reductions over ``grads``: the max-abs of each
     row and the Gram matrix of the max-abs-rescaled rows (float32 products summed elementwise, so
-    no TF32 matmul and no overflow). The vaccinated norms follow without another pass, because
-    ``g1' = g1 + k |g1| unit(g2)`` has ``|g1'| = |g1| sqrt(1 + 2 k phi + k^2)`` (and
-    symmetrically for g2), and so does the norm of the total: it is ``sum_k w_k s_k`` over the
-    rescaled rows ``s_k``, so ``|total|^2 = w^T G w``. The output vectors are elementwise
-    expressions of the rows that XLA fuses into their consumer (Adam): on the GPU the whole
-    surgery is a few kernels instead of one per norm, dot product and select, and the total's
-    norm (a logged metric) costs no pass over the total. From the Gram
+    no TF32 matmul and no overflow); :func:`surgery_scalars` does the rest. The vaccinated norms
+    follow without another pass, because ``g1' = g1 + k |g1| unit(g2)`` has ``|g1'| = |g1|
+    sqrt(1 + 2 k phi + k^2)`` (and symmetrically for g2), and so does the norm of the total: it
+    is ``sum_k w_k s_k`` over the rescaled rows ``s_k``, so ``|total|^2 = w^T G w``. The output
+    vectors are elementwise expressions of the rows that XLA fuses into their consumer (Adam):
+    on the GPU the whole surgery is a few kernels instead of one per norm, dot product and
+    select, and the total's norm (a logged metric) costs no pass over the total. From the Gram
     matrix, ``|total|`` carries float32 rounding relative to the parts' norms, not its own: a
     total that nearly cancels is reported to ~1e-7 of the parts' norms.
     """
@@ -168,43 +235,20 @@ def gradient_surgery(
     row_max = jnp.max(jnp.abs(g), axis=1)  # [parts]
     scaled = g / jnp.where(row_max > 0, row_max, 1.0)[:, None]
     gram = jnp.sum(scaled[:, None, :] * scaled[None, :, :], axis=-1)  # [parts]^2, entries <= P
-    root = jnp.sqrt(jnp.diagonal(gram))  # [2], |g_k| / max|g_k|
-    norm1, norm2 = row_max[0] * root[0], row_max[1] * root[1]
-    phi = jnp.clip(gram[0, 1] / jnp.where(root[0] * root[1] > 0, root[0] * root[1], 1.0), -1, 1)
-    ratio, applied, new_phi_hat = _vaccine_scalars(norm1, norm2, phi, phi_hat, beta)
-    applied = vaccine_due & applied
-    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
-    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
-    growth = jnp.where(applied, jnp.sqrt(jnp.maximum(1.0 + 2.0 * ratio * phi + ratio**2, 0.0)), 1.0)
-    budget = jnp.asarray(budget, jnp.float32)
-    scale1 = _budget_scale(norm1 * growth, jnp.asarray(shares[0], jnp.float32) * budget)
-    scale2 = _budget_scale(norm2 * growth, jnp.asarray(shares[1], jnp.float32) * budget)
+    s = surgery_scalars(row_max, gram, phi_hat, beta, vaccine_due, shares, budget)
+    norm1, norm2 = s.norms[0], s.norms[1]
     unit1, unit2 = _unit(g[0], norm1), _unit(g[1], norm2)
-    g1 = scale1 * (g[0] + coef1 * unit2)
-    g2 = scale2 * (g[1] + coef2 * unit1)
-    # total = sum_k w_k scaled_k: g1' = scale1 (g1 + coef1 / |g2| g2) and symmetrically.
-    safe1, safe2 = jnp.where(norm1 > 0, norm1, 1.0), jnp.where(norm2 > 0, norm2, 1.0)
-    weights = row_max * jnp.concatenate(
-        [
-            jnp.stack([scale1 + scale2 * coef2 / safe1, scale2 + scale1 * coef1 / safe2]),
-            jnp.ones((g.shape[0] - 2,), jnp.float32),
-        ]
-    )  # [parts]
-    # Rescaled by sum |w_k| (>= |total_i|, as |scaled| <= 1) so the quadratic form cannot overflow;
-    # elementwise products, not a matmul (which could run in TF32 on the GPU).
-    bound = jnp.sum(jnp.abs(weights))
-    unit_weights = weights / jnp.where(bound > 0, bound, 1.0)
-    quadratic = jnp.sum(unit_weights[:, None] * gram * unit_weights[None, :])
-    total_norm = bound * jnp.sqrt(jnp.maximum(quadratic, 0.0))
+    g1 = s.scales[0] * (g[0] + s.coefs[0] * unit2)
+    g2 = s.scales[1] * (g[1] + s.coefs[1] * unit1)
     return SurgeryResult(
         g1=g1,
         g2=g2,
-        phi_hat=jnp.where(vaccine_due, new_phi_hat, jnp.asarray(phi_hat, jnp.float32)),
-        phi=phi,
-        applied=applied,
-        norms=jnp.stack([norm1, norm2]),
-        norms_after=jnp.stack([scale1 * norm1 * growth, scale2 * norm2 * growth]),
+        phi_hat=s.phi_hat,
+        phi=s.phi,
+        applied=s.applied,
+        norms=s.norms,
+        norms_after=s.norms_after,
         row_max=row_max,
         total=g1 + g2 + jnp.sum(g[2:], axis=0),
-        total_norm=total_norm,
+        total_norm=s.total_norm,
     )

@@ -14,7 +14,7 @@ import pytest
 
 from jdqn import networks
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.learner import GUARD_REASONS, make_learner
+from jdqn.learner import GUARD_REASONS, LearnerMetrics, make_learner
 from jdqn.transition import Transition
 
 N_FEATURES = 4
@@ -39,6 +39,10 @@ SMALL = (
     "optim.target_every=3",
     "loss.grad_budget=1e-3",  # small enough to bind (Adam is scale-free, training still moves)
 )
+# The step's flat tail as kernels (pallas_kernels.flat_tail): interpret mode on CPU, the real
+# kernels on a GPU; "xla" is the optax/jnp path.
+FUSED = "optim.update_impl=" + ("pallas" if jax.default_backend() == "gpu" else "interpret")
+XLA_TAIL = "optim.update_impl=xla"
 TRACES: dict[tuple[str, ...], int] = {}  # traces of the shared jitted step, per config
 
 
@@ -223,8 +227,9 @@ def _poison_and_step(poison, n_healthy=2, *extra):
     ],
     ids=["inf_reward", "nan_observation"],
 )
-def test_guard_rejects_a_poisoned_batch(poison):
-    before, state, metrics, step = _poison_and_step(poison)
+@pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
+def test_guard_rejects_a_poisoned_batch(poison, tail):
+    before, state, metrics, step = _poison_and_step(poison, 2, tail)
     assert bool(state.guard.halted) and float(metrics.halted) == 1.0
     assert int(state.guard.step) == 2
     assert GUARD_REASONS[int(state.guard.reason)] == "batch"
@@ -242,8 +247,9 @@ def test_guard_rejects_a_poisoned_batch(poison):
             assert np.all(np.isfinite(np.asarray(leaf)))
 
 
-def test_guard_rejects_learning_rate_1e30():
-    extra = ("optim.learning_rate=1e30",)
+@pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
+def test_guard_rejects_learning_rate_1e30(tail):
+    extra = ("optim.learning_rate=1e30", tail)
     step = _jit_step(*extra)
     state = _filled(_learner(*extra))
     before = _copy(state)
@@ -253,6 +259,34 @@ def test_guard_rejects_learning_rate_1e30():
     for name in ("params", "target_params", "sn_u", "opt_state", "phi_hat"):
         _assert_trees_equal(getattr(state, name), getattr(before, name))
     assert np.isfinite(float(metrics.loss_c51))  # the loss was fine; the update was not
+
+
+@pytest.mark.parametrize("extra", [(), ("optim.tau=0.05",)], ids=["hard_sync", "polyak"])
+def test_fused_tail_matches_the_xla_tail(extra):
+    """Six steps (MSE-only, then blended; pruning, vaccine, budget, causal term, target sync)
+    from one filled state: the kernels' tail against optax and jnp, to float32 rounding."""
+    runs = []
+    for tail in (XLA_TAIL, FUSED):
+        step, state = _jit_step(*extra, tail), _filled(_learner(*extra, tail))
+        metrics = []
+        for i in range(6):
+            state, m = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
+            metrics.append(m)
+        runs.append((state, metrics))
+    (xla_state, xla_metrics), (fused_state, fused_metrics) = runs
+    assert int(fused_state.step) == 6 and not bool(fused_state.guard.halted)
+    for name in LearnerMetrics._fields:
+        want = np.array([float(getattr(m, name)) for m in xla_metrics])
+        got = np.array([float(getattr(m, name)) for m in fused_metrics])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
+    for name in ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u"):
+        for got, want in zip(
+            jax.tree.leaves(getattr(fused_state, name)),
+            jax.tree.leaves(getattr(xla_state, name)),
+            strict=True,
+        ):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
+    assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
 
 
 def test_debug_checks_absent_from_the_program_when_off():

@@ -215,9 +215,17 @@ class OptimConfig:
     adam_eps: float = 1e-8
     target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
     tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
+    # The step's flat tail (surgery reductions, Adam, target sync, guard select): auto = the
+    # Pallas kernels of pallas_kernels.flat_tail on a GPU outside debug mode, XLA otherwise.
+    update_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
 
     def __post_init__(self) -> None:
         _require(self.learning_rate > 0, "optim.learning_rate", "must be > 0")
+        _require(
+            self.update_impl in ("auto", "pallas", "interpret", "xla"),
+            "optim.update_impl",
+            "'auto', 'pallas', 'interpret' or 'xla'",
+        )
         _require(self.adam_eps > 0, "optim.adam_eps", "must be > 0")
         _require(self.target_every >= 1, "optim.target_every", "must be >= 1")
         _require(0 <= self.tau <= 1, "optim.tau", "must be in [0, 1]")

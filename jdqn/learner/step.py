@@ -37,11 +37,17 @@ from jdqn.replay import (
     replay_serials,
     replay_update,
 )
-from jdqn.surgery import gradient_surgery
+from jdqn.surgery import SurgeryResult, SurgeryScalars, gradient_surgery
+from jdqn.surgery import surgery_scalars as gradient_surgery_scalars
 from jdqn.transition import Transition, example_transition, observation
+from pallas_kernels import flat_tail
 
 # Named scopes of the step's parts (``jax.named_scope``), as they appear in the op metadata of
 # the compiled program; ``jdqn.bench.kernels`` attributes each kernel to one of them.
+# Adam's decay rates (Kingma & Ba, ICLR 2015; optax's defaults), shared by optax's update and
+# the fused tail kernel.
+ADAM_B1, ADAM_B2 = 0.9, 0.999
+
 SCOPES = (
     "per_sample",
     "donors",
@@ -87,7 +93,14 @@ def make_learner(
     n_donors = n_donors_for(batch_size, loss_cfg.donor_fraction, loss_cfg.donor_mode, n_actions)
     positions = jnp.asarray(cfg.env.positions, jnp.float32)  # [A]
     support = networks.atoms(net)  # [N]
-    optimizer = optax.adam(cfg.optim.learning_rate, eps=cfg.optim.adam_eps)
+    optimizer = optax.adam(cfg.optim.learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=cfg.optim.adam_eps)
+    # The flat tail as Pallas kernels (optim.update_impl; "auto": on a GPU, except in debug
+    # mode, whose checks read the surgery's and Adam's intermediate vectors).
+    update_impl = cfg.optim.update_impl
+    if update_impl == "auto":
+        update_impl = "pallas" if jax.default_backend() == "gpu" and not debug else "xla"
+    fused_tail = update_impl != "xla"
+    tail_impl: flat_tail.Impl = "interpret" if update_impl == "interpret" else "pallas"
     use_diversity = n_heads > 1 and net.lambda_div > 0
     use_causal = len(non_causal) > 0 and loss_cfg.causal_weight > 0
     use_pruning = net.target_sparsity > 0
@@ -332,70 +345,111 @@ def make_learner(
         if flat.shape[0] == 3:  # a diversity or causal part
             checks.finite("gradient", "grad_extra", flat[2])
 
-        # 7-8. Gradient vaccine every gv_every steps, then the down-only budget (C51 gets no
-        # share while it is off): one fused pass (jdqn.surgery.gradient_surgery).
-        with jax.named_scope("surgery"):
-            c51_on = alpha > 0
-            surgery = gradient_surgery(
-                flat,
-                state.phi_hat,
-                loss_cfg.gv_beta,
-                state.step % loss_cfg.gv_every == 0,
-                (
-                    jnp.where(c51_on, loss_cfg.budget_share_mse, 1.0),
-                    jnp.where(c51_on, 1.0 - loss_cfg.budget_share_mse, 0.0),
-                ),
-                loss_cfg.grad_budget,
-            )
-        checks.finite("surgery", "grad_mse", surgery.g1)
-        checks.finite("surgery", "grad_c51", surgery.g2)
-
-        # 10. Sum (plus diversity and causal gradients: the surgery's total), Adam, masks.
-        # On CPU the total is materialised before Adam, as the debug checks of it force: fused
-        # into Adam's loop it rounds differently (contracted multiply-adds), and a --debug run
-        # would no longer reproduce the plain run bit for bit. GPU programs are left as they
-        # are (a debug run differs there anyway: README).
-        grad_total = jax.lax.platform_dependent(
-            surgery.total, cpu=jax.lax.optimization_barrier, default=lambda total: total
-        )
-        checks.finite("gradient", "grad_total", grad_total)
-        with jax.named_scope("adam"):
-            updates, opt_state = optimizer.update(grad_total, state.opt_state, params)
-            checks.finite_norm("adam", "update", layout.unravel(updates))
-            new_params = optax.apply_updates(params, updates) * masks  # [n_params]
-            checks.finite_norm("adam", "new_params", layout.unravel(new_params))
-
-        # 11. Target sync: Polyak when tau > 0, else a hard copy every target_every steps.
-        with jax.named_scope("target_sync"):
-            next_step = state.step + 1
-            if cfg.optim.tau > 0:
-                tau = cfg.optim.tau
-                target_params = (1.0 - tau) * state.target_params + tau * new_params
-            else:
-                sync = next_step % cfg.optim.target_every == 0
-                target_params = jnp.where(sync, new_params, state.target_params)
-
         # 12. PER priorities |y - Q| of the sampled rows (head mean); donors never write.
         td = jnp.mean(jnp.abs(y - q_taken), axis=-1)[:batch_size]  # [B]
         checks.finite("per", "priorities", td)
 
-        # 13. Guard: the first failing quantity, in GUARD_REASONS order.
+        # 13 (first half). The guard's checks that do not depend on the update.
         with jax.named_scope("guard"):
             q_abs_max = jnp.max(jnp.abs(q))
+            batch_bad = ~_all_finite((obs, next_obs, batch.reward, batch.price_change))
+            loss_bad = ~_all_finite((loss_parts, loss_causal))
+            q_bad = ~_all_finite((q, q_next, q_star))
+            clip_bad = ~(q_abs_max <= loss_cfg.q_clip)
+            priorities_bad = ~_all_finite(td)
+
+        # 7-8. Gradient vaccine every gv_every steps, then the down-only budget (C51 gets no
+        # share while it is off); 10-11: Adam on the sum, masks, target sync (Polyak when tau >
+        # 0, else a hard copy every target_every steps); 13: kept only if the guard passes.
+        c51_on = alpha > 0
+        surgery_args = (
+            state.phi_hat,
+            loss_cfg.gv_beta,
+            state.step % loss_cfg.gv_every == 0,
+            (
+                jnp.where(c51_on, loss_cfg.budget_share_mse, 1.0),
+                jnp.where(c51_on, 1.0 - loss_cfg.budget_share_mse, 0.0),
+            ),
+            loss_cfg.grad_budget,
+        )
+        next_step = state.step + 1
+        sync = next_step % cfg.optim.target_every == 0
+        surgery: SurgeryScalars | SurgeryResult  # the metrics read the fields both have
+        if fused_tail:
+            # Two Pallas kernels (pallas_kernels.flat_tail): the surgery's reductions, then Adam,
+            # masks, sync and the guard's select in one pass per learner.
+            with jax.named_scope("surgery"):
+                row_max, gram = flat_tail.gram(flat, impl=tail_impl)
+                surgery = gradient_surgery_scalars(row_max, gram, *surgery_args)
+            adam_state = state.opt_state[0]
+            count = optax.safe_increment(adam_state.count)
+            pre_ok = ~state.guard.halted & ~(
+                batch_bad | loss_bad | q_bad | clip_bad | priorities_bad
+            )
+            with jax.named_scope("adam"):
+                tail = flat_tail.adam_select(
+                    flat,
+                    surgery.weights,
+                    state.params,
+                    masks,
+                    state.target_params,
+                    adam_state.mu,
+                    adam_state.nu,
+                    1 - ADAM_B1**count,
+                    1 - ADAM_B2**count,
+                    pre_ok & _all_finite(row_max),
+                    sync,
+                    b1=ADAM_B1,
+                    b2=ADAM_B2,
+                    eps=cfg.optim.adam_eps,
+                    lr=cfg.optim.learning_rate,
+                    tau=cfg.optim.tau,
+                    impl=tail_impl,
+                )
+            gradient_bad = ~(_all_finite(row_max) & tail.total_finite)
+            params_sq_norm = tail.params_sq_norm
+        else:
+            with jax.named_scope("surgery"):
+                full = gradient_surgery(flat, *surgery_args)
+            checks.finite("surgery", "grad_mse", full.g1)
+            checks.finite("surgery", "grad_c51", full.g2)
+            surgery = full
+            # 10. On CPU the total is materialised before Adam, as the debug checks of it force:
+            # fused into Adam's loop it rounds differently (contracted multiply-adds), and a
+            # --debug run would no longer reproduce the plain run bit for bit. GPU programs are
+            # left as they are (a debug run differs there anyway: README).
+            grad_total = jax.lax.platform_dependent(
+                full.total, cpu=jax.lax.optimization_barrier, default=lambda total: total
+            )
+            checks.finite("gradient", "grad_total", grad_total)
+            with jax.named_scope("adam"):
+                updates, opt_state = optimizer.update(grad_total, state.opt_state, params)
+                checks.finite_norm("adam", "update", layout.unravel(updates))
+                new_params = optax.apply_updates(params, updates) * masks  # [n_params]
+                checks.finite_norm("adam", "new_params", layout.unravel(new_params))
+            with jax.named_scope("target_sync"):
+                if cfg.optim.tau > 0:
+                    tau = cfg.optim.tau
+                    target_params = (1.0 - tau) * state.target_params + tau * new_params
+                else:
+                    target_params = jnp.where(sync, new_params, state.target_params)
+            # max |g| is NaN/inf exactly when a part's gradient is: no pass over flat.
+            gradient_bad = ~(_all_finite(full.row_max) & _all_finite(grad_total))
             # Finite exactly when every new parameter is and the squared norm does not overflow.
             params_sq_norm = jnp.sum(jnp.square(new_params))
-            failures = jnp.stack(
-                [
-                    ~_all_finite((obs, next_obs, batch.reward, batch.price_change)),
-                    ~_all_finite((loss_parts, loss_causal)),
-                    # max |g| is NaN/inf exactly when a part's gradient is: no pass over flat.
-                    ~(_all_finite(surgery.row_max) & _all_finite(grad_total)),
-                    ~jnp.isfinite(params_sq_norm),
-                    ~_all_finite((q, q_next, q_star)),
-                    ~(q_abs_max <= loss_cfg.q_clip),
-                    ~_all_finite(td),
-                ]
-            )  # [len(GUARD_REASONS) - 1] bool
+
+        # 13. Guard: the first failing quantity, in GUARD_REASONS order.
+        failures = jnp.stack(
+            [
+                batch_bad,
+                loss_bad,
+                gradient_bad,
+                ~jnp.isfinite(params_sq_norm),
+                q_bad,
+                clip_bad,
+                priorities_bad,
+            ]
+        )  # [len(GUARD_REASONS) - 1] bool
         failed = jnp.any(failures)
         apply_update = ~state.guard.halted & ~failed
         newly_halted = ~state.guard.halted & failed
@@ -417,33 +471,36 @@ def make_learner(
                 cfg.replay.priority_eps,
                 cfg.replay.priority_max,
             )
-        candidate = LearnerState(
-            params=new_params,
-            target_params=target_params,
-            sn_u=new_u,
-            masks=masks,
-            opt_state=opt_state,
-            phi_hat=surgery.phi_hat,
-            # Only the priorities change; the transitions are not selected (no buffer copy).
+        if fused_tail:
+            # The kernel has already kept or rejected the vectors (its decision is apply_update:
+            # the same checks); Adam's count follows it.
+            kept_params, kept_target = tail.params, tail.target
+            kept_opt_state = (
+                adam_state._replace(
+                    count=jnp.where(apply_update, count, adam_state.count),
+                    mu=tail.mu,
+                    nu=tail.nu,
+                ),
+                *state.opt_state[1:],
+            )
+        else:
+            kept_params, kept_target = _select(
+                apply_update, (new_params, target_params), (state.params, state.target_params)
+            )
+            kept_opt_state = _select(apply_update, opt_state, state.opt_state)
+        # Only the priorities change in the buffer; the transitions are not selected (no copy).
+        new_state = LearnerState(
+            params=kept_params,
+            target_params=kept_target,
+            sn_u=_select(apply_update, new_u, state.sn_u),
+            masks=jnp.where(apply_update, masks, state.masks),
+            opt_state=kept_opt_state,
+            phi_hat=jnp.where(apply_update, surgery.phi_hat, state.phi_hat),
             replay=replay,
             step=next_step,
             guard=guard,
-            key=key,
-            bootstrap_key=state.bootstrap_key,
-        )
-        kept = _select(
-            apply_update,
-            (candidate.params, candidate.target_params, candidate.sn_u, candidate.masks),
-            (state.params, state.target_params, state.sn_u, state.masks),
-        )
-        new_state = candidate.replace(  # type: ignore[attr-defined]  # flax.struct adds .replace
-            params=kept[0],
-            target_params=kept[1],
-            sn_u=kept[2],
-            masks=kept[3],
-            opt_state=_select(apply_update, opt_state, state.opt_state),
-            phi_hat=jnp.where(apply_update, surgery.phi_hat, state.phi_hat),
             key=jnp.where(apply_update, key, state.key),
+            bootstrap_key=state.bootstrap_key,
         )
 
         # 14. Metrics.

@@ -1,0 +1,256 @@
+"""The flat tail kernels (pallas_kernels.flat_tail) against float64 numpy written here.
+
+On CPU (CI) the kernels run in interpret mode and are lowered for CUDA against an abstract H200
+(a construct the Triton lowering rejects fails here); on a GPU backend the same cases also run
+the real kernels, e.g. ``JAX_PLATFORMS=cuda python -m pytest tests/test_flat_tail.py``.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from pallas_kernels import flat_tail
+
+ON_GPU = jax.default_backend() == "gpu"
+KERNELS = ("interpret",) + (("pallas",) if ON_GPU else ())
+IMPLS = ("reference",) + KERNELS
+TRITON_DEPRECATION = "ignore:The Pallas Triton backend is deprecated:DeprecationWarning"
+HYPER = dict(b1=0.9, b2=0.999, eps=1e-8, lr=1e-3, tau=0.0)
+# Sizes around the kernels' chunk: one partial chunk, exact chunks, a partial last chunk.
+SIZES = (1, 37, flat_tail.CHUNK, flat_tail.CHUNK + 1, 3 * flat_tail.CHUNK - 5)
+
+
+def gram_np(grads):
+    g = np.asarray(grads, np.float64)
+    row_max = np.max(np.abs(g), axis=1)
+    scaled = g / np.where(row_max > 0, row_max, 1.0)[:, None]
+    return row_max, scaled @ scaled.T
+
+
+def adam_np(
+    grads, weights, params, masks, target, mu, nu, count, pre_ok, sync, b1, b2, eps, lr, tau
+):
+    """Adam (Kingma & Ba 2015, Algorithm 1 with optax's eps placement) in float64, then the
+    masks, the target sync and the guard's keep-or-reject, written out by hand."""
+    f64 = [np.asarray(x, np.float64) for x in (grads, weights, params, masks, target, mu, nu)]
+    grads, weights, params, masks, target, mu, nu = f64
+    g = weights @ grads
+    new_mu = b1 * mu + (1 - b1) * g
+    new_nu = b2 * nu + (1 - b2) * g**2
+    step = (new_mu / (1 - b1**count)) / (np.sqrt(new_nu / (1 - b2**count)) + eps)
+    new_params = (params * masks - lr * step) * masks
+    new_target = (
+        (1 - tau) * target + tau * new_params if tau > 0 else (new_params if sync else target)
+    )
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok = pre_ok and np.all(np.isfinite(g)) and np.isfinite(np.sum(new_params**2))
+    pick = (lambda new, old: new) if ok else (lambda new, old: old)
+    return (
+        pick(new_params, params),
+        pick(new_target, target),
+        pick(new_mu, mu),
+        pick(new_nu, nu),
+        bool(ok),
+    )
+
+
+def _grads(rng, parts, n, scales=(1.0, 1e-3, 30.0)):
+    return (rng.normal(size=(parts, n)) * np.asarray(scales[:parts])[:, None]).astype(np.float32)
+
+
+def _adam_inputs(rng, parts, n, count=3):
+    vec = lambda scale: (scale * rng.normal(size=n)).astype(np.float32)  # noqa: E731
+    masks = (rng.uniform(size=n) > 0.2).astype(np.float32)
+    return dict(
+        grads=_grads(rng, parts, n),
+        weights=np.asarray([0.7, 1.9, 1.0][:parts], np.float32),
+        params=vec(0.3),
+        masks=masks,
+        target=vec(0.3),
+        mu=vec(1e-2),
+        nu=np.abs(vec(1e-3)),
+        count=count,
+    )
+
+
+def _adam(impl, inputs, pre_ok=True, sync=False, **hyper):
+    hyper = {**HYPER, **hyper}
+    count = inputs["count"]
+    args = [inputs[k] for k in ("grads", "weights", "params", "masks", "target", "mu", "nu")]
+    return flat_tail.adam_select(
+        *args,
+        1 - hyper["b1"] ** count,
+        1 - hyper["b2"] ** count,
+        pre_ok,
+        sync,
+        impl=impl,
+        **hyper,
+    )
+
+
+def _adam_expected(inputs, pre_ok=True, sync=False, **hyper):
+    hyper = {**HYPER, **hyper}
+    keys = ("grads", "weights", "params", "masks", "target", "mu", "nu", "count")
+    return adam_np(*(inputs[k] for k in keys), pre_ok, sync, **hyper)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
+def test_gram_matches_numpy(impl, parts, n):
+    grads = _grads(np.random.default_rng(n + parts), parts, n)
+    row_max, gram = flat_tail.gram(jnp.asarray(grads), impl=impl)
+    want_max, want_gram = gram_np(grads)
+    np.testing.assert_allclose(np.asarray(row_max), want_max, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(gram), want_gram, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_gram_hand_case_zero_row_and_non_finite_rows(impl):
+    grads = np.zeros((3, 5), np.float32)
+    grads[0] = [3.0, -4.0, 0.0, 0.0, 0.0]  # max 4, rescaled norm^2 = (9 + 16) / 16
+    row_max, gram = flat_tail.gram(jnp.asarray(grads), impl=impl)
+    np.testing.assert_allclose(np.asarray(row_max), [4.0, 0.0, 0.0])
+    np.testing.assert_allclose(np.asarray(gram), np.diag([25 / 16, 0.0, 0.0]), rtol=1e-6)
+    grads[1, 3] = np.inf
+    grads[2, 0] = np.nan
+    row_max, _ = flat_tail.gram(jnp.asarray(grads), impl=impl)
+    assert np.isfinite(row_max[0]) and np.isnan(row_max[1]) and np.isnan(row_max[2])
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("sync", [False, True])
+def test_adam_select_matches_numpy(impl, parts, n, sync):
+    inputs = _adam_inputs(np.random.default_rng(n), parts, n)
+    out = _adam(impl, inputs, sync=sync)
+    want = _adam_expected(inputs, sync=sync)
+    for got, expected in zip((out.params, out.target, out.mu, out.nu), want[:4], strict=True):
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-5, atol=1e-7)
+    assert bool(out.applied) and bool(out.total_finite)
+    np.testing.assert_allclose(
+        float(out.params_sq_norm), np.sum(np.asarray(want[0], np.float64) ** 2), rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_adam_select_polyak_target(impl):
+    inputs = _adam_inputs(np.random.default_rng(1), 3, 300)
+    out = _adam(impl, inputs, tau=0.05)
+    want = _adam_expected(inputs, tau=0.05)
+    np.testing.assert_allclose(np.asarray(out.target), want[1], rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", ["not_ok_before", "inf_gradient", "nan_gradient", "overflow"])
+def test_adam_select_keeps_the_old_state_when_the_guard_fails(impl, case):
+    inputs = _adam_inputs(np.random.default_rng(2), 3, 2 * flat_tail.CHUNK + 3)
+    hyper = {}
+    if case == "inf_gradient":
+        inputs["grads"][2, -1] = np.inf
+    elif case == "nan_gradient":
+        inputs["grads"][0, 5] = np.nan
+    elif case == "overflow":
+        hyper = dict(lr=1e30)  # finite parameters whose squared norm overflows float32
+    out = _adam(impl, inputs, pre_ok=case != "not_ok_before", sync=True, **hyper)
+    assert not bool(out.applied)
+    assert bool(out.total_finite) == (case in ("not_ok_before", "overflow"))
+    for got, old in zip(
+        (out.params, out.target, out.mu, out.nu),
+        (inputs["params"], inputs["target"], inputs["mu"], inputs["nu"]),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(np.asarray(got), old)
+
+
+def test_reference_adam_is_optax_adam():
+    """The reference's Adam against optax itself (the XLA path of the learner uses optax)."""
+    inputs = _adam_inputs(np.random.default_rng(3), 2, 1000, count=0)
+    optimizer = optax.adam(HYPER["lr"], b1=HYPER["b1"], b2=HYPER["b2"], eps=HYPER["eps"])
+    params = jnp.asarray(inputs["params"]) * inputs["masks"]
+    state = optimizer.init(params)
+    state = (
+        state[0]._replace(mu=jnp.asarray(inputs["mu"]), nu=jnp.asarray(inputs["nu"])),
+        state[1],
+    )
+    total = jnp.asarray(inputs["weights"]) @ jnp.asarray(inputs["grads"])
+    updates, new_state = optimizer.update(total, state, params)
+    want = optax.apply_updates(params, updates) * inputs["masks"]
+    inputs["count"] = 1
+    out = _adam("reference", inputs)
+    np.testing.assert_allclose(np.asarray(out.params), np.asarray(want), rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(np.asarray(out.mu), np.asarray(new_state[0].mu), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(out.nu), np.asarray(new_state[0].nu), rtol=1e-6)
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+def test_nested_vmap_equals_one_learner_at_a_time(impl):
+    rng = np.random.default_rng(4)
+    n = flat_tail.CHUNK + 9
+    grads = jnp.asarray(np.stack([[_grads(rng, 3, n) for _ in range(3)] for _ in range(2)]))
+    row_max, gram = jax.vmap(jax.vmap(lambda g: flat_tail.gram(g, impl=impl)))(grads)
+    inputs = [_adam_inputs(rng, 3, n) for _ in range(2)]
+    stacked = {k: jnp.stack([jnp.asarray(i[k]) for i in inputs]) for k in inputs[0]}
+    pre_ok = jnp.asarray([True, False])
+
+    def one(grads, weights, params, masks, target, mu, nu, ok):
+        return flat_tail.adam_select(
+            grads,
+            weights,
+            params,
+            masks,
+            target,
+            mu,
+            nu,
+            0.271,
+            0.003,
+            ok,
+            True,
+            impl=impl,
+            **HYPER,
+        )
+
+    keys = ("grads", "weights", "params", "masks", "target", "mu", "nu")
+    # The real kernel is the same program per learner (bit for bit); interpret mode runs it as
+    # XLA:CPU code that may contract multiply-adds differently inside a larger program.
+    rtol = 0.0 if impl == "pallas" else 1e-6
+    batched = jax.vmap(one)(*(stacked[k] for k in keys), pre_ok)
+    for i in range(2):
+        for j in range(3):
+            want_max, want_gram = flat_tail.gram(grads[i, j], impl=impl)
+            np.testing.assert_allclose(np.asarray(row_max[i, j]), want_max, rtol=rtol)
+            np.testing.assert_allclose(np.asarray(gram[i, j]), want_gram, rtol=rtol)
+        single = one(*(stacked[k][i] for k in keys), pre_ok[i])
+        for got, want in zip(batched, single, strict=True):
+            np.testing.assert_allclose(np.asarray(got[i]), np.asarray(want), rtol=rtol)
+
+
+def _lower_for_h200(fn, *shapes):
+    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="gpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.filterwarnings(TRITON_DEPRECATION)
+@pytest.mark.parametrize("parts", [2, 3])
+def test_kernels_lower_for_cuda_as_one_launch_each_under_vmap(parts):
+    n = 15_193  # the smoketest network's parameter count
+
+    def tail(g, w, p, m, t, mu, nu, s):
+        row_max, gram = flat_tail.gram(g)
+        out = flat_tail.adam_select(g, w, p, m, t, mu, nu, s[0], s[1], s[2], s[3], **HYPER)
+        return row_max, gram, out
+
+    hlo = _lower_for_h200(
+        jax.vmap(jax.vmap(tail)),
+        (2, 5, parts, n),
+        (2, 5, parts),
+        *[(2, 5, n)] * 5,
+        (2, 5, 4),
+    )
+    assert hlo.count("__gpu$xla.gpu.triton") == 2
