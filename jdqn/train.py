@@ -236,8 +236,10 @@ def make_train(
     train_bars: int,
     non_causal: tuple[int, ...] = (),
     debug: bool = False,
+    learners: int = 1,
 ) -> TrainProgram:
-    """Build the training program for folds of ``train_bars`` bars and ``n_features`` features."""
+    """Build the training program for folds of ``train_bars`` bars and ``n_features`` features,
+    to be vmapped over ``learners`` runs (folds x seeds)."""
     slice_bars = train_bars // cfg.train.n_slices
     if slice_bars < 2:
         raise ValueError(
@@ -248,7 +250,7 @@ def make_train(
     chunk_length = min(cfg.train.chunk_iterations, iterations)
     return TrainProgram(
         cfg=cfg,
-        learner=make_learner(cfg, n_features, non_causal, debug=debug),
+        learner=make_learner(cfg, n_features, non_causal, debug=debug, learners=learners),
         iterations_per_epoch=iterations,
         chunk_length=chunk_length,
         chunks_per_epoch=math.ceil(iterations / chunk_length),

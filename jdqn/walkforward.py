@@ -240,7 +240,12 @@ def _run_group(
     train = _stack([data.train[k] for k in fold_ids])
     test = _stack([data.test[k] for k in fold_ids])
     program = make_train(
-        cfg, train.features.shape[-1], train.features.shape[1], non_causal, debug=debug
+        cfg,
+        train.features.shape[-1],
+        train.features.shape[1],
+        non_causal,
+        debug=debug,
+        learners=len(fold_ids) * seeds,
     )
     # Run r trains fold fold_ids[r // seeds] with seed r % seeds.
     local_fold = jnp.repeat(jnp.arange(len(fold_ids)), seeds)

@@ -1,29 +1,34 @@
-"""The learner step's flat tail as two Pallas GPU kernels: the surgery's reductions, then Adam,
-the target sync and the guard's keep-or-reject select in one pass per learner.
+"""The learner step's flat tail as Pallas GPU kernels: the surgery's reductions, then Adam, the
+target sync and the guard's keep-or-reject select.
 
 The step's parameters, target parameters, masks and Adam moments are flat ``[P]`` float32
 vectors and its loss parts' gradients a ``[parts, P]`` matrix (``jdqn.networks.ParamLayout``).
-What XLA makes of the tail on the H200 is ~30 small kernels per step: the split reductions of
-the surgery, Adam's fusions, the sync and one ``select`` per state vector (XLA does not fuse
-sibling selects that share only a predicate), ~1.2 us each (BENCHMARKS.md, issue 6). Here:
+What XLA makes of the tail is a dozen passes over them (the surgery's split reductions, Adam's
+fusions, the sync, one ``select`` per state vector: XLA does not fuse sibling selects that share
+only a predicate), and under ``vmap`` over many learners those passes are bound by memory
+bandwidth (BENCHMARKS.md, issue 6). Here:
 
-- :func:`gram` reads the ``[parts, P]`` gradients twice (max-abs per row, then the Gram matrix of
-  the max-abs-rescaled rows) and returns ``row_max [parts]`` and ``gram [parts, parts]``, the
-  only reductions Gradient Vaccine (Wang et al., ICLR 2021) and the budget (Pascanu et al., ICML
-  2013) need (``jdqn.surgery.surgery_scalars`` turns them into the total gradient's weights);
+- :func:`gram` reads the ``[parts, P]`` gradients once and returns ``row_max [parts]`` and
+  ``gram [parts, parts]`` (the Gram matrix of the rows divided by their max), the only
+  reductions Gradient Vaccine (Wang et al., ICLR 2021) and the budget (Pascanu et al., ICML 2013)
+  need; ``jdqn.surgery.surgery_scalars`` turns them into the total gradient's weights;
 - :func:`adam_select` forms the total gradient ``sum_k w_k g_k``, applies Adam (Kingma & Ba,
-  ICLR 2015; optax's ``scale_by_adam`` formulas and order of operations), the masks and the
-  target sync, and keeps the candidate only when the guard passes: the guard needs the total's
-  finiteness and the new parameters' squared norm, so the kernel makes one pass for those and a
-  second that recomputes the candidate and writes the selected values.
+  ICLR 2015; optax's ``scale_by_adam`` formulas in optax's order), the masks and the target sync,
+  and keeps the candidate only when the guard passes. The guard needs the total's finiteness and
+  the new parameters' squared norm, so one launch sums those and a second recomputes the
+  candidate and writes the kept values in place.
 
-One program per learner (the grid is the folded ``vmap`` axes), looping over the vector in
-chunks, so one launch serves one seed or 1,024 and no reduction crosses programs. Every element
-is written by its own program: no atomics, a fixed summation order, deterministic results.
+The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
+folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
+XLA. Each element is written by its own program: no atomics, a fixed order, deterministic.
+
+On the H200 the kernels pay off from ~16 vmapped learners on (``optim.update_impl=auto`` uses
+them from ``jdqn.learner.step.FUSED_TAIL_MIN_LEARNERS``); for a single learner XLA's tail is
+faster (BENCHMARKS.md, "Ninth session").
 
 Non-finite gradients: a row with any non-finite entry gets a NaN ``row_max`` (counted
 explicitly; a max over NaN is not reliable across backends), which the guard reads as "the
-gradient is non-finite", as it reads the reference's inf/NaN max.
+gradient is non-finite", as it reads the XLA path's inf/NaN max.
 
 ``impl``: ``"pallas"`` (Triton-lowered, GPU), ``"interpret"`` (the same kernels in interpret
 mode, CPU tests) or ``"reference"`` (the formulas in jnp: what the kernels are tested against).
@@ -42,13 +47,41 @@ from jax.experimental.pallas import triton as plgpu
 Impl = Literal["pallas", "interpret", "reference"]
 IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
 
-# Elements of one vector a program handles per loop iteration, and its Triton warps.
-CHUNK = 2048
-NUM_WARPS = 8
+# Elements of one vector a program handles, and its Triton warps.
+BLOCK = 1024
+NUM_WARPS = 4
 _FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)
-_STATS = 16  # width of gram's per-learner output: row_max [parts] then gram [parts^2]
-_COEFS = 8  # adam_select's per-learner scalars (see _COEF_NAMES)
-_COEF_NAMES = ("w0", "w1", "w2", "bias1", "bias2", "pre_ok", "sync")
+_STATS = 16  # gram's output per block: max [parts], non-finite count [parts], gram [parts^2]
+_COEFS = 8  # per-learner scalars of the Adam kernels: w0, w1, w2, bias1, bias2, ok, sync
+
+
+class AdamHyper(NamedTuple):
+    """Static settings of Adam (optax.adam's) and of the target sync."""
+
+    b1: float
+    b2: float
+    eps: float
+    lr: float
+    tau: float  # Polyak rate; 0: the target is a hard copy when TailScalars.sync is 1
+
+
+class TailVectors(NamedTuple):
+    """One learner's flat ``[P]`` float32 vectors that the tail reads."""
+
+    params: jax.Array  # online parameters (unmasked, as stored)
+    masks: jax.Array  # pruning masks {0, 1} of this step
+    target: jax.Array  # target parameters
+    mu: jax.Array  # Adam's first moment
+    nu: jax.Array  # Adam's second moment
+
+
+class TailScalars(NamedTuple):
+    """One learner's per-step scalars (float32 ``[]``; flags are 0 or 1)."""
+
+    bias1: jax.Array  # 1 - b1^t, optax's bias correction at the incremented count t
+    bias2: jax.Array  # 1 - b2^t
+    pre_ok: jax.Array  # every guard check that does not depend on the update passed
+    sync: jax.Array  # a hard target copy is due (ignored when tau > 0)
 
 
 class AdamSelect(NamedTuple):
@@ -86,65 +119,42 @@ def gram_reference(grads: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.where(finite, row_max, jnp.nan), gram
 
 
-def _candidate(g, params, masks, target, mu, nu, bias1, bias2, sync, *, b1, b2, eps, lr, tau):
+def _candidate(
+    g: jax.Array, old: TailVectors, scalars: TailScalars, hyper: AdamHyper
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """Adam on the total gradient ``g`` (optax.scale_by_adam then scale_by_learning_rate, the
-    same operations in the same order), masks, and the target sync."""
-    new_mu = (1 - b1) * g + b1 * mu
-    new_nu = (1 - b2) * (g * g) + b2 * nu
-    update = (new_mu / bias1) / (jnp.sqrt(new_nu / bias2) + eps) * (-lr)
-    new_params = (params * masks + update) * masks
-    if tau > 0:
-        new_target = (1.0 - tau) * target + tau * new_params
+    same operations in the same order), the masks and the target sync: the new parameters,
+    target, mu and nu."""
+    b1, b2 = hyper.b1, hyper.b2
+    new_mu = (1 - b1) * g + b1 * old.mu
+    new_nu = (1 - b2) * (g * g) + b2 * old.nu
+    update = (new_mu / scalars.bias1) / (jnp.sqrt(new_nu / scalars.bias2) + hyper.eps) * (-hyper.lr)
+    new_params = (old.params * old.masks + update) * old.masks
+    if hyper.tau > 0:
+        new_target = (1.0 - hyper.tau) * old.target + hyper.tau * new_params
     else:
-        new_target = jnp.where(sync > 0.5, new_params, target)
+        new_target = jnp.where(scalars.sync > 0.5, new_params, old.target)
     return new_params, new_target, new_mu, new_nu
 
 
 def adam_select_reference(
-    grads,
-    weights,
-    params,
-    masks,
-    target,
-    mu,
-    nu,
-    bias1,
-    bias2,
-    pre_ok,
-    sync,
-    *,
-    b1,
-    b2,
-    eps,
-    lr,
-    tau,
+    grads: jax.Array,
+    weights: jax.Array,
+    old: TailVectors,
+    scalars: TailScalars,
+    hyper: AdamHyper,
 ) -> AdamSelect:
     """:func:`adam_select` in jnp, for one learner."""
     g = jnp.sum(jnp.asarray(weights, jnp.float32)[:, None] * grads, axis=0)
-    new_params, new_target, new_mu, new_nu = _candidate(
-        g,
-        params,
-        masks,
-        target,
-        mu,
-        nu,
-        bias1,
-        bias2,
-        sync,
-        b1=b1,
-        b2=b2,
-        eps=eps,
-        lr=lr,
-        tau=tau,
-    )
+    new_params, new_target, new_mu, new_nu = _candidate(g, old, scalars, hyper)
     total_finite = jnp.all(_finite(g))
     sq = jnp.sum(new_params * new_params)
-    ok = (pre_ok > 0.5) & total_finite & _finite(sq)
+    ok = (scalars.pre_ok > 0.5) & total_finite & _finite(sq)
     return AdamSelect(
-        params=jnp.where(ok, new_params, params),
-        target=jnp.where(ok, new_target, target),
-        mu=jnp.where(ok, new_mu, mu),
-        nu=jnp.where(ok, new_nu, nu),
+        params=jnp.where(ok, new_params, old.params),
+        target=jnp.where(ok, new_target, old.target),
+        mu=jnp.where(ok, new_mu, old.mu),
+        nu=jnp.where(ok, new_nu, old.nu),
         total_finite=total_finite,
         params_sq_norm=sq,
         applied=ok,
@@ -152,198 +162,176 @@ def adam_select_reference(
 
 
 # --------------------------------------------------------------------------------------------
-# Kernels: one program per learner, chunks of CHUNK elements.
+# Kernels: a grid of (learner, block of BLOCK elements); cross-block sums in XLA.
 # --------------------------------------------------------------------------------------------
 
 
-def _chunk_load(ref, start, index, n):
-    return plgpu.load(ref.at[pl.ds(start, CHUNK)], mask=index < n, other=0.0)
+def _block_load(ref, start, index, n):
+    return plgpu.load(ref.at[pl.ds(start, BLOCK)], mask=index < n, other=0.0)
 
 
 def _gram_kernel(g_ref, out_ref, *, parts: int, n: int):
-    learner = pl.program_id(0)
-    base = learner * parts * n
-    lane = jnp.arange(CHUNK, dtype=jnp.int32)
-    n_chunks = pl.cdiv(n, CHUNK)
-
-    def rows(c):
-        index = c * CHUNK + lane
-        return [_chunk_load(g_ref, base + k * n + c * CHUNK, index, n) for k in range(parts)]
-
-    def max_body(c, carry):
-        maxes, bad = carry
-        xs = rows(c)
-        maxes = tuple(jnp.maximum(m, jnp.abs(x)) for m, x in zip(maxes, xs, strict=True))
-        bad = tuple(b + jnp.where(_finite(x), 0.0, 1.0) for b, x in zip(bad, xs, strict=True))
-        return maxes, bad
-
-    zeros = jnp.zeros((CHUNK,), jnp.float32)
-    maxes, bad = jax.lax.fori_loop(0, n_chunks, max_body, (tuple(zeros for _ in range(parts)),) * 2)
-    row_max = [jnp.max(m) for m in maxes]
-    safe = [jnp.where(m > 0, m, 1.0) for m in row_max]
-    pairs = [(k, j) for k in range(parts) for j in range(k, parts)]
-
-    def gram_body(c, acc):
-        scaled = [x / s for x, s in zip(rows(c), safe, strict=True)]
-        return tuple(a + scaled[k] * scaled[j] for a, (k, j) in zip(acc, pairs, strict=True))
-
-    acc = jax.lax.fori_loop(0, n_chunks, gram_body, tuple(zeros for _ in pairs))
-    sums = dict(zip(pairs, (jnp.sum(a) for a in acc), strict=True))
-    lane_out = jnp.arange(_STATS, dtype=jnp.int32)
+    """Per block: max |x_k|, the non-finite count of each row, and the Gram matrix of the rows
+    divided by the block's max; :func:`gram_pallas` rescales the blocks to the global max."""
+    learner, block = pl.program_id(0), pl.program_id(1)
+    index = block * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
+    xs = [
+        _block_load(g_ref, (learner * parts + k) * n + block * BLOCK, index, n)
+        for k in range(parts)
+    ]
+    maxes = [jnp.max(jnp.abs(x)) for x in xs]
+    bad = [jnp.sum(jnp.where(_finite(x), 0.0, 1.0)) for x in xs]
+    scaled = [x / jnp.where(m > 0, m, 1.0) for x, m in zip(xs, maxes, strict=True)]
+    lane = jnp.arange(_STATS, dtype=jnp.int32)
     out = jnp.zeros((_STATS,), jnp.float32)
     for k in range(parts):
-        value = jnp.where(jnp.sum(bad[k]) > 0, jnp.nan, row_max[k])
-        out = jnp.where(lane_out == k, value, out)
-    for (k, j), value in sums.items():
-        out = jnp.where(lane_out == parts + k * parts + j, value, out)
-        out = jnp.where(lane_out == parts + j * parts + k, value, out)
-    plgpu.store(out_ref.at[pl.ds(learner * _STATS, _STATS)], out)
+        out = jnp.where(lane == k, maxes[k], out)
+        out = jnp.where(lane == parts + k, bad[k], out)
+        for j in range(k, parts):
+            value = jnp.sum(scaled[k] * scaled[j])
+            out = jnp.where(lane == 2 * parts + k * parts + j, value, out)
+    blocks = pl.num_programs(1)
+    plgpu.store(out_ref.at[pl.ds((learner * blocks + block) * _STATS, _STATS)], out)
 
 
-def _adam_kernel(
-    g_ref, p_ref, m_ref, t_ref, mu_ref, nu_ref, coef_ref,
-    p_out, t_out, mu_out, nu_out, stats_out,
-    *, parts: int, n: int, b1: float, b2: float, eps: float, lr: float, tau: float,
-):  # fmt: skip
-    learner = pl.program_id(0)
-    lane = jnp.arange(CHUNK, dtype=jnp.int32)
-    n_chunks = pl.cdiv(n, CHUNK)
+def _adam_block(g_ref, p_ref, m_ref, t_ref, mu_ref, nu_ref, coef_ref, *, parts, n, hyper):
+    """This program's block: the total gradient, the candidate vectors, the old ones (params,
+    target, mu, nu) and the learner's ``ok`` coefficient."""
+    learner, block = pl.program_id(0), pl.program_id(1)
+    index = block * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
     coefs = plgpu.load(coef_ref.at[pl.ds(learner * _COEFS, _COEFS)])
-    lane_coef = jnp.arange(_COEFS, dtype=jnp.int32)
+    lane = jnp.arange(_COEFS, dtype=jnp.int32)
     # A scalar out of the loaded vector (Triton has no element extract): a masked sum.
-    w0, w1, w2, bias1, bias2, pre_ok, sync = (
-        jnp.sum(jnp.where(lane_coef == i, coefs, 0.0)) for i in range(len(_COEF_NAMES))
+    w0, w1, w2, bias1, bias2, ok, sync = (
+        jnp.sum(jnp.where(lane == i, coefs, 0.0)) for i in range(_COEFS - 1)
     )
     weights = (w0, w1, w2)[:parts]
+    g = weights[0] * _block_load(g_ref, learner * parts * n + block * BLOCK, index, n)
+    for k in range(1, parts):
+        row = _block_load(g_ref, (learner * parts + k) * n + block * BLOCK, index, n)
+        g = g + weights[k] * row
+    start = learner * n + block * BLOCK
+    old = TailVectors(
+        *(_block_load(ref, start, index, n) for ref in (p_ref, m_ref, t_ref, mu_ref, nu_ref))
+    )
+    new = _candidate(g, old, TailScalars(bias1, bias2, ok, sync), hyper)
+    return g, new, (old.params, old.target, old.mu, old.nu), ok, start, index
 
-    def candidate(c):
-        index = c * CHUNK + lane
-        start = learner * n + c * CHUNK
-        g = weights[0] * _chunk_load(g_ref, learner * parts * n + c * CHUNK, index, n)
-        for k in range(1, parts):
-            g = g + weights[k] * _chunk_load(
-                g_ref, learner * parts * n + k * n + c * CHUNK, index, n
-            )
-        old = [_chunk_load(ref, start, index, n) for ref in (p_ref, m_ref, t_ref, mu_ref, nu_ref)]
-        params, masks, target, mu, nu = old
-        new = _candidate(
-            g,
-            params,
-            masks,
-            target,
-            mu,
-            nu,
-            bias1,
-            bias2,
-            sync,
-            b1=b1,
-            b2=b2,
-            eps=eps,
-            lr=lr,
-            tau=tau,
+
+def _adam_sums_kernel(*refs, **static):
+    """Per block: the total gradient's non-finite count and the candidate's sum of squares."""
+    *inputs, stats_out = refs
+    g, (new_params, *_), _, _, _, _ = _adam_block(*inputs, **static)
+    learner, block = pl.program_id(0), pl.program_id(1)
+    lane = jnp.arange(2, dtype=jnp.int32)
+    bad = jnp.sum(jnp.where(_finite(g), 0.0, 1.0))
+    stats = jnp.where(lane == 0, bad, jnp.sum(new_params * new_params))
+    plgpu.store(stats_out.at[pl.ds((learner * pl.num_programs(1) + block) * 2, 2)], stats)
+
+
+def _adam_write_kernel(*refs, **static):
+    """Per block: the candidate where the learner's ``ok`` coefficient is 1, else the old."""
+    *inputs, p_out, t_out, mu_out, nu_out = refs
+    _, new, old, ok, start, index = _adam_block(*inputs, **static)
+    for ref, fresh, kept in zip((p_out, t_out, mu_out, nu_out), new, old, strict=True):
+        plgpu.store(
+            ref.at[pl.ds(start, BLOCK)], jnp.where(ok > 0.5, fresh, kept), mask=index < static["n"]
         )
-        return g, new, (params, target, mu, nu), start, index
-
-    def check_body(c, carry):
-        bad, sq = carry
-        g, (new_params, *_), *_ = candidate(c)
-        return bad + jnp.where(_finite(g), 0.0, 1.0), sq + new_params * new_params
-
-    zeros = jnp.zeros((CHUNK,), jnp.float32)
-    bad, sq = jax.lax.fori_loop(0, n_chunks, check_body, (zeros, zeros))
-    total_finite = jnp.sum(bad) == 0
-    sq_norm = jnp.sum(sq)
-    ok = (pre_ok > 0.5) & total_finite & _finite(sq_norm)
-
-    def write_body(c, carry):
-        _, new, old, start, index = candidate(c)
-        for ref, fresh, kept in zip((p_out, t_out, mu_out, nu_out), new, old, strict=True):
-            plgpu.store(ref.at[pl.ds(start, CHUNK)], jnp.where(ok, fresh, kept), mask=index < n)
-        return carry
-
-    jax.lax.fori_loop(0, n_chunks, write_body, 0)
-    lane_out = jnp.arange(4, dtype=jnp.int32)
-    stats = jnp.where(lane_out == 0, jnp.where(total_finite, 1.0, 0.0), 0.0)
-    stats = jnp.where(lane_out == 1, sq_norm, stats)
-    stats = jnp.where(lane_out == 2, jnp.where(ok, 1.0, 0.0), stats)
-    plgpu.store(stats_out.at[pl.ds(learner * 4, 4)], stats)
 
 
 def _check_offsets(learners: int, parts: int, n: int) -> None:
-    if learners * parts * n + CHUNK >= 2**31:
+    if learners * parts * n + BLOCK >= 2**31:
         raise ValueError(
             f"flat_tail: {learners} learners x {parts} x {n} exceed the kernels' int32 offsets"
         )
 
 
+def _params() -> plgpu.CompilerParams:
+    return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
+
+
 def gram_pallas(grads: jax.Array, *, interpret: bool) -> tuple[jax.Array, jax.Array]:
-    """``grads [L, parts, P]`` -> ``(row_max [L, parts], gram [L, parts, parts])``."""
+    """``grads [L, parts, P]`` -> ``(row_max [L, parts], gram [L, parts, parts])``.
+
+    Each block's Gram matrix is of its rows divided by the block's max ``m_b``; rescaled by
+    ``m_b / M`` (<= 1, ``M`` the row's max over blocks) they sum to the Gram matrix of the rows
+    divided by ``M``, without overflow."""
     learners, parts, n = grads.shape
     _check_offsets(learners, parts, n)
+    blocks = pl.cdiv(n, BLOCK)
     out = pl.pallas_call(
         functools.partial(_gram_kernel, parts=parts, n=n),
-        out_shape=jax.ShapeDtypeStruct((learners * _STATS,), jnp.float32),
-        grid=(learners,),
+        out_shape=jax.ShapeDtypeStruct((learners * blocks * _STATS,), jnp.float32),
+        grid=(learners, blocks),
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
+        compiler_params=_params(),
         name="flat_tail_gram",
-    )(grads.astype(jnp.float32).reshape(-1)).reshape(learners, _STATS)
-    row_max = out[:, :parts]
-    gram = out[:, parts : parts + parts * parts].reshape(learners, parts, parts)
-    return row_max, gram
+    )(grads.astype(jnp.float32).reshape(-1)).reshape(learners, blocks, _STATS)
+    maxes, bad = out[..., :parts], out[..., parts : 2 * parts]  # [L, blocks, parts]
+    upper = out[..., 2 * parts : 2 * parts + parts * parts].reshape(learners, blocks, parts, parts)
+    block_gram = jnp.triu(upper) + jnp.swapaxes(jnp.triu(upper, 1), -1, -2)
+    row_max = jnp.max(maxes, axis=1)  # [L, parts]
+    ratio = maxes / jnp.where(row_max > 0, row_max, 1.0)[:, None, :]  # [L, blocks, parts]
+    gram_ = jnp.sum(ratio[..., :, None] * block_gram * ratio[..., None, :], axis=1)
+    return jnp.where(jnp.sum(bad, axis=1) > 0, jnp.nan, row_max), gram_
 
 
 def adam_select_pallas(
-    grads,
-    weights,
-    params,
-    masks,
-    target,
-    mu,
-    nu,
-    bias1,
-    bias2,
-    pre_ok,
-    sync,
+    grads: jax.Array,
+    weights: jax.Array,
+    old: TailVectors,
+    scalars: TailScalars,
     *,
-    interpret,
-    b1,
-    b2,
-    eps,
-    lr,
-    tau,
+    hyper: AdamHyper,
+    interpret: bool,
 ) -> AdamSelect:
-    """:func:`adam_select` on ``L`` learners: vectors ``[L, P]``, ``grads [L, parts, P]``,
-    ``weights [L, parts]``, scalars ``[L]``."""
+    """:func:`adam_select` on ``L`` learners: ``grads [L, parts, P]``, ``weights [L, parts]``,
+    vectors ``[L, P]``, scalars ``[L]``. Two launches over the same blocks: the guard's sums
+    (non-finite total entries, the candidate's squared norm), then, with the decision, the
+    candidate or the old values written in place."""
     learners, parts, n = grads.shape
     _check_offsets(learners, parts, n)
+    blocks = pl.cdiv(n, BLOCK)
     coefs = jnp.zeros((learners, _COEFS), jnp.float32)
     coefs = coefs.at[:, :parts].set(weights)
-    for column, value in zip((3, 4, 5, 6), (bias1, bias2, pre_ok, sync), strict=True):
+    for column, value in zip((3, 4, 6), (scalars.bias1, scalars.bias2, scalars.sync), strict=True):
         coefs = coefs.at[:, column].set(jnp.asarray(value, jnp.float32))
+    vectors = [x.astype(jnp.float32).reshape(-1) for x in old]
+    flat_grads = grads.astype(jnp.float32).reshape(-1)
+    static = dict(parts=parts, n=n, hyper=hyper)
+    stats = pl.pallas_call(
+        functools.partial(_adam_sums_kernel, **static),
+        out_shape=jax.ShapeDtypeStruct((learners * blocks * 2,), jnp.float32),
+        grid=(learners, blocks),
+        interpret=interpret,
+        compiler_params=_params(),
+        name="flat_tail_adam_sums",
+    )(flat_grads, *vectors, coefs.reshape(-1)).reshape(learners, blocks, 2)
+    total_finite = jnp.sum(stats[..., 0], axis=1) == 0
+    sq_norm = jnp.sum(stats[..., 1], axis=1)
+    ok = (jnp.asarray(scalars.pre_ok, jnp.float32) > 0.5) & total_finite & _finite(sq_norm)
+    coefs = coefs.at[:, 5].set(ok.astype(jnp.float32))
     flat = jax.ShapeDtypeStruct((learners * n,), jnp.float32)
-    vectors = [x.astype(jnp.float32).reshape(-1) for x in (params, masks, target, mu, nu)]
-    new_params, new_target, new_mu, new_nu, stats = pl.pallas_call(
-        functools.partial(_adam_kernel, parts=parts, n=n, b1=b1, b2=b2, eps=eps, lr=lr, tau=tau),
-        out_shape=(flat, flat, flat, flat, jax.ShapeDtypeStruct((learners * 4,), jnp.float32)),
-        grid=(learners,),
+    new_params, new_target, new_mu, new_nu = pl.pallas_call(
+        functools.partial(_adam_write_kernel, **static),
+        out_shape=(flat, flat, flat, flat),
+        grid=(learners, blocks),
         # Each element is read and then written by its own program: the state's buffers are
         # updated in place (params -> params, target -> target, mu -> mu, nu -> nu).
         input_output_aliases={1: 0, 3: 1, 4: 2, 5: 3},
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1),
-        name="flat_tail_adam",
-    )(grads.astype(jnp.float32).reshape(-1), *vectors, coefs.reshape(-1))
-    stats = stats.reshape(learners, 4)
+        compiler_params=_params(),
+        name="flat_tail_adam_write",
+    )(flat_grads, *vectors, coefs.reshape(-1))
     shape = (learners, n)
     return AdamSelect(
         params=new_params.reshape(shape),
         target=new_target.reshape(shape),
         mu=new_mu.reshape(shape),
         nu=new_nu.reshape(shape),
-        total_finite=stats[:, 0] > 0.5,
-        params_sq_norm=stats[:, 1],
-        applied=stats[:, 2] > 0.5,
+        total_finite=total_finite,
+        params_sq_norm=sq_norm,
+        applied=ok,
     )
 
 
@@ -353,8 +341,8 @@ def adam_select_pallas(
 
 
 def _folding(kernel):
-    """``kernel`` (arrays with a leading learner axis ``[L, ...]``, a pytree out with one too)
-    with a vmap rule that folds the mapped axis into ``L``: nested vmaps end in one launch."""
+    """``kernel`` (pytrees of arrays with a leading learner axis ``[L, ...]`` in, one out) with a
+    vmap rule that folds the mapped axis into ``L``: nested vmaps end in one launch."""
 
     @jax.custom_batching.custom_vmap
     def run(*args):
@@ -362,12 +350,12 @@ def _folding(kernel):
 
     @run.def_vmap
     def _fold(axis_size, in_batched, *args):
-        args = [
-            a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
-            for a, batched in zip(args, in_batched, strict=True)
-        ]
-        learners = args[0].shape[1]
-        out = run(*(a.reshape(axis_size * learners, *a.shape[2:]) for a in args))
+        def lead(a, batched):
+            return a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+
+        args = jax.tree.map(lead, args, tuple(in_batched))
+        learners = jax.tree.leaves(args)[0].shape[1]
+        out = run(*jax.tree.map(lambda a: a.reshape(axis_size * learners, *a.shape[2:]), args))
         out = jax.tree.map(lambda x: x.reshape(axis_size, learners, *x.shape[1:]), out)
         return out, jax.tree.map(lambda _: True, out)
 
@@ -380,12 +368,13 @@ def _gram_folding(interpret: bool):
 
 
 @functools.cache
-def _adam_folding(interpret: bool, b1: float, b2: float, eps: float, lr: float, tau: float):
-    return _folding(
-        functools.partial(
-            adam_select_pallas, interpret=interpret, b1=b1, b2=b2, eps=eps, lr=lr, tau=tau
-        )
-    )
+def _adam_folding(interpret: bool, hyper: AdamHyper):
+    return _folding(functools.partial(adam_select_pallas, hyper=hyper, interpret=interpret))
+
+
+def _one(tree):
+    """A leading learner axis of 1 on every leaf."""
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32)[None], tree)
 
 
 def gram(grads: jax.Array, impl: Impl = "pallas") -> tuple[jax.Array, jax.Array]:
@@ -393,43 +382,27 @@ def gram(grads: jax.Array, impl: Impl = "pallas") -> tuple[jax.Array, jax.Array]
     :func:`gram_reference`. Works under ``jax.vmap`` (one launch for all mapped learners)."""
     if impl == "reference":
         return gram_reference(grads)
-    row_max, gram_ = _gram_folding(impl == "interpret")(jnp.asarray(grads, jnp.float32)[None])
+    row_max, gram_ = _gram_folding(impl == "interpret")(_one(grads))
     return row_max[0], gram_[0]
 
 
 def adam_select(
     grads: jax.Array,
     weights: jax.Array,
-    params: jax.Array,
-    masks: jax.Array,
-    target: jax.Array,
-    mu: jax.Array,
-    nu: jax.Array,
-    bias1: jax.Array,
-    bias2: jax.Array,
-    pre_ok: jax.Array,
-    sync: jax.Array,
-    *,
-    b1: float,
-    b2: float,
-    eps: float,
-    lr: float,
-    tau: float,
+    old: TailVectors,
+    scalars: TailScalars,
+    hyper: AdamHyper,
     impl: Impl = "pallas",
 ) -> AdamSelect:
-    """One learner's Adam step on the total gradient ``sum_k weights[k] grads[k]``, its masks and
-    target sync, kept only where the guard passes.
-
-    ``grads [parts, P]``, ``weights [parts]``; ``params``, ``masks``, ``target``, ``mu``, ``nu``
-    ``[P]``; scalars ``bias1 = 1 - b1^t`` and ``bias2 = 1 - b2^t`` (optax's bias corrections at
-    the incremented count ``t``), ``pre_ok`` (every other guard check passed and the learner is
-    not halted), ``sync`` (hard target copy due; ignored when ``tau > 0``, which syncs by Polyak
-    averaging). The candidate is kept when ``pre_ok``, the total gradient is finite and the new
-    parameters' squared norm is finite. Works under ``jax.vmap`` (one launch)."""
-    args = [jnp.asarray(a, jnp.float32) for a in (grads, weights, params, masks, target, mu, nu)]
-    scalars = [jnp.asarray(a, jnp.float32) for a in (bias1, bias2, pre_ok, sync)]
-    hyper = dict(b1=float(b1), b2=float(b2), eps=float(eps), lr=float(lr), tau=float(tau))
+    """One learner's Adam step on the total gradient ``sum_k weights[k] grads[k]``
+    (``grads [parts, P]``, ``weights [parts]``), its masks and target sync, kept only where the
+    guard passes: when ``scalars.pre_ok``, the total gradient is finite and the new parameters'
+    squared norm is finite; otherwise the ``old`` vectors come back. Works under ``jax.vmap``
+    (one launch for all mapped learners)."""
     if impl == "reference":
-        return adam_select_reference(*args, *scalars, **hyper)
-    out = _adam_folding(impl == "interpret", **hyper)(*(a[None] for a in args + scalars))
+        g, w, vectors, values = jax.tree.map(
+            lambda x: jnp.asarray(x, jnp.float32), (grads, weights, old, scalars)
+        )
+        return adam_select_reference(g, w, vectors, values, hyper)
+    out = _adam_folding(impl == "interpret", hyper)(*_one((grads, weights, old, scalars)))
     return jax.tree.map(lambda x: x[0], out)

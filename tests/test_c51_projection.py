@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cuda_lowering import TRITON_DEPRECATION, lower_for_h200
 
 from pallas_kernels import c51_project, c51_project_reference
 from pallas_kernels.c51_projection import c51_project_pallas, resolve_impl
@@ -19,9 +20,6 @@ ON_GPU = jax.default_backend() == "gpu"
 XLA_IMPLS = ("reference", "xla_hat", "xla_scatter", "auto")
 FAST_IMPLS = XLA_IMPLS + (("pallas",) if ON_GPU else ())
 PALLAS_IMPLS = ("interpret",) + (("pallas",) if ON_GPU else ())
-# Emitted when a Pallas Triton kernel is lowered for CUDA on jax 0.11 (the backend is deprecated
-# upstream in favour of Mosaic GPU); the lowering itself is what these tests check.
-TRITON_DEPRECATION = "ignore:The Pallas Triton backend is deprecated:DeprecationWarning"
 # Float32 positions of atoms near index 200 carry ~1.5e-5 of rounding (the reference's own error
 # against float64 is of that size); mass conservation is held to 1e-5 separately.
 ATOL = 2e-5
@@ -291,19 +289,11 @@ def test_pallas_refuses_inputs_beyond_int32_offsets():
 # --------------------------------------------------------------------------------------------
 
 
-def _lower_for_h200(fn, *shapes):
-    device = jax.sharding.AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="gpu")
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-    args = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
-    with jax.sharding.use_abstract_mesh(mesh):
-        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-
-
 @pytest.mark.filterwarnings(TRITON_DEPRECATION)
 @pytest.mark.parametrize("n_atoms", [2, 51, 64, 101, 201])
 @pytest.mark.parametrize("batch", [1, 37, 4096, 65537])
 def test_pallas_lowers_for_cuda(batch, n_atoms):
-    hlo = _lower_for_h200(
+    hlo = lower_for_h200(
         lambda p, r, g: c51_project(p, r, g, -240.0, 240.0, impl="pallas"),
         (batch, n_atoms),
         (batch,),
@@ -315,7 +305,7 @@ def test_pallas_lowers_for_cuda(batch, n_atoms):
 @pytest.mark.filterwarnings(TRITON_DEPRECATION)
 def test_pallas_lowers_for_cuda_under_vmap_as_one_launch():
     fn = jax.vmap(jax.vmap(lambda p, r, g: c51_project(p, r, g, -240.0, 240.0, impl="pallas")))
-    hlo = _lower_for_h200(fn, (3, 4, 37, 51), (3, 4, 37), (3, 4, 37))
+    hlo = lower_for_h200(fn, (3, 4, 37, 51), (3, 4, 37), (3, 4, 37))
     assert hlo.count("__gpu$xla.gpu.triton") == 1
 
 
@@ -336,7 +326,7 @@ def test_cuda_lowering_rejects_a_non_power_of_two_block():
         )(x)
 
     with pytest.raises(Exception, match="power of 2|power of two"):
-        _lower_for_h200(call, (4, 51))
+        lower_for_h200(call, (4, 51))
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import pytest
 from jdqn import networks
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.learner import GUARD_REASONS, LearnerMetrics, make_learner
+from jdqn.learner.step import FUSED_TAIL_MIN_LEARNERS, resolve_update_impl
 from jdqn.transition import Transition
 
 N_FEATURES = 4
@@ -287,6 +288,17 @@ def test_fused_tail_matches_the_xla_tail(extra):
         ):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
     assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
+
+
+def test_auto_update_impl_uses_the_kernels_on_a_gpu_for_many_learners_only():
+    resolve = resolve_update_impl
+    many = FUSED_TAIL_MIN_LEARNERS
+    assert resolve("auto", "gpu", debug=False, learners=many) == "pallas"
+    assert resolve("auto", "gpu", debug=False, learners=many - 1) == "xla"
+    assert resolve("auto", "gpu", debug=True, learners=many) == "xla"
+    assert resolve("auto", "cpu", debug=False, learners=many) == "xla"
+    for explicit in ("xla", "pallas", "interpret"):
+        assert resolve(explicit, "cpu", debug=True, learners=1) == explicit
 
 
 def test_debug_checks_absent_from_the_program_when_off():

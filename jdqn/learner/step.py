@@ -42,12 +42,15 @@ from jdqn.surgery import surgery_scalars as gradient_surgery_scalars
 from jdqn.transition import Transition, example_transition, observation
 from pallas_kernels import flat_tail
 
-# Named scopes of the step's parts (``jax.named_scope``), as they appear in the op metadata of
-# the compiled program; ``jdqn.bench.kernels`` attributes each kernel to one of them.
+# From this many vmapped learners on, optim.update_impl=auto uses the Pallas flat tail.
+FUSED_TAIL_MIN_LEARNERS = 16
+
 # Adam's decay rates (Kingma & Ba, ICLR 2015; optax's defaults), shared by optax's update and
 # the fused tail kernel.
 ADAM_B1, ADAM_B2 = 0.9, 0.999
 
+# Named scopes of the step's parts (``jax.named_scope``), as they appear in the op metadata of
+# the compiled program; ``jdqn.bench.kernels`` attributes each kernel to one of them.
 SCOPES = (
     "per_sample",
     "donors",
@@ -74,13 +77,32 @@ def _select(ok: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
 
+def resolve_update_impl(impl: str, backend: str, *, debug: bool, learners: int) -> str:
+    """``optim.update_impl`` as the step builds it: ``"auto"`` is the Pallas flat tail
+    (``pallas_kernels.flat_tail``) on a GPU for programs that step at least
+    :data:`FUSED_TAIL_MIN_LEARNERS` learners together, and XLA otherwise: on the H200 the kernels
+    made 16 / 128 / 1,024 vmapped learners 0.7 / 5.3 / 2.7 % faster and one learner 5.8 % slower
+    (BENCHMARKS.md, "Ninth session"). Debug mode keeps XLA: its checks read the surgery's and
+    Adam's intermediate vectors, which the kernels never write."""
+    if impl != "auto":
+        return impl
+    fused = backend == "gpu" and not debug and learners >= FUSED_TAIL_MIN_LEARNERS
+    return "pallas" if fused else "xla"
+
+
 def make_learner(
-    cfg: Config, n_features: int, non_causal: tuple[int, ...], debug: bool = False
+    cfg: Config,
+    n_features: int,
+    non_causal: tuple[int, ...],
+    debug: bool = False,
+    learners: int = 1,
 ) -> Learner:
     """Build the learner for ``n_features`` feature columns (observations have one more: the
     position). ``non_causal`` lists the feature columns the causal intervention permutes.
     ``debug`` puts value checks (``jdqn.debug``) at each component boundary, to be run under
-    ``jdqn.debug.checked``; off, the checks are absent from the compiled program."""
+    ``jdqn.debug.checked``; off, the checks are absent from the compiled program. ``learners``
+    is how many learners one program will step together under ``vmap`` (folds x seeds); it
+    only picks the flat tail's implementation (:func:`resolve_update_impl`)."""
     non_causal = tuple(int(i) for i in non_causal)
     if any(not 0 <= i < n_features for i in non_causal) or len(set(non_causal)) != len(non_causal):
         raise ValueError(
@@ -94,13 +116,14 @@ def make_learner(
     positions = jnp.asarray(cfg.env.positions, jnp.float32)  # [A]
     support = networks.atoms(net)  # [N]
     optimizer = optax.adam(cfg.optim.learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=cfg.optim.adam_eps)
-    # The flat tail as Pallas kernels (optim.update_impl; "auto": on a GPU, except in debug
-    # mode, whose checks read the surgery's and Adam's intermediate vectors).
-    update_impl = cfg.optim.update_impl
-    if update_impl == "auto":
-        update_impl = "pallas" if jax.default_backend() == "gpu" and not debug else "xla"
+    update_impl = resolve_update_impl(
+        cfg.optim.update_impl, jax.default_backend(), debug=debug, learners=learners
+    )
     fused_tail = update_impl != "xla"
     tail_impl: flat_tail.Impl = "interpret" if update_impl == "interpret" else "pallas"
+    adam_hyper = flat_tail.AdamHyper(
+        ADAM_B1, ADAM_B2, cfg.optim.adam_eps, cfg.optim.learning_rate, cfg.optim.tau
+    )
     use_diversity = n_heads > 1 and net.lambda_div > 0
     use_causal = len(non_causal) > 0 and loss_cfg.causal_weight > 0
     use_pruning = net.target_sparsity > 0
@@ -376,8 +399,8 @@ def make_learner(
         sync = next_step % cfg.optim.target_every == 0
         surgery: SurgeryScalars | SurgeryResult  # the metrics read the fields both have
         if fused_tail:
-            # Two Pallas kernels (pallas_kernels.flat_tail): the surgery's reductions, then Adam,
-            # masks, sync and the guard's select in one pass per learner.
+            # Pallas kernels (pallas_kernels.flat_tail): the surgery's reductions; then Adam,
+            # masks and sync, kept or rejected by the guard and written in place.
             with jax.named_scope("surgery"):
                 row_max, gram = flat_tail.gram(flat, impl=tail_impl)
                 surgery = gradient_surgery_scalars(row_max, gram, *surgery_args)
@@ -390,20 +413,16 @@ def make_learner(
                 tail = flat_tail.adam_select(
                     flat,
                     surgery.weights,
-                    state.params,
-                    masks,
-                    state.target_params,
-                    adam_state.mu,
-                    adam_state.nu,
-                    1 - ADAM_B1**count,
-                    1 - ADAM_B2**count,
-                    pre_ok & _all_finite(row_max),
-                    sync,
-                    b1=ADAM_B1,
-                    b2=ADAM_B2,
-                    eps=cfg.optim.adam_eps,
-                    lr=cfg.optim.learning_rate,
-                    tau=cfg.optim.tau,
+                    flat_tail.TailVectors(
+                        state.params, masks, state.target_params, adam_state.mu, adam_state.nu
+                    ),
+                    flat_tail.TailScalars(
+                        bias1=1 - ADAM_B1**count,
+                        bias2=1 - ADAM_B2**count,
+                        pre_ok=pre_ok & _all_finite(row_max),
+                        sync=sync,
+                    ),
+                    adam_hyper,
                     impl=tail_impl,
                 )
             gradient_bad = ~(_all_finite(row_max) & tail.total_finite)
