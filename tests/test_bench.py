@@ -313,3 +313,17 @@ def test_projection_cli_without_a_gpu_times_xla_only_and_refuses_tune(capsys) ->
     assert (
         "--tune times the Pallas kernel's launch knobs; it needs a GPU" in capsys.readouterr().err
     )
+
+
+@pytest.mark.slow
+def test_update_impl_comparison_times_each_impl_twice(monkeypatch) -> None:
+    from jdqn.bench import seeds
+
+    monkeypatch.setattr(seeds, "QUICK_SEEDS", (2,))
+    rows = seeds.compare_update_impls(quick=True, cfg=TINY, impls=("xla", "interpret"))
+    assert [r["seeds"] for r in rows] == [2]
+    times = rows[0]["us"]
+    assert all(len(times[impl]) == 2 and min(times[impl]) > 0 for impl in ("xla", "interpret"))
+    assert rows[0]["ratio"] == pytest.approx(np.mean(times["interpret"]) / np.mean(times["xla"]))
+    table = seeds.format_comparison(rows)
+    assert "| seeds S | xla us per vmapped step | interpret us per vmapped step |" in table

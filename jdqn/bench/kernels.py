@@ -16,7 +16,7 @@ process with ``--xla_gpu_enable_command_buffer=`` (kernels launched one by one: 
 times are right, the wall time then includes launch gaps).
 
     python -m jdqn.bench.kernels [--steps 200] [--seeds 1] [--top 25] [--json FILE]
-                                 [--no-command-buffers]
+                                 [--set KEY=VALUE ...] [--no-command-buffers]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 import jax
 
 from jdqn.bench.breakdown import filled_learner, scan_steps_fn, time_repeated
-from jdqn.config import SMOKETEST, Config
+from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner.step import SCOPES
 
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # every kernel launched on its own
@@ -232,6 +232,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="config override KEY=VALUE"
+    )
+    parser.add_argument(
         "--no-command-buffers",
         action="store_true",
         help="profile in a fresh process with XLA's command buffers off (per-kernel GPU times)",
@@ -246,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         given = argv if argv is not None else sys.argv[1:]
         rest = [a for a in given if a != "--no-command-buffers"]
         sys.exit(_fresh_process_without_command_buffers(rest).returncode)
-    result = run(n_steps=args.steps, n_seeds=args.seeds, repeats=args.repeats)
+    cfg = apply_overrides(SMOKETEST, args.overrides)
+    result = run(cfg, n_steps=args.steps, n_seeds=args.seeds, repeats=args.repeats)
     print(table(result, args.top))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))

@@ -4,12 +4,17 @@ Seeds (and folds) are a batch axis of one executable (DESIGN section 11), so the
 is seed-steps per second: ``S * steps / seconds``. Each seed has its own full buffer of random
 transitions and its own keys; all use the smoketest learner with every component on.
 
-    python -m jdqn.bench.seeds [--quick]
+    python -m jdqn.bench.seeds [--quick] [--compare-update-impl]
+
+``--compare-update-impl`` times each S with the step's flat tail in XLA and as the Pallas kernels
+of ``pallas_kernels.flat_tail`` (``optim.update_impl``), alternating A B B A in one process, so
+the ratio is from one run on one device (it is what decided ``optim.update_impl=auto``).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +27,7 @@ from jdqn.bench.breakdown import (
     scan_steps_fn,
     time_repeated,
 )
-from jdqn.config import SMOKETEST, Config
+from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner import Learner, LearnerState, make_learner
 
 SEEDS: tuple[int, ...] = (1, 16, 128, 1024)
@@ -31,7 +36,7 @@ QUICK_SEEDS: tuple[int, ...] = (1, 16)
 
 def seeded_states(cfg: Config, n_seeds: int) -> tuple[Learner, LearnerState]:
     """The learner and ``n_seeds`` states (leaves ``[S, ...]``), each buffer full."""
-    learner = make_learner(cfg, N_FEATURES, NON_CAUSAL)
+    learner = make_learner(cfg, N_FEATURES, NON_CAUSAL, learners=n_seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), n_seeds)
 
     def one(key: jax.Array) -> LearnerState:
@@ -72,6 +77,45 @@ def run(quick: bool = False, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
     return rows
 
 
+def _us_per_step(cfg: Config, n_seeds: int, quick: bool) -> float:
+    learner, states = seeded_states(cfg, n_seeds)
+    n_steps = steps_for(n_seeds, quick)
+    timing, _ = time_repeated(
+        scan_steps_fn(learner, n_steps, vmapped=True), states, 3 if quick else 5
+    )
+    return 1e6 * timing["median_s"] / n_steps
+
+
+def compare_update_impls(
+    quick: bool = False, cfg: Config = SMOKETEST, impls: tuple[str, str] = ("xla", "pallas")
+) -> list[dict[str, Any]]:
+    """One row per S: us per vmapped step with each ``optim.update_impl`` (mean of two runs,
+    timed in the order A B B A), and B's time over A's."""
+    rows = []
+    for n_seeds in QUICK_SEEDS if quick else SEEDS:
+        times: dict[str, list[float]] = {impl: [] for impl in impls}
+        for impl in (*impls, *reversed(impls)):
+            variant = apply_overrides(cfg, [f"optim.update_impl={impl}"])
+            times[impl].append(_us_per_step(variant, n_seeds, quick))
+        a, b = (statistics.mean(times[impl]) for impl in impls)
+        rows.append({"seeds": n_seeds, "impls": impls, "us": times, "ratio": b / a})
+    return rows
+
+
+def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
+    if not rows:
+        return ""
+    a, b = rows[0]["impls"]
+    lines = [
+        f"| seeds S | {a} us per vmapped step | {b} us per vmapped step | {b} / {a} |",
+        "|---|---|---|---|",
+    ]
+    for r in rows:
+        ta, tb = (", ".join(f"{t:.1f}" for t in r["us"][impl]) for impl in (a, b))
+        lines.append(f"| {r['seeds']} | {ta} | {tb} | {r['ratio']:.3f} |")
+    return "\n".join(lines)
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| seeds S | us per vmapped step | seed-steps/s | vs S=1 | compile s |",
@@ -89,7 +133,16 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
-    print(format_table(run(parser.parse_args(argv).quick)))
+    parser.add_argument(
+        "--compare-update-impl",
+        action="store_true",
+        help="time every S with optim.update_impl=xla and =pallas (GPU), alternating",
+    )
+    args = parser.parse_args(argv)
+    if args.compare_update_impl:
+        print(format_comparison(compare_update_impls(args.quick)))
+    else:
+        print(format_table(run(args.quick)))
 
 
 if __name__ == "__main__":
