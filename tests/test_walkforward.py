@@ -22,6 +22,7 @@ from jdqn import background, walkforward
 from jdqn.checkpoint import Checkpointer, all_finite
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.learner import step as step_module
 from jdqn.walkforward import run_walkforward
 
 
@@ -109,6 +110,35 @@ def test_expanding_folds_run_in_sequence_and_seeds_are_vmapped(tmp_path):
     for row in seeds["folds"]:
         by_fold.setdefault(row["fold"], []).append(row["agent"]["net_pnl_points"])
     assert all(a != b for a, b in by_fold.values())  # seeds differ within a fold
+
+
+@pytest.mark.slow
+def test_the_flat_tail_kernels_train_every_fold_and_seed(tmp_path, monkeypatch):
+    """The step's tail as Pallas kernels (interpret mode here; the GPU picks them from 16
+    learners on): a walk-forward whose program steps 3 folds x 2 seeds, told its learner count."""
+    seen = []
+    resolve = step_module.resolve_update_impl
+
+    def recording(impl, backend, *, debug, learners):
+        seen.append(learners)
+        return resolve(impl, backend, debug=debug, learners=learners)
+
+    monkeypatch.setattr(step_module, "resolve_update_impl", recording)
+    quiet = ["output.plots=false", "output.tensorboard=false", "train.epochs=1"]
+    outcome = _run(
+        tmp_path,
+        [
+            f"data.path={ES_SAMPLE}",
+            *ES_FOLDS,
+            *quiet,
+            "train.seeds=2",
+            "optim.update_impl=interpret",
+        ],
+    )
+    assert seen and set(seen) == {6}
+    assert not outcome.halted
+    assert [row["status"] for row in outcome.results["folds"]] == ["ok"] * 6
+    assert all(math.isfinite(value) for value in _agent_numbers(outcome.results))
 
 
 @pytest.mark.slow
