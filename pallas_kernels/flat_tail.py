@@ -240,6 +240,10 @@ def _adam_write_kernel(*refs, **static):
 
 
 def _check_offsets(learners: int, parts: int, n: int) -> None:
+    if not 2 <= parts <= 3:
+        # The per-block outputs and the Adam kernels' coefficients have room for 3 parts (MSE,
+        # C51, and diversity plus causal), which is all the learner step makes.
+        raise ValueError(f"flat_tail: want 2 or 3 loss parts, got {parts}")
     if learners * parts * n + BLOCK >= 2**31:
         raise ValueError(
             f"flat_tail: {learners} learners x {parts} x {n} exceed the kernels' int32 offsets"

@@ -164,6 +164,17 @@ def test_adam_select_keeps_the_old_state_when_the_guard_fails(impl, case):
         np.testing.assert_array_equal(np.asarray(got), old)
 
 
+@pytest.mark.parametrize("parts", [1, 4])
+def test_kernels_refuse_other_than_two_or_three_parts(parts):
+    grads = jnp.zeros((parts, 10), jnp.float32)
+    with pytest.raises(ValueError, match="2 or 3 loss parts"):
+        flat_tail.gram(grads, impl="interpret")
+    inputs = _adam_inputs(np.random.default_rng(5), 3, 10)
+    inputs["grads"], inputs["weights"] = grads, np.ones(parts, np.float32)
+    with pytest.raises(ValueError, match="2 or 3 loss parts"):
+        _adam("interpret", inputs)
+
+
 def test_reference_adam_is_optax_adam():
     """The reference's Adam against optax itself (the XLA path of the learner uses optax)."""
     inputs = _adam_inputs(np.random.default_rng(3), 2, 1000, count=0)
