@@ -2,7 +2,8 @@
 
 DESIGN section 5 steps 7-8. The learner's gradients are flat (``jdqn.networks.ParamLayout``); it
 calls :func:`gradient_surgery` on the ``[parts, P]`` array of the loss parts' gradients:
-the vaccine (when due) and both budgets in one pass, with the formulas of
+the vaccine (when due) and both budgets in one pass (or, with the Pallas flat tail, only
+:func:`surgery_scalars` on the kernel's reductions), with the formulas of
 :func:`gradient_vaccine` and :func:`budget_clip` (which remain the readable, separately tested
 forms). Everything is branch-free (``jnp.where``), so it stays cheap under ``vmap`` over seeds and
 folds, and float32. Norms are computed on max-abs-rescaled vectors so that finite gradients with
@@ -160,10 +161,11 @@ def surgery_scalars(
     shares: tuple[float | jax.Array, float | jax.Array],
     budget: float | jax.Array,
 ) -> SurgeryScalars:
-    """The vaccine and budget decisions from ``row_max [parts]`` (max |g_k|) and ``gram [parts,
-    parts]`` (Gram matrix of the rows divided by their max): see :func:`gradient_surgery`, which
-    computes both reductions with jnp, and ``pallas_kernels.flat_tail.gram``, which computes
-    them in one GPU kernel."""
+    """Gradient Vaccine's (Wang et al., ICLR 2021) and the budget's (Pascanu et al., ICML 2013)
+    decisions from ``row_max [parts]`` (max |g_k|) and ``gram [parts, parts]`` (Gram matrix of
+    the rows divided by their max), including the weights of the total gradient over the raw
+    rows: see :func:`gradient_surgery`, which computes both reductions with jnp, and
+    ``pallas_kernels.flat_tail.gram``, which computes them in one GPU kernel."""
     parts = row_max.shape[0]
     root = jnp.sqrt(jnp.diagonal(gram))  # [parts], |g_k| / max|g_k|
     norm1, norm2 = row_max[0] * root[0], row_max[1] * root[1]

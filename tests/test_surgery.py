@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jdqn.surgery import budget_clip, gradient_surgery, gradient_vaccine
+from jdqn.surgery import budget_clip, gradient_surgery, gradient_vaccine, surgery_scalars
 
 
 def vaccine_reference(g1, g2, phi_hat, beta):
@@ -281,6 +281,42 @@ def test_fused_surgery_matches_the_float64_vaccine_then_budget(seed, due):
     assert all(
         float(n) <= s * budget * (1 + 1e-5) for n, s in zip(out.norms_after, shares, strict=True)
     )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_scalars_from_the_gram_matrix_weight_the_raw_rows_to_the_float64_total(seed):
+    """The Pallas tail's path: row maxima and Gram matrix (computed here in float64) ->
+    ``surgery_scalars`` -> total = sum_k weights[k] g_k, against the float64 surgery."""
+    rng = np.random.default_rng(200 + seed)
+    g1, g2 = _pair(seed)
+    extra = [rng.normal(size=g1.shape) * 10.0 ** rng.uniform(-3, 3)] if seed % 2 else []
+    grads = np.stack([g1, g2, *extra]).astype(np.float32).astype(np.float64)
+    row_max = np.abs(grads).max(axis=1)
+    scaled = grads / row_max[:, None]
+    phi_hat, budget, shares = (
+        float(rng.uniform(-0.9, 0.9)),
+        float(10.0 ** rng.uniform(-2, 2)),
+        (0.3, 0.7),
+    )
+    out = surgery_scalars(
+        jnp.asarray(row_max, jnp.float32),
+        jnp.asarray(scaled @ scaled.T, jnp.float32),
+        phi_hat,
+        0.05,
+        jnp.bool_(True),
+        shares,
+        budget,
+    )
+    ref1, ref2, ref_phi_hat, ref_applied, ref_after = surgery_reference(
+        grads[0], grads[1], phi_hat, 0.05, True, shares, budget
+    )
+    total = ref1 + ref2 + sum(grads[2:])
+    got = np.asarray(out.weights, np.float64) @ grads
+    scale = max(np.abs(total).max(), np.abs(ref1).max(), np.abs(ref2).max())
+    np.testing.assert_allclose(got, total, rtol=0, atol=2e-5 * scale)
+    assert bool(out.applied) == ref_applied
+    assert float(out.phi_hat) == pytest.approx(ref_phi_hat, abs=1e-6)
+    np.testing.assert_allclose(out.norms_after, ref_after, rtol=2e-5, atol=1e-30)
 
 
 def test_fused_surgery_equals_the_unfused_float32_functions():
