@@ -376,6 +376,11 @@ def _adam_folding(interpret: bool, hyper: AdamHyper):
     return _folding(functools.partial(adam_select_pallas, hyper=hyper, interpret=interpret))
 
 
+def _check_impl(impl: str) -> None:
+    if impl not in IMPLS:
+        raise ValueError(f"flat_tail: impl must be one of {IMPLS}, got {impl!r}")
+
+
 def _one(tree):
     """A leading learner axis of 1 on every leaf."""
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32)[None], tree)
@@ -384,6 +389,7 @@ def _one(tree):
 def gram(grads: jax.Array, impl: Impl = "pallas") -> tuple[jax.Array, jax.Array]:
     """``grads [parts, P]`` (parts 2 or 3) -> ``(row_max [parts], gram [parts, parts])``, see
     :func:`gram_reference`. Works under ``jax.vmap`` (one launch for all mapped learners)."""
+    _check_impl(impl)
     if impl == "reference":
         return gram_reference(grads)
     row_max, gram_ = _gram_folding(impl == "interpret")(_one(grads))
@@ -403,6 +409,7 @@ def adam_select(
     guard passes: when ``scalars.pre_ok``, the total gradient is finite and the new parameters'
     squared norm is finite; otherwise the ``old`` vectors come back. Works under ``jax.vmap``
     (one launch for all mapped learners)."""
+    _check_impl(impl)
     if impl == "reference":
         g, w, vectors, values = jax.tree.map(
             lambda x: jnp.asarray(x, jnp.float32), (grads, weights, old, scalars)

@@ -175,6 +175,13 @@ def test_kernels_refuse_other_than_two_or_three_parts(parts):
         _adam("interpret", inputs)
 
 
+def test_unknown_impl_is_refused():
+    with pytest.raises(ValueError, match="impl must be one of"):
+        flat_tail.gram(jnp.zeros((2, 4)), impl="xla")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="impl must be one of"):
+        _adam("auto", _adam_inputs(np.random.default_rng(6), 2, 4))
+
+
 def test_reference_adam_is_optax_adam():
     """The reference's Adam against optax itself (the XLA path of the learner uses optax)."""
     inputs = _adam_inputs(np.random.default_rng(3), 2, 1000, count=0)
