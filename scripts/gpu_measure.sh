@@ -19,6 +19,9 @@
 #   compiletimers  XLA's own compile timers (pass and backend times per program) of one cold
 #               main command, summed per timer name
 #   bench       `jdqn bench` without the projection section (issue 6); BENCH_ONLY narrows it
+#   tailcompare the step's flat tail in XLA against the Pallas kernels at S = 1, 16, 128, 1,024
+#               vmapped learners, alternated in one process (`jdqn.bench.seeds
+#               --compare-update-impl`); then the flat-tail kernel tests on the real kernels
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -98,6 +101,14 @@ for phase in "$@"; do
       done
       timeout "${BENCH_TIMEOUT:-420}" python3 -m jdqn bench "${only[@]}" --json "$out/bench.json" \
         2>&1 | tee "$out/bench.log" ;;
+    tailcompare)
+      {
+        timeout "${TAIL_TIMEOUT:-400}" python3 -m jdqn.bench.seeds --compare-update-impl 2>&1 \
+          | grep -v -i deprecat
+        JAX_PLATFORMS=cuda timeout 200 python3 -m pytest -q -p no:cacheprovider \
+          tests/test_flat_tail.py tests/test_learner.py -k "fused or guard or adam or gram or vmap" \
+          2>&1 | tail -3
+      } 2>&1 | tee "$out/tailcompare.txt" ;;
     kernels)
       declare -A kflags=(
         [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=
