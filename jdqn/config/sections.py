@@ -216,7 +216,8 @@ class OptimConfig:
     target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
     tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
     # The step's flat tail (surgery reductions, Adam, target sync, guard select): auto = the
-    # Pallas kernels of pallas_kernels.flat_tail on a GPU outside debug mode, XLA otherwise.
+    # Pallas kernels of pallas_kernels.flat_tail on a GPU for programs of 16 or more vmapped
+    # learners outside debug mode, XLA otherwise (jdqn.learner.step.resolve_update_impl).
     update_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
 
     def __post_init__(self) -> None:
