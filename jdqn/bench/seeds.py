@@ -56,14 +56,20 @@ def steps_for(n_seeds: int, quick: bool) -> int:
     return max(20, min(500, 100_000 // n_seeds))
 
 
+def _time_seeds(cfg: Config, n_seeds: int, quick: bool) -> tuple[dict[str, float], int]:
+    """Timing of ``n_seeds`` vmapped learners stepped in one scan, and the scan's length."""
+    learner, states = seeded_states(cfg, n_seeds)
+    n_steps = steps_for(n_seeds, quick)
+    fn = scan_steps_fn(learner, n_steps, vmapped=True)
+    timing, _ = time_repeated(fn, states, 3 if quick else 5)
+    return timing, n_steps
+
+
 def run(quick: bool = False, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
     """One row per S: seconds per vmapped step, seed-steps per second, compile seconds."""
     rows = []
-    repeats = 3 if quick else 5
     for n_seeds in QUICK_SEEDS if quick else SEEDS:
-        learner, states = seeded_states(cfg, n_seeds)
-        n_steps = steps_for(n_seeds, quick)
-        timing, _ = time_repeated(scan_steps_fn(learner, n_steps, vmapped=True), states, repeats)
+        timing, n_steps = _time_seeds(cfg, n_seeds, quick)
         step_s = timing["median_s"] / n_steps
         rows.append(
             {
@@ -82,15 +88,6 @@ def run(quick: bool = False, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
     return rows
 
 
-def _us_per_step(cfg: Config, n_seeds: int, quick: bool) -> float:
-    learner, states = seeded_states(cfg, n_seeds)
-    n_steps = steps_for(n_seeds, quick)
-    timing, _ = time_repeated(
-        scan_steps_fn(learner, n_steps, vmapped=True), states, 3 if quick else 5
-    )
-    return 1e6 * timing["median_s"] / n_steps
-
-
 def compare_update_impls(
     quick: bool = False, cfg: Config = SMOKETEST, impls: tuple[str, str] = ("xla", "pallas")
 ) -> list[dict[str, Any]]:
@@ -101,7 +98,8 @@ def compare_update_impls(
         times: dict[str, list[float]] = {impl: [] for impl in impls}
         for impl in (*impls, *reversed(impls)):
             variant = apply_overrides(cfg, [f"optim.update_impl={impl}"])
-            times[impl].append(_us_per_step(variant, n_seeds, quick))
+            timing, n_steps = _time_seeds(variant, n_seeds, quick)
+            times[impl].append(1e6 * timing["median_s"] / n_steps)
         a, b = (statistics.mean(times[impl]) for impl in impls)
         rows.append({"seeds": n_seeds, "impls": impls, "us": times, "ratio": b / a})
     return rows
