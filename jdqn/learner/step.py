@@ -404,6 +404,8 @@ def make_learner(
             with jax.named_scope("surgery"):
                 row_max, gram = flat_tail.gram(flat, impl=tail_impl)
                 surgery = gradient_surgery_scalars(row_max, gram, *surgery_args)
+            # max |g| is NaN exactly when a part's gradient is non-finite (flat_tail.gram).
+            parts_finite = _all_finite(row_max)
             adam_state = state.opt_state[0]
             count = optax.safe_increment(adam_state.count)
             pre_ok = ~state.guard.halted & ~(
@@ -419,13 +421,13 @@ def make_learner(
                     flat_tail.TailScalars(
                         bias1=1 - ADAM_B1**count,
                         bias2=1 - ADAM_B2**count,
-                        pre_ok=pre_ok & _all_finite(row_max),
+                        pre_ok=pre_ok & parts_finite,
                         sync=sync,
                     ),
                     adam_hyper,
                     impl=tail_impl,
                 )
-            gradient_bad = ~(_all_finite(row_max) & tail.total_finite)
+            gradient_bad = ~(parts_finite & tail.total_finite)
             params_sq_norm = tail.params_sq_norm
         else:
             with jax.named_scope("surgery"):
