@@ -156,3 +156,10 @@ def test_bad_json_path_and_a_failed_profile_process_are_one_line_errors(
     monkeypatch.setattr(kernels, "_fresh_process_without_command_buffers", failing)
     with pytest.raises(RuntimeError, match="(?s)kernel profile failed: .*boom"):
         kernels.run_without_command_buffers(n_steps=2)
+
+
+def test_a_bad_config_override_is_a_one_line_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        kernels.main(["--steps", "3", "--set", "optim.update_impl=triton"])
+    assert exit_info.value.code == 2
+    assert "optim.update_impl" in capsys.readouterr().err

@@ -249,7 +249,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         given = argv if argv is not None else sys.argv[1:]
         rest = [a for a in given if a != "--no-command-buffers"]
         sys.exit(_fresh_process_without_command_buffers(rest).returncode)
-    cfg = apply_overrides(SMOKETEST, args.overrides)
+    try:
+        cfg = apply_overrides(SMOKETEST, args.overrides)
+    except ValueError as error:
+        parser.error(str(error))  # one line and exit status 2, before any profiling
     result = run(cfg, n_steps=args.steps, n_seeds=args.seeds, repeats=args.repeats)
     print(table(result, args.top))
     if args.json is not None:
