@@ -22,6 +22,10 @@
 #   tailcompare the step's flat tail in XLA against the Pallas kernels at S = 1, 16, 128, 1,024
 #               vmapped learners, alternated in one process (`jdqn.bench.seeds
 #               --compare-update-impl`); then the flat-tail kernel tests on the real kernels
+#   cmdbufmode  XLA's command-buffer scheduling: LHS (XLA's default) against CONCURRENT (the
+#               CUDA graph as a DAG of the kernels' buffer uses), in fresh processes sharing one
+#               autotune cache, alternated A B B A: `jdqn.bench.seeds` (S = 1 .. 1,024), then the
+#               main command's worker (compilation cache off) with its folds' sha256
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -109,6 +113,38 @@ for phase in "$@"; do
           tests/test_flat_tail.py tests/test_learner.py -k "fused or guard or adam or gram or vmap" \
           2>&1 | tail -3
       } 2>&1 | tee "$out/tailcompare.txt" ;;
+    cmdbufmode)
+      export JDQN_CACHE_DIR="$out/cbm_cache"
+      mode_flags() { echo "--xla_gpu_command_buffer_scheduling_mode=$1"; }
+      folds() {  # sha256 of a run's fold results (the same numbers give the same digest)
+        python3 -c 'import hashlib, json, pathlib, sys
+paths = sorted(pathlib.Path(sys.argv[1]).rglob("results.json"))
+folds = json.loads(paths[-1].read_text())["folds"] if paths else "none"
+print(hashlib.sha256(json.dumps(folds, sort_keys=True).encode()).hexdigest()[:12])' "$1"
+      }
+      {
+        XLA_FLAGS="$(mode_flags CONCURRENT)" timeout 60 python3 -c \
+          'import jax.numpy as jnp; print("CONCURRENT accepted:", float(jnp.ones(3).sum()))'
+        for mode in ${CBM_MODES:-LHS CONCURRENT CONCURRENT LHS}; do
+          echo "== seeds, $mode"
+          XLA_FLAGS="$(mode_flags "$mode")" timeout "${CBM_SEEDS_TIMEOUT:-150}" python3 -m \
+            jdqn.bench.seeds 2>&1 | grep -v -i deprecat
+        done
+        i=0
+        for mode in LHS ${CBM_MODES:-LHS CONCURRENT CONCURRENT LHS}; do
+          i=$((i + 1)); runs="$out/cbm_runs/$i"
+          start=$(date +%s%N)
+          XLA_FLAGS="$(mode_flags "$mode")" timeout 150 python3 -m jdqn.bench.walkforward_run \
+            --worker --set output.tensorboard=false --set output.compilation_cache=false \
+            --set "output.out_dir=$runs" > "$out/cbm_wf_$i.log" 2>&1
+          echo "== main command $i, $mode: rc=$? wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))" \
+            "folds=$(folds "$runs")"
+          grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*\|"run_s": [0-9.]*' \
+            "$out/cbm_wf_$i.log" | tr '\n' ' '
+          echo
+        done
+      } 2>&1 | tee "$out/cmdbufmode.txt"
+      rm -rf "$out/cbm_cache" "$out/cbm_runs" "$out"/cbm_wf_*.log ;;
     kernels)
       declare -A kflags=(
         [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=
