@@ -11,6 +11,14 @@ autotune cache next to the compilation cache: the first compile of a fusion time
 every later compile in any process reads the record, so processes that share the cache pick the
 same algorithms and agree bit for bit (BENCHMARKS.md, "Reproducibility on the GPU").
 
+Each scan iteration of a program runs as one CUDA graph (XLA's command buffers), and jdqn asks
+XLA to build that graph from the kernels' buffer uses (``CONCURRENT``) instead of XLA's default
+order (``LHS``, one chain on one stream): kernels that touch no common buffer, such as the target
+net's forward and the online net's or the guard's reductions, then run side by side. On the H200
+the in-scan learner step went from 149 to 98 us at one learner and from 2,741 to 2,641 us at
+1,024 vmapped learners, with the same walk-forward numbers bit for bit (BENCHMARKS.md, "Tenth
+session", run H1): the kernels and their arithmetic are the same, only their start order changes.
+
 GPU memory is taken on demand (``XLA_PYTHON_CLIENT_PREALLOCATE=false``) instead of JAX's default
 of reserving 75 % of the GPU at the first transfer: on the H200 that reservation held up every
 process's first device operation by ~1.4 s (2.0 s against 0.57 s), a large share of a warm
@@ -20,8 +28,9 @@ program's speed does not change (BENCHMARKS.md, "Seventh session").
 
 The flags are no-ops on CPU (the cache directory is still created at ``import jdqn``). A flag
 the user already put in ``XLA_FLAGS`` wins (an explicit ``--xla_gpu_autotune_level=0`` restores
-the uncached, autotuning-free behaviour), and so does their own ``XLA_PYTHON_CLIENT_PREALLOCATE``
-(``true`` restores the reservation).
+the uncached, autotuning-free behaviour; ``--xla_gpu_command_buffer_scheduling_mode=LHS`` XLA's
+graph order), and so does their own ``XLA_PYTHON_CLIENT_PREALLOCATE`` (``true`` restores the
+reservation).
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ import os
 from pathlib import Path
 
 AUTOTUNE_CACHE_FLAG = "--xla_gpu_per_fusion_autotune_cache_dir"
+AUTOTUNE_LEVEL_FLAG = "--xla_gpu_autotune_level"
+SCHEDULING_FLAG = "--xla_gpu_command_buffer_scheduling_mode"
 PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
@@ -39,32 +50,39 @@ def cache_root() -> Path:
     return Path(os.environ.get("JDQN_CACHE_DIR") or Path.home() / ".cache" / "jdqn" / "xla")
 
 
-def gpu_flags(autotune_dir: Path) -> tuple[str, ...]:
-    """The flags jdqn adds: the persistent per-fusion autotune cache in ``autotune_dir``."""
-    return (f"{AUTOTUNE_CACHE_FLAG}={autotune_dir}",)
+def gpu_flags(autotune_dir: Path | None) -> tuple[str, ...]:
+    """The flags jdqn adds: CUDA graphs built from the kernels' buffer uses, and the persistent
+    per-fusion autotune cache in ``autotune_dir`` (none without a directory)."""
+    flags = (f"{SCHEDULING_FLAG}=CONCURRENT",)
+    if autotune_dir is not None:
+        flags += (f"{AUTOTUNE_CACHE_FLAG}={autotune_dir}",)
+    return flags
 
 
-def with_gpu_flags(xla_flags: str, autotune_dir: Path) -> str:
+def _name(flag: str) -> str:
+    return flag.split("=", 1)[0]
+
+
+def with_gpu_flags(xla_flags: str, autotune_dir: Path | None) -> str:
     """``XLA_FLAGS`` value with jdqn's flags added where the user has not set them. A user who
     sets an autotune level gets exactly that: no cache is added (level 0 tunes nothing)."""
     flags = xla_flags.split()
-    names = {existing.split("=", 1)[0] for existing in flags}
-    if "--xla_gpu_autotune_level" in names:
-        return " ".join(flags)
+    names = {_name(existing) for existing in flags}
     for flag in gpu_flags(autotune_dir):
-        if flag.split("=", 1)[0] not in names:
+        if _name(flag) == AUTOTUNE_CACHE_FLAG and AUTOTUNE_LEVEL_FLAG in names:
+            continue
+        if _name(flag) not in names:
             flags.append(flag)
     return " ".join(flags)
 
 
 def apply_gpu_flags() -> None:
     """Sets ``XLA_FLAGS`` and on-demand GPU memory for this process; takes effect if no JAX
-    backend has started yet. Without a writable cache directory ``XLA_FLAGS`` is left as it is
-    (XLA's defaults)."""
+    backend has started yet. Without a writable cache directory no autotune cache is added."""
     os.environ.setdefault(PREALLOCATE_VAR, "false")
-    autotune_dir = cache_root() / "autotune"
+    autotune_dir: Path | None = cache_root() / "autotune"
     try:
         autotune_dir.mkdir(parents=True, exist_ok=True)
     except OSError:
-        return
+        autotune_dir = None
     os.environ["XLA_FLAGS"] = with_gpu_flags(os.environ.get("XLA_FLAGS", ""), autotune_dir)

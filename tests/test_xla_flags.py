@@ -5,23 +5,37 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jdqn.xla_flags import AUTOTUNE_CACHE_FLAG, PREALLOCATE_VAR, cache_root, with_gpu_flags
+from jdqn.xla_flags import (
+    AUTOTUNE_CACHE_FLAG,
+    PREALLOCATE_VAR,
+    SCHEDULING_FLAG,
+    cache_root,
+    with_gpu_flags,
+)
 
 CACHE = Path("/cache/autotune")
+CONCURRENT = f"{SCHEDULING_FLAG}=CONCURRENT"
 
 
-def test_the_autotune_cache_is_added_to_empty_and_other_flags():
-    assert with_gpu_flags("", CACHE) == f"{AUTOTUNE_CACHE_FLAG}=/cache/autotune"
-    assert with_gpu_flags("--xla_force_host_platform_device_count=1", CACHE).split() == [
-        "--xla_force_host_platform_device_count=1",
+def test_the_graph_mode_and_autotune_cache_are_added_to_empty_and_other_flags():
+    assert with_gpu_flags("", CACHE).split() == [
+        CONCURRENT,
         f"{AUTOTUNE_CACHE_FLAG}=/cache/autotune",
     ]
+    assert with_gpu_flags("--xla_force_host_platform_device_count=1", CACHE).split() == [
+        "--xla_force_host_platform_device_count=1",
+        CONCURRENT,
+        f"{AUTOTUNE_CACHE_FLAG}=/cache/autotune",
+    ]
+    # Without a cache directory only the graph mode is added.
+    assert with_gpu_flags("", None) == CONCURRENT
 
 
 def test_what_the_user_set_wins_and_nothing_is_added_twice():
     # An explicit autotune level (0 = no autotuning) is taken as is: no cache added.
-    assert with_gpu_flags("--xla_gpu_autotune_level=0", CACHE) == "--xla_gpu_autotune_level=0"
-    own = f"{AUTOTUNE_CACHE_FLAG}=/elsewhere"
+    level = "--xla_gpu_autotune_level=0"
+    assert with_gpu_flags(level, CACHE).split() == [level, CONCURRENT]
+    own = f"{AUTOTUNE_CACHE_FLAG}=/elsewhere {SCHEDULING_FLAG}=LHS"
     assert with_gpu_flags(own, CACHE) == own
     once = with_gpu_flags("", CACHE)
     assert with_gpu_flags(once, CACHE) == once
@@ -54,17 +68,17 @@ def test_importing_jdqn_sets_the_flags_before_any_backend_starts(tmp_path):
     )
     result = _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path))
     flags, total = result.stdout.split("\n")[:2]
-    assert flags.split() == [f"{AUTOTUNE_CACHE_FLAG}={tmp_path / 'autotune'}"]
+    assert flags.split() == [CONCURRENT, f"{AUTOTUNE_CACHE_FLAG}={tmp_path / 'autotune'}"]
     assert (tmp_path / "autotune").is_dir()
     assert total == "6.0"
 
 
-def test_an_unwritable_cache_dir_leaves_the_flags_alone(tmp_path):
+def test_an_unwritable_cache_dir_adds_no_autotune_cache(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     code = "import os, jdqn; print(repr(os.environ.get('XLA_FLAGS', '')))"
     result = _fresh_process(code, JDQN_CACHE_DIR=str(blocker / "cache"))
-    assert result.stdout.strip() == "''"
+    assert result.stdout.strip() == repr(CONCURRENT)
 
 
 def test_gpu_memory_is_taken_on_demand_unless_the_user_says_otherwise(tmp_path):
@@ -74,7 +88,7 @@ def test_gpu_memory_is_taken_on_demand_unless_the_user_says_otherwise(tmp_path):
     assert _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path)).stdout.strip() == "false"
     own = _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path), **{PREALLOCATE_VAR: "true"})
     assert own.stdout.strip() == "true"
-    # Also when the cache directory cannot be made (the XLA flags are then left alone).
+    # Also when the cache directory cannot be made (then no autotune cache is added).
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     blocked = _fresh_process(code, JDQN_CACHE_DIR=str(blocker / "cache"))
