@@ -26,6 +26,9 @@
 #               CUDA graph as a DAG of the kernels' buffer uses), in fresh processes sharing one
 #               autotune cache, alternated A B B A: `jdqn.bench.seeds` (S = 1 .. 1,024), then the
 #               main command's worker (compilation cache off) with its folds' sha256
+#   seedvariants  `jdqn.bench.seeds --seeds $SEED_S` (default 1 128 1024) in fresh processes
+#               sharing one autotune cache, one per entry of SEED_VARIANTS (default: jdqn's flags,
+#               WHILE/CONDITIONAL command buffers too, alternated A B B A); lhs: XLA's graph order
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -139,12 +142,26 @@ print(hashlib.sha256(json.dumps(folds, sort_keys=True).encode()).hexdigest()[:12
             --set "output.out_dir=$runs" > "$out/cbm_wf_$i.log" 2>&1
           echo "== main command $i, $mode: rc=$? wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))" \
             "folds=$(folds "$runs")"
-          grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*\|"run_s": [0-9.]*' \
+          grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*' \
             "$out/cbm_wf_$i.log" | tr '\n' ' '
           echo
         done
       } 2>&1 | tee "$out/cmdbufmode.txt"
       rm -rf "$out/cbm_cache" "$out/cbm_runs" "$out"/cbm_wf_*.log ;;
+    seedvariants)
+      declare -A sflags=(
+        [default]="" [lhs]=--xla_gpu_command_buffer_scheduling_mode=LHS
+        [whilecmd]=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL
+      )
+      {
+        for variant in ${SEED_VARIANTS:-default whilecmd whilecmd default}; do
+          echo "== seeds, $variant: XLA_FLAGS=${sflags[$variant]}"
+          JDQN_CACHE_DIR="$out/sv_cache" XLA_FLAGS="${sflags[$variant]}" \
+            timeout "${SEED_TIMEOUT:-150}" python3 -m jdqn.bench.seeds --seeds ${SEED_S:-1 128 1024} \
+            2>&1 | grep -v -i deprecat
+        done
+      } 2>&1 | tee "$out/seedvariants.txt"
+      rm -rf "$out/sv_cache" ;;
     kernels)
       declare -A kflags=(
         [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=

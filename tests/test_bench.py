@@ -317,12 +317,23 @@ def test_projection_cli_without_a_gpu_times_xla_only_and_refuses_tune(capsys) ->
     )
 
 
-@pytest.mark.slow
-def test_update_impl_comparison_times_each_impl_twice(monkeypatch) -> None:
+def test_seeds_cli_times_the_s_it_is_given_and_refuses_zero(monkeypatch, capsys) -> None:
     from jdqn.bench import seeds
 
-    monkeypatch.setattr(seeds, "QUICK_SEEDS", (2,))
-    rows = seeds.compare_update_impls(quick=True, cfg=TINY, impls=("xla", "interpret"))
+    assert seeds.seed_counts(False, [3, 5]) == (3, 5)
+    assert seeds.seed_counts(True, None) == seeds.QUICK_SEEDS
+    assert seeds.seed_counts(False, None) == seeds.SEEDS
+    with pytest.raises(SystemExit) as exit_info:
+        seeds.main(["--seeds", "0", "4"])
+    assert exit_info.value.code == 2
+    assert "--seeds: every S must be at least 1, got [0, 4]" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_update_impl_comparison_times_each_impl_twice() -> None:
+    from jdqn.bench import seeds
+
+    rows = seeds.compare_update_impls(quick=True, cfg=TINY, impls=("xla", "interpret"), seeds=(2,))
     assert [r["seeds"] for r in rows] == [2]
     times = rows[0]["us"]
     assert all(len(times[impl]) == 2 and min(times[impl]) > 0 for impl in ("xla", "interpret"))

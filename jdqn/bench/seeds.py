@@ -4,7 +4,7 @@ Seeds (and folds) are a batch axis of one executable (DESIGN section 11), so the
 is seed-steps per second: ``S * steps / seconds``. Each seed has its own full buffer of random
 transitions and its own keys; all use the smoketest learner with every component on.
 
-    python -m jdqn.bench.seeds [--quick] [--compare-update-impl]
+    python -m jdqn.bench.seeds [--quick] [--compare-update-impl] [--seeds S ...]
 
 ``--compare-update-impl`` times each S with the step's flat tail in XLA and as the Pallas kernels
 of ``pallas_kernels.flat_tail`` (``optim.update_impl``), alternating A B B A in one process, so
@@ -65,10 +65,19 @@ def _time_seeds(cfg: Config, n_seeds: int, quick: bool) -> tuple[dict[str, float
     return timing, n_steps
 
 
-def run(quick: bool = False, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
+def seed_counts(quick: bool, seeds: Sequence[int] | None) -> tuple[int, ...]:
+    """The S to time: ``seeds`` when given, else :data:`QUICK_SEEDS` or :data:`SEEDS`."""
+    if seeds:
+        return tuple(seeds)
+    return QUICK_SEEDS if quick else SEEDS
+
+
+def run(
+    quick: bool = False, cfg: Config = SMOKETEST, seeds: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
     """One row per S: seconds per vmapped step, seed-steps per second, compile seconds."""
     rows = []
-    for n_seeds in QUICK_SEEDS if quick else SEEDS:
+    for n_seeds in seed_counts(quick, seeds):
         timing, n_steps = _time_seeds(cfg, n_seeds, quick)
         step_s = timing["median_s"] / n_steps
         rows.append(
@@ -89,12 +98,15 @@ def run(quick: bool = False, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
 
 
 def compare_update_impls(
-    quick: bool = False, cfg: Config = SMOKETEST, impls: tuple[str, str] = ("xla", "pallas")
+    quick: bool = False,
+    cfg: Config = SMOKETEST,
+    impls: tuple[str, str] = ("xla", "pallas"),
+    seeds: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """One row per S: us per vmapped step with each ``optim.update_impl`` (mean of two runs,
     timed in the order A B B A), and B's time over A's."""
     rows = []
-    for n_seeds in QUICK_SEEDS if quick else SEEDS:
+    for n_seeds in seed_counts(quick, seeds):
         times: dict[str, list[float]] = {impl: [] for impl in impls}
         for impl in (*impls, *reversed(impls)):
             variant = apply_overrides(cfg, [f"optim.update_impl={impl}"])
@@ -141,11 +153,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="time every S with optim.update_impl=xla and =pallas (GPU), alternating",
     )
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", help=f"the S to time (default {' '.join(map(str, SEEDS))})"
+    )
     args = parser.parse_args(argv)
+    if args.seeds and min(args.seeds) < 1:
+        parser.error(f"--seeds: every S must be at least 1, got {args.seeds}")
     if args.compare_update_impl:
-        print(format_comparison(compare_update_impls(args.quick)))
+        print(format_comparison(compare_update_impls(args.quick, seeds=args.seeds)))
     else:
-        print(format_table(run(args.quick)))
+        print(format_table(run(args.quick, seeds=args.seeds)))
 
 
 if __name__ == "__main__":
