@@ -53,7 +53,7 @@ def cache_root() -> Path:
 def gpu_flags(autotune_dir: Path | None) -> tuple[str, ...]:
     """The flags jdqn adds: CUDA graphs built from the kernels' buffer uses, and the persistent
     per-fusion autotune cache in ``autotune_dir`` (none without a directory)."""
-    flags = (f"{SCHEDULING_FLAG}=CONCURRENT",)
+    flags: tuple[str, ...] = (f"{SCHEDULING_FLAG}=CONCURRENT",)
     if autotune_dir is not None:
         flags += (f"{AUTOTUNE_CACHE_FLAG}={autotune_dir}",)
     return flags
@@ -80,9 +80,10 @@ def apply_gpu_flags() -> None:
     """Sets ``XLA_FLAGS`` and on-demand GPU memory for this process; takes effect if no JAX
     backend has started yet. Without a writable cache directory no autotune cache is added."""
     os.environ.setdefault(PREALLOCATE_VAR, "false")
-    autotune_dir: Path | None = cache_root() / "autotune"
+    wanted = cache_root() / "autotune"
     try:
-        autotune_dir.mkdir(parents=True, exist_ok=True)
+        wanted.mkdir(parents=True, exist_ok=True)
+        autotune_dir: Path | None = wanted
     except OSError:
         autotune_dir = None
     os.environ["XLA_FLAGS"] = with_gpu_flags(os.environ.get("XLA_FLAGS", ""), autotune_dir)
