@@ -82,8 +82,8 @@ def resolve_update_impl(impl: str, backend: str, *, debug: bool, learners: int) 
     (``pallas_kernels.flat_tail``) on a GPU for programs that step at least
     :data:`FUSED_TAIL_MIN_LEARNERS` learners together, and XLA otherwise: on the H200 the kernels
     made 16 / 128 / 1,024 vmapped learners 2.6 / 7.7 / 3.1 % faster and one learner 8.9 % slower
-    under CONCURRENT command buffers (BENCHMARKS.md, "H2"). Debug mode keeps XLA: its checks read the surgery's and
-    Adam's intermediate vectors, which the kernels never write."""
+    under CONCURRENT command buffers (BENCHMARKS.md, "H2"). Debug mode keeps XLA: its checks read
+    the surgery's and Adam's intermediate vectors, which the kernels never write."""
     if impl != "auto":
         return impl
     fused = backend == "gpu" and not debug and learners >= FUSED_TAIL_MIN_LEARNERS
