@@ -29,6 +29,8 @@
 #   seedvariants  `jdqn.bench.seeds --seeds $SEED_S` (default 1 128 1024) in fresh processes
 #               sharing one autotune cache, one per entry of SEED_VARIANTS (default: jdqn's flags,
 #               WHILE/CONDITIONAL command buffers too, alternated A B B A); lhs: XLA's graph order
+#   unroll      `jdqn.bench.seeds --compare-unroll 1 $UNROLL` (default 4) at $SEED_S (default
+#               1 16 128 1024): steps per scan loop iteration, alternated A B B A in one process
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -116,6 +118,11 @@ for phase in "$@"; do
           tests/test_flat_tail.py tests/test_learner.py -k "fused or guard or adam or gram or vmap" \
           2>&1 | tail -3
       } 2>&1 | tee "$out/tailcompare.txt" ;;
+    unroll)
+      # shellcheck disable=SC2086  # SEED_S is a list of S
+      timeout "${UNROLL_TIMEOUT:-400}" python3 -m jdqn.bench.seeds --compare-unroll 1 \
+        "${UNROLL:-4}" --seeds ${SEED_S:-1 16 128 1024} 2>&1 | grep -v -i deprecat \
+        | tee "$out/unroll.txt" ;;
     cmdbufmode)
       export JDQN_CACHE_DIR="$out/cbm_cache"
       mode_flags() { echo "--xla_gpu_command_buffer_scheduling_mode=$1"; }

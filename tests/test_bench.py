@@ -340,3 +340,39 @@ def test_update_impl_comparison_times_each_impl_twice() -> None:
     assert rows[0]["ratio"] == pytest.approx(np.mean(times["interpret"]) / np.mean(times["xla"]))
     table = seeds.format_comparison(rows)
     assert "| seeds S | xla us per vmapped step | interpret us per vmapped step |" in table
+
+
+def test_an_unrolled_scan_takes_the_same_steps() -> None:
+    """``unroll`` only regroups the loop: 5 steps at 2 per iteration (one left over) end in the
+    state 5 steps at 1 per iteration do."""
+    learner, state = breakdown.filled_learner(TINY)
+    copy = jax.tree.map(jnp.copy, state)
+    looped, metrics = breakdown.scan_steps_fn(learner, 5)(state)
+    unrolled, unrolled_metrics = breakdown.scan_steps_fn(learner, 5, unroll=2)(copy)
+    assert int(unrolled.step) == int(looped.step) == 5
+    for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(unrolled), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(metrics), np.asarray(unrolled_metrics), rtol=1e-5)
+
+
+def test_seeds_cli_refuses_an_unroll_below_one(capsys) -> None:
+    from jdqn.bench import seeds
+
+    with pytest.raises(SystemExit) as exit_info:
+        seeds.main(["--compare-unroll", "1", "0"])
+    assert exit_info.value.code == 2
+    assert "steps per loop iteration must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_unroll_comparison_times_each_unroll_twice() -> None:
+    from jdqn.bench import seeds
+
+    rows = seeds.compare_unrolls((1, 2), quick=True, cfg=TINY, seeds=(2,))
+    times = rows[0]["us"]
+    expected_ratio = np.mean(times["unroll 2"]) / np.mean(times["unroll 1"])
+    assert rows[0]["impls"] == ("unroll 1", "unroll 2")
+    assert all(len(t) == 2 and min(t) > 0 for t in times.values())
+    assert rows[0]["ratio"] == pytest.approx(expected_ratio)
+    assert all(len(t) == 2 and min(t) > 0 for t in rows[0]["compile_s"].values())
+    assert "compile s at S = 2: unroll 1" in seeds.format_comparison(rows)

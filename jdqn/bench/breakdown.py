@@ -76,8 +76,12 @@ def filled_learner(
     return learner, state
 
 
-def scan_steps_fn(learner: Learner, n_steps: int, vmapped: bool = False) -> jax.stages.Wrapped:
-    """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept."""
+def scan_steps_fn(
+    learner: Learner, n_steps: int, vmapped: bool = False, unroll: int = 1
+) -> jax.stages.Wrapped:
+    """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept.
+    ``unroll`` steps per loop iteration (``lax.scan``'s ``unroll``): one CUDA graph then holds
+    that many steps, so the graph launches between steps are fewer."""
     step = jax.vmap(learner.step, in_axes=(0, None, None)) if vmapped else learner.step
 
     def run(state: LearnerState) -> tuple[LearnerState, Any]:
@@ -86,7 +90,7 @@ def scan_steps_fn(learner: Learner, n_steps: int, vmapped: bool = False) -> jax.
             carry, metrics = step(carry, jnp.float32(ALPHA), jnp.float32(BETA))
             return carry, pack_metrics(metrics)
 
-        return jax.lax.scan(body, state, None, length=n_steps)
+        return jax.lax.scan(body, state, None, length=n_steps, unroll=unroll)
 
     return jax.jit(run, donate_argnums=0)
 

@@ -4,11 +4,13 @@ Seeds (and folds) are a batch axis of one executable (DESIGN section 11), so the
 is seed-steps per second: ``S * steps / seconds``. Each seed has its own full buffer of random
 transitions and its own keys; all use the smoketest learner with every component on.
 
-    python -m jdqn.bench.seeds [--quick] [--compare-update-impl] [--seeds S ...]
+    python -m jdqn.bench.seeds [--quick] [--seeds S ...] [--unroll U]
+        [--compare-update-impl | --compare-unroll A B]
 
 ``--compare-update-impl`` times each S with the step's flat tail in XLA and as the Pallas kernels
 of ``pallas_kernels.flat_tail`` (``optim.update_impl``), alternating A B B A in one process, so
 the ratio is from one run on one device (it is what decided ``optim.update_impl=auto``).
+``--compare-unroll A B`` does the same for ``lax.scan``'s ``unroll`` (steps per loop iteration).
 """
 
 from __future__ import annotations
@@ -56,11 +58,13 @@ def steps_for(n_seeds: int, quick: bool) -> int:
     return max(20, min(500, 100_000 // n_seeds))
 
 
-def _time_seeds(cfg: Config, n_seeds: int, quick: bool) -> tuple[dict[str, float], int]:
+def _time_seeds(
+    cfg: Config, n_seeds: int, quick: bool, unroll: int = 1
+) -> tuple[dict[str, float], int]:
     """Timing of ``n_seeds`` vmapped learners stepped in one scan, and the scan's length."""
     learner, states = seeded_states(cfg, n_seeds)
     n_steps = steps_for(n_seeds, quick)
-    fn = scan_steps_fn(learner, n_steps, vmapped=True)
+    fn = scan_steps_fn(learner, n_steps, vmapped=True, unroll=unroll)
     timing, _ = time_repeated(fn, states, 3 if quick else 5)
     return timing, n_steps
 
@@ -73,12 +77,15 @@ def seed_counts(quick: bool, seeds: Sequence[int] | None) -> tuple[int, ...]:
 
 
 def run(
-    quick: bool = False, cfg: Config = SMOKETEST, seeds: Sequence[int] | None = None
+    quick: bool = False,
+    cfg: Config = SMOKETEST,
+    seeds: Sequence[int] | None = None,
+    unroll: int = 1,
 ) -> list[dict[str, Any]]:
     """One row per S: seconds per vmapped step, seed-steps per second, compile seconds."""
     rows = []
     for n_seeds in seed_counts(quick, seeds):
-        timing, n_steps = _time_seeds(cfg, n_seeds, quick)
+        timing, n_steps = _time_seeds(cfg, n_seeds, quick, unroll)
         step_s = timing["median_s"] / n_steps
         rows.append(
             {
@@ -117,6 +124,31 @@ def compare_update_impls(
     return rows
 
 
+def compare_unrolls(
+    unrolls: tuple[int, int],
+    quick: bool = False,
+    cfg: Config = SMOKETEST,
+    seeds: Sequence[int] | None = None,
+) -> list[dict[str, Any]]:
+    """One row per S: us per vmapped step with each scan ``unroll`` (timed A B B A), and B's
+    time over A's; rows read like :func:`compare_update_impls`'."""
+    rows = []
+    names = tuple(f"unroll {u}" for u in unrolls)
+    for n_seeds in seed_counts(quick, seeds):
+        times: dict[str, list[float]] = {name: [] for name in names}
+        compile_s: dict[str, list[float]] = {name: [] for name in names}
+        pairs = list(zip(unrolls, names, strict=True))
+        for unroll, name in (*pairs, *reversed(pairs)):
+            timing, n_steps = _time_seeds(cfg, n_seeds, quick, unroll)
+            times[name].append(1e6 * timing["median_s"] / n_steps)
+            compile_s[name].append(timing["compile_s"])
+        a, b = (statistics.mean(times[name]) for name in names)
+        rows.append(
+            {"seeds": n_seeds, "impls": names, "us": times, "ratio": b / a, "compile_s": compile_s}
+        )
+    return rows
+
+
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
     if not rows:
         return ""
@@ -128,6 +160,12 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         ta, tb = (", ".join(f"{t:.1f}" for t in r["us"][impl]) for impl in (a, b))
         lines.append(f"| {r['seeds']} | {ta} | {tb} | {r['ratio']:.3f} |")
+    for r in rows:  # the scan program's compile, where the rows timed it (unroll comparisons)
+        if "compile_s" in r:
+            spent = "; ".join(
+                f"{impl} " + ", ".join(f"{t:.1f}" for t in r["compile_s"][impl]) for impl in (a, b)
+            )
+            lines.append(f"compile s at S = {r['seeds']}: {spent}")
     return "\n".join(lines)
 
 
@@ -156,13 +194,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--seeds", type=int, nargs="+", help=f"the S to time (default {' '.join(map(str, SEEDS))})"
     )
+    parser.add_argument(
+        "--unroll", type=int, default=1, help="learner steps per scan loop iteration (default 1)"
+    )
+    parser.add_argument(
+        "--compare-unroll",
+        type=int,
+        nargs=2,
+        metavar=("A", "B"),
+        help="time every S with scan unroll A and B, alternating",
+    )
     args = parser.parse_args(argv)
     if args.seeds and min(args.seeds) < 1:
         parser.error(f"--seeds: every S must be at least 1, got {args.seeds}")
+    if min(args.unroll, *(args.compare_unroll or [1])) < 1:
+        parser.error("--unroll / --compare-unroll: steps per loop iteration must be at least 1")
     if args.compare_update_impl:
         print(format_comparison(compare_update_impls(args.quick, seeds=args.seeds)))
+    elif args.compare_unroll:
+        unrolls = tuple(args.compare_unroll)
+        print(format_comparison(compare_unrolls(unrolls, args.quick, seeds=args.seeds)))
     else:
-        print(format_table(run(args.quick, seeds=args.seeds)))
+        print(format_table(run(args.quick, seeds=args.seeds, unroll=args.unroll)))
 
 
 if __name__ == "__main__":
