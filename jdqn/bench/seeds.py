@@ -209,13 +209,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--seeds: every S must be at least 1, got {args.seeds}")
     if min(args.unroll, *(args.compare_unroll or [1])) < 1:
         parser.error("--unroll / --compare-unroll: steps per loop iteration must be at least 1")
-    if args.compare_update_impl:
-        print(format_comparison(compare_update_impls(args.quick, seeds=args.seeds)))
-    elif args.compare_unroll:
-        unrolls = tuple(args.compare_unroll)
-        print(format_comparison(compare_unrolls(unrolls, args.quick, seeds=args.seeds)))
-    else:
+    if not (args.compare_update_impl or args.compare_unroll):
         print(format_table(run(args.quick, seeds=args.seeds, unroll=args.unroll)))
+        return
+    # A comparison times four programs per S: one table per S, printed as soon as it is timed,
+    # so a run cut short by a time limit still leaves the S it finished.
+    for n_seeds in seed_counts(args.quick, args.seeds):
+        if args.compare_update_impl:
+            rows = compare_update_impls(args.quick, seeds=(n_seeds,))
+        else:
+            rows = compare_unrolls(tuple(args.compare_unroll), args.quick, seeds=(n_seeds,))
+        print(format_comparison(rows), flush=True)
 
 
 if __name__ == "__main__":
