@@ -120,7 +120,9 @@ class TrainProgram:
             )
             return new_state, pack_metrics(metrics._replace(active=active))
 
-        state, packed = jax.lax.scan(iteration, state, jnp.arange(self.chunk_length))
+        state, packed = jax.lax.scan(
+            iteration, state, jnp.arange(self.chunk_length), unroll=cfg.train.scan_unroll
+        )
         return state, unpack_metrics(packed, record)
 
     def _iterate(

@@ -61,6 +61,11 @@ def _learner_step_rows(quick: bool, cfg: Config) -> dict[str, Any]:
             "us_per_step": detail["in_scan_us"],
             "compile_s": detail["compile_scan_s"],
         },
+        {
+            "mode": f"in lax.scan, {detail['unroll']} steps per loop trip",
+            "us_per_step": detail["in_scan_unrolled_us"],
+            "compile_s": detail["compile_scan_unrolled_s"],
+        },
     ]
     return {"rows": rows, "detail": detail, "table": learner_step.table(detail)}
 
@@ -94,13 +99,13 @@ def _torch_peer(quick: bool, cfg: Config) -> dict[str, Any]:
 
 
 def _fmt_peer(result: dict[str, Any], jdqn_rows: list[dict[str, Any]]) -> str:
-    if not result["rows"] or len(jdqn_rows) != 2:
+    if not result["rows"] or len(jdqn_rows) < 2:
         return f"skipped: {result.get('skipped', 'no peer rows or no jdqn rows')}"
     lines = [
         "| implementation | us/step | jdqn per call is faster by | jdqn in-scan is faster by |"
     ]
     lines.append("|---|---|---|---|")
-    per_call, in_scan = (r["us_per_step"] for r in jdqn_rows)
+    per_call, in_scan = (r["us_per_step"] for r in jdqn_rows[:2])
     for r in jdqn_rows:
         lines.append(f"| jdqn {r['mode']} | {r['us_per_step']:.1f} | | |")
     for r in result["rows"]:
@@ -195,9 +200,11 @@ def _goals(results: dict[str, Any]) -> list[dict[str, Any]]:
         return bool(results.get(name, {}).get("rows"))
 
     if has("learner_step"):
+        # The faster in-scan row: training takes either (train.scan_unroll).
+        best = min(results["learner_step"]["rows"][1:], key=lambda r: r["us_per_step"])
         add(
-            "in-scan learner step us",
-            results["learner_step"]["rows"][1]["us_per_step"],
+            f"in-scan learner step us ({best['mode']})",
+            best["us_per_step"],
             GOAL_IN_SCAN_US,
         )
     if has("seeds"):
