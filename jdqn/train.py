@@ -120,9 +120,7 @@ class TrainProgram:
             )
             return new_state, pack_metrics(metrics._replace(active=active))
 
-        state, packed = jax.lax.scan(
-            iteration, state, jnp.arange(self.chunk_length), unroll=cfg.train.scan_unroll
-        )
+        state, packed = jax.lax.scan(iteration, state, jnp.arange(self.chunk_length))
         return state, unpack_metrics(packed, record)
 
     def _iterate(

@@ -31,8 +31,6 @@
 #               WHILE/CONDITIONAL command buffers too, alternated A B B A); lhs: XLA's graph order
 #   unroll      `jdqn.bench.seeds --compare-unroll 1 $UNROLL` (default 4) at $SEED_S (default
 #               1 16 128 1024): steps per scan loop iteration, alternated A B B A in one process
-#   trainunroll the main command's worker at $UNROLL_EPOCHS epochs (default 50) with
-#               train.scan_unroll 1 against $UNROLL (default 4): compile, run, folds' digest
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -131,25 +129,6 @@ for phase in "$@"; do
       timeout "${UNROLL_TIMEOUT:-400}" python3 -m jdqn.bench.seeds --compare-unroll 1 \
         "${UNROLL:-4}" --seeds ${SEED_S:-1 16 128 1024} 2>&1 | grep -v -i deprecat \
         | tee "$out/unroll.txt" ;;
-    trainunroll)
-      # The main command's worker with train.scan_unroll 1 and $UNROLL (default 4), A B B A, at
-      # $UNROLL_EPOCHS epochs (default 50: long enough for the loop trips to show), sharing one
-      # autotune cache, compilation cache off: compile and run seconds, and the folds' digest.
-      export JDQN_CACHE_DIR="$out/tu_cache"
-      {
-        i=0
-        for unroll in 1 1 "${UNROLL:-4}" "${UNROLL:-4}" 1; do  # the first fills the cache
-          i=$((i + 1)); runs="$out/tu_runs/$i"
-          timeout 150 python3 -m jdqn.bench.walkforward_run --worker \
-            --set output.tensorboard=false --set output.compilation_cache=false \
-            --set "train.epochs=${UNROLL_EPOCHS:-50}" --set "train.scan_unroll=$unroll" \
-            --set "output.out_dir=$runs" > "$out/tu_wf_$i.log" 2>&1
-          echo "== worker $i, scan_unroll $unroll: rc=$? folds=$(folds "$runs")" \
-            "$(grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*\|"run_s": [0-9.]*' \
-            "$out/tu_wf_$i.log" | tr '\n' ' ')"
-        done
-      } 2>&1 | tee "$out/trainunroll.txt"
-      rm -rf "$out/tu_cache" "$out/tu_runs" ;;
     cmdbufmode)
       export JDQN_CACHE_DIR="$out/cbm_cache"
       mode_flags() { echo "--xla_gpu_command_buffer_scheduling_mode=$1"; }

@@ -52,7 +52,6 @@ def test_overrides_are_typed():
         ("replay.capacity=8", "replay.capacity"),
         ("loss.alpha_schedule=[0.0, 1.5]", "loss.alpha_schedule"),
         ("optim.update_impl=triton", "optim.update_impl"),
-        ("train.scan_unroll=0", "train.scan_unroll"),
         ("trainepochs", "section.field=value"),
     ],
 )

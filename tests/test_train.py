@@ -43,35 +43,3 @@ def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, 
     np.testing.assert_array_equal(np.asarray(state.learner.step), [steps] * 2)
     losses = np.asarray(metrics.learner.loss_mse)
     assert np.all((losses > 0) == np.asarray(trained))  # untrained iterations report zeros
-
-
-def test_unrolled_chunks_train_the_same_as_looped_ones():
-    """``train.scan_unroll`` only regroups the chunk's loop: chunks of 6 iterations at 4 per
-    trip (two left over) end where 6 at 1 per trip do, and the epoch's second chunk (1 of its
-    6 iterations inside the 7-iteration epoch) still skips its inactive tail."""
-    base = apply_overrides(
-        SMOKETEST, [*TINY, "train.chunk_iterations=6", "train.n_slices=8", "train.batch_size=8"]
-    )
-    folds = FoldData(
-        features=jax.random.normal(jax.random.PRNGKey(1), (1, 64, N_FEATURES)),
-        close=jnp.cumsum(jnp.ones((1, 64)), axis=1) + 100.0,
-    )
-
-    def run(unroll: int):
-        cfg = apply_overrides(base, [f"train.scan_unroll={unroll}"])
-        program = make_train(cfg, N_FEATURES, 64, (0,))
-        state = jax.vmap(program.init)(jax.random.split(jax.random.PRNGKey(0), 1), folds)
-        assert program.iterations_per_epoch == 7 and program.chunk_length == 6
-        chunk = jax.jit(jax.vmap(program.run_chunk, (0, 0, None, None)))
-        state, _ = chunk(state, folds, jnp.int32(0), jnp.int32(0))
-        return chunk(state, folds, jnp.int32(0), jnp.int32(1))
-
-    (looped, looped_metrics), (unrolled, unrolled_metrics) = run(1), run(4)
-    assert int(unrolled.learner.step[0]) == int(looped.learner.step[0]) == 7
-    np.testing.assert_array_equal(np.asarray(unrolled_metrics.active), [[True] + [False] * 5])
-    for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(unrolled), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-    for a, b in zip(
-        jax.tree.leaves(looped_metrics), jax.tree.leaves(unrolled_metrics), strict=True
-    ):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

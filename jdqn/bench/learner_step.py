@@ -10,9 +10,11 @@ guard). Three figures:
   each call, median over ``repeats`` calls (what a host-driven training loop pays per step);
 - in scan: ``n_scan`` steps inside one ``lax.scan`` (one executable, no dispatch), total time /
   ``n_scan``, median over ``scan_repeats`` runs; its compile time is reported separately;
-- in scan, unrolled: the same with ``unroll`` steps per loop trip (``lax.scan``'s ``unroll``, as
-  ``train.scan_unroll`` sets it for training): on a GPU each trip costs a CUDA graph launch and
-  a host round trip, which this pays once per ``unroll`` steps.
+- in scan, unrolled: the same with ``unroll`` steps per loop trip (``lax.scan``'s ``unroll``), a
+  diagnostic: on a GPU each trip costs a CUDA graph launch and a host round trip, which this
+  pays once per ``unroll`` steps, so the two scan rows' difference is what a trip costs.
+  Training keeps one step per trip: unrolling its chunk tripled the training program's compile
+  and did not move its run time (BENCHMARKS.md, "U3").
 
     python -m jdqn.bench.learner_step [--n-scan 1000] [--repeats 200] [--unroll 4]
 """

@@ -247,10 +247,6 @@ class TrainConfig:
     seeds: int = 1
     seed: int = 0
     chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)
-    # Iterations per trip of the chunk's lax.scan loop. On a GPU each trip is one CUDA graph
-    # launch plus a host round trip (~20 us on the H200: BENCHMARKS.md, "U2"); U iterations per
-    # trip pay it once, but the training program is U times as large for XLA to compile.
-    scan_unroll: int = 1
 
     def __post_init__(self) -> None:
         _require(self.n_slices >= 1, "train.n_slices", "must be >= 1")
@@ -271,7 +267,6 @@ class TrainConfig:
         )
         _require(self.seeds >= 1, "train.seeds", "must be >= 1")
         _require(self.chunk_iterations >= 1, "train.chunk_iterations", "must be >= 1")
-        _require(self.scan_unroll >= 1, "train.scan_unroll", "must be >= 1")
 
 
 @dataclass(frozen=True)
