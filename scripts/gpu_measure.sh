@@ -31,6 +31,8 @@
 #               WHILE/CONDITIONAL command buffers too, alternated A B B A); lhs: XLA's graph order
 #   unroll      `jdqn.bench.seeds --compare-unroll 1 $UNROLL` (default 4) at $SEED_S (default
 #               1 16 128 1024): steps per scan loop iteration, alternated A B B A in one process
+#   longrun     the main command's worker at $LONG_EPOCHS epochs (default 50), with checkpoints
+#               as configured and off: compile, run and orbax write seconds, folds' digest
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -41,6 +43,7 @@
 set -uo pipefail
 out="${OUT:-gpu_logs}"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"  # absolute: some phases run from another tree
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$root"
@@ -129,6 +132,29 @@ for phase in "$@"; do
       timeout "${UNROLL_TIMEOUT:-400}" python3 -m jdqn.bench.seeds --compare-unroll 1 \
         "${UNROLL:-4}" --seeds ${SEED_S:-1 16 128 1024} 2>&1 | grep -v -i deprecat \
         | tee "$out/unroll.txt" ;;
+    longrun)
+      # The main command's worker at $LONG_EPOCHS epochs (default 50), alternating jdqn's outputs
+      # as configured and checkpoints off, sharing one autotune cache (compilation cache off; the
+      # first process fills the autotune cache): compile and run seconds, orbax's write time.
+      export JDQN_CACHE_DIR="$out/lr_cache"
+      {
+        i=0
+        # LONG_VARIANTS: default (this tree), nockpt (checkpoints off), before (the tree in
+        # $BEFORE_TREE, a `git archive` checkout of an earlier commit).
+        for variant in ${LONG_VARIANTS:-default default nockpt default nockpt}; do
+          i=$((i + 1)); runs="$out/lr_runs/$i"
+          extra=(); [ "$variant" = nockpt ] && extra=(--set output.checkpoints=false)
+          tree="$root"; [ "$variant" = before ] && tree="$(cd "$BEFORE_TREE" && pwd)"
+          (cd "$tree" && PYTHONPATH="$tree" timeout 150 python3 -m jdqn.bench.walkforward_run --worker \
+            --set output.tensorboard=false --set output.compilation_cache=false \
+            --set "train.epochs=${LONG_EPOCHS:-50}" "${extra[@]}" \
+            --set "output.out_dir=$runs") > "$out/lr_wf_$i.log" 2>&1
+          echo "== worker $i, $variant: rc=$? folds=$(folds "$runs")" "$(grep -o \
+            '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*\|"run_s": [0-9.]*\|orbax/write/total_duration_secs": [0-9.]*' \
+            "$out/lr_wf_$i.log" | tr '\n' ' ')"
+        done
+      } 2>&1 | tee "$out/longrun.txt"
+      rm -rf "$out/lr_cache" "$out/lr_runs" ;;
     cmdbufmode)
       export JDQN_CACHE_DIR="$out/cbm_cache"
       mode_flags() { echo "--xla_gpu_command_buffer_scheduling_mode=$1"; }

@@ -362,3 +362,30 @@ def test_resuming_from_a_checkpoint_of_another_layout_says_start_again(tmp_path,
     assert len(lines) == 1 and "holds a state of another layout" in lines[0]
     assert "fix: start the run again" in lines[0] and "resume with" not in err
     assert (incomplete / "checkpoints" / "group0" / "1").exists()
+
+
+def test_a_checkpoint_holds_the_state_as_saved_after_its_buffers_are_donated(tmp_path):
+    """Saves write on orbax's threads while training goes on, and the next chunk donates the
+    state's device buffers: the checkpoint must hold the values at save time, not whatever the
+    buffers hold (or fail on) later."""
+    state = {"w": jnp.arange(6.0).reshape(2, 3), "step": jnp.int32(7)}
+    expected = jax.device_get(state)
+    checkpointer = Checkpointer(tmp_path / "group0")
+    checkpointer.save(1, state, {"epochs_done": 1})
+    for leaf in jax.tree.leaves(state):
+        leaf.delete()  # what donation does to the caller's arrays
+    checkpointer.close()
+    reopened = Checkpointer(tmp_path / "group0")
+    like = {"w": jnp.zeros((2, 3)), "step": jnp.int32(0)}
+    restored, meta = reopened.restore(like)
+    reopened.close()
+    np.testing.assert_array_equal(np.asarray(restored["w"]), expected["w"])
+    assert int(restored["step"]) == 7 and meta == {"epochs_done": 1}
+
+
+def test_only_the_latest_two_checkpoints_remain_once_closed(tmp_path):
+    checkpointer = Checkpointer(tmp_path / "group0")
+    for step in range(1, 5):
+        checkpointer.save(step, {"w": jnp.full(3, float(step))}, {"epochs_done": step})
+    checkpointer.close()
+    assert sorted(p.name for p in (tmp_path / "group0").iterdir()) == ["3", "4"]
