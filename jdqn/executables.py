@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib.metadata
+import importlib
 import os
 import pickle
 import threading
@@ -59,14 +59,15 @@ def source_fingerprint() -> str:
     return digest.hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
 def _versions() -> str:
-    versions = []
-    for name in _TRACED_LIBRARIES:
-        try:
-            versions.append(f"{name}={importlib.metadata.version(name)}")
-        except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{name}=?")
-    return ",".join(versions)
+    # The modules' own __version__ (all are imported by jdqn already), not importlib.metadata:
+    # parsing every installed distribution's metadata cost a warm start on the H200's machine
+    # ~0.25 s, per key (BENCHMARKS.md, "U6").
+    return ",".join(
+        f"{name}={getattr(importlib.import_module(name), '__version__', '?')}"
+        for name in _TRACED_LIBRARIES
+    )
 
 
 def _jax_settings() -> str:

@@ -99,6 +99,22 @@ def test_the_key_changes_with_what_the_program_depends_on(monkeypatch):
     assert cache_key("step", "c", (state, x, scale)) != key
 
 
+def test_the_key_changes_with_a_traced_librarys_version(monkeypatch):
+    import optax
+
+    from jdqn import executables
+
+    args = _args()
+    key = cache_key("step", "c", args)
+    monkeypatch.setattr(optax, "__version__", "0.0.0-other")
+    executables._versions.cache_clear()  # versions are read once per process
+    try:
+        assert "optax=0.0.0-other" in executables._versions()
+        assert cache_key("step", "c", args) != key
+    finally:
+        executables._versions.cache_clear()
+
+
 def damaged_file_scenario(tmp_path: Path) -> None:
     ExecutableCache(tmp_path).compile("step", STEP, *_args(), context="c")
     (path,) = tmp_path.glob(f"step-*{SUFFIX}")
