@@ -32,7 +32,7 @@ from jdqn.data import (
 )
 from jdqn.env import make_params
 from jdqn.evaluate import equity_curve, evaluate_baselines, metrics
-from jdqn.executables import ExecutableCache, source_fingerprint
+from jdqn.executables import ExecutableCache
 from jdqn.learner import GUARD_REASONS
 from jdqn.metrics_log import MetricsLog
 from jdqn.train import FoldData, TrainProgram, TrainState, make_train
@@ -104,10 +104,6 @@ def run_walkforward(
     log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
     log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
     try:
-        # The stored programs' source hash, read before the plotting library's import starts on
-        # the writes thread: each file read gives up the GIL, and taking it back from an
-        # importing thread made the hash take ~1.8 s of a warm start on the H200's machine (U6).
-        source_fingerprint()
         # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
         preload = report.PLOT_MODULES if cfg.output.plots else ()
         with report.BackgroundWrites(preload) as writes:
