@@ -3,7 +3,7 @@
 Shapes: batch 64 (+16 HER donors), a full 256-slot buffer, hidden [64, 64], 51 atoms, 3 actions;
 every component the smoketest profile turns on (PER, donors, spectral norm, double-DQN target
 and projection, both loss parts, vaccine, budget, causal term, Adam, target sync, priorities,
-guard). Three figures:
+guard). Four figures:
 
 - compile: the first call of the jitted, donated step (trace + XLA compile), in seconds;
 - per call: the jitted, donated step called from a Python loop, ``block_until_ready`` after
