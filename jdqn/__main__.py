@@ -2,6 +2,6 @@
 
 import sys
 
-from jdqn.cli import main
+from jdqn.cli import console
 
-sys.exit(main())
+sys.exit(console())

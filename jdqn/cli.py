@@ -10,6 +10,8 @@ prints one line naming component, tensor, fold, seed, epoch and step and exits w
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -176,5 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def console() -> int:
+    """The ``jdqn`` command (console script and ``python -m jdqn``): :func:`main`, and after a
+    handled Ctrl-C, another one ends the process at once with the same status. Without this, a
+    Ctrl-C pressed again while the interpreter shuts down (it joins threads and runs JAX's exit
+    handlers, which can take seconds) killed the process by the signal after "jdqn: interrupted"
+    had been printed. The run's directory is already removed (or its --resume command printed)."""
+    code = main()
+    if code == EXIT_INTERRUPTED:
+        signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_INTERRUPTED))
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())

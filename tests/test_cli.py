@@ -147,3 +147,22 @@ def test_ctrl_c_during_a_run_leaves_no_directory_and_no_traceback(tmp_path):
     assert not uncaught, err[-2000:]
     assert lines[-1] == "jdqn: interrupted"
     assert not list(out.iterdir())
+
+
+def test_a_ctrl_c_during_shutdown_after_an_interrupt_ends_quietly_with_130():
+    """Once a Ctrl-C has been handled, the interpreter still joins threads and runs exit handlers;
+    another Ctrl-C then must not print a traceback or kill the process by the signal (CI saw
+    exit -2 after "jdqn: interrupted"). An exit handler stands in for the slow shutdown."""
+    child = (
+        "import atexit, os, signal, sys, time\n"
+        "from jdqn import cli\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "cli.main = lambda argv=None: cli.EXIT_INTERRUPTED\n"
+        "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))\n"
+        "sys.exit(cli.console())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == EXIT_INTERRUPTED, done.stderr
+    assert "Traceback" not in done.stderr
