@@ -104,41 +104,19 @@ def run(
     return rows
 
 
-def compare_update_impls(
-    quick: bool = False,
-    cfg: Config = SMOKETEST,
-    impls: tuple[str, str] = ("xla", "pallas"),
-    seeds: Sequence[int] | None = None,
+def _alternate(
+    variants: dict[str, tuple[Config, int]], quick: bool, seeds: Sequence[int] | None
 ) -> list[dict[str, Any]]:
-    """One row per S: us per vmapped step with each ``optim.update_impl`` (mean of two runs,
-    timed in the order A B B A), and B's time over A's."""
+    """One row per S: us per vmapped step and compile seconds of two named (config, unroll)
+    variants, timed in the order A B B A, and B's mean time over A's."""
+    names = tuple(variants)
+    order = (*names, *reversed(names))
     rows = []
-    for n_seeds in seed_counts(quick, seeds):
-        times: dict[str, list[float]] = {impl: [] for impl in impls}
-        for impl in (*impls, *reversed(impls)):
-            variant = apply_overrides(cfg, [f"optim.update_impl={impl}"])
-            timing, n_steps = _time_seeds(variant, n_seeds, quick)
-            times[impl].append(1e6 * timing["median_s"] / n_steps)
-        a, b = (statistics.mean(times[impl]) for impl in impls)
-        rows.append({"seeds": n_seeds, "impls": impls, "us": times, "ratio": b / a})
-    return rows
-
-
-def compare_unrolls(
-    unrolls: tuple[int, int],
-    quick: bool = False,
-    cfg: Config = SMOKETEST,
-    seeds: Sequence[int] | None = None,
-) -> list[dict[str, Any]]:
-    """One row per S: us per vmapped step with each scan ``unroll`` (timed A B B A), and B's
-    time over A's; rows read like :func:`compare_update_impls`'."""
-    rows = []
-    names = tuple(f"unroll {u}" for u in unrolls)
     for n_seeds in seed_counts(quick, seeds):
         times: dict[str, list[float]] = {name: [] for name in names}
         compile_s: dict[str, list[float]] = {name: [] for name in names}
-        pairs = list(zip(unrolls, names, strict=True))
-        for unroll, name in (*pairs, *reversed(pairs)):
+        for name in order:
+            cfg, unroll = variants[name]
             timing, n_steps = _time_seeds(cfg, n_seeds, quick, unroll)
             times[name].append(1e6 * timing["median_s"] / n_steps)
             compile_s[name].append(timing["compile_s"])
@@ -147,6 +125,27 @@ def compare_unrolls(
             {"seeds": n_seeds, "impls": names, "us": times, "ratio": b / a, "compile_s": compile_s}
         )
     return rows
+
+
+def compare_update_impls(
+    quick: bool = False,
+    cfg: Config = SMOKETEST,
+    impls: tuple[str, str] = ("xla", "pallas"),
+    seeds: Sequence[int] | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`_alternate` over two ``optim.update_impl`` values."""
+    variants = {impl: (apply_overrides(cfg, [f"optim.update_impl={impl}"]), 1) for impl in impls}
+    return _alternate(variants, quick, seeds)
+
+
+def compare_unrolls(
+    unrolls: tuple[int, int],
+    quick: bool = False,
+    cfg: Config = SMOKETEST,
+    seeds: Sequence[int] | None = None,
+) -> list[dict[str, Any]]:
+    """:func:`_alternate` over two scan ``unroll`` values (steps per loop iteration)."""
+    return _alternate({f"unroll {u}": (cfg, u) for u in unrolls}, quick, seeds)
 
 
 def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
@@ -160,12 +159,11 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         ta, tb = (", ".join(f"{t:.1f}" for t in r["us"][impl]) for impl in (a, b))
         lines.append(f"| {r['seeds']} | {ta} | {tb} | {r['ratio']:.3f} |")
-    for r in rows:  # the scan program's compile, where the rows timed it (unroll comparisons)
-        if "compile_s" in r:
-            spent = "; ".join(
-                f"{impl} " + ", ".join(f"{t:.1f}" for t in r["compile_s"][impl]) for impl in (a, b)
-            )
-            lines.append(f"compile s at S = {r['seeds']}: {spent}")
+    for r in rows:  # the scan program's compile per run
+        spent = "; ".join(
+            f"{impl} " + ", ".join(f"{t:.1f}" for t in r["compile_s"][impl]) for impl in (a, b)
+        )
+        lines.append(f"compile s at S = {r['seeds']}: {spent}")
     return "\n".join(lines)
 
 
