@@ -356,13 +356,22 @@ def test_an_unrolled_scan_takes_the_same_steps() -> None:
     np.testing.assert_allclose(np.asarray(metrics), np.asarray(unrolled_metrics), rtol=1e-5)
 
 
-def test_seeds_cli_refuses_an_unroll_below_one(capsys) -> None:
-    from jdqn.bench import seeds
+@pytest.mark.parametrize(
+    ("module", "argv", "message"),
+    [
+        ("seeds", ["--compare-unroll", "1", "0"], "steps per loop iteration must be at least 1"),
+        ("seeds", ["--unroll", "0"], "steps per loop iteration must be at least 1"),
+        ("learner_step", ["--unroll", "0"], "steps per loop trip must be at least 1, got 0"),
+    ],
+)
+def test_bench_clis_refuse_an_unroll_below_one(module, argv, message, capsys) -> None:
+    import importlib
 
+    main = importlib.import_module(f"jdqn.bench.{module}").main
     with pytest.raises(SystemExit) as exit_info:
-        seeds.main(["--compare-unroll", "1", "0"])
+        main(argv)
     assert exit_info.value.code == 2
-    assert "steps per loop iteration must be at least 1" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.slow
