@@ -31,7 +31,7 @@ from jdqn.data import (
     stack_folds,
 )
 from jdqn.env import make_params
-from jdqn.evaluate import equity_curve, evaluate_baselines, metrics
+from jdqn.evaluate import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.executables import ExecutableCache
 from jdqn.learner import GUARD_REASONS
 from jdqn.metrics_log import MetricsLog
@@ -306,7 +306,16 @@ def _run_group(
         # (jdqn.background).
         compiling_chunk = overlap.submit(compile_chunk)
         keys = run_keys(cfg.train.seed, run_folds, run_seeds)
-        baselines = overlap.submit(_baselines, cfg, data, run_ids, np.asarray(keys.baselines))
+        baselines = overlap.submit(
+            _baselines,
+            cfg,
+            compile_program,
+            test,
+            fold_ids,
+            run_ids,
+            np.asarray(keys.baselines),
+            data.bars_per_year,
+        )
         init_args = (keys.training, local_fold, train)
         init_all = (
             stored_init
@@ -435,17 +444,44 @@ def _train_group(
 
 
 def _baselines(
-    cfg: Config, data: WalkForwardData, run_ids: list[tuple[int, int]], keys: np.ndarray
+    cfg: Config,
+    compile_program: Callable[..., Any],
+    test: FoldData,
+    fold_ids: list[int],
+    run_ids: list[tuple[int, int]],
+    keys: np.ndarray,
+    bars_per_year: float,
 ) -> dict[int, dict[str, Any]]:
-    """Each fold's baselines on its test window, seeded by the key of the fold's first run."""
-    by_fold: dict[int, dict[str, Any]] = {}
+    """Each fold's baselines on its test window, seeded by the key of the fold's first run: one
+    program for the group's folds (``evaluate.baseline_rollouts`` vmapped), stored with the
+    others on the GPU. One rollout per fold and baseline was nine sequential scans of the test
+    window for the main command, each paying per iteration on a GPU."""
+    first_run: dict[int, int] = {}
     for r, (fold, _) in enumerate(run_ids):
-        if fold not in by_fold:
-            params = make_params(
-                jnp.asarray(data.test[fold].features), jnp.asarray(data.test[fold].close), cfg.env
-            )
-            by_fold[fold] = evaluate_baselines(params, keys[r], cfg.env, data.bars_per_year)
-    return by_fold
+        first_run.setdefault(fold, r)
+    folds = list(first_run)
+    local = np.asarray([fold_ids.index(fold) for fold in folds], np.int32)
+    fold_keys = np.asarray(keys)[[first_run[fold] for fold in folds]]
+
+    def baselines_run(i: jax.Array, key: jax.Array, data: FoldData) -> Any:
+        fold = _take(data, i)
+        params = make_params(fold.features, fold.close, cfg.env)
+        return baseline_rollouts(params, key, cfg.env)
+
+    program = compile_program(
+        "baselines_run", jax.jit(jax.vmap(baselines_run, (0, 0, None))), local, fold_keys, test
+    )
+    records = jax.device_get(program(local, fold_keys, test))
+    n_steps = test.close.shape[-1] - 1  # the whole window is one episode
+    return {
+        fold: baseline_results(
+            jax.tree.map(lambda x, j=j: x[j], records),
+            n_steps,
+            point_value_usd=cfg.env.point_value_usd,
+            bars_per_year=bars_per_year,
+        )
+        for j, fold in enumerate(folds)
+    }
 
 
 def _judge_group(

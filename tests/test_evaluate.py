@@ -254,6 +254,24 @@ def test_evaluate_baselines_returns_metrics_and_rollouts():
     assert again["random"]["metrics"] == results["random"]["metrics"]
 
 
+@pytest.mark.parametrize(("start", "end"), [(0, None), (3, 29)])
+def test_baselines_in_one_scan_are_each_policy_run_alone(start, end):
+    """The one-scan baselines (a switch on the lane index under vmap) give each policy's own
+    rollout bit for bit, the random one included (every lane sees the same keys)."""
+    cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0), slippage_ticks=1.0)
+    params = _fold(6, cfg, start, end)
+    key = jax.random.key(11)
+    together = ev.evaluate_baselines(params, key, cfg, BARS_PER_YEAR)
+    assert tuple(together) == ev.BASELINES
+    for name, policy in ev.baseline_policies(cfg).items():
+        alone, record = ev.evaluate_policy(
+            policy, params, key, point_value_usd=cfg.point_value_usd, bars_per_year=BARS_PER_YEAR
+        )
+        for got, want in zip(together[name]["rollout"], record, strict=True):
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        assert together[name]["metrics"] == alone, name
+
+
 def test_flat_policy_needs_a_flat_position():
     with pytest.raises(ValueError, match="env.positions"):
         ev.flat_policy((-1.0, 1.0))

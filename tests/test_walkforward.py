@@ -167,10 +167,10 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path, monkeypatch):
 
 def test_a_warm_run_loads_its_programs_instead_of_tracing_them(tmp_path, monkeypatch):
     """On the GPU a second process with the same config and shapes (here: a second run in this
-    one) finds the compiled training, init and evaluation programs on disk: it neither traces nor
-    compiles them, and its numbers are the first run's. On CPU nothing is stored (an XLA:CPU
-    executable is not whole when serialised: jdqn.walkforward._executable_cache) and both runs
-    trace; the numbers agree all the same."""
+    one) finds the compiled training, init, evaluation and baselines programs on disk: it
+    neither traces nor compiles them, and its numbers are the first run's. On CPU nothing is
+    stored (an XLA:CPU executable is not whole when serialised:
+    jdqn.walkforward._executable_cache) and both runs trace; the numbers agree all the same."""
     monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path / "cache"))
     small = [
         *ES_FOLDS,
@@ -194,7 +194,7 @@ def test_a_warm_run_loads_its_programs_instead_of_tracing_them(tmp_path, monkeyp
         second = _run(tmp_path / "elsewhere", small, "warm").results
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
-    programs = {"run_chunk", "init_run", "evaluate_run"}
+    programs = {"run_chunk", "init_run", "evaluate_run", "baselines_run"}
     assert programs <= set(cold_traced)
     directory = tmp_path / "cache" / "executables"
     if jax.default_backend() == "gpu":
