@@ -166,3 +166,31 @@ def test_a_ctrl_c_during_shutdown_after_an_interrupt_ends_quietly_with_130():
     )
     assert done.returncode == EXIT_INTERRUPTED, done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "code"),
+    [(["data", "check", str(ES_SAMPLE)], 0), (["data", "check", "no/such/bars.csv"], 2)],
+)
+def test_a_finished_command_skips_the_interpreter_teardown(argv, code):
+    """A finished command's output arrives whole through a pipe and its status is kept, and the
+    process ends without running exit handlers (the interpreter's teardown cost a warm run on the
+    H200 ~0.7 s); an error takes the usual exit."""
+    child = (
+        "import atexit, sys\n"
+        "from jdqn import cli\n"
+        "atexit.register(lambda: print('exit handler ran'))\n"
+        f"sys.argv = ['jdqn', *{argv!r}]\n"
+        "sys.exit(cli.console())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == code, done.stderr
+    if code == 0:
+        assert done.stdout.endswith(
+            ": 2,264 valid bars, 2013-09-01T17:00:00.000000000 .. 2013-09-03T13:51:00.000000000\n"
+        )
+        assert "exit handler ran" not in done.stdout
+    else:
+        assert "exit handler ran" in done.stdout
