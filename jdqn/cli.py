@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from jdqn.config import PROFILES, Config, apply_overrides, profile
 
@@ -183,6 +184,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 _FINISHED = (0, EXIT_HALTED)
 
 
+def end_process(code: int) -> NoReturn:
+    """Flushes stdout and stderr and ends the process with ``code`` at once, skipping the
+    interpreter's teardown (see :func:`console`); only for a process whose files are closed and
+    whose threads are done."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def console() -> int:
     """The ``jdqn`` command (console script and ``python -m jdqn``): :func:`main`, then the
     process's end.
@@ -198,9 +208,7 @@ def console() -> int:
     had been printed. The run's directory is already removed (or its --resume command printed)."""
     code = main()
     if code in _FINISHED:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        end_process(code)
     if code == EXIT_INTERRUPTED:
         signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_INTERRUPTED))
     return code

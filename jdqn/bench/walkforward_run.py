@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jdqn.cli import end_process
+
 RESULT_TAG = "JDQN_BENCH_RESULT "
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
@@ -211,6 +213,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.worker:
         result = worker(args.overrides, args.cache_min_compile_s)
         print(RESULT_TAG + json.dumps(result), flush=True)
+        end_process(0)  # as `jdqn walkforward` ends (jdqn.cli.console)
     else:
         print(format_table(run(args.quick, args.overrides, args.cache_min_compile_s)))
 
