@@ -91,7 +91,7 @@ class MetricsLog:
             self._writer.close()
         if write_plots and self._cfg.output.plots:
             for r, (fold, seed) in enumerate(self._run_ids):
-                self._writes.submit(
+                self._writes.submit_plot(
                     report.plot_training,
                     self._run.plots_dir / f"fold{fold}_seed{seed}_training.png",
                     list(self._rows[r]),  # a copy: the worker reads it later

@@ -1,11 +1,13 @@
-"""Human-facing outputs of a run: equity CSVs, PNG plots, the console table, and the worker thread
-that writes the files (:class:`BackgroundWrites`)."""
+"""Human-facing outputs of a run: equity CSVs, PNG plots, the console table, and the workers that
+write the files (:class:`BackgroundWrites`)."""
 
 from __future__ import annotations
 
 import importlib
+import multiprocessing
+import signal
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -20,7 +22,8 @@ if TYPE_CHECKING:
 
 # matplotlib's object API, not pyplot: no global figure state, no GUI backend (savefig renders
 # with Agg), and each figure is freed with its last reference. It is imported where a plot is
-# drawn, on the writer thread (0.55 s of import on this CPU, none for runs without plots).
+# drawn, by the writer thread or the plot processes (0.55 s of import on this CPU, none for runs
+# without plots).
 PLOT_MODULES = ("matplotlib.figure",)
 
 # Training curves plotted per run, in this order (names of LearnerMetrics fields).
@@ -33,28 +36,55 @@ TRAINING_CURVES = (
 
 
 class BackgroundWrites:
-    """Plots and CSVs written on one worker thread, so that they overlap device work.
+    """Plots and CSVs written off the main thread, so that they overlap device work.
 
     Matplotlib and pandas hold the host for ~0.1-0.4 s per file while the accelerator (or XLA's
-    CPU threads) could be evaluating the next fold; one worker keeps files in submission order.
+    CPU threads) could be evaluating the next fold. CSVs (and, without plot processes, plots) go
+    to one worker thread, in submission order. With ``plot_processes`` > 0, plots go to that many
+    worker processes instead: rendering is Python that holds the GIL, so on one thread the six
+    plots of the main command ran one after another (1.3 s after training ended on the H200, run
+    V2) and slowed the main thread meanwhile; processes draw them side by side on cores of their
+    own (:func:`plot_processes` says how many a machine can spare). A plot is a pure function of
+    its arguments, so where it is drawn does not change the file.
+
     Leaving the ``with`` block waits for every write, also when the block raised, so nothing
     writes into a run directory after it is renamed or discarded; a failed write is re-raised
     there unless the block raised (its own exception takes precedence).
     """
 
-    def __init__(self, preload: Sequence[str] = ()) -> None:
-        """``preload``: modules the writes will need, imported on the worker first, while the
-        caller is still compiling and training (an import holds the GIL only while it runs
-        Python, and the caller's thread mostly waits on XLA then)."""
+    def __init__(self, preload: Sequence[str] = (), plot_processes: int = 0) -> None:
+        """``preload``: modules the writes will need, imported by the workers first, while the
+        caller is still compiling and training (on the thread an import holds the GIL only
+        while it runs Python, and the caller's thread mostly waits on XLA then)."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jdqn-writes")
         self._pending: list[Future[None]] = []
-        for module in preload:
-            self.submit(_import, module)
+        self._plots: ProcessPoolExecutor | None = None
+        if plot_processes > 0:
+            # spawn, not fork: this process runs JAX's threads, which a fork would copy mid-state.
+            self._plots = ProcessPoolExecutor(
+                plot_processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_plot_process,
+                initargs=(tuple(preload),),
+            )
+            for _ in range(plot_processes):  # start them all now, not at the first plot
+                self._pending.append(self._plots.submit(_ready))
+        else:
+            for module in preload:
+                self.submit(_import, module)
 
     def submit(self, write: Callable[..., None], *args: Any) -> None:
-        """Queues ``write(*args)`` (from the thread that owns this object); the arguments must
-        not change afterwards."""
+        """Queues ``write(*args)`` on the writer thread (from the thread that owns this object);
+        the arguments must not change afterwards."""
         self._pending.append(self._pool.submit(write, *args))
+
+    def submit_plot(self, plot: Callable[..., None], *args: Any) -> None:
+        """Queues ``plot(*args)``: in a plot process when there are any, else as :meth:`submit`.
+        ``plot`` must be a module-level function and its arguments picklable."""
+        if self._plots is None:
+            self.submit(plot, *args)
+        else:
+            self._pending.append(self._plots.submit(plot, *args))
 
     def __enter__(self) -> BackgroundWrites:
         return self
@@ -66,10 +96,42 @@ class BackgroundWrites:
         traceback: TracebackType | None,
     ) -> None:
         self._pool.shutdown(wait=True)  # every queued write finishes, also when the block raised
+        if self._plots is not None:
+            wait(self._pending)
+            # The plots are done; the processes end on their own (joining them would add their
+            # interpreter teardown to the caller's time).
+            self._plots.shutdown(wait=False)
         if exc is None:  # the block's own error takes precedence over a write's
             for future in self._pending:
                 if (error := future.exception()) is not None:
                     raise error
+
+
+def plot_processes(cores: int) -> int:
+    """Plot processes for a machine with ``cores`` usable cores: none below
+    ``jdqn.background.MIN_CORES`` (there they would compete with XLA's threads for the cores,
+    as the writer thread's plots compete for the GIL; on this project's 2-core boxes a process
+    made no difference, BENCHMARKS.md "This CPU after U6"), else up to :data:`PLOT_PROCESSES`
+    while two cores stay for the caller and XLA."""
+    from jdqn.background import MIN_CORES
+
+    return 0 if cores < MIN_CORES else max(1, min(PLOT_PROCESSES, cores - 2))
+
+
+# Plot processes at most: the main command draws six plots (two per fold).
+PLOT_PROCESSES = 3
+
+
+def _start_plot_process(preload: tuple[str, ...]) -> None:
+    # Ctrl-C reaches the whole process group: the caller handles it and still waits for the
+    # queued plots, so a plot process ignores it rather than print a traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for module in preload:
+        _import(module)
+
+
+def _ready() -> None:
+    """A no-op task: submitted once per plot process so that each starts (and imports) early."""
 
 
 def _import(module: str) -> None:

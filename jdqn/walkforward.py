@@ -106,7 +106,8 @@ def run_walkforward(
     try:
         # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
         preload = report.PLOT_MODULES if cfg.output.plots else ()
-        with report.BackgroundWrites(preload) as writes:
+        processes = report.plot_processes(background.usable_cores()) if cfg.output.plots else 0
+        with report.BackgroundWrites(preload, plot_processes=processes) as writes:
             fold_results = _run_all_folds(
                 cfg, data, run, writes, debug=debug, progress=progress, log=log
             )
@@ -531,7 +532,7 @@ def _judge_group(
         csv_path = run.curves_dir / f"{stem}_equity.csv"
         writes.submit(report.write_equity_csv, csv_path, timestamps, curves, held)
         if cfg.output.plots:
-            writes.submit(
+            writes.submit_plot(
                 report.plot_equity,
                 run.plots_dir / f"{stem}_equity.png",
                 timestamps,

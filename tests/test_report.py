@@ -1,6 +1,7 @@
-"""report: BackgroundWrites (writes happen in order, all before the block ends, errors surface)
-and the equity CSV (exact round trip)."""
+"""report: BackgroundWrites (writes happen in order, all before the block ends, errors surface;
+plot processes draw the thread's files) and the equity CSV (exact round trip)."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -51,6 +52,48 @@ def test_the_blocks_own_error_wins_and_queued_writes_still_finish():
         started.set()
         raise KeyboardInterrupt
     assert done == ["slow"]
+
+
+def _write_pid(path):  # module level, so that a plot process can unpickle it
+    path.write_text(str(os.getpid()))
+
+
+def _failing_plot():
+    raise OSError("plot: disk full")
+
+
+@pytest.mark.parametrize(("cores", "processes"), [(1, 0), (2, 0), (3, 0), (4, 2), (5, 3), (16, 3)])
+def test_plot_processes_only_where_cores_are_spare(cores, processes):
+    assert report.plot_processes(cores) == processes
+
+
+def test_plot_processes_draw_the_files_the_writer_thread_draws(tmp_path):
+    names = [name for panel in report.TRAINING_CURVES for name in panel]
+    rows = [
+        {"step": 100 * i, **{n: 1.0 / (i + j + 1) for j, n in enumerate(names)}} for i in range(4)
+    ]
+    stamps = np.datetime64("2013-09-03T09:30") + np.arange(301).astype("timedelta64[m]")
+    rng = np.random.default_rng(0)
+    curves = {"agent": np.cumsum(rng.normal(size=300)), "flat": np.zeros(300)}
+
+    def draw(writes, directory):
+        writes.submit_plot(report.plot_training, directory / "training.png", rows, "training")
+        writes.submit_plot(report.plot_equity, directory / "equity.png", stamps, curves, "equity")
+
+    with BackgroundWrites(report.PLOT_MODULES) as writes:
+        draw(writes, tmp_path / "thread")
+    with BackgroundWrites(report.PLOT_MODULES, plot_processes=2) as writes:
+        draw(writes, tmp_path / "processes")
+        writes.submit_plot(_write_pid, tmp_path / "pid")
+    assert int((tmp_path / "pid").read_text()) != os.getpid()
+    for name in ("training.png", "equity.png"):
+        drawn = (tmp_path / "processes" / name).read_bytes()
+        assert drawn == (tmp_path / "thread" / name).read_bytes(), name
+
+
+def test_a_failed_plot_in_a_process_is_raised_when_the_block_ends():
+    with pytest.raises(OSError, match="disk full"), BackgroundWrites(plot_processes=1) as writes:
+        writes.submit_plot(_failing_plot)
 
 
 def test_equity_csv_round_trips_exactly_with_rows_at_the_realising_bar(tmp_path) -> None:
