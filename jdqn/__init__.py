@@ -3,7 +3,16 @@
 Public API (DESIGN section 1): ``Config`` and its profiles, ``make_learner`` (the one pure learner
 step), ``make_train`` (epochs as scans). ``jdqn.walkforward.run_walkforward`` runs all folds x
 seeds into a run directory; ``jdqn.data``, ``jdqn.env``, ``jdqn.evaluate`` hold the rest.
+
+The learner and training names are imported on first use (PEP 562), so ``import jdqn`` and the
+modules that need no JAX (``jdqn.config``, ``jdqn.report``) stay light: the plot processes of a
+run (``jdqn.report.BackgroundWrites``) import only those.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from jdqn.xla_flags import apply_gpu_flags
 
@@ -11,8 +20,28 @@ from jdqn.xla_flags import apply_gpu_flags
 apply_gpu_flags()
 
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile  # noqa: E402
-from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner  # noqa: E402
-from jdqn.train import TrainProgram, TrainState, make_train  # noqa: E402
+
+if TYPE_CHECKING:
+    from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner
+    from jdqn.train import TrainProgram, TrainState, make_train
+
+# Public name -> the module that defines it, imported when the name is first read.
+_LAZY = {
+    "Learner": "jdqn.learner",
+    "LearnerMetrics": "jdqn.learner",
+    "LearnerState": "jdqn.learner",
+    "make_learner": "jdqn.learner",
+    "TrainProgram": "jdqn.train",
+    "TrainState": "jdqn.train",
+    "make_train": "jdqn.train",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'jdqn' has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT",

@@ -91,6 +91,22 @@ def test_plot_processes_draw_the_files_the_writer_thread_draws(tmp_path):
         assert drawn == (tmp_path / "thread" / name).read_bytes(), name
 
 
+def test_a_plot_process_imports_no_jax():
+    """What a plot process imports (``jdqn.report`` and the plotting library) leaves JAX out,
+    so the processes are ready before training ends; the package's learner names still load
+    on first use."""
+    code = (
+        "import sys, jdqn.report, matplotlib.figure\n"
+        "print('jax' in sys.modules, 'flax' in sys.modules)\n"
+        "from jdqn import make_learner\n"
+        "print(make_learner.__module__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.split() == ["False", "False", "jdqn.learner.step"]
+
+
 def test_a_failed_plot_in_a_process_is_raised_when_the_block_ends():
     with pytest.raises(OSError, match="disk full"), BackgroundWrites(plot_processes=1) as writes:
         writes.submit_plot(_failing_plot)
