@@ -119,6 +119,7 @@ def _walkforward(args: argparse.Namespace) -> int:
             debug=args.debug,
             progress=not args.no_progress,
             name=args.name,
+            plot_processes=True,
         )
     except UserError as error:
         print(f"jdqn: error: {error}", file=sys.stderr)

@@ -45,7 +45,10 @@ class BackgroundWrites:
     plots of the main command ran one after another (1.3 s after training ended on the H200, run
     V2) and slowed the main thread meanwhile; processes draw them side by side on cores of their
     own (:func:`plot_processes` says how many a machine can spare). A plot is a pure function of
-    its arguments, so where it is drawn does not change the file.
+    its arguments, so where it is drawn does not change the file. The processes are spawned (a
+    fork would copy JAX's threads mid-state), and spawn imports the caller's main module again
+    in each: ``jdqn.walkforward.run_walkforward`` asks for them only when told to (the ``jdqn``
+    command does; an unguarded script would run itself again).
 
     Leaving the ``with`` block waits for every write, also when the block raised, so nothing
     writes into a run directory after it is renamed or discarded; a failed write is re-raised

@@ -79,8 +79,14 @@ def run_walkforward(
     progress: bool = True,
     name: str | None = None,
     log: Callable[[str], None] = print,
+    plot_processes: bool = False,
 ) -> WalkForwardOutcome:
-    """Train and judge every fold; returns the finished run directory and its results."""
+    """Train and judge every fold; returns the finished run directory and its results.
+
+    ``plot_processes``: draw the plots in worker processes where the machine has cores to spare
+    (``report.plot_processes``; the ``jdqn`` command does). They are started with
+    multiprocessing's spawn, which imports the caller's main module again in each: a script
+    that turns this on must keep its top-level code under ``if __name__ == "__main__":``."""
     if resume is not None:
         try:
             run = rundir.open_incomplete_run_dir(resume)
@@ -106,7 +112,11 @@ def run_walkforward(
     try:
         # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
         preload = report.PLOT_MODULES if cfg.output.plots else ()
-        processes = report.plot_processes(background.usable_cores()) if cfg.output.plots else 0
+        processes = (
+            report.plot_processes(background.usable_cores())
+            if cfg.output.plots and plot_processes
+            else 0
+        )
         with report.BackgroundWrites(preload, plot_processes=processes) as writes:
             fold_results = _run_all_folds(
                 cfg, data, run, writes, debug=debug, progress=progress, log=log

@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
 
-from jdqn import background, walkforward
+from jdqn import background, report, walkforward
 from jdqn.checkpoint import Checkpointer, all_finite
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
@@ -389,3 +389,32 @@ def test_only_the_latest_two_checkpoints_remain_once_closed(tmp_path):
         checkpointer.save(step, {"w": jnp.full(3, float(step))}, {"epochs_done": step})
     checkpointer.close()
     assert sorted(p.name for p in (tmp_path / "group0").iterdir()) == ["3", "4"]
+
+
+def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path, monkeypatch):
+    """`jdqn walkforward` asks for plot processes; a script calling run_walkforward does not by
+    default (spawn imports the caller's main module again, which an unguarded script cannot
+    take). With cores to spare the command's plots come from the processes, all of them."""
+    asked: list[int] = []
+    real = report.BackgroundWrites
+
+    def recording(preload=(), plot_processes=0):
+        asked.append(plot_processes)
+        return real(preload, plot_processes)
+
+    monkeypatch.setattr(report, "BackgroundWrites", recording)
+    monkeypatch.setattr(background, "usable_cores", lambda: 8)
+    small = [*ES_FOLDS, "output.tensorboard=false", "output.checkpoints=false"]
+    code = main(
+        [
+            "walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--no-progress",
+            "--name", "command", *[arg for item in small for arg in ("--set", item)],
+        ]
+    )  # fmt: skip
+    assert code == 0
+    _run(tmp_path, [f"data.path={ES_SAMPLE}", *small], "script")
+    assert asked == [report.plot_processes(8), 0] and asked[0] > 0
+    for name in ("command", "script"):
+        results = json.loads((tmp_path / name / "results.json").read_text())
+        plots = sorted(p.name for p in (tmp_path / name / "plots").iterdir())
+        assert len(plots) == 2 * len(results["folds"]), plots

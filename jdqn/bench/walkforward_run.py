@@ -118,7 +118,9 @@ def worker(overrides: Sequence[str], cache_min_compile_s: float | None = None) -
     import_s = time.perf_counter() - start
     cfg = apply_overrides(profile("smoketest"), list(overrides))
     start = time.perf_counter()
-    outcome = run_walkforward(cfg, progress=False, name="bench", log=lambda _: None)
+    outcome = run_walkforward(
+        cfg, progress=False, name="bench", log=lambda _: None, plot_processes=True
+    )
     total_s = time.perf_counter() - start
     compile_s = sum(durations[e] for e in COMPILE_EVENTS)
     steps = sum(int(f["training"]["learner_steps"]) for f in outcome.results["folds"])
