@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import importlib
 import multiprocessing
+import os
 import signal
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -44,7 +47,8 @@ class BackgroundWrites:
     worker processes instead: rendering is Python that holds the GIL, so on one thread the six
     plots of the main command ran one after another (1.3 s after training ended on the H200, run
     V2) and slowed the main thread meanwhile; processes draw them side by side on cores of their
-    own (:func:`plot_processes` says how many a machine can spare). A plot is a pure function of
+    own (:func:`plot_processes` says how many a machine can spare; the processes are started by
+    the first run that asks and serve the Python process's later runs). A plot is a pure function of
     its arguments, so where it is drawn does not change the file. The processes are spawned (a
     fork would copy JAX's threads mid-state), and spawn imports the caller's main module again
     in each: ``jdqn.walkforward.run_walkforward`` asks for them only when told to (the ``jdqn``
@@ -61,18 +65,8 @@ class BackgroundWrites:
         while it runs Python, and the caller's thread mostly waits on XLA then)."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jdqn-writes")
         self._pending: list[Future[None]] = []
-        self._plots: ProcessPoolExecutor | None = None
-        if plot_processes > 0:
-            # spawn, not fork: this process runs JAX's threads, which a fork would copy mid-state.
-            self._plots = ProcessPoolExecutor(
-                plot_processes,
-                mp_context=multiprocessing.get_context("spawn"),
-                initializer=_start_plot_process,
-                initargs=(tuple(preload),),
-            )
-            for _ in range(plot_processes):  # start them all now, not at the first plot
-                self._pending.append(self._plots.submit(_ready))
-        else:
+        self._plots = _plot_pool(plot_processes, tuple(preload)) if plot_processes > 0 else None
+        if self._plots is None:
             for module in preload:
                 self.submit(_import, module)
 
@@ -84,10 +78,14 @@ class BackgroundWrites:
     def submit_plot(self, plot: Callable[..., None], *args: Any) -> None:
         """Queues ``plot(*args)``: in a plot process when there are any, else as :meth:`submit`.
         ``plot`` must be a module-level function and its arguments picklable."""
-        if self._plots is None:
-            self.submit(plot, *args)
-        else:
-            self._pending.append(self._plots.submit(plot, *args))
+        if self._plots is not None:
+            try:
+                self._pending.append(self._plots.submit(plot, *args))
+                return
+            except BrokenProcessPool:  # a plot process died (killed, out of memory): drop them
+                _discard_plot_pool(self._plots)
+                self._plots = None
+        self.submit(plot, *args)
 
     def __enter__(self) -> BackgroundWrites:
         return self
@@ -99,11 +97,7 @@ class BackgroundWrites:
         traceback: TracebackType | None,
     ) -> None:
         self._pool.shutdown(wait=True)  # every queued write finishes, also when the block raised
-        if self._plots is not None:
-            wait(self._pending)
-            # The plots are done; the processes end on their own (joining them would add their
-            # interpreter teardown to the caller's time).
-            self._plots.shutdown(wait=False)
+        wait(self._pending)  # the plot processes' share (they stay for the process's next run)
         if exc is None:  # the block's own error takes precedence over a write's
             for future in self._pending:
                 if (error := future.exception()) is not None:
@@ -125,12 +119,57 @@ def plot_processes(cores: int) -> int:
 PLOT_PROCESSES = 3
 
 
+# Plot process pools by (processes, preload), started by the first run that asks and kept for the
+# Python process's later runs. Kept, not shut down after each run: releasing a pool joins its
+# processes, and their interpreter teardown then held up the end of the run by 0.2 s (this CPU
+# and the H200, run V4). They end with the Python process (concurrent.futures joins them at
+# exit; after `os._exit` they read end-of-file from their parent and stop).
+_PLOT_POOLS: dict[tuple[int, tuple[str, ...]], ProcessPoolExecutor] = {}
+_PLOT_POOLS_LOCK = threading.Lock()
+
+
+def _plot_pool(processes: int, preload: tuple[str, ...]) -> ProcessPoolExecutor:
+    with _PLOT_POOLS_LOCK:
+        pool = _PLOT_POOLS.get((processes, preload))
+        if pool is None:
+            # spawn, not fork: the caller runs JAX's threads, which a fork would copy mid-state.
+            pool = ProcessPoolExecutor(
+                processes,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_plot_process,
+                initargs=(preload,),
+            )
+            for _ in range(processes):  # start them all now, not at the first plot
+                pool.submit(_ready)
+            _PLOT_POOLS[(processes, preload)] = pool
+        return pool
+
+
+def _discard_plot_pool(pool: ProcessPoolExecutor) -> None:
+    with _PLOT_POOLS_LOCK:
+        for key, kept in list(_PLOT_POOLS.items()):
+            if kept is pool:
+                del _PLOT_POOLS[key]
+    pool.shutdown(wait=False)
+
+
 def _start_plot_process(preload: tuple[str, ...]) -> None:
     # Ctrl-C reaches the whole process group: the caller handles it and still waits for the
     # queued plots, so a plot process ignores it rather than print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A process whose parent is gone ends: the `jdqn` command leaves with os._exit, and a killed
+    # parent cannot send the pool's stop signal (the task queue never reports end-of-file: each
+    # process holds both of its ends).
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
     for module in preload:
         _import(module)
+
+
+def _end_with(parent: multiprocessing.process.BaseProcess) -> None:
+    parent.join()  # returns when the parent has exited
+    os._exit(0)
 
 
 def _ready() -> None:
