@@ -4,7 +4,8 @@ A policy is a pure function ``policy(key, obs [F+1]) -> action [] int32``. :func
 greedily-with-costs over one episode window inside one ``lax.scan`` (jit-able, vmappable over folds
 and seeds); :func:`metrics` turns the per-bar record into float64 host-side numbers that are all
 JSON-safe (Python floats/ints or ``None``, never inf/NaN). Baselines (flat, buy-and-hold, uniform
-random) and the agent go through the same :func:`evaluate_policy`.
+random) and the agent go through the same :func:`rollout` and :func:`metrics`; the three
+baselines of a window run in one scan (:func:`baseline_rollouts`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class Rollout(NamedTuple):
     """Per-step record of one episode. Entry i is the action at bar ``start + i``.
 
     Arrays have the static length ``T - 1`` of the fold; entries at ``i >= end - start - 1``
-    (outside the episode window) are zero padding. :func:`evaluate_policy` trims them.
+    (outside the episode window) are zero padding. :func:`trim` drops them.
     """
 
     positions: jax.Array  # [T-1] float32, position held over the interval start+i -> start+i+1

@@ -122,8 +122,8 @@ PLOT_PROCESSES = 3
 # Plot process pools by (processes, preload), started by the first run that asks and kept for the
 # Python process's later runs. Kept, not shut down after each run: releasing a pool joins its
 # processes, and their interpreter teardown then held up the end of the run by 0.2 s (this CPU
-# and the H200, run V4). They end with the Python process (concurrent.futures joins them at
-# exit; after `os._exit` they read end-of-file from their parent and stop).
+# and the H200, run V4). They end with the Python process: concurrent.futures stops them at a
+# normal exit, and after `os._exit` each sees its parent gone and ends (_start_plot_process).
 _PLOT_POOLS: dict[tuple[int, tuple[str, ...]], ProcessPoolExecutor] = {}
 _PLOT_POOLS_LOCK = threading.Lock()
 
