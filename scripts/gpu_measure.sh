@@ -33,6 +33,9 @@
 #               1 16 128 1024): steps per scan loop iteration, alternated A B B A in one process
 #   longrun     the main command's worker at $LONG_EPOCHS epochs (default 50), with checkpoints
 #               as configured and off: compile, run and orbax write seconds, folds' digest
+#   timeline    the main command's phases in order: $TL_PROCESSES (default 4) worker processes
+#               sharing a fresh cache (the first cold), each step's start and end against the
+#               process's start (`python -m jdqn.bench.timeline --events`)
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -195,6 +198,9 @@ for phase in "$@"; do
         done
       } 2>&1 | tee "$out/seedvariants.txt"
       rm -rf "$out/sv_cache" ;;
+    timeline)
+      timeout "${TL_TIMEOUT:-300}" python3 -m jdqn.bench.timeline --processes "${TL_PROCESSES:-4}" \
+        --events --set output.tensorboard=false 2>&1 | tee "$out/timeline.txt" ;;
     kernels)
       declare -A kflags=(
         [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=

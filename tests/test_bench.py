@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn.bench import breakdown, suite, torch_peer, walkforward_run
+from jdqn.bench import breakdown, suite, timeline, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.donors import n_donors_for
 from jdqn.replay import replay_sample
@@ -386,3 +386,16 @@ def test_unroll_comparison_times_each_unroll_twice() -> None:
     assert rows[0]["ratio"] == pytest.approx(expected_ratio)
     assert all(len(t) == 2 and min(t) > 0 for t in rows[0]["compile_s"].values())
     assert "compile s at S = 2: unroll 1" in seeds.format_comparison(rows)
+
+
+def test_timeline_marks_a_run_in_order() -> None:
+    """One worker process of the timeline bench: its marks come in the order the run takes
+    them, all before the parent saw the process end."""
+    (row,) = timeline.run(processes=1, quick=True)
+    found = timeline.marks(row["events"])
+    assert list(found) == list(timeline.MARKS), found
+    seconds = [found[m] for m in timeline.MARKS]
+    assert seconds == sorted(seconds) and 0 < seconds[-1] < row["wall_s"]
+    labels = {text.split("] ", 1)[1] for _, text in row["events"]}
+    assert {"< load_data", "< baselines", "< chunk metrics", "< results"} <= labels
+    assert "| process | wall s |" in timeline.format_table([row])

@@ -1,0 +1,190 @@
+"""Where a main command's time goes: worker processes with a timeline of their phases (issue 6).
+
+``jdqn.bench.walkforward_run`` gives a start's totals; this gives its order. Each worker runs the
+README main command's work (smoketest profile, plots in worker processes, as ``jdqn walkforward``
+does) in a fresh process, with the run's host-side steps wrapped in timers: the data, the
+run directory, the first device transfers, the stored programs' loads, each chunk's metrics and
+checkpoint, the judge, the writes' wait, the results. Every event carries the seconds since the
+parent started the process and the thread it ran on, so the interpreter's start, the imports,
+the waits on worker threads and the teardown after the last line each get a figure (BENCHMARKS.md,
+"Twelfth session", runs V1-V5).
+
+The workers share one ``JDQN_CACHE_DIR`` (a temporary one unless the variable is set): the
+first of them is cold when the cache is empty, the others warm.
+
+    python -m jdqn.bench.timeline [--processes 3] [--events] [--quick] [--set KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+EVENT_TAG = "JDQN_TIMELINE "
+START_VAR = "JDQN_TIMELINE_T0"
+# Timed steps: (module, attribute, label), wrapped where the run looks them up (a function that
+# jdqn.walkforward imported by name is wrapped there). Methods are given as "Class.method".
+TIMED = (
+    ("jdqn.walkforward", "load_data", "load_data"),
+    ("jdqn.rundir", "new_run_dir", "new_run_dir"),
+    ("jdqn.walkforward", "_stack", "device transfer"),
+    ("jdqn.walkforward", "make_train", "make_train"),
+    ("jdqn.executables", "ExecutableCache.load", "program load"),
+    ("jdqn.executables", "ExecutableCache.compile", "program compile or load"),
+    ("jdqn.walkforward", "_baselines", "baselines"),
+    ("jdqn.walkforward", "_train_group", "training"),
+    ("jdqn.metrics_log", "MetricsLog.add", "chunk metrics"),
+    ("jdqn.checkpoint", "Checkpointer.save", "checkpoint save"),
+    ("jdqn.checkpoint", "Checkpointer.close", "checkpoint close"),
+    ("jdqn.walkforward", "_judge_group", "judge"),
+    ("jdqn.report", "BackgroundWrites.__exit__", "writes wait"),
+    ("jdqn.rundir", "write_json", "results"),
+    ("jdqn.rundir", "finalize", "finalize"),
+)
+# Marks of the summary table: the first event with each label.
+MARKS = (
+    "imports done",
+    "< device transfer",
+    "< training",
+    "> judge",
+    "> writes wait",
+    "< writes wait",
+    "run end",
+)
+
+
+def _emit(label: str, start: float) -> None:
+    thread = threading.current_thread().name
+    print(f"{EVENT_TAG}{time.time() - start:.3f} {thread} {label}", flush=True)
+
+
+def _timed(function: Callable[..., Any], label: str, start: float) -> Callable[..., Any]:
+    @functools.wraps(function)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        _emit(f"> {label}", start)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _emit(f"< {label}", start)
+
+    return timed
+
+
+def worker(overrides: Sequence[str]) -> None:
+    """One main command's work in this process, its events on stdout; ends like the command."""
+    start = float(os.environ[START_VAR])
+    _emit("python up", start)
+    import importlib
+
+    from jdqn.cli import end_process
+    from jdqn.config import apply_overrides, profile
+    from jdqn.walkforward import run_walkforward
+
+    for module_name, attribute, label in TIMED:
+        owner: Any = importlib.import_module(module_name)
+        *classes, name = attribute.split(".")
+        for cls in classes:
+            owner = getattr(owner, cls)
+        setattr(owner, name, _timed(getattr(owner, name), label, start))
+    _emit("imports done", start)
+    cfg = apply_overrides(profile("smoketest"), list(overrides))
+    run_walkforward(cfg, progress=False, name="timeline", log=lambda _: None, plot_processes=True)
+    _emit("run end", start)
+    end_process(0)
+
+
+def _spawn(overrides: Sequence[str], env: dict[str, str]) -> tuple[float, list[tuple[float, str]]]:
+    start = time.time()
+    command = [sys.executable, "-m", "jdqn.bench.timeline", "--worker"]
+    command += [f"--set={o}" for o in overrides]
+    done = subprocess.run(
+        command, env={**env, START_VAR: repr(start)}, capture_output=True, text=True, check=False
+    )
+    wall = time.time() - start
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise RuntimeError(f"timeline worker failed (exit {done.returncode}):\n{tail}")
+    events = []
+    for line in done.stdout.splitlines():
+        if line.startswith(EVENT_TAG):
+            seconds, thread, label = line[len(EVENT_TAG) :].split(" ", 2)
+            events.append((float(seconds), f"[{thread}] {label}"))
+    return wall, events
+
+
+def run(
+    processes: int = 3, quick: bool = False, overrides: Sequence[str] = ()
+) -> list[dict[str, Any]]:
+    """``processes`` workers in a row sharing one cache: wall seconds and events of each."""
+    from jdqn.bench.walkforward_run import OPTIONAL_OUTPUTS, missing_outputs
+
+    extra = [OPTIONAL_OUTPUTS[name] for name in missing_outputs()]
+    if quick:
+        extra += [
+            "data.synthetic_bars=12000",
+            "walkforward.n_folds=1",
+            "walkforward.train_bars=4000",
+            "walkforward.test_bars=2000",
+            "train.epochs=1",
+        ]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="jdqn-timeline-") as tmp:
+        env = dict(os.environ)
+        env.setdefault("JDQN_CACHE_DIR", os.path.join(tmp, "cache"))
+        every = [*extra, *overrides, f"output.out_dir={os.path.join(tmp, 'runs')}"]
+        for index in range(processes):
+            wall, events = _spawn(every, env)
+            rows.append({"process": index, "wall_s": wall, "events": events})
+    return rows
+
+
+def marks(events: Sequence[tuple[float, str]]) -> dict[str, float]:
+    """Seconds of the first event with each of :data:`MARKS`' labels."""
+    found: dict[str, float] = {}
+    for seconds, text in events:
+        label = text.split("] ", 1)[1]
+        if label in MARKS and label not in found:
+            found[label] = seconds
+    return found
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| process | wall s | " + " | ".join(MARKS) + " |",
+        "|---|---|" + "---|" * len(MARKS),
+    ]
+    for row in rows:
+        found = marks(row["events"])
+        cells = [f"{found[m]:.2f}" if m in found else "" for m in MARKS]
+        lines.append(f"| {row['process']} | {row['wall_s']:.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true", help="one timed run in this process")
+    parser.add_argument("--processes", type=int, default=3)
+    parser.add_argument("--events", action="store_true", help="every event of the last process")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.overrides)
+    if args.processes < 1:
+        parser.error(f"--processes {args.processes}: need at least 1")
+    rows = run(args.processes, args.quick, args.overrides)
+    print(format_table(rows))
+    if args.events:
+        print("\n".join(f"{seconds:8.3f} {text}" for seconds, text in rows[-1]["events"]))
+
+
+if __name__ == "__main__":
+    main()
