@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,25 @@ def test_plot_processes_end_with_a_parent_that_leaves_abruptly(tmp_path):
     while not _ended(pid) and time.time() < deadline:
         time.sleep(0.1)
     assert _ended(pid)
+
+
+def _die():
+    os._exit(1)
+
+
+def test_after_a_plot_process_dies_the_plots_go_to_the_writer_thread(tmp_path):
+    """A plot process that dies (killed, out of memory) fails its own plot, which the block
+    raises at its end like any failed write; the run's later plots are drawn on the writer
+    thread, and the next run starts new processes."""
+    preload = ("json",)  # a pool of its own: the other tests' pools stay whole
+    with pytest.raises(BrokenProcessPool), BackgroundWrites(preload, plot_processes=1) as writes:
+        writes.submit_plot(_die)
+        assert isinstance(writes._pending[-1].exception(timeout=60), BrokenProcessPool)
+        writes.submit_plot(_write_pid, tmp_path / "pid")
+    assert int((tmp_path / "pid").read_text()) == os.getpid()
+    with BackgroundWrites(preload, plot_processes=1) as writes:
+        writes.submit_plot(_write_pid, tmp_path / "pid2")
+    assert int((tmp_path / "pid2").read_text()) != os.getpid()
 
 
 def test_a_failed_plot_in_a_process_is_raised_when_the_block_ends():
