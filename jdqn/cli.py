@@ -10,6 +10,7 @@ prints one line naming component, tensor, fold, seed, epoch and step and exits w
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -188,9 +189,11 @@ _FINISHED = (0, EXIT_HALTED)
 def end_process(code: int) -> NoReturn:
     """Flushes stdout and stderr and ends the process with ``code`` at once, skipping the
     interpreter's teardown (see :func:`console`); only for a process whose files are closed and
-    whose threads are done."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    whose threads are done. A stream that cannot be flushed (a reader that went away, as in
+    ``jdqn ... | head``) is skipped: the command's own status stands."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     os._exit(code)
 
 

@@ -194,3 +194,20 @@ def test_a_finished_command_skips_the_interpreter_teardown(argv, code):
         assert "exit handler ran" not in done.stdout
     else:
         assert "exit handler ran" in done.stdout
+
+
+def test_ending_the_process_survives_a_stream_that_cannot_be_flushed():
+    """A reader that went away (`jdqn ... | head`) leaves an unflushable stdout: the command's
+    status stands, with no traceback."""
+    child = (
+        "import io, sys\n"
+        "from jdqn import cli\n"
+        "print('pending', end='')\n"
+        "sys.stdout = io.StringIO()\n"
+        "sys.stdout.close()\n"
+        "cli.end_process(3)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
