@@ -273,7 +273,15 @@ def evaluate_policy(
 ) -> tuple[dict[str, Any], Rollout]:
     """Roll ``policy`` over one episode window; (metrics dict, trimmed numpy Rollout)."""
     record = trim(_rollout_jit(policy, params, key), params)
-    result = metrics(
+    result = record_metrics(record, point_value_usd=point_value_usd, bars_per_year=bars_per_year)
+    return result, record
+
+
+def record_metrics(
+    record: Rollout, *, point_value_usd: float, bars_per_year: float
+) -> dict[str, Any]:
+    """:func:`metrics` of a trimmed (numpy) rollout record."""
+    return metrics(
         record.net_points,
         record.positions,
         point_value_usd=point_value_usd,
@@ -281,7 +289,6 @@ def evaluate_policy(
         gross_points=record.pnl_points,
         cost_points=record.cost_points,
     )
-    return result, record
 
 
 def baseline_policies(env_cfg: EnvConfig) -> dict[str, Policy]:
@@ -326,13 +333,8 @@ def baseline_results(
     results = {}
     for lane, name in enumerate(BASELINES):
         record = Rollout(*(np.asarray(x)[lane, :n_steps] for x in host))  # type: ignore[arg-type]  # numpy fields
-        result = metrics(
-            record.net_points,
-            record.positions,
-            point_value_usd=point_value_usd,
-            bars_per_year=bars_per_year,
-            gross_points=record.pnl_points,
-            cost_points=record.cost_points,
+        result = record_metrics(
+            record, point_value_usd=point_value_usd, bars_per_year=bars_per_year
         )
         results[name] = {"metrics": result, "rollout": record}
     return results

@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jdqn.bench.walkforward_run import bench_overrides
+
 EVENT_TAG = "JDQN_TIMELINE "
 START_VAR = "JDQN_TIMELINE_T0"
 # Timed steps: (module, attribute, label), wrapped where the run looks them up (a function that
@@ -124,22 +126,15 @@ def run(
     processes: int = 3, quick: bool = False, overrides: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
     """``processes`` workers in a row sharing one cache: wall seconds and events of each."""
-    from jdqn.bench.walkforward_run import OPTIONAL_OUTPUTS, missing_outputs
-
-    extra = [OPTIONAL_OUTPUTS[name] for name in missing_outputs()]
-    if quick:
-        extra += [
-            "data.synthetic_bars=12000",
-            "walkforward.n_folds=1",
-            "walkforward.train_bars=4000",
-            "walkforward.test_bars=2000",
-            "train.epochs=1",
-        ]
     rows = []
     with tempfile.TemporaryDirectory(prefix="jdqn-timeline-") as tmp:
         env = dict(os.environ)
         env.setdefault("JDQN_CACHE_DIR", os.path.join(tmp, "cache"))
-        every = [*extra, *overrides, f"output.out_dir={os.path.join(tmp, 'runs')}"]
+        every = [
+            *bench_overrides(quick),
+            *overrides,
+            f"output.out_dir={os.path.join(tmp, 'runs')}",
+        ]
         for index in range(processes):
             wall, events = _spawn(every, env)
             rows.append({"process": index, "wall_s": wall, "events": events})

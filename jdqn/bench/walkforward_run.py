@@ -160,22 +160,30 @@ def _spawn(
     return result
 
 
+# The work of ``quick`` runs: 1 fold, 1 epoch, fewer bars, so CPU smoke runs stay short.
+QUICK_OVERRIDES = (
+    "data.synthetic_bars=12000",
+    "walkforward.n_folds=1",
+    "walkforward.train_bars=4000",
+    "walkforward.test_bars=2000",
+    "train.epochs=1",
+)
+
+
+def bench_overrides(quick: bool) -> list[str]:
+    """What every main-command bench run adds to the smoketest profile: the outputs whose
+    packages are missing turned off, and :data:`QUICK_OVERRIDES` when ``quick``."""
+    extra = [OPTIONAL_OUTPUTS[name] for name in missing_outputs()]
+    return [*extra, *QUICK_OVERRIDES] if quick else extra
+
+
 def run(
     quick: bool = False, overrides: Sequence[str] = (), cache_min_compile_s: float | None = None
 ) -> list[dict[str, Any]]:
     """Rows ``cold`` and ``warm`` of the main command (smoketest profile + ``overrides``).
 
-    ``quick`` shrinks the work (1 fold, 1 epoch, fewer bars) so CPU smoke runs stay short."""
-    extra = [OPTIONAL_OUTPUTS[name] for name in missing_outputs()]
-    if quick:
-        extra += [
-            "data.synthetic_bars=12000",
-            "walkforward.n_folds=1",
-            "walkforward.train_bars=4000",
-            "walkforward.test_bars=2000",
-            "train.epochs=1",
-        ]
-    overrides = [*extra, *overrides]
+    ``quick`` shrinks the work (:func:`bench_overrides`)."""
+    overrides = [*bench_overrides(quick), *overrides]
     rows = []
     with tempfile.TemporaryDirectory(prefix="jdqn-bench-") as tmp:
         cache_dir = str(Path(tmp) / "xla-cache")
