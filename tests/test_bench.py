@@ -399,3 +399,10 @@ def test_timeline_marks_a_run_in_order() -> None:
     labels = {text.split("] ", 1)[1] for _, text in row["events"]}
     assert {"< load_data", "< baselines", "< chunk metrics", "< results"} <= labels
     assert "| process | wall s |" in timeline.format_table([row])
+
+
+def test_timeline_cli_refuses_fewer_than_one_process(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        timeline.main(["--processes", "0"])
+    assert exit_info.value.code == 2
+    assert "--processes 0: need at least 1" in capsys.readouterr().err
