@@ -13,8 +13,9 @@ bandwidth (BENCHMARKS.md, issue 6). Here:
   reductions Gradient Vaccine (Wang et al., ICLR 2021) and the budget (Pascanu et al., ICML 2013)
   need; ``jdqn.surgery.surgery_scalars`` turns them into the total gradient's weights;
 - :func:`adam_select` forms the total gradient ``sum_k w_k g_k``, applies Adam (Kingma & Ba,
-  ICLR 2015; optax's ``scale_by_adam`` formulas in optax's order), the masks and the target sync,
-  and keeps the candidate only when the guard passes. The guard needs the total's finiteness and
+  ICLR 2015; optax's ``scale_by_adam`` formulas in optax's order), the masks (not read without
+  pruning: ``TailVectors.masks`` None) and the target sync, and keeps the candidate only when
+  the guard passes. The guard needs the total's finiteness and
   the new parameters' squared norm, so one launch sums those and a second recomputes the
   candidate and writes the kept values in place.
 
@@ -69,7 +70,7 @@ class TailVectors(NamedTuple):
     """One learner's flat ``[P]`` float32 vectors that the tail reads."""
 
     params: jax.Array  # online parameters (unmasked, as stored)
-    masks: jax.Array  # pruning masks {0, 1} of this step
+    masks: jax.Array | None  # pruning masks {0, 1} of this step; None: no pruning (all ones)
     target: jax.Array  # target parameters
     mu: jax.Array  # Adam's first moment
     nu: jax.Array  # Adam's second moment
@@ -129,7 +130,10 @@ def _candidate(
     new_mu = (1 - b1) * g + b1 * old.mu
     new_nu = (1 - b2) * (g * g) + b2 * old.nu
     update = (new_mu / scalars.bias1) / (jnp.sqrt(new_nu / scalars.bias2) + hyper.eps) * (-hyper.lr)
-    new_params = (old.params * old.masks + update) * old.masks
+    if old.masks is None:  # all ones: the same numbers without reading them
+        new_params = old.params + update
+    else:
+        new_params = (old.params * old.masks + update) * old.masks
     if hyper.tau > 0:
         new_target = (1.0 - hyper.tau) * old.target + hyper.tau * new_params
     else:
@@ -194,9 +198,12 @@ def _gram_kernel(g_ref, out_ref, *, parts: int, n: int):
     plgpu.store(out_ref.at[pl.ds((learner * blocks + block) * _STATS, _STATS)], out)
 
 
-def _adam_block(g_ref, p_ref, m_ref, t_ref, mu_ref, nu_ref, coef_ref, *, parts, n, hyper):
+def _adam_block(g_ref, *refs, parts, n, hyper, masks):
     """This program's block: the total gradient, the candidate vectors, the old ones (params,
-    target, mu, nu) and the learner's ``ok`` coefficient."""
+    target, mu, nu) and the learner's ``ok`` coefficient. ``refs``: the vectors of
+    :class:`TailVectors` in order (without the masks when ``masks`` is False), then the
+    coefficients."""
+    *vector_refs, coef_ref = refs
     learner, block = pl.program_id(0), pl.program_id(1)
     index = block * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
     coefs = plgpu.load(coef_ref.at[pl.ds(learner * _COEFS, _COEFS)])
@@ -211,9 +218,8 @@ def _adam_block(g_ref, p_ref, m_ref, t_ref, mu_ref, nu_ref, coef_ref, *, parts, 
         row = _block_load(g_ref, (learner * parts + k) * n + block * BLOCK, index, n)
         g = g + weights[k] * row
     start = learner * n + block * BLOCK
-    old = TailVectors(
-        *(_block_load(ref, start, index, n) for ref in (p_ref, m_ref, t_ref, mu_ref, nu_ref))
-    )
+    loaded = [_block_load(ref, start, index, n) for ref in vector_refs]
+    old = TailVectors(*loaded) if masks else TailVectors(loaded[0], None, *loaded[1:])
     new = _candidate(g, old, TailScalars(bias1, bias2, ok, sync), hyper)
     return g, new, (old.params, old.target, old.mu, old.nu), ok, start, index
 
@@ -300,9 +306,14 @@ def adam_select_pallas(
     coefs = coefs.at[:, :parts].set(weights)
     for column, value in zip((3, 4, 6), (scalars.bias1, scalars.bias2, scalars.sync), strict=True):
         coefs = coefs.at[:, column].set(jnp.asarray(value, jnp.float32))
-    vectors = [x.astype(jnp.float32).reshape(-1) for x in old]
+    # Without masks (no pruning) the kernels neither take nor read them.
+    vectors = [x.astype(jnp.float32).reshape(-1) for x in old if x is not None]
     flat_grads = grads.astype(jnp.float32).reshape(-1)
-    static = dict(parts=parts, n=n, hyper=hyper)
+    static = dict(parts=parts, n=n, hyper=hyper, masks=old.masks is not None)
+    # Input positions (grads first) of params, target, mu and nu: each written in place.
+    present = [name for name, x in zip(TailVectors._fields, old, strict=True) if x is not None]
+    written = ("params", "target", "mu", "nu")
+    aliases = {1 + present.index(name): k for k, name in enumerate(written)}
     stats = pl.pallas_call(
         functools.partial(_adam_sums_kernel, **static),
         out_shape=jax.ShapeDtypeStruct((learners * blocks * 2,), jnp.float32),
@@ -322,7 +333,7 @@ def adam_select_pallas(
         grid=(learners, blocks),
         # Each element is read and then written by its own program: the state's buffers are
         # updated in place (params -> params, target -> target, mu -> mu, nu -> nu).
-        input_output_aliases={1: 0, 3: 1, 4: 2, 5: 3},
+        input_output_aliases=aliases,
         interpret=interpret,
         compiler_params=_params(),
         name="flat_tail_adam_write",

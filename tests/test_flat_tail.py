@@ -164,6 +164,34 @@ def test_adam_select_keeps_the_old_state_when_the_guard_fails(impl, case):
         np.testing.assert_array_equal(np.asarray(got), old)
 
 
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("n", [37, 2 * flat_tail.BLOCK + 3])
+@pytest.mark.parametrize("tau", [0.0, 0.05])
+def test_adam_select_without_masks_is_all_ones_masks(impl, n, tau):
+    """No pruning: the kernels take no masks and give what masks of ones give, to the last bit
+    but for where the compiler contracts a multiply-add (``p * 1 + u`` and ``p + u`` may be
+    fused differently: at most 1 ulp), and what float64 numpy gives; a rejected step too."""
+    inputs = _adam_inputs(np.random.default_rng(n), 3, n)
+    inputs["masks"] = np.ones(n, np.float32)
+    for pre_ok in (True, False):
+        with_ones = _adam(impl, inputs, pre_ok=pre_ok, sync=True, tau=tau)
+        without = _adam(impl, {**inputs, "masks": None}, pre_ok=pre_ok, sync=True, tau=tau)
+        for name in ("params", "target", "mu", "nu"):
+            got, want = np.asarray(getattr(without, name)), np.asarray(getattr(with_ones, name))
+            np.testing.assert_array_max_ulp(got, want, maxulp=1)
+        assert bool(without.applied) == bool(with_ones.applied)
+        assert bool(without.total_finite) == bool(with_ones.total_finite)
+        np.testing.assert_allclose(
+            float(without.params_sq_norm), float(with_ones.params_sq_norm), rtol=1e-6
+        )
+        expected = _adam_expected(inputs, pre_ok=pre_ok, sync=True, tau=tau)
+        assert bool(without.applied) == expected[4] == pre_ok
+        for got, want in zip(
+            (without.params, without.target, without.mu, without.nu), expected[:4], strict=True
+        ):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("parts", [1, 4])
 def test_kernels_refuse_other_than_two_or_three_parts(parts):
     grads = jnp.zeros((parts, 10), jnp.float32)
@@ -203,13 +231,16 @@ def test_reference_adam_is_optax_adam():
 
 
 @pytest.mark.parametrize("impl", KERNELS)
-def test_nested_vmap_equals_one_learner_at_a_time(impl):
+@pytest.mark.parametrize("masks", [True, False], ids=["masks", "no_masks"])
+def test_nested_vmap_equals_one_learner_at_a_time(impl, masks):
     rng = np.random.default_rng(4)
     n = flat_tail.BLOCK + 9
     grads = jnp.asarray(np.stack([[_grads(rng, 3, n) for _ in range(3)] for _ in range(2)]))
     row_max, gram = jax.vmap(jax.vmap(lambda g: flat_tail.gram(g, impl=impl)))(grads)
     inputs = [_adam_inputs(rng, 3, n) for _ in range(2)]
     stacked = {k: jnp.stack([jnp.asarray(i[k]) for i in inputs]) for k in inputs[0]}
+    if not masks:
+        stacked["masks"] = None
     pre_ok = jnp.asarray([True, False])
 
     def one(grads, weights, vectors, ok):
@@ -233,7 +264,7 @@ def test_nested_vmap_equals_one_learner_at_a_time(impl):
         single = one(
             stacked["grads"][i],
             stacked["weights"][i],
-            _vectors({k: v[i] for k, v in stacked.items()}),
+            _vectors({k: None if v is None else v[i] for k, v in stacked.items()}),
             pre_ok[i],
         )
         for got, want in zip(batched, single, strict=True):
@@ -242,12 +273,13 @@ def test_nested_vmap_equals_one_learner_at_a_time(impl):
 
 @pytest.mark.filterwarnings(TRITON_DEPRECATION)
 @pytest.mark.parametrize("parts", [2, 3])
-def test_kernels_lower_for_cuda_as_three_launches_under_vmap(parts):
+@pytest.mark.parametrize("masks", [True, False], ids=["masks", "no_masks"])
+def test_kernels_lower_for_cuda_as_three_launches_under_vmap(parts, masks):
     n = 15_193  # the smoketest network's parameter count
 
     def tail(g, w, p, m, t, mu, nu, s):
         row_max, gram = flat_tail.gram(g)
-        vectors = flat_tail.TailVectors(p, m, t, mu, nu)
+        vectors = flat_tail.TailVectors(p, m if masks else None, t, mu, nu)
         out = flat_tail.adam_select(g, w, vectors, flat_tail.TailScalars(*s), HYPER)
         return row_max, gram, out
 

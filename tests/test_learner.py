@@ -290,6 +290,51 @@ def test_fused_tail_matches_the_xla_tail(extra):
     assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
 
 
+@pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
+def test_without_pruning_the_step_equals_masks_of_ones(tail):
+    """No pruning: the step skips the masks (never reads them) and gives what masks of ones give:
+    pruning switched on but never due keeps its masks at ones through the same six steps. Equal
+    to float32 rounding (a multiply-add may be contracted differently without the masks)."""
+    never = ("network.prune_start=1000000", "network.prune_end=1000000")
+    runs = []
+    for extra in (("network.target_sparsity=0", tail), (*never, tail)):
+        step, state = _jit_step(*extra), _filled(_learner(*extra))
+        for i in range(6):
+            state, metrics = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
+        runs.append((state, metrics))
+    (skipped, skipped_metrics), (ones, ones_metrics) = runs
+    assert np.all(np.asarray(ones.masks) == 1.0) and np.all(np.asarray(skipped.masks) == 1.0)
+    assert int(skipped.step) == 6 and not bool(skipped.guard.halted)
+    for name in ("params", "target_params", "opt_state", "phi_hat", "sn_u"):
+        got_leaves = jax.tree.leaves(getattr(skipped, name))
+        for got, want in zip(got_leaves, jax.tree.leaves(getattr(ones, name)), strict=True):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)
+    for name in LearnerMetrics._fields:
+        np.testing.assert_allclose(
+            float(getattr(skipped_metrics, name)),
+            float(getattr(ones_metrics, name)),
+            rtol=1e-5,
+            atol=1e-7,
+            err_msg=name,
+        )
+
+
+@pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
+@pytest.mark.parametrize("sparsity", ["0", "0.5"])
+def test_the_kernels_tail_reads_the_masks_only_with_pruning(tail, sparsity):
+    """With the kernels' tail and no pruning the state's masks pass through a step unread (the
+    program's masks input feeds no operation). XLA's tail keeps the product with them (XLA
+    fuses the flat vector's slices into it) and pruning reads them."""
+    learner = _learner(f"network.target_sparsity={sparsity}", tail)
+    state = _filled(learner)
+    closed = jax.make_jaxpr(learner.step)(state, jnp.float32(0.2), jnp.float32(0.4))
+    leaves = jax.tree.leaves(state)
+    (index,) = [i for i, leaf in enumerate(leaves) if leaf is state.masks]
+    masks = closed.jaxpr.invars[index]
+    read = any(masks in eqn.invars for eqn in closed.jaxpr.eqns)
+    assert read == (sparsity != "0" or tail == XLA_TAIL)
+
+
 def test_auto_update_impl_uses_the_kernels_on_a_gpu_for_many_learners_only():
     resolve = resolve_update_impl
     many = FUSED_TAIL_MIN_LEARNERS

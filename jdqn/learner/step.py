@@ -73,6 +73,11 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.isfinite(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(tree)])))
 
 
+def _masked(flat: jax.Array, masks: jax.Array | None) -> jax.Array:
+    """``flat * masks``; ``flat`` itself when the masks are not read (all ones: no pruning)."""
+    return flat if masks is None else flat * masks
+
+
 def _select(ok: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
@@ -127,6 +132,14 @@ def make_learner(
     use_diversity = n_heads > 1 and net.lambda_div > 0
     use_causal = len(non_causal) > 0 and loss_cfg.causal_weight > 0
     use_pruning = net.target_sparsity > 0
+    # Without pruning the masks stay all ones (init). Multiplying by ones is exact, yet with the
+    # Pallas tail (many learners) each step read them three times more at [L, n_params]: not
+    # reading them took S = 1,024 from 2,625 to 2,558 us per step. On XLA's tail (the default
+    # below 16 learners) the product stays: it is the kernel XLA fuses the flat vector's slices
+    # into, and without it one learner's step had 8 more kernels, 97.5 -> 100.2 us
+    # (BENCHMARKS.md, "Thirteenth session", W3-W4). Skipping them changes a value only where
+    # the compiler contracts a multiply-add differently, by at most 1 ulp.
+    read_masks = use_pruning or not fused_tail
     use_bootstrap = n_heads > 1 and net.bootstrap_prob < 1
     # Debug checks on Q allow float32 rounding of sum_i p_i z_i (p sums to 1 within ~1e-6).
     q_slack = 1e-4 * (net.v_max - net.v_min)
@@ -226,6 +239,7 @@ def make_learner(
         row_head_weights = row_weights[:, None] * head_masks  # [R, K]
 
         # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm.
+        masks: jax.Array | None = state.masks if read_masks else None
         if use_pruning:
             masks = jax.lax.cond(
                 networks.prune_due(state.step, net),
@@ -236,12 +250,10 @@ def make_learner(
                 ),
                 lambda: state.masks,
             )
-        else:
-            masks = state.masks
-        params = state.params * masks  # [n_params], pruned entries exactly 0
+        params = _masked(state.params, masks)  # [n_params], pruned entries exactly 0
         with jax.named_scope("target_net"):
             target_eff, _, _ = networks.effective_params(
-                layout.unravel(state.target_params * masks), None, state.sn_u, net, False
+                layout.unravel(_masked(state.target_params, masks)), None, state.sn_u, net, False
             )
             target_probs_next = jax.nn.softmax(
                 networks.apply(target_eff, next_obs, cfg), axis=-1
@@ -253,7 +265,7 @@ def make_learner(
         # the spectral norm turns those cotangents into the flat parameter gradients.
         def effective(p: jax.Array) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
             # The mask inside the differentiated function: pruned entries get zero gradient.
-            tree = layout.unravel(p * masks)
+            tree = layout.unravel(_masked(p, masks))
             eff, new_u, sigmas = networks.effective_params(tree, None, state.sn_u, net, True)
             return eff, (new_u, sigmas)
 
@@ -446,7 +458,7 @@ def make_learner(
             with jax.named_scope("adam"):
                 updates, opt_state = optimizer.update(grad_total, state.opt_state, params)
                 checks.finite_norm("adam", "update", layout.unravel(updates))
-                new_params = optax.apply_updates(params, updates) * masks  # [n_params]
+                new_params = _masked(optax.apply_updates(params, updates), masks)  # [n_params]
                 checks.finite_norm("adam", "new_params", layout.unravel(new_params))
             with jax.named_scope("target_sync"):
                 if cfg.optim.tau > 0:
@@ -514,7 +526,7 @@ def make_learner(
             params=kept_params,
             target_params=kept_target,
             sn_u=_select(apply_update, new_u, state.sn_u),
-            masks=jnp.where(apply_update, masks, state.masks),
+            masks=state.masks if masks is None else jnp.where(apply_update, masks, state.masks),
             opt_state=kept_opt_state,
             phi_hat=jnp.where(apply_update, surgery.phi_hat, state.phi_hat),
             replay=replay,
@@ -547,7 +559,11 @@ def make_learner(
                 priority_max=jnp.max(written),
                 sigma_max=jnp.max(sigmas, initial=0.0),
                 # Masks change only through pruning: without it they stay all ones.
-                sparsity=networks.mask_sparsity(layout.unravel(masks)) if use_pruning else 0.0,
+                sparsity=(
+                    networks.mask_sparsity(layout.unravel(masks))
+                    if use_pruning and masks is not None
+                    else 0.0
+                ),
                 alpha=alpha,
                 halted=guard.halted.astype(jnp.float32),
             )
