@@ -133,10 +133,11 @@ def make_learner(
     use_causal = len(non_causal) > 0 and loss_cfg.causal_weight > 0
     use_pruning = net.target_sparsity > 0
     # Without pruning the masks stay all ones (init). Multiplying by ones is exact, yet with the
-    # Pallas tail (many learners) each step read them three times more at [L, n_params]: not
-    # reading them took S = 1,024 from 2,625 to 2,558 us per step. On XLA's tail (the default
+    # Pallas tail (many learners) each step read the [L, n_params] masks in several passes (the
+    # effective weights, the target's, the backward pass, both Adam kernels): not reading them
+    # took S = 1,024 from 2,625 to 2,558 us per step. On XLA's tail (the default
     # below 16 learners) the product stays: it is the kernel XLA fuses the flat vector's slices
-    # into, and without it one learner's step had 8 more kernels, 97.5 -> 100.2 us
+    # into, and without it one learner's step had 8 more kernels, 97.3-97.8 -> 100.2 us
     # (BENCHMARKS.md, "Thirteenth session", W3-W4). Skipping them changes a value only where
     # the compiler contracts a multiply-add differently, by at most 1 ulp.
     read_masks = use_pruning or not fused_tail
