@@ -130,7 +130,7 @@ class ExecutableCache:
         off."""
         if self.directory is None:
             return None
-        loaded = _load(self._path(name, context, args))
+        loaded = load_file(self._path(name, context, args))
         if loaded is not None:
             with self._count:
                 self.hits += 1
@@ -157,7 +157,7 @@ class ExecutableCache:
         return self.directory / f"{name}-{cache_key(name, context, args)}{SUFFIX}"
 
 
-def _load(path: Path) -> Any | None:
+def load_file(path: Path) -> Any | None:
     """The executable stored at ``path``; None when there is none or it cannot be loaded (a
     partial or foreign file: the caller compiles again and replaces it)."""
     try:

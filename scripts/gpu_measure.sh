@@ -36,6 +36,9 @@
 #   timeline    the main command's phases in order: $TL_PROCESSES (default 4) worker processes
 #               sharing a fresh cache (the first cold), each step's start and end against the
 #               process's start (`python -m jdqn.bench.timeline --events`)
+#   loads       a warm start's start-up by part (`python -m jdqn.bench.loads`): import jax, the
+#               backend's start, each stored program's load, the other imports, in
+#               $LOADS_PROCESSES (default 8) fresh processes alternating serial and thread
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -201,6 +204,9 @@ for phase in "$@"; do
     timeline)
       timeout "${TL_TIMEOUT:-300}" python3 -m jdqn.bench.timeline --processes "${TL_PROCESSES:-4}" \
         --events --set output.tensorboard=false 2>&1 | tee "$out/timeline.txt" ;;
+    loads)
+      timeout "${LOADS_TIMEOUT:-300}" python3 -m jdqn.bench.loads --processes \
+        "${LOADS_PROCESSES:-8}" --set output.tensorboard=false 2>&1 | tee "$out/loads.txt" ;;
     kernels)
       declare -A kflags=(
         [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=

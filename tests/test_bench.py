@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn.bench import breakdown, suite, timeline, torch_peer, walkforward_run
+from jdqn.bench import breakdown, loads, suite, timeline, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.donors import n_donors_for
 from jdqn.replay import replay_sample
@@ -404,5 +404,48 @@ def test_timeline_marks_a_run_in_order() -> None:
 def test_timeline_cli_refuses_fewer_than_one_process(capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         timeline.main(["--processes", "0"])
+    assert exit_info.value.code == 2
+    assert "--processes 0: need at least 1" in capsys.readouterr().err
+
+
+def test_loads_times_a_start_up_in_both_modes(monkeypatch, tmp_path) -> None:
+    """Fresh start-ups on a given cache (no programs stored: on CPU none are): both modes, each
+    step's end in the order the worker takes them."""
+    monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path))
+    rows = loads.run(processes=2)
+    assert [row["mode"] for row in rows] == ["serial", "thread"]
+    for row in rows:
+        at = {label: seconds for seconds, label in row["events"]}
+        assert set(at) == {"import jax", "backend", "imports", "done"}
+        assert 0 < at["import jax"] <= at["backend"] and at["imports"] <= at["done"]
+        if row["mode"] == "serial":
+            assert at["backend"] <= at["imports"]
+    assert loads.format_table(rows).count("none stored") == 2
+
+
+def test_loads_names_a_stored_program_that_cannot_be_loaded(monkeypatch, tmp_path) -> None:
+    (tmp_path / "executables").mkdir()
+    (tmp_path / "executables" / "run_chunk-0123.jaxexe").write_bytes(b"not a program")
+    monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(RuntimeError, match="run_chunk-0123.jaxexe: stored program could not be"):
+        loads.run(processes=1)
+
+
+def test_loads_table_gives_each_load_its_own_seconds() -> None:
+    events = [
+        (0.9, "import jax"),
+        (1.4, "backend"),
+        (2.0, "load baselines_run"),
+        (2.1, "load init_run"),
+        (2.8, "imports"),
+        (2.8, "done"),
+    ]
+    table = loads.format_table([{"mode": "serial", "events": events}])
+    assert "| serial | 0.90 | 1.40 | baselines_run 0.600, init_run 0.100 | 2.80 | 2.80 |" in table
+
+
+def test_loads_cli_refuses_fewer_than_one_process(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        loads.main(["--processes", "0"])
     assert exit_info.value.code == 2
     assert "--processes 0: need at least 1" in capsys.readouterr().err

@@ -103,7 +103,8 @@ def worker(overrides: Sequence[str]) -> None:
     end_process(0)
 
 
-def _spawn(overrides: Sequence[str], env: dict[str, str]) -> tuple[float, list[tuple[float, str]]]:
+def spawn(overrides: Sequence[str], env: dict[str, str]) -> tuple[float, list[tuple[float, str]]]:
+    """One worker process with ``overrides`` and ``env``: its wall seconds and its events."""
     start = time.time()
     command = [sys.executable, "-m", "jdqn.bench.timeline", "--worker"]
     command += [f"--set={o}" for o in overrides]
@@ -136,7 +137,7 @@ def run(
             f"output.out_dir={os.path.join(tmp, 'runs')}",
         ]
         for index in range(processes):
-            wall, events = _spawn(every, env)
+            wall, events = spawn(every, env)
             rows.append({"process": index, "wall_s": wall, "events": events})
     return rows
 
