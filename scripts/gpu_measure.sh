@@ -38,7 +38,8 @@
 #               process's start (`python -m jdqn.bench.timeline --events`)
 #   loads       a warm start's start-up by part (`python -m jdqn.bench.loads`): import jax, the
 #               backend's start, each stored program's load, the other imports, in
-#               $LOADS_PROCESSES (default 8) fresh processes alternating serial and thread
+#               $LOADS_PROCESSES (default 12) fresh processes taking the modes serial, thread
+#               and backend in turn
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -206,7 +207,7 @@ for phase in "$@"; do
         --events --set output.tensorboard=false 2>&1 | tee "$out/timeline.txt" ;;
     loads)
       timeout "${LOADS_TIMEOUT:-300}" python3 -m jdqn.bench.loads --processes \
-        "${LOADS_PROCESSES:-8}" --set output.tensorboard=false 2>&1 | tee "$out/loads.txt" ;;
+        "${LOADS_PROCESSES:-12}" --set output.tensorboard=false 2>&1 | tee "$out/loads.txt" ;;
     kernels)
       declare -A kflags=(
         [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=

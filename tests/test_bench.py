@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -409,26 +410,27 @@ def test_timeline_cli_refuses_fewer_than_one_process(capsys) -> None:
 
 
 def test_loads_times_a_start_up_in_both_modes(monkeypatch, tmp_path) -> None:
-    """Fresh start-ups on a given cache (no programs stored: on CPU none are): both modes, each
+    """Fresh start-ups on a given cache (no programs stored: on CPU none are): every mode, each
     step's end in the order the worker takes them."""
     monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path))
-    rows = loads.run(processes=2)
-    assert [row["mode"] for row in rows] == ["serial", "thread"]
+    rows = loads.run(processes=3)
+    assert [row["mode"] for row in rows] == ["serial", "thread", "backend"]
     for row in rows:
         at = {label: seconds for seconds, label in row["events"]}
         assert set(at) == {"import jax", "backend", "imports", "done"}
         assert 0 < at["import jax"] <= at["backend"] and at["imports"] <= at["done"]
         if row["mode"] == "serial":
             assert at["backend"] <= at["imports"]
-    assert loads.format_table(rows).count("none stored") == 2
+    assert loads.format_table(rows).count("none stored") == 3
 
 
 def test_loads_names_a_stored_program_that_cannot_be_loaded(monkeypatch, tmp_path) -> None:
     (tmp_path / "executables").mkdir()
     (tmp_path / "executables" / "run_chunk-0123.jaxexe").write_bytes(b"not a program")
     monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path))
-    with pytest.raises(RuntimeError, match="run_chunk-0123.jaxexe: stored program could not be"):
-        loads.run(processes=1)
+    for mode in loads.MODES:  # on the main thread or on the worker's thread
+        with pytest.raises(RuntimeError, match="run_chunk-0123.jaxexe: stored program could not"):
+            loads.spawn(mode, dict(os.environ))
 
 
 def test_loads_table_gives_each_load_its_own_seconds() -> None:

@@ -3,20 +3,22 @@
 Before a warm run can train, its process imports JAX, starts the backend (CUDA's start on a
 GPU), loads the stored programs (``jdqn.executables``: XLA rebuilds each executable's thunks
 from its HLO) and imports the rest of jdqn (pandas, orbax, flax, ...). Each worker here does
-exactly that in a fresh process, in one of two orders:
+exactly that in a fresh process, in one of three orders:
 
 - ``serial``: the backend's start and every load, then the other imports;
-- ``thread``: the start and the loads on a thread while the main thread imports.
+- ``thread``: the start and the loads on a thread while the main thread imports;
+- ``backend``: the start alone on a thread while the main thread imports, then the loads.
 
 If the start and the loads let go of Python's GIL, ``thread`` ends sooner by about the shorter
-of the two; on the H200 it did not (BENCHMARKS.md, "Thirteenth session", W2).
+of the two; on the H200 it did not (BENCHMARKS.md, "Thirteenth session", W2). ``backend``
+asks the same of the start alone.
 
 The stored programs are those of the README main command's work: one ``jdqn.bench.timeline``
-worker fills a fresh cache first (unless ``JDQN_CACHE_DIR`` is set), then the workers alternate
-``serial`` and ``thread``. On CPU nothing is stored (``jdqn.executables``), so there the workers
+worker fills a fresh cache first (unless ``JDQN_CACHE_DIR`` is set), then the workers take the
+modes in turn. On CPU nothing is stored (``jdqn.executables``), so there the workers
 time the imports and the backend's start only.
 
-    python -m jdqn.bench.loads [--processes 4] [--quick] [--set KEY=VALUE ...]
+    python -m jdqn.bench.loads [--processes 6] [--quick] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -26,15 +28,15 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from jdqn.bench import timeline
 from jdqn.bench.walkforward_run import bench_overrides
 
-MODES = ("serial", "thread")
+MODES = ("serial", "thread", "backend")
 TAG = "JDQN_LOADS "
 
 
@@ -55,30 +57,37 @@ def worker(mode: str) -> None:
 
     paths = sorted((cache_root() / "executables").glob(f"*{executables.SUFFIX}"))
 
-    def start_and_load() -> None:
+    def start_backend() -> None:
         jax.devices()
         _emit("backend", start)
+
+    def load() -> None:
         for path in paths:
             if executables.load_file(path) is None:
                 raise RuntimeError(f"{path}: stored program could not be loaded")
             _emit(f"load {path.name.split('-')[0]}", start)
 
-    if mode == "serial":
-        start_and_load()
-        import jdqn.walkforward  # noqa: F401
-    else:
-        loading = threading.Thread(target=start_and_load)
-        loading.start()
+    # Before the imports, on a thread while the main thread imports, and after the imports.
+    before, on_thread, after = {
+        "serial": ((start_backend, load), (), ()),
+        "thread": ((), (start_backend, load), ()),
+        "backend": ((), (start_backend,), (load,)),
+    }[mode]
+    for step in before:
+        step()
+    with ThreadPoolExecutor(1) as pool:
+        steps = pool.submit(lambda: [step() for step in on_thread])
         import jdqn.walkforward  # noqa: F401
 
         _emit("imports", start)
-        loading.join()
-    if mode == "serial":
-        _emit("imports", start)
+        steps.result()  # the thread's error, if any, raised here
+    for step in after:
+        step()
     _emit("done", start)
 
 
-def _spawn(mode: str, env: dict[str, str]) -> list[tuple[float, str]]:
+def spawn(mode: str, env: dict[str, str]) -> list[tuple[float, str]]:
+    """One start-up in a fresh process with ``env``: its events (seconds, label)."""
     command = [sys.executable, "-m", "jdqn.bench.loads", "--worker", mode]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -93,10 +102,10 @@ def _spawn(mode: str, env: dict[str, str]) -> list[tuple[float, str]]:
 
 
 def run(
-    processes: int = 4, quick: bool = False, overrides: Sequence[str] = ()
+    processes: int = 6, quick: bool = False, overrides: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
     """One timeline worker to store the programs (unless ``JDQN_CACHE_DIR`` is set), then
-    ``processes`` start-ups alternating :data:`MODES`: the mode and events of each."""
+    ``processes`` start-ups taking :data:`MODES` in turn: the mode and events of each."""
     with tempfile.TemporaryDirectory(prefix="jdqn-loads-") as tmp:
         env = dict(os.environ)
         if "JDQN_CACHE_DIR" not in env:
@@ -104,9 +113,8 @@ def run(
             every = [*bench_overrides(quick), *overrides]
             every.append(f"output.out_dir={os.path.join(tmp, 'runs')}")
             timeline.spawn(every, env)
-        return [
-            {"mode": MODES[i % 2], "events": _spawn(MODES[i % 2], env)} for i in range(processes)
-        ]
+        modes = [MODES[i % len(MODES)] for i in range(processes)]
+        return [{"mode": mode, "events": spawn(mode, env)} for mode in modes]
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -133,7 +141,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", choices=MODES, help="one start-up in this process")
-    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--processes", type=int, default=6)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
