@@ -13,8 +13,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cuda_lowering import TRITON_DEPRECATION, lower_for_h200
 
-from jdqn.bench import breakdown, loads, suite, timeline, torch_peer, walkforward_run
+from jdqn.bench import (
+    breakdown,
+    fused_mlp,
+    loads,
+    suite,
+    timeline,
+    torch_peer,
+    walkforward_run,
+)
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.donors import n_donors_for
 from jdqn.replay import replay_sample
@@ -451,3 +460,40 @@ def test_loads_cli_refuses_fewer_than_one_process(capsys) -> None:
         loads.main(["--processes", "0"])
     assert exit_info.value.code == 2
     assert "--processes 0: need at least 1" in capsys.readouterr().err
+
+
+def test_fused_mlp_program_matches_xla() -> None:
+    """The one-program forward and backward against XLA's vjp: interpret mode here, the real
+    kernel as well on a GPU (TF32 dots there)."""
+    assert fused_mlp.compare(3, interpret=True) < 1e-4
+    if jax.default_backend() == "gpu":
+        assert fused_mlp.compare(3, interpret=False) < 2e-2
+
+
+@pytest.mark.filterwarnings(TRITON_DEPRECATION)
+def test_fused_mlp_program_lowers_for_the_h200_as_one_kernel() -> None:
+    learners = 4
+    shapes = [
+        (learners, fused_mlp.INPUTS, fused_mlp.HIDDEN),
+        (learners, fused_mlp.HIDDEN),
+        (learners, fused_mlp.HIDDEN, fused_mlp.HIDDEN),
+        (learners, fused_mlp.HIDDEN),
+        (learners, fused_mlp.HIDDEN, fused_mlp.OUTPUTS_TILE),
+        (learners, fused_mlp.OUTPUTS_TILE),
+        (learners, fused_mlp.ROWS_TILE, fused_mlp.INPUTS),
+        (learners, fused_mlp.ROWS_TILE, fused_mlp.OUTPUTS_TILE),
+    ]
+
+    def run(w1, b1, w2, b2, w3, b3, x, dy):
+        return fused_mlp.fused_forward_backward((w1, b1, w2, b2, w3, b3), x, dy)
+
+    assert lower_for_h200(run, *shapes).count("__gpu$xla.gpu.triton") == 1
+
+
+def test_fused_mlp_cli_refuses_a_cpu(capsys) -> None:
+    if jax.default_backend() == "gpu":
+        pytest.skip("the CLI runs on a GPU")
+    with pytest.raises(SystemExit) as exit_info:
+        fused_mlp.main(["--learners", "1"])
+    assert exit_info.value.code == 2
+    assert "run this on a GPU" in capsys.readouterr().err

@@ -1,0 +1,212 @@
+"""Does one program per learner beat XLA at the network's forward and backward? (issue 6)
+
+Issue 6's in-scan and many-seed goals were judged to need each learner's forward, losses and
+backward in one program, its activations on chip (BENCHMARKS.md, V1 and the ninth session).
+This measures the first piece of that idea: the smoketest network's MLP (a two-layer torso and
+the C51 head of Bellemare et al., ICML 2017; no spectral norm, no losses) forward and, from a
+given output cotangent, its six weight and bias gradients,
+
+- as one Pallas (Triton) program per learner (:func:`fused_forward_backward`), on tiles of
+  powers of two (rows 80 -> 128, outputs 3 x 51 = 153 -> 256; the arrays stored padded, as a
+  fused learner would keep them), against
+- XLA: ``jax.jit(jax.vmap(...))`` of ``jax.vjp`` of the same MLP on the unpadded arrays.
+
+On the H200 the one-program form was 1.3-2.4x slower than XLA (BENCHMARKS.md, "Thirteenth
+session", W6): a program's [128, 256] float32 output and cotangent tiles do not fit in its
+registers, and each of its six small dots runs alone on one SM.
+
+    python -m jdqn.bench.fused_mlp [--learners 1 128 1024] [--warps 4 8] [--repeats 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+# The smoketest learner's online forward: 64 + 16 rows (batch and HER donors), 15 features and
+# the position, hidden [64, 64], 3 actions x 51 atoms.
+ROWS, INPUTS, HIDDEN, OUTPUTS = 80, 16, 64, 153
+ROWS_TILE, OUTPUTS_TILE = 128, 256  # Triton tiles are powers of two
+
+Params = tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]
+
+
+def mlp(params: Params, x: jax.Array) -> jax.Array:
+    """``x [R, in] -> [R, out]``: two ReLU layers, then a linear head."""
+    w1, b1, w2, b2, w3, b3 = params
+    h1 = jax.nn.relu(x @ w1 + b1)
+    h2 = jax.nn.relu(h1 @ w2 + b2)
+    return h2 @ w3 + b3
+
+
+def xla_forward_backward(params: Params, x: jax.Array, dy: jax.Array) -> tuple[jax.Array, Params]:
+    """One learner's output and gradients through ``jax.vjp`` (XLA's program)."""
+    y, pull_back = jax.vjp(lambda p: mlp(p, x), params)
+    return y, pull_back(dy)[0]
+
+
+def _kernel(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, w3_ref, b3_ref, dy_ref, *out_refs):
+    y_ref, dw1_ref, db1_ref, dw2_ref, db2_ref, dw3_ref, db3_ref = out_refs
+    x, w1, w2, w3 = x_ref[...], w1_ref[...], w2_ref[...], w3_ref[...]
+    z1 = jnp.dot(x, w1) + b1_ref[...][None, :]
+    h1 = jnp.maximum(z1, 0.0)
+    z2 = jnp.dot(h1, w2) + b2_ref[...][None, :]
+    h2 = jnp.maximum(z2, 0.0)
+    y_ref[...] = jnp.dot(h2, w3) + b3_ref[...][None, :]
+    dy = dy_ref[...]
+    dw3_ref[...] = jnp.dot(h2.T, dy)
+    db3_ref[...] = jnp.sum(dy, axis=0)
+    dz2 = jnp.where(z2 > 0, jnp.dot(dy, w3.T), 0.0)
+    dw2_ref[...] = jnp.dot(h1.T, dz2)
+    db2_ref[...] = jnp.sum(dz2, axis=0)
+    dz1 = jnp.where(z1 > 0, jnp.dot(dz2, w2.T), 0.0)
+    dw1_ref[...] = jnp.dot(x.T, dz1)
+    db1_ref[...] = jnp.sum(dz1, axis=0)
+
+
+def fused_forward_backward(
+    params: Params, x: jax.Array, dy: jax.Array, *, interpret: bool = False, warps: int = 4
+) -> tuple[jax.Array, ...]:
+    """``(y, dw1, db1, dw2, db2, dw3, db3)`` of ``L`` learners, one program each; every array
+    has a leading learner axis and the padded tile shapes (:func:`pad`)."""
+    w1, b1, w2, b2, w3, b3 = params
+
+    def block(*shape: int) -> pl.BlockSpec:
+        return pl.BlockSpec((None, *shape), lambda i: (i,) + (0,) * len(shape))
+
+    inputs = [
+        (ROWS_TILE, INPUTS),
+        (INPUTS, HIDDEN),
+        (HIDDEN,),
+        (HIDDEN, HIDDEN),
+        (HIDDEN,),
+        (HIDDEN, OUTPUTS_TILE),
+        (OUTPUTS_TILE,),
+        (ROWS_TILE, OUTPUTS_TILE),
+    ]
+    outputs = [(ROWS_TILE, OUTPUTS_TILE), *inputs[1:7]]
+    learners = x.shape[0]
+    return tuple(
+        pl.pallas_call(
+            _kernel,
+            grid=(learners,),
+            in_specs=[block(*shape) for shape in inputs],
+            out_specs=[block(*shape) for shape in outputs],
+            out_shape=[jax.ShapeDtypeStruct((learners, *s), jnp.float32) for s in outputs],
+            interpret=interpret,
+            compiler_params=None
+            if interpret
+            else plgpu.CompilerParams(num_warps=warps, num_stages=1),
+            name="fused_mlp",
+        )(x, w1, b1, w2, b2, w3, b3, dy)
+    )
+
+
+def random_inputs(learners: int, seed: int = 0) -> tuple[Params, np.ndarray, np.ndarray]:
+    """Parameters, inputs and output cotangents of ``learners`` learners (unpadded)."""
+    rng = np.random.default_rng(seed)
+
+    def draw(*shape: int) -> np.ndarray:
+        return (0.3 * rng.normal(size=(learners, *shape))).astype(np.float32)
+
+    params = (
+        draw(INPUTS, HIDDEN),
+        draw(HIDDEN),
+        draw(HIDDEN, HIDDEN),
+        draw(HIDDEN),
+        draw(HIDDEN, OUTPUTS),
+        draw(OUTPUTS),
+    )
+    return params, draw(ROWS, INPUTS), draw(ROWS, OUTPUTS)  # type: ignore[return-value]
+
+
+def pad(params: Params, x: np.ndarray, dy: np.ndarray) -> tuple[Params, np.ndarray, np.ndarray]:
+    """The arrays zero-padded to the kernel's tiles (padded rows and outputs add nothing)."""
+    w1, b1, w2, b2, w3, b3 = params
+    extra_rows, extra_outputs = ROWS_TILE - ROWS, OUTPUTS_TILE - OUTPUTS
+    padded = (
+        w1,
+        b1,
+        w2,
+        b2,
+        np.pad(w3, ((0, 0), (0, 0), (0, extra_outputs))),
+        np.pad(b3, ((0, 0), (0, extra_outputs))),
+    )
+    return (
+        padded,  # type: ignore[return-value]
+        np.pad(x, ((0, 0), (0, extra_rows), (0, 0))),
+        np.pad(dy, ((0, 0), (0, extra_rows), (0, extra_outputs))),
+    )
+
+
+def compare(learners: int, *, interpret: bool) -> float:
+    """The largest difference between the fused program's outputs and XLA's (unpadded part)."""
+    params, x, dy = jax.tree.map(jnp.asarray, random_inputs(learners))
+    y, grads = jax.vmap(xla_forward_backward)(params, x, dy)
+    padded_params, padded_x, padded_dy = jax.tree.map(jnp.asarray, pad(params, x, dy))
+    fused = fused_forward_backward(padded_params, padded_x, padded_dy, interpret=interpret)
+    got = (
+        fused[0][:, :ROWS, :OUTPUTS],
+        *fused[1:5],
+        fused[5][..., :OUTPUTS],
+        fused[6][..., :OUTPUTS],
+    )
+    return max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(got, (y, *grads), strict=True))
+
+
+def time_both(learners: int, warps: int, repeats: int) -> dict[str, list[float]]:
+    """Microseconds per call (median of ``repeats`` calls, each blocked on) of XLA and of the
+    fused program, measured twice in alternation."""
+    params, x, dy = random_inputs(learners)
+    xla = jax.jit(jax.vmap(xla_forward_backward))
+    fused = jax.jit(functools.partial(fused_forward_backward, warps=warps))
+    runs: tuple[tuple[str, Any, Any], ...] = (
+        ("xla", xla, jax.device_put((params, x, dy))),
+        ("fused", fused, jax.device_put(pad(params, x, dy))),
+    )
+    times: dict[str, list[float]] = {"xla": [], "fused": []}
+    for name, fn, args in runs * 2:
+        jax.block_until_ready(fn(*args))  # compile
+        samples = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(fn(*args))
+            samples.append(time.perf_counter() - start)
+        times[name].append(1e6 * float(np.median(samples)))
+    return times
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--learners", type=int, nargs="+", default=[1, 128, 1024])
+    parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--repeats", type=int, default=50)
+    args = parser.parse_args(argv)
+    if jax.default_backend() != "gpu":
+        parser.error(
+            "the fused program is a GPU kernel; run this on a GPU (the tests check it "
+            "in interpret mode)"
+        )
+    print(f"largest difference from XLA (L = 3): {compare(3, interpret=False):.2e}")
+    print("| learners | warps | XLA us per call | fused us per call | fused / XLA |")
+    print("|---|---|---|---|---|")
+    for learners in args.learners:
+        for warps in args.warps:
+            t = time_both(learners, warps, args.repeats)
+            ratio = np.mean(t["fused"]) / np.mean(t["xla"])
+            xla_s = ", ".join(f"{v:.1f}" for v in t["xla"])
+            fused_s = ", ".join(f"{v:.1f}" for v in t["fused"])
+            print(f"| {learners} | {warps} | {xla_s} | {fused_s} | {ratio:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
