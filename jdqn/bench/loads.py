@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -89,16 +88,7 @@ def worker(mode: str) -> None:
 def spawn(mode: str, env: dict[str, str]) -> list[tuple[float, str]]:
     """One start-up in a fresh process with ``env``: its events (seconds, label)."""
     command = [sys.executable, "-m", "jdqn.bench.loads", "--worker", mode]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        tail = (done.stdout + done.stderr)[-2000:]
-        raise RuntimeError(f"loads worker failed (exit {done.returncode}):\n{tail}")
-    events = []
-    for line in done.stdout.splitlines():
-        if line.startswith(TAG):
-            seconds, label = line[len(TAG) :].split(" ", 1)
-            events.append((float(seconds), label))
-    return events
+    return timeline.run_worker(command, env, TAG)[1]
 
 
 def run(
