@@ -15,9 +15,9 @@ bandwidth (BENCHMARKS.md, issue 6). Here:
 - :func:`adam_select` forms the total gradient ``sum_k w_k g_k``, applies Adam (Kingma & Ba,
   ICLR 2015; optax's ``scale_by_adam`` formulas in optax's order), the masks (not read without
   pruning: ``TailVectors.masks`` None) and the target sync, and keeps the candidate only when
-  the guard passes. The guard needs the total's finiteness and
-  the new parameters' squared norm, so one launch sums those and a second recomputes the
-  candidate and writes the kept values in place.
+  the guard passes. The guard needs the total's finiteness and the new parameters' squared
+  norm, so one launch sums those and a second recomputes the candidate and writes the kept
+  values in place.
 
 The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
 folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
@@ -130,7 +130,7 @@ def _candidate(
     new_mu = (1 - b1) * g + b1 * old.mu
     new_nu = (1 - b2) * (g * g) + b2 * old.nu
     update = (new_mu / scalars.bias1) / (jnp.sqrt(new_nu / scalars.bias2) + hyper.eps) * (-hyper.lr)
-    if old.masks is None:  # all ones: the same numbers without reading them
+    if old.masks is None:  # all ones, not read (equal but for a contracted multiply-add)
         new_params = old.params + update
     else:
         new_params = (old.params * old.masks + update) * old.masks
