@@ -10,8 +10,9 @@ exactly that in a fresh process, in one of three orders:
 - ``backend``: the start alone on a thread while the main thread imports, then the loads.
 
 If the start and the loads let go of Python's GIL, ``thread`` ends sooner by about the shorter
-of the two; on the H200 it did not (BENCHMARKS.md, "Thirteenth session", W2). ``backend``
-asks the same of the start alone.
+of the two; on the H200 it ended 0.05 s (W2) and 0.42 s (W5) sooner on the means of two calls,
+inside the spread between processes, and ``backend`` 0.24 s (W5; BENCHMARKS.md, "Thirteenth
+session").
 
 The stored programs are those of the README main command's work: one ``jdqn.bench.timeline``
 worker fills a fresh cache first (unless ``JDQN_CACHE_DIR`` is set), then the workers take the
