@@ -40,6 +40,8 @@
 #               backend's start, each stored program's load, the other imports, in
 #               $LOADS_PROCESSES (default 12) fresh processes taking the modes serial, thread
 #               and backend in turn
+#   fusedmlp    the MLP's forward and backward as one Pallas program per learner against XLA,
+#               per call and per loop iteration (`python -m jdqn.bench.fused_mlp`)
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -208,6 +210,8 @@ for phase in "$@"; do
     loads)
       timeout "${LOADS_TIMEOUT:-300}" python3 -m jdqn.bench.loads --processes \
         "${LOADS_PROCESSES:-12}" --set output.tensorboard=false 2>&1 | tee "$out/loads.txt" ;;
+    fusedmlp)
+      timeout "${FUSED_TIMEOUT:-300}" python3 -m jdqn.bench.fused_mlp 2>&1 | tee "$out/fused_mlp.txt" ;;
     kernels)
       declare -A kflags=(
         [default]="" [nocmdbuf]=--xla_gpu_enable_command_buffer=

@@ -5,6 +5,7 @@ Timings are never asserted (they depend on the machine); only the shape and sani
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -468,6 +469,19 @@ def test_fused_mlp_program_matches_xla() -> None:
     assert fused_mlp.compare(3, interpret=True) < 1e-4
     if jax.default_backend() == "gpu":
         assert fused_mlp.compare(3, interpret=False) < 2e-2
+
+
+def test_fused_mlp_loops_give_the_same_weights() -> None:
+    """Three passes in the timed loop (each feeding its gradients and output back into the
+    weights): the fused program in interpret mode against XLA's, on the real (unpadded) part."""
+    params, x, dy = fused_mlp.random_inputs(2)
+    want = fused_mlp.looped(fused_mlp._xla_pass, 3)(params, x, dy)
+    fused = functools.partial(fused_mlp._fused_pass, interpret=True)
+    got = fused_mlp.looped(fused, 3)(*fused_mlp.pad(params, x, dy))
+    real = (*got[:4], got[4][..., : fused_mlp.OUTPUTS], got[5][..., : fused_mlp.OUTPUTS])
+    for g, w, start in zip(real, want, params, strict=True):
+        assert not np.allclose(np.asarray(w), start)  # the loop moved every weight
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.filterwarnings(TRITON_DEPRECATION)

@@ -15,7 +15,11 @@ On the H200 the one-program form was 1.3-2.4x slower than XLA (BENCHMARKS.md, "T
 session", W6): a program's [128, 256] float32 output and cotangent tiles do not fit in its
 registers, and each of its six small dots runs alone on one SM.
 
+Each is timed per call from Python and per iteration of a ``lax.fori_loop`` of passes (as a
+training scan runs it; at one learner a call from Python is mostly its dispatch).
+
     python -m jdqn.bench.fused_mlp [--learners 1 128 1024] [--warps 4 8] [--repeats 50]
+        [--steps 200]
 """
 
 from __future__ import annotations
@@ -163,25 +167,59 @@ def compare(learners: int, *, interpret: bool) -> float:
     return max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(got, (y, *grads), strict=True))
 
 
-def time_both(learners: int, warps: int, repeats: int) -> dict[str, list[float]]:
-    """Microseconds per call (median of ``repeats`` calls, each blocked on) of XLA and of the
-    fused program, measured twice in alternation."""
+def _xla_pass(params: Params, x: jax.Array, dy: jax.Array) -> tuple[jax.Array, Params]:
+    return jax.vmap(xla_forward_backward)(params, x, dy)
+
+
+def _fused_pass(
+    params: Params, x: jax.Array, dy: jax.Array, *, interpret: bool = False, warps: int = 4
+) -> tuple[jax.Array, Params]:
+    y, *grads = fused_forward_backward(params, x, dy, interpret=interpret, warps=warps)
+    return y, tuple(grads)  # type: ignore[return-value]
+
+
+def looped(forward_backward: Any, steps: int) -> Any:
+    """jit((params, x, dy) -> params after ``steps`` passes in one ``lax.fori_loop``): each pass
+    moves the weights by its gradients and its output, so no pass can be hoisted or dropped."""
+
+    def run(params: Params, x: jax.Array, dy: jax.Array) -> Params:
+        def body(_: jax.Array, carry: Params) -> Params:
+            y, grads = forward_backward(carry, x, dy)
+            *kept, b3 = (p - 1e-6 * g for p, g in zip(carry, grads, strict=True))
+            # The output's real rows only (the fused program's padded rows are not outputs).
+            return (*kept, b3 - 1e-9 * jnp.sum(y[..., :ROWS, :], axis=-2))  # type: ignore[return-value]
+
+        return jax.lax.fori_loop(0, steps, body, params)
+
+    return jax.jit(run)
+
+
+def _median_us(fn: Any, args: Any, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))  # compile
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples.append(time.perf_counter() - start)
+    return 1e6 * float(np.median(samples))
+
+
+def time_both(learners: int, warps: int, repeats: int, steps: int) -> dict[str, list[float]]:
+    """Microseconds of XLA's and the fused program's pass, each measured twice in alternation:
+    per call from Python (median of ``repeats`` calls, each blocked on; at one learner this is
+    the dispatch) and per iteration of a ``steps``-pass loop (median of ``repeats // 10 + 1``
+    loops), which is how a training scan runs them."""
     params, x, dy = random_inputs(learners)
-    xla = jax.jit(jax.vmap(xla_forward_backward))
-    fused = jax.jit(functools.partial(fused_forward_backward, warps=warps))
+    fused = functools.partial(_fused_pass, warps=warps)
     runs: tuple[tuple[str, Any, Any], ...] = (
-        ("xla", xla, jax.device_put((params, x, dy))),
+        ("xla", _xla_pass, jax.device_put((params, x, dy))),
         ("fused", fused, jax.device_put(pad(params, x, dy))),
     )
-    times: dict[str, list[float]] = {"xla": [], "fused": []}
-    for name, fn, args in runs * 2:
-        jax.block_until_ready(fn(*args))  # compile
-        samples = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            samples.append(time.perf_counter() - start)
-        times[name].append(1e6 * float(np.median(samples)))
+    times: dict[str, list[float]] = {"xla": [], "fused": [], "xla_loop": [], "fused_loop": []}
+    for name, one_pass, args in runs * 2:
+        times[name].append(_median_us(jax.jit(one_pass), args, repeats))
+        loop_us = _median_us(looped(one_pass, steps), args, repeats // 10 + 1)
+        times[f"{name}_loop"].append(loop_us / steps)
     return times
 
 
@@ -190,6 +228,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--learners", type=int, nargs="+", default=[1, 128, 1024])
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=200, help="passes per timed loop")
     args = parser.parse_args(argv)
     if jax.default_backend() != "gpu":
         parser.error(
@@ -197,15 +236,20 @@ def main(argv: Sequence[str] | None = None) -> None:
             "in interpret mode)"
         )
     print(f"largest difference from XLA (L = 3): {compare(3, interpret=False):.2e}")
-    print("| learners | warps | XLA us per call | fused us per call | fused / XLA |")
-    print("|---|---|---|---|---|")
+    print(
+        "| learners | warps | XLA us per call | fused us per call | XLA us per loop iteration "
+        "| fused us per loop iteration | fused / XLA in the loop |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for learners in args.learners:
         for warps in args.warps:
-            t = time_both(learners, warps, args.repeats)
-            ratio = np.mean(t["fused"]) / np.mean(t["xla"])
-            xla_s = ", ".join(f"{v:.1f}" for v in t["xla"])
-            fused_s = ", ".join(f"{v:.1f}" for v in t["fused"])
-            print(f"| {learners} | {warps} | {xla_s} | {fused_s} | {ratio:.2f} |", flush=True)
+            t = time_both(learners, warps, args.repeats, args.steps)
+            cells = [", ".join(f"{v:.1f}" for v in t[k]) for k in ("xla", "fused")]
+            cells += [", ".join(f"{v:.2f}" for v in t[k]) for k in ("xla_loop", "fused_loop")]
+            ratio = np.mean(t["fused_loop"]) / np.mean(t["xla_loop"])
+            print(
+                f"| {learners} | {warps} | " + " | ".join(cells) + f" | {ratio:.2f} |", flush=True
+            )
 
 
 if __name__ == "__main__":
