@@ -463,12 +463,13 @@ def test_loads_cli_refuses_fewer_than_one_process(capsys) -> None:
     assert "--processes 0: need at least 1" in capsys.readouterr().err
 
 
-def test_fused_mlp_program_matches_xla() -> None:
-    """The one-program forward and backward against XLA's vjp: interpret mode here, the real
-    kernel as well on a GPU (TF32 dots there)."""
-    assert fused_mlp.compare(3, interpret=True) < 1e-4
+@pytest.mark.parametrize("out_block", [256, 64, 16])
+def test_fused_mlp_program_matches_xla(out_block) -> None:
+    """The one-program forward and backward against XLA's vjp, whole head or in blocks:
+    interpret mode here, the real kernel as well on a GPU (TF32 dots there)."""
+    assert fused_mlp.compare(3, interpret=True, out_block=out_block) < 1e-4
     if jax.default_backend() == "gpu":
-        assert fused_mlp.compare(3, interpret=False) < 2e-2
+        assert fused_mlp.compare(3, interpret=False, out_block=out_block) < 2e-2
 
 
 def test_fused_mlp_loops_give_the_same_weights() -> None:
@@ -485,7 +486,8 @@ def test_fused_mlp_loops_give_the_same_weights() -> None:
 
 
 @pytest.mark.filterwarnings(TRITON_DEPRECATION)
-def test_fused_mlp_program_lowers_for_the_h200_as_one_kernel() -> None:
+@pytest.mark.parametrize("out_block", [256, 64])
+def test_fused_mlp_program_lowers_for_the_h200_as_one_kernel(out_block) -> None:
     learners = 4
     shapes = [
         (learners, fused_mlp.INPUTS, fused_mlp.HIDDEN),
@@ -499,9 +501,19 @@ def test_fused_mlp_program_lowers_for_the_h200_as_one_kernel() -> None:
     ]
 
     def run(w1, b1, w2, b2, w3, b3, x, dy):
-        return fused_mlp.fused_forward_backward((w1, b1, w2, b2, w3, b3), x, dy)
+        params = (w1, b1, w2, b2, w3, b3)
+        return fused_mlp.fused_forward_backward(params, x, dy, out_block=out_block)
 
     assert lower_for_h200(run, *shapes).count("__gpu$xla.gpu.triton") == 1
+
+
+def test_fused_mlp_refuses_an_output_block_that_does_not_divide_the_head(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        fused_mlp.main(["--out-blocks", "48"])
+    assert exit_info.value.code == 2
+    assert "--out-blocks [48]: use powers of two" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="out_block 8"):
+        fused_mlp.compare(1, interpret=True, out_block=8)
 
 
 def test_fused_mlp_cli_refuses_a_cpu(capsys) -> None:

@@ -11,15 +11,17 @@ given output cotangent, its six weight and bias gradients,
   fused learner would keep them), against
 - XLA: ``jax.jit(jax.vmap(...))`` of ``jax.vjp`` of the same MLP on the unpadded arrays.
 
-On the H200 the one-program form was 1.3-2.4x slower than XLA (BENCHMARKS.md, "Thirteenth
-session", W6): a program's [128, 256] float32 output and cotangent tiles do not fit in its
-registers, and each of its six small dots runs alone on one SM.
+On the H200 the one-program form was 1.3-2.4x slower than XLA per call (BENCHMARKS.md,
+"Thirteenth session", W6): a program's [128, 256] float32 output and cotangent tiles do not fit
+in its registers, and each of its six small dots runs alone on one SM. ``--out-blocks`` times
+programs that work on the head's outputs in smaller blocks (smaller tiles at once); they were
+written after W6 and have been checked on CPU only (interpret mode, lowering for the H200).
 
 Each is timed per call from Python and per iteration of a ``lax.fori_loop`` of passes (as a
 training scan runs it; at one learner a call from Python is mostly its dispatch).
 
     python -m jdqn.bench.fused_mlp [--learners 1 128 1024] [--warps 4 8] [--repeats 50]
-        [--steps 200]
+        [--steps 200] [--out-blocks 256 64]
 """
 
 from __future__ import annotations
@@ -58,18 +60,24 @@ def xla_forward_backward(params: Params, x: jax.Array, dy: jax.Array) -> tuple[j
     return y, pull_back(dy)[0]
 
 
-def _kernel(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, w3_ref, b3_ref, dy_ref, *out_refs):
+def _kernel(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, w3_ref, b3_ref, dy_ref, *out_refs, out_block):
     y_ref, dw1_ref, db1_ref, dw2_ref, db2_ref, dw3_ref, db3_ref = out_refs
-    x, w1, w2, w3 = x_ref[...], w1_ref[...], w2_ref[...], w3_ref[...]
+    x, w1, w2 = x_ref[...], w1_ref[...], w2_ref[...]
     z1 = jnp.dot(x, w1) + b1_ref[...][None, :]
     h1 = jnp.maximum(z1, 0.0)
     z2 = jnp.dot(h1, w2) + b2_ref[...][None, :]
     h2 = jnp.maximum(z2, 0.0)
-    y_ref[...] = jnp.dot(h2, w3) + b3_ref[...][None, :]
-    dy = dy_ref[...]
-    dw3_ref[...] = jnp.dot(h2.T, dy)
-    db3_ref[...] = jnp.sum(dy, axis=0)
-    dz2 = jnp.where(z2 > 0, jnp.dot(dy, w3.T), 0.0)
+    # The head in blocks of ``out_block`` outputs: a smaller block holds smaller tiles of the
+    # output and its cotangent at once (W6: the whole [128, 256] pair did not fit).
+    dh2 = jnp.zeros((ROWS_TILE, HIDDEN), jnp.float32)
+    for start in range(0, OUTPUTS_TILE, out_block):
+        cols = pl.ds(start, out_block)
+        w3, dy = w3_ref[:, cols], dy_ref[:, cols]
+        y_ref[:, cols] = jnp.dot(h2, w3) + b3_ref[cols][None, :]
+        dw3_ref[:, cols] = jnp.dot(h2.T, dy)
+        db3_ref[cols] = jnp.sum(dy, axis=0)
+        dh2 = dh2 + jnp.dot(dy, w3.T)
+    dz2 = jnp.where(z2 > 0, dh2, 0.0)
     dw2_ref[...] = jnp.dot(h1.T, dz2)
     db2_ref[...] = jnp.sum(dz2, axis=0)
     dz1 = jnp.where(z1 > 0, jnp.dot(dz2, w2.T), 0.0)
@@ -78,10 +86,19 @@ def _kernel(x_ref, w1_ref, b1_ref, w2_ref, b2_ref, w3_ref, b3_ref, dy_ref, *out_
 
 
 def fused_forward_backward(
-    params: Params, x: jax.Array, dy: jax.Array, *, interpret: bool = False, warps: int = 4
+    params: Params,
+    x: jax.Array,
+    dy: jax.Array,
+    *,
+    interpret: bool = False,
+    warps: int = 4,
+    out_block: int = OUTPUTS_TILE,
 ) -> tuple[jax.Array, ...]:
     """``(y, dw1, db1, dw2, db2, dw3, db3)`` of ``L`` learners, one program each; every array
-    has a leading learner axis and the padded tile shapes (:func:`pad`)."""
+    has a leading learner axis and the padded tile shapes (:func:`pad`). ``out_block``: how many
+    of the head's outputs the program works on at once (a power of two dividing 256)."""
+    if out_block < 16 or OUTPUTS_TILE % out_block:
+        raise ValueError(f"out_block {out_block}: use 16, 32, 64, 128 or 256")
     w1, b1, w2, b2, w3, b3 = params
 
     def block(*shape: int) -> pl.BlockSpec:
@@ -101,7 +118,7 @@ def fused_forward_backward(
     learners = x.shape[0]
     return tuple(
         pl.pallas_call(
-            _kernel,
+            functools.partial(_kernel, out_block=out_block),
             grid=(learners,),
             in_specs=[block(*shape) for shape in inputs],
             out_specs=[block(*shape) for shape in outputs],
@@ -152,12 +169,14 @@ def pad(params: Params, x: np.ndarray, dy: np.ndarray) -> tuple[Params, np.ndarr
     )
 
 
-def compare(learners: int, *, interpret: bool) -> float:
+def compare(learners: int, *, interpret: bool, out_block: int = OUTPUTS_TILE) -> float:
     """The largest difference between the fused program's outputs and XLA's (unpadded part)."""
     params, x, dy = jax.tree.map(jnp.asarray, random_inputs(learners))
     y, grads = jax.vmap(xla_forward_backward)(params, x, dy)
     padded_params, padded_x, padded_dy = jax.tree.map(jnp.asarray, pad(params, x, dy))
-    fused = fused_forward_backward(padded_params, padded_x, padded_dy, interpret=interpret)
+    fused = fused_forward_backward(
+        padded_params, padded_x, padded_dy, interpret=interpret, out_block=out_block
+    )
     got = (
         fused[0][:, :ROWS, :OUTPUTS],
         *fused[1:5],
@@ -172,9 +191,17 @@ def _xla_pass(params: Params, x: jax.Array, dy: jax.Array) -> tuple[jax.Array, P
 
 
 def _fused_pass(
-    params: Params, x: jax.Array, dy: jax.Array, *, interpret: bool = False, warps: int = 4
+    params: Params,
+    x: jax.Array,
+    dy: jax.Array,
+    *,
+    interpret: bool = False,
+    warps: int = 4,
+    out_block: int = OUTPUTS_TILE,
 ) -> tuple[jax.Array, Params]:
-    y, *grads = fused_forward_backward(params, x, dy, interpret=interpret, warps=warps)
+    y, *grads = fused_forward_backward(
+        params, x, dy, interpret=interpret, warps=warps, out_block=out_block
+    )
     return y, tuple(grads)  # type: ignore[return-value]
 
 
@@ -204,13 +231,15 @@ def _median_us(fn: Any, args: Any, repeats: int) -> float:
     return 1e6 * float(np.median(samples))
 
 
-def time_both(learners: int, warps: int, repeats: int, steps: int) -> dict[str, list[float]]:
+def time_both(
+    learners: int, warps: int, repeats: int, steps: int, out_block: int = OUTPUTS_TILE
+) -> dict[str, list[float]]:
     """Microseconds of XLA's and the fused program's pass, each measured twice in alternation:
     per call from Python (median of ``repeats`` calls, each blocked on; at one learner this is
     the dispatch) and per iteration of a ``steps``-pass loop (median of ``repeats // 10 + 1``
     loops), which is how a training scan runs them."""
     params, x, dy = random_inputs(learners)
-    fused = functools.partial(_fused_pass, warps=warps)
+    fused = functools.partial(_fused_pass, warps=warps, out_block=out_block)
     runs: tuple[tuple[str, Any, Any], ...] = (
         ("xla", _xla_pass, jax.device_put((params, x, dy))),
         ("fused", fused, jax.device_put(pad(params, x, dy))),
@@ -229,27 +258,40 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--repeats", type=int, default=50)
     parser.add_argument("--steps", type=int, default=200, help="passes per timed loop")
+    parser.add_argument(
+        "--out-blocks",
+        type=int,
+        nargs="+",
+        default=[OUTPUTS_TILE, 64],
+        help="head outputs a program works on at once (powers of two dividing 256)",
+    )
     args = parser.parse_args(argv)
+    bad = [b for b in args.out_blocks if b < 16 or OUTPUTS_TILE % b]
+    if bad:
+        parser.error(f"--out-blocks {bad}: use powers of two from 16 to {OUTPUTS_TILE}")
     if jax.default_backend() != "gpu":
         parser.error(
             "the fused program is a GPU kernel; run this on a GPU (the tests check it "
             "in interpret mode)"
         )
-    print(f"largest difference from XLA (L = 3): {compare(3, interpret=False):.2e}")
+    for out_block in args.out_blocks:
+        difference = compare(3, interpret=False, out_block=out_block)
+        print(f"largest difference from XLA (L = 3, output block {out_block}): {difference:.2e}")
     print(
-        "| learners | warps | XLA us per call | fused us per call | XLA us per loop iteration "
-        "| fused us per loop iteration | fused / XLA in the loop |"
+        "| learners | warps | output block | XLA us per call | fused us per call "
+        "| XLA us per loop iteration | fused us per loop iteration | fused / XLA in the loop |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for learners in args.learners:
         for warps in args.warps:
-            t = time_both(learners, warps, args.repeats, args.steps)
-            cells = [", ".join(f"{v:.1f}" for v in t[k]) for k in ("xla", "fused")]
-            cells += [", ".join(f"{v:.2f}" for v in t[k]) for k in ("xla_loop", "fused_loop")]
-            ratio = np.mean(t["fused_loop"]) / np.mean(t["xla_loop"])
-            print(
-                f"| {learners} | {warps} | " + " | ".join(cells) + f" | {ratio:.2f} |", flush=True
-            )
+            for out_block in args.out_blocks:
+                t = time_both(learners, warps, args.repeats, args.steps, out_block)
+                cells = [", ".join(f"{v:.1f}" for v in t[k]) for k in ("xla", "fused")]
+                loops = ("xla_loop", "fused_loop")
+                cells += [", ".join(f"{v:.2f}" for v in t[k]) for k in loops]
+                ratio = np.mean(t["fused_loop"]) / np.mean(t["xla_loop"])
+                row = f"| {learners} | {warps} | {out_block} | " + " | ".join(cells)
+                print(f"{row} | {ratio:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
