@@ -419,7 +419,7 @@ def test_timeline_cli_refuses_fewer_than_one_process(capsys) -> None:
     assert "--processes 0: need at least 1" in capsys.readouterr().err
 
 
-def test_loads_times_a_start_up_in_both_modes(monkeypatch, tmp_path) -> None:
+def test_loads_times_a_start_up_in_every_mode(monkeypatch, tmp_path) -> None:
     """Fresh start-ups on a given cache (no programs stored: on CPU none are): every mode, each
     step's end in the order the worker takes them."""
     monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path))
