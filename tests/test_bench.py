@@ -477,7 +477,7 @@ def test_fused_mlp_loops_give_the_same_weights() -> None:
     weights): the fused program in interpret mode against XLA's, on the real (unpadded) part."""
     params, x, dy = fused_mlp.random_inputs(2)
     want = fused_mlp.looped(fused_mlp._xla_pass, 3)(params, x, dy)
-    fused = functools.partial(fused_mlp._fused_pass, interpret=True)
+    fused = functools.partial(fused_mlp.fused_forward_backward, interpret=True)
     got = fused_mlp.looped(fused, 3)(*fused_mlp.pad(params, x, dy))
     real = (*got[:4], got[4][..., : fused_mlp.OUTPUTS], got[5][..., : fused_mlp.OUTPUTS])
     for g, w, start in zip(real, want, params, strict=True):

@@ -93,9 +93,10 @@ def fused_forward_backward(
     interpret: bool = False,
     warps: int = 4,
     out_block: int = OUTPUTS_TILE,
-) -> tuple[jax.Array, ...]:
-    """``(y, dw1, db1, dw2, db2, dw3, db3)`` of ``L`` learners, one program each; every array
-    has a leading learner axis and the padded tile shapes (:func:`pad`). ``out_block``: how many
+) -> tuple[jax.Array, Params]:
+    """``(y, (dw1, db1, dw2, db2, dw3, db3))`` of ``L`` learners, one program each, as
+    :func:`xla_forward_backward` gives them; every array has a leading learner axis and the
+    padded tile shapes (:func:`pad`). ``out_block``: how many
     of the head's outputs the program works on at once (a power of two dividing 256)."""
     if out_block < 16 or OUTPUTS_TILE % out_block:
         raise ValueError(f"out_block {out_block}: use 16, 32, 64, 128 or 256")
@@ -116,20 +117,17 @@ def fused_forward_backward(
     ]
     outputs = [(ROWS_TILE, OUTPUTS_TILE), *inputs[1:7]]
     learners = x.shape[0]
-    return tuple(
-        pl.pallas_call(
-            functools.partial(_kernel, out_block=out_block),
-            grid=(learners,),
-            in_specs=[block(*shape) for shape in inputs],
-            out_specs=[block(*shape) for shape in outputs],
-            out_shape=[jax.ShapeDtypeStruct((learners, *s), jnp.float32) for s in outputs],
-            interpret=interpret,
-            compiler_params=None
-            if interpret
-            else plgpu.CompilerParams(num_warps=warps, num_stages=1),
-            name="fused_mlp",
-        )(x, w1, b1, w2, b2, w3, b3, dy)
-    )
+    y, *grads = pl.pallas_call(
+        functools.partial(_kernel, out_block=out_block),
+        grid=(learners,),
+        in_specs=[block(*shape) for shape in inputs],
+        out_specs=[block(*shape) for shape in outputs],
+        out_shape=[jax.ShapeDtypeStruct((learners, *s), jnp.float32) for s in outputs],
+        interpret=interpret,
+        compiler_params=None if interpret else plgpu.CompilerParams(num_warps=warps, num_stages=1),
+        name="fused_mlp",
+    )(x, w1, b1, w2, b2, w3, b3, dy)
+    return y, tuple(grads)  # type: ignore[return-value]
 
 
 def random_inputs(learners: int, seed: int = 0) -> tuple[Params, np.ndarray, np.ndarray]:
@@ -174,35 +172,20 @@ def compare(learners: int, *, interpret: bool, out_block: int = OUTPUTS_TILE) ->
     params, x, dy = jax.tree.map(jnp.asarray, random_inputs(learners))
     y, grads = jax.vmap(xla_forward_backward)(params, x, dy)
     padded_params, padded_x, padded_dy = jax.tree.map(jnp.asarray, pad(params, x, dy))
-    fused = fused_forward_backward(
+    fused_y, fused_grads = fused_forward_backward(
         padded_params, padded_x, padded_dy, interpret=interpret, out_block=out_block
     )
     got = (
-        fused[0][:, :ROWS, :OUTPUTS],
-        *fused[1:5],
-        fused[5][..., :OUTPUTS],
-        fused[6][..., :OUTPUTS],
+        fused_y[:, :ROWS, :OUTPUTS],
+        *fused_grads[:4],
+        fused_grads[4][..., :OUTPUTS],
+        fused_grads[5][..., :OUTPUTS],
     )
     return max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(got, (y, *grads), strict=True))
 
 
 def _xla_pass(params: Params, x: jax.Array, dy: jax.Array) -> tuple[jax.Array, Params]:
     return jax.vmap(xla_forward_backward)(params, x, dy)
-
-
-def _fused_pass(
-    params: Params,
-    x: jax.Array,
-    dy: jax.Array,
-    *,
-    interpret: bool = False,
-    warps: int = 4,
-    out_block: int = OUTPUTS_TILE,
-) -> tuple[jax.Array, Params]:
-    y, *grads = fused_forward_backward(
-        params, x, dy, interpret=interpret, warps=warps, out_block=out_block
-    )
-    return y, tuple(grads)  # type: ignore[return-value]
 
 
 def looped(forward_backward: Any, steps: int) -> Any:
@@ -239,7 +222,7 @@ def time_both(
     the dispatch) and per iteration of a ``steps``-pass loop (median of ``repeats // 10 + 1``
     loops), which is how a training scan runs them."""
     params, x, dy = random_inputs(learners)
-    fused = functools.partial(_fused_pass, warps=warps, out_block=out_block)
+    fused = functools.partial(fused_forward_backward, warps=warps, out_block=out_block)
     runs: tuple[tuple[str, Any, Any], ...] = (
         ("xla", _xla_pass, jax.device_put((params, x, dy))),
         ("fused", fused, jax.device_put(pad(params, x, dy))),

@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from jdqn.bench import timeline
-from jdqn.bench.walkforward_run import bench_overrides
+from jdqn.bench.walkforward_run import bench_overrides, run_worker
 
 MODES = ("serial", "thread", "backend")
 TAG = "JDQN_LOADS "
@@ -89,7 +89,8 @@ def worker(mode: str) -> None:
 def spawn(mode: str, env: dict[str, str]) -> list[tuple[float, str]]:
     """One start-up in a fresh process with ``env``: its events (seconds, label)."""
     command = [sys.executable, "-m", "jdqn.bench.loads", "--worker", mode]
-    return timeline.run_worker(command, env, TAG)[1]
+    _, lines = run_worker(command, env, TAG)
+    return [(float(seconds), label) for seconds, label in (line.split(" ", 1) for line in lines)]
 
 
 def run(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jdqn.bench.walkforward_run import bench_overrides
+from jdqn.bench.walkforward_run import bench_overrides, run_worker
 
 EVENT_TAG = "JDQN_TIMELINE "
 START_VAR = "JDQN_TIMELINE_T0"
@@ -103,37 +102,15 @@ def worker(overrides: Sequence[str]) -> None:
     end_process(0)
 
 
-def run_worker(
-    command: Sequence[str], env: dict[str, str], tag: str
-) -> tuple[float, list[tuple[float, str]]]:
-    """Runs a bench worker process (``python -m MODULE --worker ...``): its wall seconds and the
-    lines of its stdout that start with ``tag``, as (seconds, the rest of the line); a failed
-    worker raises with the end of its output."""
-    start = time.time()
-    done = subprocess.run(
-        command, env={**env, START_VAR: repr(start)}, capture_output=True, text=True, check=False
-    )
-    wall = time.time() - start
-    if done.returncode != 0:
-        tail = (done.stdout + done.stderr)[-2000:]
-        raise RuntimeError(f"{command[2]} worker failed (exit {done.returncode}):\n{tail}")
-    lines = []
-    for line in done.stdout.splitlines():
-        if line.startswith(tag):
-            seconds, rest = line[len(tag) :].split(" ", 1)
-            lines.append((float(seconds), rest))
-    return wall, lines
-
-
 def spawn(overrides: Sequence[str], env: dict[str, str]) -> tuple[float, list[tuple[float, str]]]:
     """One worker process with ``overrides`` and ``env``: its wall seconds and its events."""
     command = [sys.executable, "-m", "jdqn.bench.timeline", "--worker"]
     command += [f"--set={o}" for o in overrides]
-    wall, lines = run_worker(command, env, EVENT_TAG)
+    wall, lines = run_worker(command, {**env, START_VAR: repr(time.time())}, EVENT_TAG)
     events = []
-    for seconds, rest in lines:
-        thread, label = rest.split(" ", 1)
-        events.append((seconds, f"[{thread}] {label}"))
+    for line in lines:
+        seconds, thread, label = line.split(" ", 2)
+        events.append((float(seconds), f"[{thread}] {label}"))
     return wall, events
 
 

@@ -140,6 +140,20 @@ def worker(overrides: Sequence[str], cache_min_compile_s: float | None = None) -
     }
 
 
+def run_worker(command: Sequence[str], env: dict[str, str], tag: str) -> tuple[float, list[str]]:
+    """Runs a bench worker process (``python -m MODULE --worker ...``): its wall seconds and the
+    lines of its stdout that start with ``tag``, the tag removed; a failed worker, or one that
+    printed no such line, raises with the end of its output."""
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    wall_s = time.perf_counter() - start
+    lines = [line[len(tag) :] for line in done.stdout.splitlines() if line.startswith(tag)]
+    if done.returncode != 0 or not lines:
+        tail = (done.stdout + done.stderr)[-2000:]
+        raise RuntimeError(f"{command[2]} worker failed (exit {done.returncode}):\n{tail}")
+    return wall_s, lines
+
+
 def _spawn(
     cache_dir: str, out_dir: str, overrides: Sequence[str], cache_min_compile_s: float | None
 ) -> dict[str, Any]:
@@ -148,14 +162,8 @@ def _spawn(
     if cache_min_compile_s is not None:
         command.append(f"--cache-min-compile-s={cache_min_compile_s}")
     command += [f"--set={o}" for o in (*overrides, f"output.out_dir={out_dir}")]
-    start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-    wall_s = time.perf_counter() - start
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_TAG)]
-    if done.returncode != 0 or not lines:
-        tail = (done.stdout + done.stderr)[-2000:]
-        raise RuntimeError(f"walkforward bench worker failed (exit {done.returncode}):\n{tail}")
-    result = json.loads(lines[-1][len(RESULT_TAG) :])
+    wall_s, lines = run_worker(command, env, RESULT_TAG)
+    result = json.loads(lines[-1])
     result["process_wall_s"] = wall_s
     return result
 
