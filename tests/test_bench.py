@@ -516,6 +516,22 @@ def test_fused_mlp_refuses_an_output_block_that_does_not_divide_the_head(capsys)
         fused_mlp.compare(1, interpret=True, out_block=8)
 
 
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--learners", "0"], "each must be at least 1"),
+        (["--steps", "0"], "each must be at least 1"),
+        (["--repeats", "0"], "each must be at least 1"),
+        (["--warps", "3"], "--warps [3]: Triton takes powers of two"),
+    ],
+)
+def test_fused_mlp_cli_refuses_impossible_counts(argv, message, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        fused_mlp.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
 def test_fused_mlp_cli_refuses_a_cpu(capsys) -> None:
     if jax.default_backend() == "gpu":
         pytest.skip("the CLI runs on a GPU")

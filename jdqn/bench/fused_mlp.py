@@ -252,6 +252,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     bad = [b for b in args.out_blocks if b < 16 or OUTPUTS_TILE % b]
     if bad:
         parser.error(f"--out-blocks {bad}: use powers of two from 16 to {OUTPUTS_TILE}")
+    if min(*args.learners, args.repeats, args.steps) < 1:
+        parser.error("--learners, --repeats and --steps: each must be at least 1")
+    if any(w not in (1, 2, 4, 8, 16, 32) for w in args.warps):
+        parser.error(f"--warps {args.warps}: Triton takes powers of two from 1 to 32")
     if jax.default_backend() != "gpu":
         parser.error(
             "the fused program is a GPU kernel; run this on a GPU (the tests check it "
