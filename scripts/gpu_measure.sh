@@ -42,6 +42,8 @@
 #               and backend in turn
 #   fusedmlp    the MLP's forward and backward as one Pallas program per learner against XLA,
 #               per call and per loop iteration (`python -m jdqn.bench.fused_mlp`)
+#   criticalpath  the in-scan step's longest chain of dependent kernels and its kernel count, from
+#               the compiled scan program (`python -m jdqn.bench.critical_path`), S = 1 and 1,024
 #   kernels     per-kernel device profile of the in-scan step (`python -m jdqn.bench.kernels`)
 #               at S = 1 under KERNEL_VARIANTS (default: XLA's command buffers as jdqn sets them,
 #               and none) and at S = 1024 vmapped seeds under KERNEL_SEED_VARIANTS (default,
@@ -210,6 +212,10 @@ for phase in "$@"; do
     loads)
       timeout "${LOADS_TIMEOUT:-300}" python3 -m jdqn.bench.loads --processes \
         "${LOADS_PROCESSES:-12}" --set output.tensorboard=false 2>&1 | tee "$out/loads.txt" ;;
+    criticalpath)
+      for s in 1 1024; do
+        timeout 300 python3 -m jdqn.bench.critical_path --seeds "$s" 2>&1 | tee "$out/critical_path_s$s.txt"
+      done ;;
     fusedmlp)
       timeout "${FUSED_TIMEOUT:-300}" python3 -m jdqn.bench.fused_mlp 2>&1 | tee "$out/fused_mlp.txt" ;;
     kernels)
