@@ -29,6 +29,12 @@
 #   seedvariants  `jdqn.bench.seeds --seeds $SEED_S` (default 1 128 1024) in fresh processes
 #               sharing one autotune cache, one per entry of SEED_VARIANTS (default: jdqn's flags,
 #               WHILE/CONDITIONAL command buffers too, alternated A B B A); lhs: XLA's graph order
+#   xlaflags    XLA flag sets against each other, in fresh processes sharing one autotune cache:
+#               `jdqn.bench.seeds --seeds $XF_SEEDS` (default 1 1024) per entry of XF_SEED_VARIANTS
+#               (default: default doublebuf), then the main command's worker (compilation cache off;
+#               a first default process fills the autotune cache) per entry of XF_VARIANTS (default:
+#               default doublebuf doublebuf default) with its compile, run and folds' sha256;
+#               doublebuf is XLA's while-loop double buffering (two iterations per loop trip)
 #   unroll      `jdqn.bench.seeds --compare-unroll 1 $UNROLL` (default 4) at $SEED_S (default
 #               1 16 128 1024): steps per scan loop iteration, alternated A B B A in one process
 #   longrun     the main command's worker at $LONG_EPOCHS epochs (default 50), with checkpoints
@@ -192,6 +198,33 @@ for phase in "$@"; do
         done
       } 2>&1 | tee "$out/cmdbufmode.txt"
       rm -rf "$out/cbm_cache" "$out/cbm_runs" "$out"/cbm_wf_*.log ;;
+    xlaflags)
+      declare -A xflags=(
+        [default]="" [lhs]=--xla_gpu_command_buffer_scheduling_mode=LHS
+        [doublebuf]=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_DOUBLE_BUFFER
+      )
+      export JDQN_CACHE_DIR="$out/xf_cache"
+      {
+        for variant in ${XF_SEED_VARIANTS:-default doublebuf}; do
+          echo "== seeds, $variant: XLA_FLAGS=${xflags[$variant]}"
+          XLA_FLAGS="${xflags[$variant]}" timeout "${XF_SEEDS_TIMEOUT:-150}" python3 -m \
+            jdqn.bench.seeds --seeds ${XF_SEEDS:-1 1024} 2>&1 | grep -v -i deprecat
+        done
+        i=0
+        for variant in default ${XF_VARIANTS:-default doublebuf doublebuf default}; do
+          i=$((i + 1)); runs="$out/xf_runs/$i"
+          start=$(date +%s%N)
+          XLA_FLAGS="${xflags[$variant]}" timeout 150 python3 -m jdqn.bench.walkforward_run \
+            --worker --set output.tensorboard=false --set output.compilation_cache=false \
+            --set "output.out_dir=$runs" > "$out/xf_wf_$i.log" 2>&1
+          echo "== main command $i, $variant: rc=$? wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))" \
+            "folds=$(folds "$runs")"
+          grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*\|"run_s": [0-9.]*' \
+            "$out/xf_wf_$i.log" | tr '\n' ' '
+          echo
+        done
+      } 2>&1 | tee "$out/xlaflags.txt"
+      rm -rf "$out/xf_cache" "$out/xf_runs" "$out"/xf_wf_*.log ;;
     seedvariants)
       declare -A sflags=(
         [default]="" [lhs]=--xla_gpu_command_buffer_scheduling_mode=LHS
