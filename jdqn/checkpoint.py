@@ -1,14 +1,36 @@
-"""Epoch-end checkpoints (orbax) that resume a killed run with bit-identical numbers."""
+"""Epoch-end checkpoints (orbax) that resume a killed run with bit-identical numbers.
+
+orbax is imported when a checkpoint is first read or written, not with this module: its import
+(with tensorstore's) takes 0.2-0.3 s of a warm start's GIL-bound start-up (BENCHMARKS.md, W1).
+:meth:`Checkpointer.prefetch` imports it on a thread while the first chunk trains, when the main
+thread waits on the device and the import costs the run nothing.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import threading
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
+
+_ORBAX = "orbax.checkpoint"
+
+
+def _ocp() -> ModuleType:
+    # Python's import lock makes this wait for a prefetch thread's import of the same module.
+    return importlib.import_module(_ORBAX)
+
+
+def _import_quietly() -> None:
+    # A broken install fails again, with its message, at first use on the main thread.
+    with contextlib.suppress(Exception):
+        _ocp()
 
 
 def _is_typed_key(leaf: Any) -> bool:
@@ -55,16 +77,29 @@ class Checkpointer:
 
     def __init__(self, directory: Path) -> None:
         self._directory = directory
-        self._manager = ocp.CheckpointManager(
-            directory.absolute(),
-            options=ocp.CheckpointManagerOptions(
-                max_to_keep=2, enable_async_checkpointing=True, enable_background_delete=True
-            ),
-        )
+        self._manager_: Any = None  # orbax's CheckpointManager, made at first use
+
+    @property
+    def _manager(self) -> Any:
+        if self._manager_ is None:
+            ocp = _ocp()
+            self._manager_ = ocp.CheckpointManager(
+                self._directory.absolute(),
+                options=ocp.CheckpointManagerOptions(
+                    max_to_keep=2, enable_async_checkpointing=True, enable_background_delete=True
+                ),
+            )
+        return self._manager_
+
+    @staticmethod
+    def prefetch() -> None:
+        """Import orbax on a daemon thread (returns at once; harmless when already imported)."""
+        threading.Thread(target=_import_quietly, name="jdqn-orbax-import", daemon=True).start()
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         # The host copy is taken now: the next training chunk donates the state's device buffers.
         host = jax.device_get(_to_storable(state))
+        ocp = _ocp()
         if not all_finite(host):
             # The guard keeps non-finite values out of the state; this is the last line of defence
             # so that a checkpoint can never hold one.
@@ -77,10 +112,15 @@ class Checkpointer:
         )
 
     def latest_step(self) -> int | None:
+        # orbax names a committed step's directory by its number, and a step being written by
+        # its number and a temporary suffix: with neither there is nothing to ask orbax about.
+        if self._manager_ is None and not any(self._directory.glob("[0-9]*")):
+            return None
         return self._manager.latest_step()
 
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Restore into the structure of ``like`` (e.g. a freshly initialised state)."""
+        ocp = _ocp()
         self._manager.wait_until_finished()  # a save of this process may still be writing
         step = self._manager.latest_step() if step is None else step
         if step is None:
@@ -105,5 +145,7 @@ class Checkpointer:
 
     def close(self) -> None:
         """Wait for the pending write and deletion, then release orbax's threads."""
-        self._manager.wait_until_finished()
-        self._manager.close()
+        if self._manager_ is None:
+            return  # nothing was read or written
+        self._manager_.wait_until_finished()
+        self._manager_.close()

@@ -421,6 +421,10 @@ def _train_group(
         for epoch in range(start_epoch, cfg.train.epochs):
             for chunk in range(program.chunks_per_epoch):
                 result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
+                if checkpoints is not None and epoch == start_epoch and chunk == 0:
+                    # The chunk is queued and the main thread now waits on the device: orbax's
+                    # import, needed at the epoch's end, runs meanwhile (jdqn.checkpoint).
+                    checkpoints.prefetch()
                 error, (state, chunk_metrics) = result if debug else (None, result)
                 summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
                 if error is not None:  # fetched once per chunk, with the chunk's metrics

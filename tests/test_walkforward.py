@@ -391,6 +391,45 @@ def test_only_the_latest_two_checkpoints_remain_once_closed(tmp_path):
     assert sorted(p.name for p in (tmp_path / "group0").iterdir()) == ["3", "4"]
 
 
+def test_orbax_is_imported_at_the_first_checkpoint_not_with_the_walk_forward(tmp_path):
+    """A warm start spends 0.2-0.3 s importing orbax (BENCHMARKS.md, W1): not before training.
+    A fresh run's group asks for its latest step without orbax; the first save imports it."""
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import jdqn.walkforward, jdqn.cli\n"
+        "from jdqn.checkpoint import Checkpointer\n"
+        "loaded = lambda: any(m.split('.')[0] == 'orbax' for m in sys.modules)\n"
+        "assert not loaded(), 'orbax imported with the walk-forward'\n"
+        f"c = Checkpointer(Path({str(tmp_path / 'group0')!r}))\n"
+        "assert c.latest_step() is None and not loaded(), 'orbax imported for a fresh run'\n"
+        "c.close()\n"
+        "import jax.numpy as jnp\n"
+        "c.save(1, {'w': jnp.ones(2)}, {'epochs_done': 1})\n"
+        "assert loaded()\n"
+        "c.close()\n"
+        "assert Checkpointer(c._directory).latest_step() == 1\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_orbax_prefetch_returns_at_once_and_leaves_the_module_imported():
+    Checkpointer.prefetch()
+    deadline = time.monotonic() + 60
+    thread = next((t for t in threading.enumerate() if t.name == "jdqn-orbax-import"), None)
+    if thread is not None:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert "orbax.checkpoint" in sys.modules
+
+
+def test_an_unused_checkpointer_closes_without_creating_its_directory(tmp_path):
+    checkpointer = Checkpointer(tmp_path / "group0")
+    assert checkpointer.latest_step() is None
+    checkpointer.close()
+    assert not (tmp_path / "group0").exists()
+
+
 def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path, monkeypatch):
     """`jdqn walkforward` asks for plot processes; a script calling run_walkforward does not by
     default (spawn imports the caller's main module again, which an unguarded script cannot
