@@ -42,13 +42,15 @@ class MetricsLog:
                     self._rows[row["run"]].append(row)
         self._path.write_text("".join(line + "\n" for line in kept))
         self._group = group_index
-        self._writer = None
-        if cfg.output.tensorboard:
-            from tensorboardX import SummaryWriter
-
-            self._writer = SummaryWriter(str(run.tensorboard_dir / f"group{group_index}"))
+        self._writer: Any = None  # made at the first add (below)
 
     def add(self, epoch: int, chunk: int, state: TrainState, chunk_metrics: Any) -> dict[str, str]:
+        if self._writer is None and self._cfg.output.tensorboard:
+            # Here, not in __init__: the first chunk is queued on the device by now, so
+            # tensorboardX's import (0.1-0.2 s) runs while it trains instead of before.
+            from tensorboardX import SummaryWriter
+
+            self._writer = SummaryWriter(str(self._run.tensorboard_dir / f"group{self._group}"))
         host = jax.device_get(chunk_metrics)
         learner_steps = np.asarray(state.learner.step)
         active = np.asarray(host.active)  # [R, L]; padding of the epoch's last chunk is False

@@ -430,6 +430,22 @@ def test_an_unused_checkpointer_closes_without_creating_its_directory(tmp_path):
     assert not (tmp_path / "group0").exists()
 
 
+def test_the_tensorboard_writer_waits_for_the_first_chunk(tmp_path):
+    """tensorboardX's import runs while the first chunk trains, not before (MetricsLog.add);
+    that the first add writes the events is checked by the complete runs above."""
+    from types import SimpleNamespace
+
+    from jdqn.metrics_log import MetricsLog
+
+    run = SimpleNamespace(
+        metrics_path=tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tensorboard"
+    )
+    log = MetricsLog(run, SMOKETEST, [(0, 0)], 0, 0, writes=None)
+    assert SMOKETEST.output.tensorboard and log._writer is None
+    assert not (tmp_path / "tensorboard").exists()
+    log.close(write_plots=False)
+
+
 def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path, monkeypatch):
     """`jdqn walkforward` asks for plot processes; a script calling run_walkforward does not by
     default (spawn imports the caller's main module again, which an unguarded script cannot
