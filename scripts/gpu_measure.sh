@@ -46,10 +46,6 @@
 #               backend's start, each stored program's load, the other imports, in
 #               $LOADS_PROCESSES (default 12) fresh processes taking the modes serial, thread
 #               and backend in turn
-#   aotthunks   a warm start's loads with XLA storing compiled thunks in the serialized programs
-#               (`--xla_gpu_experimental_aot_compiled_thunks=true`) against without: `jdqn.bench.loads`
-#               with $AOT_PROCESSES (default 6) workers per entry of AOT_VARIANTS (default: default
-#               aot), each entry with its own fresh cache
 #   fusedmlp    the MLP's forward and backward as one Pallas program per learner against XLA,
 #               per call and per loop iteration (`python -m jdqn.bench.fused_mlp`)
 #   criticalpath  the in-scan step's longest chain of dependent kernels and its kernel count, from
@@ -253,16 +249,6 @@ for phase in "$@"; do
       for s in 1 1024; do
         timeout 300 python3 -m jdqn.bench.critical_path --seeds "$s" 2>&1 | tee "$out/critical_path_s$s.txt"
       done ;;
-    aotthunks)
-      declare -A aflags=([default]="" [aot]=--xla_gpu_experimental_aot_compiled_thunks=true)
-      {
-        for variant in ${AOT_VARIANTS:-default aot}; do
-          echo "== loads, $variant: XLA_FLAGS=${aflags[$variant]}"
-          XLA_FLAGS="${aflags[$variant]}" timeout "${AOT_TIMEOUT:-240}" python3 -m \
-            jdqn.bench.loads --processes "${AOT_PROCESSES:-6}" --set output.tensorboard=false \
-            2>&1 | grep -v -i deprecat
-        done
-      } 2>&1 | tee "$out/aotthunks.txt" ;;
     fusedmlp)
       timeout "${FUSED_TIMEOUT:-300}" python3 -m jdqn.bench.fused_mlp 2>&1 | tee "$out/fused_mlp.txt" ;;
     kernels)
