@@ -147,6 +147,38 @@ def test_an_inner_while_counts_its_body_once_per_trip() -> None:
     assert result["depth"] == 5  # ik, ik, a, b, sum
 
 
+def test_a_conditional_gives_each_branch_its_own_operand() -> None:
+    # Branch 0 (one kernel) reads x, which three kernels made; branch 1 (two kernels) reads the
+    # fresh y. Longest: 3 + 1 = 4 through branch 0, not 3 + 2 = 5 (y is not x's chain).
+    text = (
+        "HloModule m\n\n"
+        "%fn (p: f32[4]) -> f32[4] {\n  %p = f32[4]{0} parameter(0)\n"
+        "  ROOT %n = f32[4]{0} negate(%p)\n}\n\n"
+        "%br0 (b0: f32[4]) -> f32[4] {\n  %b0 = f32[4]{0} parameter(0)\n"
+        "  ROOT %k0 = f32[4]{0} fusion(%b0), kind=kLoop, calls=%fn\n}\n\n"
+        "%br1 (b1: f32[4]) -> f32[4] {\n  %b1 = f32[4]{0} parameter(0)\n"
+        "  %k1 = f32[4]{0} fusion(%b1), kind=kLoop, calls=%fn\n"
+        "  ROOT %k2 = f32[4]{0} fusion(%k1), kind=kLoop, calls=%fn\n}\n\n"
+        "%body (a: (s32[], f32[4], f32[4])) -> f32[4] {\n"
+        "  %a = (s32[], f32[4]{0}, f32[4]{0}) parameter(0)\n"
+        "  %i = s32[] get-tuple-element(%a), index=0\n"
+        "  %x0 = f32[4]{0} get-tuple-element(%a), index=1\n"
+        "  %y = f32[4]{0} get-tuple-element(%a), index=2\n"
+        "  %x1 = f32[4]{0} fusion(%x0), kind=kLoop, calls=%fn\n"
+        "  %x2 = f32[4]{0} fusion(%x1), kind=kLoop, calls=%fn\n"
+        "  %x = f32[4]{0} fusion(%x2), kind=kLoop, calls=%fn\n"
+        "  ROOT %c = f32[4]{0} conditional(%i, %x, %y), branch_computations={%br0, %br1}\n}\n\n"
+        "ENTRY %main (e: (s32[], f32[4], f32[4])) -> f32[4] {\n"
+        "  %e = (s32[], f32[4]{0}, f32[4]{0}) parameter(0)\n"
+        "  ROOT %w = f32[4]{0} while(%e), condition=%fn, body=%body, "
+        'backend_config={"known_trip_count":{"n":"3"}}\n}\n'
+    )
+    result = critical_path.analyse(text)
+    assert result["depth"] == 4
+    assert [k["kernel"].split(" ")[0] for k in result["chain"]] == ["x1", "x2", "x", "k0"]
+    assert result["kernels"] == 5  # x1, x2, x and the larger branch's two
+
+
 def test_no_while_loop_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="no while loop"):
         critical_path.analyse(

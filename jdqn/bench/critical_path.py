@@ -3,10 +3,11 @@ another inside one scan iteration (issue 6).
 
 Under ``--xla_gpu_command_buffer_scheduling_mode=CONCURRENT`` (jdqn's default) an iteration is
 one CUDA graph whose kernels wait only for the kernels whose buffers they read, so independent
-kernels run side by side and the iteration lasts about as long as its deepest dependency chain,
-not its kernel count (BENCHMARKS.md, X2: ~119 kernels in ~77 us at S = 1; under LHS, one
-chain, 141 us). This reads the compiled program's optimised HLO, takes the body of the scan's
-while loop (the one with the largest known trip count) and counts, for every value, the
+kernels can run side by side. Whether an iteration then lasts as long as its deepest chain or as
+long as its kernel count takes is a measurement: on the H200 the time followed the count (~0.65
+us per kernel) and not the chain (BENCHMARKS.md, "Fourteenth session", X3-X5). This tool gives
+both figures for a change. It reads the compiled program's optimised HLO, takes the body of the
+scan's while loop (the one with the largest known trip count) and counts, for every value, the
 longest chain of kernels that produce it. Kernels are the instructions that launch GPU work:
 fusions, custom calls (Pallas, cuBLAS), copies, sorts and any other unfused op; parameters,
 tuples, bitcasts, constants and tuple indexing launch nothing. A ``call`` (XLA's command-buffer
@@ -215,9 +216,10 @@ def chain_through(
             values[instr.name], n = chain_through(module, instr.called["to_apply"][0], args)
             kernels += n
         elif instr.opcode == "conditional" and "branch_computations" in instr.called:
+            # Branch k takes operand k + 1 (operand 0 is the branch index or predicate).
             branches = [
-                chain_through(module, branch, args[1:2] if len(args) > 1 else [])
-                for branch in instr.called["branch_computations"]
+                chain_through(module, branch, args[k + 1 : k + 2])
+                for k, branch in enumerate(instr.called["branch_computations"])
             ]
             values[instr.name] = _deepest([b[0] for b in branches])
             kernels += max(b[1] for b in branches)
