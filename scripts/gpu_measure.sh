@@ -22,19 +22,17 @@
 #   tailcompare the step's flat tail in XLA against the Pallas kernels at S = 1, 16, 128, 1,024
 #               vmapped learners, alternated in one process (`jdqn.bench.seeds
 #               --compare-update-impl`); then the flat-tail kernel tests on the real kernels
-#   cmdbufmode  XLA's command-buffer scheduling: LHS (XLA's default) against CONCURRENT (the
-#               CUDA graph as a DAG of the kernels' buffer uses), in fresh processes sharing one
-#               autotune cache, alternated A B B A: `jdqn.bench.seeds` (S = 1 .. 1,024), then the
-#               main command's worker (compilation cache off) with its folds' sha256
-#   seedvariants  `jdqn.bench.seeds --seeds $SEED_S` (default 1 128 1024) in fresh processes
-#               sharing one autotune cache, one per entry of SEED_VARIANTS (default: jdqn's flags,
-#               WHILE/CONDITIONAL command buffers too, alternated A B B A); lhs: XLA's graph order
 #   xlaflags    XLA flag sets against each other, in fresh processes sharing one autotune cache:
 #               `jdqn.bench.seeds --seeds $XF_SEEDS` (default 1 1024) per entry of XF_SEED_VARIANTS
 #               (default: default doublebuf), then the main command's worker (compilation cache off;
 #               a first default process fills the autotune cache) per entry of XF_VARIANTS (default:
-#               default doublebuf doublebuf default) with its compile, run and folds' sha256;
-#               doublebuf is XLA's while-loop double buffering (two iterations per loop trip)
+#               default doublebuf doublebuf default) with its compile, run and folds' sha256.
+#               Flag sets: default (jdqn's), lhs and concurrent (XLA's command-buffer scheduling),
+#               whilecmd (WHILE/CONDITIONAL command buffers too), doublebuf (XLA's while-loop
+#               double buffering: two iterations per loop trip)
+#   cmdbufmode  xlaflags with LHS against CONCURRENT, A B B A ($CBM_MODES), seeds S = 1 .. 1,024
+#   seedvariants  xlaflags' seeds part only: $SEED_VARIANTS (default: default whilecmd whilecmd
+#               default) at $SEED_S (default 1 128 1024)
 #   unroll      `jdqn.bench.seeds --compare-unroll 1 $UNROLL` (default 4) at $SEED_S (default
 #               1 16 128 1024): steps per scan loop iteration, alternated A B B A in one process
 #   longrun     the main command's worker at $LONG_EPOCHS epochs (default 50), with checkpoints
@@ -71,6 +69,37 @@ folds() {  # sha256 of a run's fold results (the same numbers give the same dige
 paths = sorted(pathlib.Path(sys.argv[1]).rglob("results.json"))
 folds = json.loads(paths[-1].read_text())["folds"] if paths else "none"
 print(hashlib.sha256(json.dumps(folds, sort_keys=True).encode()).hexdigest()[:12])' "$1"
+}
+declare -A xflags=(
+  [default]="" [lhs]=--xla_gpu_command_buffer_scheduling_mode=LHS
+  [concurrent]=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT
+  [whilecmd]=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL
+  [doublebuf]=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_DOUBLE_BUFFER
+)
+xla_flag_runs() {  # name, seeds' flag sets, seeds' S list, workers' flag sets (the first fills)
+  local name="$1" seed_variants="$2" seed_s="$3" workers="$4" variant i=0 runs start
+  local cache="$out/${name}_cache"
+  {
+    for variant in $seed_variants; do
+      echo "== seeds, $variant: XLA_FLAGS=${xflags[$variant]}"
+      JDQN_CACHE_DIR="$cache" XLA_FLAGS="${xflags[$variant]}" timeout "${XF_SEEDS_TIMEOUT:-150}" \
+        python3 -m jdqn.bench.seeds --seeds $seed_s 2>&1 | grep -v -i deprecat
+    done
+    for variant in $workers; do
+      i=$((i + 1)); runs="$out/${name}_runs/$i"
+      start=$(date +%s%N)
+      JDQN_CACHE_DIR="$cache" XLA_FLAGS="${xflags[$variant]}" timeout 150 python3 -m \
+        jdqn.bench.walkforward_run --worker --set output.tensorboard=false \
+        --set output.compilation_cache=false --set "output.out_dir=$runs" \
+        > "$out/${name}_wf_$i.log" 2>&1
+      echo "== main command $i, $variant: rc=$? wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))" \
+        "folds=$(folds "$runs")"
+      grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*' \
+        "$out/${name}_wf_$i.log" | tr '\n' ' '
+      echo
+    done
+  } 2>&1 | tee "$out/$name.txt"
+  rm -rf "$cache" "$out/${name}_runs" "$out/${name}"_wf_*.log
 }
 for phase in "$@"; do
   case "$phase" in
@@ -172,73 +201,15 @@ for phase in "$@"; do
         done
       } 2>&1 | tee "$out/longrun.txt"
       rm -rf "$out/lr_cache" "$out/lr_runs" ;;
-    cmdbufmode)
-      export JDQN_CACHE_DIR="$out/cbm_cache"
-      mode_flags() { echo "--xla_gpu_command_buffer_scheduling_mode=$1"; }
-      {
-        XLA_FLAGS="$(mode_flags CONCURRENT)" timeout 60 python3 -c \
-          'import jax.numpy as jnp; print("CONCURRENT accepted:", float(jnp.ones(3).sum()))'
-        for mode in ${CBM_MODES:-LHS CONCURRENT CONCURRENT LHS}; do
-          echo "== seeds, $mode"
-          XLA_FLAGS="$(mode_flags "$mode")" timeout "${CBM_SEEDS_TIMEOUT:-150}" python3 -m \
-            jdqn.bench.seeds 2>&1 | grep -v -i deprecat
-        done
-        i=0
-        for mode in LHS ${CBM_MODES:-LHS CONCURRENT CONCURRENT LHS}; do
-          i=$((i + 1)); runs="$out/cbm_runs/$i"
-          start=$(date +%s%N)
-          XLA_FLAGS="$(mode_flags "$mode")" timeout 150 python3 -m jdqn.bench.walkforward_run \
-            --worker --set output.tensorboard=false --set output.compilation_cache=false \
-            --set "output.out_dir=$runs" > "$out/cbm_wf_$i.log" 2>&1
-          echo "== main command $i, $mode: rc=$? wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))" \
-            "folds=$(folds "$runs")"
-          grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*' \
-            "$out/cbm_wf_$i.log" | tr '\n' ' '
-          echo
-        done
-      } 2>&1 | tee "$out/cmdbufmode.txt"
-      rm -rf "$out/cbm_cache" "$out/cbm_runs" "$out"/cbm_wf_*.log ;;
     xlaflags)
-      declare -A xflags=(
-        [default]="" [lhs]=--xla_gpu_command_buffer_scheduling_mode=LHS
-        [doublebuf]=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_DOUBLE_BUFFER
-      )
-      export JDQN_CACHE_DIR="$out/xf_cache"
-      {
-        for variant in ${XF_SEED_VARIANTS:-default doublebuf}; do
-          echo "== seeds, $variant: XLA_FLAGS=${xflags[$variant]}"
-          XLA_FLAGS="${xflags[$variant]}" timeout "${XF_SEEDS_TIMEOUT:-150}" python3 -m \
-            jdqn.bench.seeds --seeds ${XF_SEEDS:-1 1024} 2>&1 | grep -v -i deprecat
-        done
-        i=0
-        for variant in default ${XF_VARIANTS:-default doublebuf doublebuf default}; do
-          i=$((i + 1)); runs="$out/xf_runs/$i"
-          start=$(date +%s%N)
-          XLA_FLAGS="${xflags[$variant]}" timeout 150 python3 -m jdqn.bench.walkforward_run \
-            --worker --set output.tensorboard=false --set output.compilation_cache=false \
-            --set "output.out_dir=$runs" > "$out/xf_wf_$i.log" 2>&1
-          echo "== main command $i, $variant: rc=$? wall_ms=$(( ($(date +%s%N) - start) / 1000000 ))" \
-            "folds=$(folds "$runs")"
-          grep -o '"walkforward_s": [0-9.]*\|"training_compile_s": [0-9.]*\|"run_s": [0-9.]*' \
-            "$out/xf_wf_$i.log" | tr '\n' ' '
-          echo
-        done
-      } 2>&1 | tee "$out/xlaflags.txt"
-      rm -rf "$out/xf_cache" "$out/xf_runs" "$out"/xf_wf_*.log ;;
+      xla_flag_runs xlaflags "${XF_SEED_VARIANTS:-default doublebuf}" "${XF_SEEDS:-1 1024}" \
+        "default ${XF_VARIANTS:-default doublebuf doublebuf default}" ;;
+    cmdbufmode)
+      modes="${CBM_MODES:-lhs concurrent concurrent lhs}"
+      xla_flag_runs cmdbufmode "$modes" "1 16 128 1024" "lhs $modes" ;;
     seedvariants)
-      declare -A sflags=(
-        [default]="" [lhs]=--xla_gpu_command_buffer_scheduling_mode=LHS
-        [whilecmd]=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL
-      )
-      {
-        for variant in ${SEED_VARIANTS:-default whilecmd whilecmd default}; do
-          echo "== seeds, $variant: XLA_FLAGS=${sflags[$variant]}"
-          JDQN_CACHE_DIR="$out/sv_cache" XLA_FLAGS="${sflags[$variant]}" \
-            timeout "${SEED_TIMEOUT:-150}" python3 -m jdqn.bench.seeds --seeds ${SEED_S:-1 128 1024} \
-            2>&1 | grep -v -i deprecat
-        done
-      } 2>&1 | tee "$out/seedvariants.txt"
-      rm -rf "$out/sv_cache" ;;
+      xla_flag_runs seedvariants "${SEED_VARIANTS:-default whilecmd whilecmd default}" \
+        "${SEED_S:-1 128 1024}" "" ;;
     timeline)
       timeout "${TL_TIMEOUT:-300}" python3 -m jdqn.bench.timeline --processes "${TL_PROCESSES:-4}" \
         --events --set output.tensorboard=false 2>&1 | tee "$out/timeline.txt" ;;
