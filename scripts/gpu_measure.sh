@@ -30,7 +30,7 @@
 #               Flag sets: default (jdqn's), lhs and concurrent (XLA's command-buffer scheduling),
 #               whilecmd (WHILE/CONDITIONAL command buffers too), doublebuf (XLA's while-loop
 #               double buffering: two iterations per loop trip)
-#   cmdbufmode  xlaflags with LHS against CONCURRENT, A B B A ($CBM_MODES), seeds S = 1 .. 1,024
+#   cmdbufmode  xlaflags with lhs against concurrent, A B B A ($CBM_MODES), seeds S = 1 .. 1,024
 #   seedvariants  xlaflags' seeds part only: $SEED_VARIANTS (default: default whilecmd whilecmd
 #               default) at $SEED_S (default 1 128 1024)
 #   unroll      `jdqn.bench.seeds --compare-unroll 1 $UNROLL` (default 4) at $SEED_S (default
