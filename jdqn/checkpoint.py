@@ -2,15 +2,13 @@
 
 orbax is imported when a checkpoint is first read or written, not with this module: its import
 (with tensorstore's) takes 0.2-0.3 s of a warm start's GIL-bound start-up (BENCHMARKS.md, W1).
-:meth:`Checkpointer.prefetch` imports it on a thread while the first chunk trains, when the main
-thread waits on the device and the import costs the run nothing.
+The walk-forward has the writer thread import it while the first chunk trains
+(``jdqn.report.BackgroundWrites.prefetch``), when the main thread waits on the device.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,18 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_ORBAX = "orbax.checkpoint"
+ORBAX = "orbax.checkpoint"  # the module, for callers that import it ahead of use
 
 
 def _ocp() -> ModuleType:
-    # Python's import lock makes this wait for a prefetch thread's import of the same module.
-    return importlib.import_module(_ORBAX)
-
-
-def _import_quietly() -> None:
-    # A broken install fails again, with its message, at first use on the main thread.
-    with contextlib.suppress(Exception):
-        _ocp()
+    # While another thread imports orbax, Python's module lock makes this wait for it.
+    return importlib.import_module(ORBAX)
 
 
 def _is_typed_key(leaf: Any) -> bool:
@@ -90,11 +82,6 @@ class Checkpointer:
                 ),
             )
         return self._manager_
-
-    @staticmethod
-    def prefetch() -> None:
-        """Import orbax on a daemon thread (returns at once; harmless when already imported)."""
-        threading.Thread(target=_import_quietly, name="jdqn-orbax-import", daemon=True).start()
 
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         # The host copy is taken now: the next training chunk donates the state's device buffers.

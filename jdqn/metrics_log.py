@@ -6,6 +6,7 @@ On resume, rows of epochs that the checkpoint already covers are kept and later 
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import Any
 
@@ -15,6 +16,8 @@ import numpy as np
 from jdqn import report, rundir
 from jdqn.config import Config
 from jdqn.train import TrainState
+
+TENSORBOARD = "tensorboardX"  # the module, for callers that import it ahead of use
 
 
 class MetricsLog:
@@ -48,9 +51,8 @@ class MetricsLog:
         if self._writer is None and self._cfg.output.tensorboard:
             # Here, not in __init__: the first chunk is queued on the device by now, so
             # tensorboardX's import (0.1-0.2 s) runs while it trains instead of before.
-            from tensorboardX import SummaryWriter
-
-            self._writer = SummaryWriter(str(self._run.tensorboard_dir / f"group{self._group}"))
+            summary_writer = importlib.import_module(TENSORBOARD).SummaryWriter
+            self._writer = summary_writer(str(self._run.tensorboard_dir / f"group{self._group}"))
         host = jax.device_get(chunk_metrics)
         learner_steps = np.asarray(state.learner.step)
         active = np.asarray(host.active)  # [R, L]; padding of the epoch's last chunk is False

@@ -70,6 +70,19 @@ class BackgroundWrites:
             for module in preload:
                 self.submit(_import, module)
 
+    def prefetch(self, modules: Sequence[str]) -> None:
+        """Imports ``modules`` on the writer thread, in order, ahead of the caller's first use.
+
+        For modules the caller needs soon but not yet (orbax at the first checkpoint,
+        tensorboardX at the first metrics): queued once a chunk is on the device, their imports
+        run while the caller waits on it. A caller that imports one of them first, or while it is
+        being imported here, waits for that import instead of running another beside it; the
+        two threads never import different packages at once, which could meet in the shared
+        dependencies' module locks (CPython then hands one thread a half-initialised module).
+        """
+        for module in modules:
+            self.submit(_import, module)
+
     def submit(self, write: Callable[..., None], *args: Any) -> None:
         """Queues ``write(*args)`` on the writer thread (from the thread that owns this object);
         the arguments must not change afterwards."""

@@ -20,7 +20,7 @@ import numpy as np
 
 from jdqn import background, report, rundir
 from jdqn import debug as debug_mode
-from jdqn.checkpoint import Checkpointer, CheckpointLayoutError
+from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
 from jdqn.data import (
     FoldArrays,
@@ -34,7 +34,7 @@ from jdqn.env import make_params
 from jdqn.evaluate import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.executables import ExecutableCache
 from jdqn.learner import GUARD_REASONS
-from jdqn.metrics_log import MetricsLog
+from jdqn.metrics_log import TENSORBOARD, MetricsLog
 from jdqn.train import FoldData, TrainProgram, TrainState, make_train
 from jdqn.xla_flags import cache_root
 
@@ -407,6 +407,15 @@ def _train_group(
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}")
     metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch, writes)
+    # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
+    later_imports = [
+        module
+        for module, needed in (
+            (TENSORBOARD, cfg.output.tensorboard),
+            (ORBAX, checkpoints is not None),
+        )
+        if needed
+    ]
 
     total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch
     bar = _progress_bar(
@@ -421,10 +430,10 @@ def _train_group(
         for epoch in range(start_epoch, cfg.train.epochs):
             for chunk in range(program.chunks_per_epoch):
                 result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
-                if checkpoints is not None and epoch == start_epoch and chunk == 0:
-                    # The chunk is queued and the main thread now waits on the device: orbax's
-                    # import, needed at the epoch's end, runs meanwhile (jdqn.checkpoint).
-                    checkpoints.prefetch()
+                if epoch == start_epoch and chunk == 0:
+                    # The chunk is queued and this thread now waits on the device: the writer
+                    # thread imports what the metrics and the checkpoint need meanwhile.
+                    writes.prefetch(later_imports)
                 error, (state, chunk_metrics) = result if debug else (None, result)
                 summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
                 if error is not None:  # fetched once per chunk, with the chunk's metrics

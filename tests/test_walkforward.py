@@ -414,13 +414,35 @@ def test_orbax_is_imported_at_the_first_checkpoint_not_with_the_walk_forward(tmp
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_the_orbax_prefetch_returns_at_once_and_leaves_the_module_imported():
-    Checkpointer.prefetch()
-    deadline = time.monotonic() + 60
-    thread = next((t for t in threading.enumerate() if t.name == "jdqn-orbax-import"), None)
-    if thread is not None:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    assert "orbax.checkpoint" in sys.modules
+def test_prefetch_imports_on_the_writer_thread_in_order(monkeypatch):
+    seen: list[tuple[str, str]] = []
+    real = report._import
+
+    def recording(module: str) -> None:
+        seen.append((module, threading.current_thread().name))
+        real(module)
+
+    monkeypatch.setattr(report, "_import", recording)
+    with report.BackgroundWrites() as writes:
+        writes.prefetch(["colorsys", "json"])
+    assert [module for module, _ in seen] == ["colorsys", "json"]
+    assert all(name.startswith("jdqn-writes") for _, name in seen)
+    assert "colorsys" in sys.modules
+
+
+def test_a_run_prefetches_what_its_metrics_and_checkpoints_import(tmp_path, monkeypatch):
+    """Once per group, after its first chunk is queued: tensorboardX and orbax, the two imports
+    that no longer happen before training."""
+    asked: list[list[str]] = []
+    real = report.BackgroundWrites.prefetch
+
+    def recording(self, modules):
+        asked.append(list(modules))
+        real(self, modules)
+
+    monkeypatch.setattr(report.BackgroundWrites, "prefetch", recording)
+    _run(tmp_path, [*ES_FOLDS, f"data.path={ES_SAMPLE}", "output.plots=false", "train.epochs=1"])
+    assert asked and all(modules == ["tensorboardX", "orbax.checkpoint"] for modules in asked)
 
 
 def test_an_unused_checkpointer_closes_without_creating_its_directory(tmp_path):
