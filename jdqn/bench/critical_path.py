@@ -221,7 +221,8 @@ def chain_through(
                 chain_through(module, branch, args[k + 1 : k + 2])
                 for k, branch in enumerate(instr.called["branch_computations"])
             ]
-            values[instr.name] = _deepest([b[0] for b in branches])
+            # Nothing of a branch runs before the predicate or index is known.
+            values[instr.name] = _deepest([*(b[0] for b in branches), *args[:1]])
             kernels += max(b[1] for b in branches)
         elif instr.opcode == "while" and "body" in instr.called:
             state: Depth = args[0] if args else None
