@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 from malformed_bars import MALFORMED_CASES
 
@@ -149,13 +150,6 @@ def test_ctrl_c_during_a_run_leaves_no_directory_and_no_traceback(tmp_path):
     assert not list(out.iterdir())
 
 
-def _run_child(code: str) -> subprocess.CompletedProcess[str]:
-    """``python -c code`` in a fresh process, its output captured."""
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
-    )
-
-
 def test_a_ctrl_c_during_shutdown_after_an_interrupt_ends_quietly_with_130():
     """Once a Ctrl-C has been handled, the interpreter still joins threads and runs exit handlers;
     another Ctrl-C then must not print a traceback or kill the process by the signal (CI saw
@@ -168,7 +162,7 @@ def test_a_ctrl_c_during_shutdown_after_an_interrupt_ends_quietly_with_130():
         "atexit.register(lambda: (os.kill(os.getpid(), signal.SIGINT), time.sleep(5)))\n"
         "sys.exit(cli.console())\n"
     )
-    done = _run_child(child)
+    done = run_child(child)
     assert done.returncode == EXIT_INTERRUPTED, done.stderr
     assert "Traceback" not in done.stderr
 
@@ -188,7 +182,7 @@ def test_a_finished_command_skips_the_interpreter_teardown(argv, code):
         f"sys.argv = ['jdqn', *{argv!r}]\n"
         "sys.exit(cli.console())\n"
     )
-    done = _run_child(child)
+    done = run_child(child)
     assert done.returncode == code, done.stderr
     if code == 0:
         assert done.stdout.endswith(
@@ -210,5 +204,5 @@ def test_ending_the_process_survives_a_stream_that_cannot_be_flushed():
         "sys.stdout.close()\n"
         "cli.end_process(3)\n"
     )
-    done = _run_child(child)
+    done = run_child(child)
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from child import run_child
 
 from jdqn import report
 from jdqn.report import BackgroundWrites
@@ -104,9 +105,8 @@ def test_a_plot_process_imports_no_jax():
         "from jdqn import make_learner\n"
         "print(make_learner.__module__)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
+    done = run_child(code)
+    assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "False", "jdqn.learner.step"]
 
 
@@ -219,7 +219,6 @@ def test_the_plotting_library_is_imported_only_for_plots_and_off_the_main_thread
         "    writes.submit(lambda: print(threading.get_ident() != main))\n"
         "print(before, 'matplotlib.figure' in sys.modules)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
-    )
+    done = run_child(code)
+    assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False", "True"]

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
+from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 
 from jdqn import background, report, walkforward
@@ -410,7 +411,7 @@ def test_orbax_is_imported_at_the_first_checkpoint_not_with_the_walk_forward(tmp
         "c.close()\n"
         "assert Checkpointer(c._directory).latest_step() == 1\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    done = run_child(script)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
