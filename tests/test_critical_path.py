@@ -203,3 +203,27 @@ def test_cli_names_a_missing_hlo_file_in_one_line(tmp_path) -> None:
     assert done.returncode == 2
     assert "no such file" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "message"),
+    [
+        (["--seeds", "0"], 2, "--seeds must be >= 1"),
+        (["--set", "network.no_such_field=1"], 2, "no_such_field"),
+        (["--hlo", "NO_WHILE"], 1, "no while loop"),
+    ],
+)
+def test_cli_refuses_bad_input_in_one_line(tmp_path, args, status, message) -> None:
+    no_while = tmp_path / "no_while.txt"
+    no_while.write_text(
+        "HloModule m\n\nENTRY %main (p: f32[]) -> f32[] {\n  ROOT %p = f32[] parameter(0)\n}\n"
+    )
+    args = [str(no_while) if a == "NO_WHILE" else a for a in args]
+    done = subprocess.run(
+        [sys.executable, "-m", "jdqn.bench.critical_path", *args],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == status
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
