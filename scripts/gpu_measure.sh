@@ -29,7 +29,8 @@
 #               default doublebuf doublebuf default) with its compile, run and folds' sha256.
 #               Flag sets: default (jdqn's), lhs and concurrent (XLA's command-buffer scheduling),
 #               whilecmd (WHILE/CONDITIONAL command buffers too), doublebuf (XLA's while-loop
-#               double buffering: two iterations per loop trip)
+#               double buffering: two iterations per loop trip); fusionat, unrolltune, blocklevel,
+#               heroless, alltriton, sameshape, tritonmof (XLA's experimental fusion options)
 #   cmdbufmode  xlaflags with lhs against concurrent, A B B A ($CBM_MODES), seeds S = 1 .. 1,024
 #   seedvariants  xlaflags' seeds part only: $SEED_VARIANTS (default: default whilecmd whilecmd
 #               default) at $SEED_S (default 1 128 1024)
@@ -75,6 +76,14 @@ declare -A xflags=(
   [concurrent]=--xla_gpu_command_buffer_scheduling_mode=CONCURRENT
   [whilecmd]=--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,WHILE,CONDITIONAL
   [doublebuf]=--xla_gpu_enable_while_loop_unrolling=WHILE_LOOP_UNROLLING_DOUBLE_BUFFER
+  # Fusion emitters: the many-seed step's reductions over 51 atoms run far below bandwidth (Y1).
+  [fusionat]=--xla_gpu_experimental_enable_fusion_autotuner=true
+  [unrolltune]=--xla_gpu_native_emitter_tune_unroll_factor_for_loops=true
+  [blocklevel]=--xla_gpu_experimental_enable_fusion_block_level_rewriter=true
+  [heroless]=--xla_gpu_experimental_enable_triton_heroless_priority_fusion=true
+  [alltriton]=--xla_gpu_experimental_all_fusions_with_triton=true
+  [sameshape]=--xla_gpu_experimental_enable_same_shape_multi_output_fusion=true
+  [tritonmof]=--xla_gpu_unsupported_enable_triton_multi_output_fusion=true
 )
 xla_flag_runs() {  # name, seeds' flag sets, seeds' S list, workers' flag sets (the first fills)
   local name="$1" seed_variants="$2" seed_s="$3" workers="$4" variant i=0 runs start
@@ -234,7 +243,7 @@ for phase in "$@"; do
       profile() {  # variant, seeds, steps
         echo "== $1, S=$2: XLA_FLAGS=${kflags[$1]}"
         XLA_FLAGS="${kflags[$1]}" timeout 150 python3 -m jdqn.bench.kernels --seeds "$2" \
-          --steps "$3" --top 40 --json "$out/kernels_${1}_s$2.json" 2>&1 | tail -70
+          --steps "$3" --top "${KERNEL_TOP:-40}" --json "$out/kernels_${1}_s$2.json" 2>&1 | tail -$(( ${KERNEL_TOP:-40} + 30 ))
       }
       {
         for variant in ${KERNEL_VARIANTS-default nocmdbuf}; do profile "$variant" 1 500; done
