@@ -226,7 +226,7 @@ STATE_INJECTIONS = {
         "learner_state",
         "target_params['",
     ),
-    "spectral_u": (lambda s: s.replace(sn_u=_poison(s.sn_u)), "target_network", "probs_next"),
+    "spectral_u": (lambda s: s.replace(sn_u=_poison(s.sn_u)), "target_network", "logits_next"),
     "features": (
         lambda s: _replay(s, features=jnp.full_like(s.replay.transitions.features, jnp.nan)),
         "batch",
@@ -282,7 +282,7 @@ def _nan_like(fn, fields=None):
     ("target", "attribute", "fields", "component", "tensor", "guard"),
     [
         (losses, "project_target", None, "projection", "projected_target", "loss"),
-        (losses, "c51_cross_entropy", None, "loss", "loss_c51", "loss"),
+        (losses, "cross_entropy", None, "loss", "loss_c51", "loss"),
         (losses, "causal_kl", None, "loss", "loss_causal", "loss"),
         # A surgery that returns a NaN part also returns a NaN total (the sum Adam gets).
         (learner_module, "gradient_surgery", ("g1", "total"), "surgery", "grad_mse", "gradient"),

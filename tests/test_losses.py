@@ -83,12 +83,64 @@ def test_double_dqn_picks_by_online_scores_by_target():
         ],
         jnp.float32,
     )
-    a_star, probs, q_star = losses.double_dqn_target(q_online, probs_target, support)
+    # The target net's logits: log(0) = -inf keeps those atoms at probability 0 exactly.
+    with np.errstate(divide="ignore"):
+        logits_target = jnp.asarray(np.log(np.asarray(probs_target)), jnp.float32)
+    a_star, probs, q_star = losses.double_dqn_target(q_online, logits_target, support)
     assert int(a_star[0]) == 1
     np.testing.assert_array_equal(probs[0], [0.5, 0.5, 0, 0, 0])
     np.testing.assert_allclose(float(q_star[0]), -7.5)
     y = losses.scalar_target(jnp.array([30.0]), jnp.array([0.9]), q_star, V_MIN, V_MAX)
     np.testing.assert_allclose(np.asarray(y), [10.0])  # 30 - 6.75 clips to v_max
+
+
+def test_double_dqn_target_is_the_softmax_of_a_stars_row_against_float64():
+    rng = np.random.default_rng(3)
+    logits = rng.normal(0.0, 4.0, (6, 2, 3, 5)).astype(np.float32)  # [R, K, A, N]
+    q_online = rng.normal(size=(6, 2, 3)).astype(np.float32)
+    a_star, probs, q_star = losses.double_dqn_target(
+        jnp.asarray(q_online), jnp.asarray(logits), jnp.asarray(SUPPORT, jnp.float32)
+    )
+    want_a = q_online.argmax(-1)
+    want = _softmax64(np.take_along_axis(logits, want_a[..., None, None], axis=-2)[..., 0, :])
+    np.testing.assert_array_equal(a_star, want_a)
+    np.testing.assert_allclose(probs, want, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(q_star, want @ SUPPORT, rtol=1e-5, atol=1e-5)
+
+
+def test_select_action_matches_indexing_and_keeps_other_actions_out():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=(4, 2, 3, 5)).astype(np.float32)  # [R, K, A, N]
+    action = np.array([2, 0, 1, 2])
+    values[np.arange(4), :, (action + 1) % 3] = np.inf  # a non-taken action of every row
+    values[0, :, 0] = np.nan
+    taken = losses.select_action(jnp.asarray(values), jnp.asarray(action)[:, None], n_trailing=1)
+    np.testing.assert_array_equal(taken, values[np.arange(4), :, action])  # exact, all finite
+    q = values[..., 0]  # [R, K, A], no trailing axis; one action per (row, head)
+    per_head = np.array([[2, 0], [1, 1], [0, 2], [2, 2]])
+    np.testing.assert_array_equal(
+        losses.select_action(jnp.asarray(q), jnp.asarray(per_head)),
+        np.take_along_axis(q, per_head[..., None], axis=-1)[..., 0],
+    )
+    # The gradient is the taken action's one-hot: a select, no scatter.
+    grad = jax.grad(lambda v: jnp.sum(losses.select_action(v, jnp.asarray(action)[:, None])))(
+        jnp.zeros((4, 2, 3))
+    )
+    np.testing.assert_array_equal(grad, np.eye(3)[action][:, None, :].repeat(2, axis=1))
+
+
+def test_cross_entropy_from_log_probs_is_the_c51_cross_entropy():
+    logits = jax.random.normal(jax.random.PRNGKey(1), (7, 5)) * 3.0
+    target = jnp.asarray(_softmax64(np.arange(35.0).reshape(7, 5) / 10.0), jnp.float32)
+    np.testing.assert_allclose(
+        losses.cross_entropy(jax.nn.log_softmax(logits), target),
+        losses.c51_cross_entropy(logits, target),
+        rtol=1e-6,
+    )
+    want = -(np.asarray(target, np.float64) * np.log(_softmax64(logits))).sum(-1)
+    np.testing.assert_allclose(
+        losses.cross_entropy(jax.nn.log_softmax(logits), target), want, rtol=1e-5
+    )
 
 
 def test_q_regression_loss_and_huber():

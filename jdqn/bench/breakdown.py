@@ -195,18 +195,17 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         log_probs = jax.nn.log_softmax(logits[:rows], axis=-1)
         q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)
         q_next = networks.q_values(logits[rows:], support)
-        probs_next = jax.nn.softmax(logits[rows:], axis=-1)
-        _, probs_star, q_star = losses.double_dqn_target(q_next, probs_next, support)
+        _, probs_star, q_star = losses.double_dqn_target(q_next, logits[rows:], support)
         discount = jnp.full((rows,), cfg.loss.gamma, jnp.float32)
         projected = losses.project_target(
             probs_star, reward, discount, net.v_min, net.v_max, cfg.loss.projection_impl
         )
         target = losses.label_smooth(projected, cfg.loss.label_smoothing)
         y = losses.scalar_target(reward, discount, q_star, net.v_min, net.v_max)
-        q_taken = jnp.take_along_axis(q, action[:, None], axis=-1)[:, 0]
-        taken = jnp.take_along_axis(logits[:rows], action[:, None, None], axis=-2)[:, 0]
+        q_taken = losses.select_action(q, action)
+        taken = losses.select_action(log_probs, action, n_trailing=1)
         total = jnp.mean(losses.q_regression_loss(q_taken, y, net.v_min, net.v_max, None))
-        total += jnp.mean(losses.c51_cross_entropy(taken, target))
+        total += jnp.mean(losses.cross_entropy(taken, target))
         total += jnp.mean(losses.causal_kl(logits[:batch], logits[rows : rows + batch]))
         return logits + 1e-9 * total
 

@@ -256,10 +256,8 @@ def make_learner(
             target_eff, _, _ = networks.effective_params(
                 layout.unravel(_masked(state.target_params, masks)), None, state.sn_u, net, False
             )
-            target_probs_next = jax.nn.softmax(
-                networks.apply(target_eff, next_obs, cfg), axis=-1
-            )  # [R, K, A, N]
-        checks.distribution("target_network", "probs_next", target_probs_next, 1e-4)
+            target_logits_next = networks.apply(target_eff, next_obs, cfg)  # [R, K, A, N]
+        checks.finite("target_network", "logits_next", target_logits_next)
 
         # 3 (cont.). The effective weights and their VJP: the loss chains below differentiate
         # with respect to the effective weights, and one batched pull-back through the mask and
@@ -280,7 +278,8 @@ def make_learner(
         # 4. Double-DQN target, projection, label smoothing; no gradient flows into it.
         with jax.named_scope("projection"):
             q_next = networks.q_values(logits_next, support)  # [R, K, A]
-            _, probs_star, q_star = losses.double_dqn_target(q_next, target_probs_next, support)
+            _, probs_star, q_star = losses.double_dqn_target(q_next, target_logits_next, support)
+            checks.distribution("target_network", "probs_star", probs_star, 1e-4)
             checks.within("online_network", "q_next", q_next, q_low, q_high)
             checks.within("target_network", "q_star", q_star, q_low, q_high)
             rewards_k = jnp.broadcast_to(batch.reward[:, None], (n_rows, n_heads))  # [R, K]
@@ -313,13 +312,15 @@ def make_learner(
 
             # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
             with jax.named_scope("losses"):
-                action = batch.action[:, None, None]  # [R, 1, 1]
-                q_taken = jnp.take_along_axis(q, action, axis=-1)[..., 0]  # [R, K]
-                logits_taken = jnp.take_along_axis(logits, action[..., None], axis=-2)[..., 0, :]
+                # The taken action's Q and log-probabilities come out of the one log-softmax
+                # above: both parts' gradients then go back through one log-softmax pass.
+                action = batch.action[:, None]  # [R, 1], broadcast over the heads
+                q_taken = losses.select_action(q, action)  # [R, K]
+                log_probs_taken = losses.select_action(log_probs, action, n_trailing=1)
                 mse_parts = losses.q_regression_loss(
                     q_taken, y, net.v_min, net.v_max, loss_cfg.huber_delta
                 )  # [R, K]
-                c51_parts = losses.c51_cross_entropy(logits_taken, target)  # [R, K]
+                c51_parts = losses.cross_entropy(log_probs_taken, target)  # [R, K]
                 loss_mse = jnp.mean(row_head_weights * mse_parts)
                 loss_c51 = jnp.mean(row_head_weights * c51_parts)
                 loss_div = (
