@@ -15,7 +15,8 @@ state, so the learner can carry, select and vmap every piece:
 - ``param_layout(cfg, n_inputs) -> ParamLayout``: the parameter tree as one flat vector and back.
 
 Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": {"kernel":
-[H_last, K*A*N], "bias": [K*A*N]}}``. ``sn_u`` maps each torso layer name to its ``[H_l]`` vector.
+[K*A*N, H_last], "bias": [K*A*N]}}``: torso kernels are flax's [in, out], the head's is stored
+[out, in] (:data:`HEAD`). ``sn_u`` maps each torso layer name to its ``[H_l]`` vector.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ from jdqn.config import Config, NetworkConfig
 Params = Any  # {layer: {"kernel": [in, out], "bias": [out]}} float32
 
 _SN_EPS = 1e-12  # guards the power-iteration normalisation against a zero vector
+
+# The output layer. Its kernel is stored [out, in] (torch's ``nn.Linear`` order), not flax's
+# [in, out]: XLA computes the per-loss-part gradients of this kernel as one GEMM with the parts
+# stacked on the output rows, [P * K*A*N, H], so in [in, out] order every step transposed them
+# before writing the flat gradient (85 us of the 1,024-learner step on the H200, BENCHMARKS.md,
+# Y3). Stored [out, in], the GEMM's result is already in the flat vector's order.
+HEAD = "head"
 
 
 class NetworkState(NamedTuple):
@@ -69,6 +77,17 @@ class ParamLayout(NamedTuple):
         ]
         return jax.tree.unflatten(self.treedef, leaves)
 
+    def record(self) -> list[list[Any]]:
+        """Each leaf's path and shape in flat order (JSON-ready). A checkpoint keeps it, so a
+        resume can refuse a flat vector of another layout, such as an older jdqn's head kernel
+        in [in, out] order, which has the same size and would otherwise load transposed."""
+        numbered = jax.tree.unflatten(self.treedef, range(len(self.shapes)))
+        paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(numbered)[0]]
+        return [
+            [jax.tree_util.keystr(path), list(shape)]
+            for path, shape in zip(paths, self.shapes, strict=True)
+        ]
+
     def ravel(self, tree: Params) -> jax.Array:
         """The parameter tree (or one shaped like it) -> ``[n_params]``."""
         return ravel_pytree(tree)[0]
@@ -84,19 +103,28 @@ def param_layout(cfg: Config, n_inputs: int) -> ParamLayout:
 
 
 class _Dense(nn.Module):
-    """Dense layer whose matmul inputs may be bfloat16; the product is always float32."""
+    """Dense layer whose matmul inputs may be bfloat16; the product is always float32. The
+    kernel is [in, out], or [out, in] with ``out_major`` (the head, :data:`HEAD`)."""
 
     features: int
     matmul_dtype: str = "float32"
+    out_major: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        kernel = self.param(
-            "kernel", nn.initializers.lecun_normal(), (x.shape[-1], self.features), jnp.float32
-        )
+        if self.out_major:
+            shape, init = (self.features, x.shape[-1]), nn.initializers.lecun_normal(-1, -2)
+        else:
+            shape, init = (x.shape[-1], self.features), nn.initializers.lecun_normal()
+        kernel = self.param("kernel", init, shape, jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
         dtype = jnp.dtype(self.matmul_dtype)
-        y = jnp.dot(x.astype(dtype), kernel.astype(dtype), preferred_element_type=jnp.float32)
+        weights = kernel.astype(dtype)
+        y = jnp.dot(
+            x.astype(dtype),
+            weights.T if self.out_major else weights,
+            preferred_element_type=jnp.float32,
+        )
         return y + bias
 
 
@@ -114,9 +142,8 @@ class C51MLP(nn.Module):
         x = obs.astype(jnp.float32)
         for i, width in enumerate(self.hidden):
             x = nn.relu(_Dense(width, self.matmul_dtype, name=f"torso_{i}")(x))
-        out = _Dense(self.n_heads * self.n_actions * self.n_atoms, self.matmul_dtype, name="head")(
-            x
-        )
+        width = self.n_heads * self.n_actions * self.n_atoms
+        out = _Dense(width, self.matmul_dtype, out_major=True, name=HEAD)(x)
         return out.reshape(*obs.shape[:-1], self.n_heads, self.n_actions, self.n_atoms)
 
 
@@ -169,10 +196,14 @@ def init_network(key: jax.Array, cfg: Config, n_inputs: int) -> NetworkState:
     draws = jax.random.truncated_normal(k_params, -2.0, 2.0, (sum(sizes.values()),), jnp.float32)
     params, offset = {}, 0
     for name, layer in shapes.items():
-        fan_in = layer["kernel"].shape[0]
-        kernel = draws[offset : offset + sizes[name]].reshape(layer["kernel"].shape)
+        # Drawn as [in, out] for every layer, so the head's [out, in] storage leaves the
+        # initial network (and its random stream) as it was before that order.
+        shape = layer["kernel"].shape
+        in_out = shape[::-1] if name == HEAD else shape
+        kernel = draws[offset : offset + sizes[name]].reshape(in_out)
+        kernel = kernel.T if name == HEAD else kernel
         params[name] = {
-            "kernel": kernel * (1.0 / math.sqrt(fan_in) / _TRUNCATED_NORMAL_STD),
+            "kernel": kernel * (1.0 / math.sqrt(in_out[0]) / _TRUNCATED_NORMAL_STD),
             "bias": jnp.zeros(layer["bias"].shape, jnp.float32),
         }
         offset += sizes[name]

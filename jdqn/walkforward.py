@@ -403,6 +403,9 @@ def _train_group(
     start_epoch, halted_epoch = 0, {}
     if checkpoints is not None and checkpoints.latest_step() is not None:
         state, meta = checkpoints.restore(state)
+        check_param_layout(
+            meta, program.learner.layout.record(), run.checkpoint_dir / f"group{group_index}"
+        )
         start_epoch = int(meta["epochs_done"])
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}")
@@ -455,6 +458,7 @@ def _train_group(
                     {
                         "epochs_done": epoch + 1,
                         "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
+                        "param_layout": program.learner.layout.record(),
                     },
                 )
         completed = True
@@ -465,6 +469,17 @@ def _train_group(
         if checkpoints is not None:
             checkpoints.close()
     return state, halted_epoch
+
+
+def check_param_layout(meta: dict[str, Any], expected: list[list[Any]], directory: Path) -> None:
+    """Refuse a checkpoint whose flat parameter vectors are laid out otherwise than this jdqn's
+    (``ParamLayout.record``; a checkpoint without the record predates it): same sizes, so the
+    state restores, but the values would land in the wrong places."""
+    if meta.get("param_layout") != expected:
+        raise CheckpointLayoutError(
+            f"checkpoint {directory} holds parameters in another order or shape (written by "
+            "another jdqn version); fix: start the run again"
+        )
 
 
 def _baselines(

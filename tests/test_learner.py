@@ -204,7 +204,7 @@ def test_vmap_over_two_seeds_equals_separate_runs():
         np.testing.assert_allclose(
             batched_metrics.loss_c51[s], singles_metrics[s].loss_c51, rtol=1e-4
         )
-    heads = jax.vmap(learner.layout.unravel)(batched.params)["head"]["kernel"]  # [2, H, K*A*N]
+    heads = jax.vmap(learner.layout.unravel)(batched.params)["head"]["kernel"]  # [2, K*A*N, H]
     assert not np.allclose(heads[0], heads[1])
 
 

@@ -227,13 +227,30 @@ def test_spectral_sigma_gradient_is_the_papers_outer_product():
     assert np.all(np.isfinite(np.asarray(zero_grad)))
 
 
+def test_forward_is_the_relu_mlp_with_an_out_major_head_against_float64():
+    """Torso kernels [in, out], the head's [out, in] (``networks.HEAD``): x @ W_head^T + b."""
+    cfg = _cfg("network.n_heads=2", "network.spectral_norm=false")
+    params = networks.init_network(jax.random.PRNGKey(3), cfg, 5).params
+    params = jax.tree.map(lambda p: p + 0.01, params)  # non-zero biases
+    obs = jax.random.normal(jax.random.PRNGKey(4), (7, 5))
+    p64 = jax.tree.map(lambda p: np.asarray(p, np.float64), params)
+    x = np.asarray(obs, np.float64)
+    for name in ("torso_0", "torso_1"):
+        x = np.maximum(x @ p64[name]["kernel"] + p64[name]["bias"], 0.0)
+    want = (x @ p64["head"]["kernel"].T + p64["head"]["bias"]).reshape(7, 2, 3, 11)
+    assert params["head"]["kernel"].shape == (2 * 3 * 11, 8)
+    with jax.default_matmul_precision("float32"):  # a GPU's default would be TF32
+        logits = networks.apply(params, obs, cfg)
+    np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
+
+
 def test_param_layout_round_trips_and_matches_the_tree_by_hand():
     """The flat vector the learner carries: each leaf's entries, row-major, in leaf order."""
     cfg = _cfg("network.n_heads=2")
     params = networks.init_network(jax.random.PRNGKey(0), cfg, 5).params
     layout = networks.param_layout(cfg, 5)
-    # By hand: head (kernel [8, 2*3*11], bias [66]), torso_0 ([5, 16], [16]), torso_1
-    # ([16, 8], [8]), leaves in sorted-key order with bias before kernel.
+    # By hand: head (kernel [2*3*11, 8], stored [out, in], bias [66]), torso_0 ([5, 16], [16]),
+    # torso_1 ([16, 8], [8]), leaves in sorted-key order with bias before kernel.
     sizes = [66, 8 * 66, 16, 5 * 16, 8, 16 * 8]
     assert layout.size == sum(sizes)
     assert layout.offsets == tuple(int(np.sum(sizes[:i])) for i in range(len(sizes)))
@@ -241,8 +258,16 @@ def test_param_layout_round_trips_and_matches_the_tree_by_hand():
     expected = np.concatenate([np.asarray(leaf).ravel() for leaf in jax.tree.leaves(params)])
     np.testing.assert_array_equal(np.asarray(flat), expected)
     np.testing.assert_array_equal(
-        np.asarray(flat[66 : 66 + 8 * 66]).reshape(8, 66), np.asarray(params["head"]["kernel"])
+        np.asarray(flat[66 : 66 + 8 * 66]).reshape(66, 8), np.asarray(params["head"]["kernel"])
     )
+    assert layout.record() == [
+        ["['head']['bias']", [66]],
+        ["['head']['kernel']", [66, 8]],
+        ["['torso_0']['bias']", [16]],
+        ["['torso_0']['kernel']", [5, 16]],
+        ["['torso_1']['bias']", [8]],
+        ["['torso_1']['kernel']", [16, 8]],
+    ]
     back = jax.jit(layout.unravel)(flat)
     assert jax.tree.structure(back) == jax.tree.structure(params)
     for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(params), strict=True):

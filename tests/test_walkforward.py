@@ -19,12 +19,12 @@ import pytest
 from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 
-from jdqn import background, report, walkforward
-from jdqn.checkpoint import Checkpointer, all_finite
+from jdqn import background, networks, report, walkforward
+from jdqn.checkpoint import Checkpointer, CheckpointLayoutError, all_finite
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.learner import step as step_module
-from jdqn.walkforward import run_walkforward
+from jdqn.walkforward import check_param_layout, run_walkforward
 
 
 def _run(tmp_path: Path, overrides: list[str], name: str = "run"):
@@ -363,6 +363,20 @@ def test_resuming_from_a_checkpoint_of_another_layout_says_start_again(tmp_path,
     assert len(lines) == 1 and "holds a state of another layout" in lines[0]
     assert "fix: start the run again" in lines[0] and "resume with" not in err
     assert (incomplete / "checkpoints" / "group0" / "1").exists()
+
+
+def test_a_checkpoint_of_another_parameter_order_is_refused(tmp_path):
+    """A flat vector of the same size in another order (an older jdqn stored the head kernel
+    [in, out]) restores without complaint, so the checkpoint's layout record decides."""
+    layout = networks.param_layout(SMOKETEST, 16).record()
+    check_param_layout({"param_layout": layout}, layout, tmp_path)  # its own: accepted
+    head = [name for name, _ in layout].index("['head']['kernel']")
+    transposed = [list(entry) for entry in layout]
+    transposed[head] = [transposed[head][0], transposed[head][1][::-1]]
+    for meta in ({"epochs_done": 1}, {"param_layout": transposed}):  # no record; another order
+        with pytest.raises(CheckpointLayoutError, match="another order or shape") as caught:
+            check_param_layout(meta, layout, tmp_path)
+        assert "\n" not in str(caught.value) and "fix: start the run again" in str(caught.value)
 
 
 def test_a_checkpoint_holds_the_state_as_saved_after_its_buffers_are_donated(tmp_path):

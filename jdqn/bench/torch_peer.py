@@ -139,8 +139,8 @@ class TorchPeer:
         for name in self.layers[:-1]:
             kernel, bias = eff[name]
             x = self.torch.relu(x @ kernel + bias)
-        kernel, bias = eff["head"]
-        out = x @ kernel + bias
+        kernel, bias = eff["head"]  # [out, in], as jdqn stores it (jdqn.networks.HEAD)
+        out = x @ kernel.T + bias
         return out.reshape(x.shape[0], self.cfg.env.n_actions, self.cfg.network.n_atoms)
 
     # ------------------------------------------------------------------ batch
