@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -204,17 +203,20 @@ def console() -> int:
     A command that finished (status 0 or 3) flushes stdout and stderr and ends the process at
     once (``os._exit``): the interpreter's teardown, JAX's exit handlers and module clean-up,
     took 0.65-0.88 s of the H200's ~7 s warm walk-forward after its last line, and 0.15 s
-    without (BENCHMARKS.md, run V2). Other statuses take the usual exit (an interrupted or failed
-    run may leave a compile running on a worker thread; the interpreter waits for it). After a
-    handled Ctrl-C, another one ends the process at once with the same status. Without this, a
-    Ctrl-C pressed again while the interpreter shuts down (it joins threads and runs JAX's exit
-    handlers, which can take seconds) killed the process by the signal after "jdqn: interrupted"
-    had been printed. The run's directory is already removed (or its --resume command printed)."""
-    code = main()
-    if code in _FINISHED:
+    without (BENCHMARKS.md, run V2). So does an interrupted one (130): its run directory is
+    already removed or its --resume command printed, and its files are closed; what is left is
+    at most a compile on a worker thread, which the interpreter's exit would wait for. A Ctrl-C
+    pressed again during that wait, or once Python had restored the default SIGINT action late
+    in its shutdown, killed the process by the signal (exit -2) after "jdqn: interrupted" had
+    been printed (seen in CI). A Ctrl-C that lands while :func:`main` handles the first one ends
+    the same way. Other statuses (errors) take the usual exit."""
+    try:
+        code = main()
+    except KeyboardInterrupt:  # a second Ctrl-C inside main's own handler
+        print("jdqn: interrupted", file=sys.stderr)
+        code = EXIT_INTERRUPTED
+    if code in _FINISHED or code == EXIT_INTERRUPTED:
         end_process(code)
-    if code == EXIT_INTERRUPTED:
-        signal.signal(signal.SIGINT, lambda *_: os._exit(EXIT_INTERRUPTED))
     return code
 
 
