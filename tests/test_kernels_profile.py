@@ -87,10 +87,14 @@ def test_device_events_fall_back_to_host_thunks_without_a_gpu() -> None:
     assert len(kernels.device_events({"traceEvents": events})) == 1
 
 
-def test_profile_of_the_step_attributes_kernels_to_scopes() -> None:
+def test_profile_of_the_step_attributes_kernels_to_scopes(tmp_path) -> None:
     """A fresh process with command buffers off (on the GPU the kernels are then not hidden in
-    CUDA graphs; on CPU the flag is a no-op) gives a per-scope table of the real step."""
-    result = kernels.run_without_command_buffers(n_steps=2)
+    CUDA graphs; on CPU the flag is a no-op) gives a per-scope table of the real step, and the
+    compiled HLO in which its kernels are defined."""
+    result = kernels.run_without_command_buffers(n_steps=2, hlo_path=tmp_path / "step.hlo")
+    hlo = (tmp_path / "step.hlo").read_text()
+    assert hlo.startswith("HloModule")
+    assert all(f"%{k['kernel']} = " in hlo for k in result["kernels"][:5])
     assert not result["command_buffers"]
     assert result["kernels_per_step"] > 10 and result["busy_us_per_step"] > 0
     named = set(result["scopes"]) - {"other"}
@@ -149,6 +153,10 @@ def test_bad_json_path_and_a_failed_profile_process_are_one_line_errors(
         kernels.main(["--json", str(tmp_path / "missing" / "k.json")])
     assert exit_info.value.code == 2
     assert "no directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        kernels.main(["--hlo", str(tmp_path / "missing" / "step.hlo")])
+    assert exit_info.value.code == 2
+    assert "--hlo" in capsys.readouterr().err
 
     def failing(args, capture=False):
         return subprocess.CompletedProcess(args, 1, "", "Traceback ...\nValueError: boom\n")

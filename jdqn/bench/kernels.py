@@ -16,7 +16,10 @@ process with ``--xla_gpu_enable_command_buffer=`` (kernels launched one by one: 
 times are right, the wall time then includes launch gaps).
 
     python -m jdqn.bench.kernels [--steps 200] [--seeds 1] [--top 25] [--json FILE]
-                                 [--set KEY=VALUE ...] [--no-command-buffers]
+                                 [--hlo FILE] [--set KEY=VALUE ...] [--no-command-buffers]
+
+``--hlo`` writes the profiled program's compiled HLO, whose fusion names are the table's kernel
+names: what each kernel computes, on which shapes, is read there.
 """
 
 from __future__ import annotations
@@ -128,9 +131,14 @@ def summarise(
 
 
 def run(
-    cfg: Config = SMOKETEST, n_steps: int = 200, n_seeds: int = 1, repeats: int = 3
+    cfg: Config = SMOKETEST,
+    n_steps: int = 200,
+    n_seeds: int = 1,
+    repeats: int = 3,
+    hlo_path: Path | None = None,
 ) -> dict[str, Any]:
-    """Profile ``repeats`` scans of ``n_steps`` learner steps (``n_seeds`` vmapped when > 1)."""
+    """Profile ``repeats`` scans of ``n_steps`` learner steps (``n_seeds`` vmapped when > 1);
+    the compiled HLO goes to ``hlo_path`` when given."""
     if n_seeds > 1:
         from jdqn.bench.seeds import seeded_states
 
@@ -139,7 +147,10 @@ def run(
         learner, state = filled_learner(cfg)
     # One compile: its HLO names the kernels, and the same executable is timed and traced.
     fn = scan_steps_fn(learner, n_steps, vmapped=n_seeds > 1).lower(state).compile()
-    names = op_names(fn.as_text() or "")
+    hlo = fn.as_text() or ""
+    if hlo_path is not None:
+        hlo_path.write_text(hlo)
+    names = op_names(hlo)
     timing, state = time_repeated(fn, state, repeats)  # untraced wall clock (first call: warm-up)
 
     def scans():
@@ -213,11 +224,14 @@ def _fresh_process_without_command_buffers(
     )
 
 
-def run_without_command_buffers(n_steps: int = 200, n_seeds: int = 1) -> dict[str, Any]:
+def run_without_command_buffers(
+    n_steps: int = 200, n_seeds: int = 1, hlo_path: Path | None = None
+) -> dict[str, Any]:
     """:func:`run` in a fresh process with XLA's command buffers off (per-kernel GPU times)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "kernels.json"
         args = ["--steps", str(n_steps), "--seeds", str(n_seeds), "--json", str(out)]
+        args += [] if hlo_path is None else ["--hlo", str(hlo_path)]
         done = _fresh_process_without_command_buffers(args, capture=True)
         if done.returncode != 0:
             raise RuntimeError(f"kernel profile failed: {done.stderr.strip()[-2000:]}")
@@ -231,6 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--hlo", type=Path, default=None, help="write the compiled HLO here")
     parser.add_argument(
         "--set", dest="overrides", action="append", default=[], help="config override KEY=VALUE"
     )
@@ -242,9 +257,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.steps, args.seeds, args.repeats) < 1:
         parser.error("--steps, --seeds and --repeats must be >= 1")
-    if args.json is not None and not args.json.parent.is_dir():
-        # Checked before minutes of profiling, not after.
-        parser.error(f"--json {args.json}: no directory {args.json.parent}; fix: create it first")
+    for flag, path in (("--json", args.json), ("--hlo", args.hlo)):
+        if path is not None and not path.parent.is_dir():
+            # Checked before minutes of profiling, not after.
+            parser.error(f"{flag} {path}: no directory {path.parent}; fix: create it first")
     if args.no_command_buffers:
         given = argv if argv is not None else sys.argv[1:]
         rest = [a for a in given if a != "--no-command-buffers"]
@@ -253,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         cfg = apply_overrides(SMOKETEST, args.overrides)
     except ValueError as error:
         parser.error(str(error))  # one line and exit status 2, before any profiling
-    result = run(cfg, n_steps=args.steps, n_seeds=args.seeds, repeats=args.repeats)
+    result = run(
+        cfg, n_steps=args.steps, n_seeds=args.seeds, repeats=args.repeats, hlo_path=args.hlo
+    )
     print(table(result, args.top))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
