@@ -30,7 +30,8 @@
 #               Flag sets: default (jdqn's), lhs and concurrent (XLA's command-buffer scheduling),
 #               whilecmd (WHILE/CONDITIONAL command buffers too), doublebuf (XLA's while-loop
 #               double buffering: two iterations per loop trip); fusionat, unrolltune, blocklevel,
-#               heroless, alltriton, sameshape, tritonmof (XLA's experimental fusion options)
+#               heroless, alltriton, sameshape, tritonmof (XLA's experimental fusion options),
+#               nodotmerge (no merging of dots that share an operand)
 #   cmdbufmode  xlaflags with lhs against concurrent, A B B A ($CBM_MODES), seeds S = 1 .. 1,024
 #   seedvariants  xlaflags' seeds part only: $SEED_VARIANTS (default: default whilecmd whilecmd
 #               default) at $SEED_S (default 1 128 1024)
@@ -84,6 +85,9 @@ declare -A xflags=(
   [alltriton]=--xla_gpu_experimental_all_fusions_with_triton=true
   [sameshape]=--xla_gpu_experimental_enable_same_shape_multi_output_fusion=true
   [tritonmof]=--xla_gpu_unsupported_enable_triton_multi_output_fusion=true
+  # XLA merges dots that share an operand into one dot over concatenated operands (Y4: the
+  # head's backward over 224 stacked cotangent rows, after a 72 us concatenation).
+  [nodotmerge]=--xla_gpu_dot_merger_threshold_mb=0
 )
 xla_flag_runs() {  # name, seeds' flag sets, seeds' S list, workers' flag sets (the first fills)
   local name="$1" seed_variants="$2" seed_s="$3" workers="$4" variant i=0 runs start
