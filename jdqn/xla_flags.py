@@ -19,6 +19,15 @@ the in-scan learner step went from 149 to 98 us at one learner and from 2,741 to
 1,024 vmapped learners, with the same walk-forward numbers bit for bit (BENCHMARKS.md, "Tenth
 session", run H1): the kernels and their arithmetic are the same, only their start order changes.
 
+XLA's dot merger joins dots that share an operand into one dot over the concatenated other
+operands (``--xla_gpu_dot_merger_threshold_mb``, 32 by XLA's default). In the learner it stacked
+the head's backward over the loss parts' and the causal term's cotangent rows, which cost a
+concatenation pass of its own at many learners; jdqn sets the threshold to 0 (no merging). On
+the H200, 1,024 vmapped learners went from 2,374 to 2,263 us per step (-4.7 %), one learner from
+97.8-98.0 to 95.8-97.3 us, and the training program compiled in 8.2 against 8.7 s (BENCHMARKS.md,
+"Fifteenth session", Y5-Y6). The folds differ from the merged program's by float32 rounding
+(other GEMMs sum in another order); every process with jdqn's flags compiles the same program.
+
 GPU memory is taken on demand (``XLA_PYTHON_CLIENT_PREALLOCATE=false``) instead of JAX's default
 of reserving 75 % of the GPU at the first transfer: on the H200 that reservation held up every
 process's first device operation by ~1.4 s (2.0 s against 0.57 s), a large share of a warm
@@ -29,8 +38,8 @@ program's speed does not change (BENCHMARKS.md, "Seventh session").
 The flags are no-ops on CPU (the cache directory is still created at ``import jdqn``). A flag
 the user already put in ``XLA_FLAGS`` wins (an explicit ``--xla_gpu_autotune_level=0`` restores
 the uncached, autotuning-free behaviour; ``--xla_gpu_command_buffer_scheduling_mode=LHS`` XLA's
-graph order), and so does their own ``XLA_PYTHON_CLIENT_PREALLOCATE`` (``true`` restores the
-reservation).
+graph order; ``--xla_gpu_dot_merger_threshold_mb=32`` XLA's dot merging), and so does their
+own ``XLA_PYTHON_CLIENT_PREALLOCATE`` (``true`` restores the reservation).
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ from pathlib import Path
 AUTOTUNE_CACHE_FLAG = "--xla_gpu_per_fusion_autotune_cache_dir"
 AUTOTUNE_LEVEL_FLAG = "--xla_gpu_autotune_level"
 SCHEDULING_FLAG = "--xla_gpu_command_buffer_scheduling_mode"
+DOT_MERGER_FLAG = "--xla_gpu_dot_merger_threshold_mb"
 PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
@@ -51,9 +61,9 @@ def cache_root() -> Path:
 
 
 def gpu_flags(autotune_dir: Path | None) -> tuple[str, ...]:
-    """The flags jdqn adds: CUDA graphs built from the kernels' buffer uses, and the persistent
-    per-fusion autotune cache in ``autotune_dir`` (none without a directory)."""
-    flags: tuple[str, ...] = (f"{SCHEDULING_FLAG}=CONCURRENT",)
+    """The flags jdqn adds: CUDA graphs built from the kernels' buffer uses, no dot merging, and
+    the persistent per-fusion autotune cache in ``autotune_dir`` (none without a directory)."""
+    flags: tuple[str, ...] = (f"{SCHEDULING_FLAG}=CONCURRENT", f"{DOT_MERGER_FLAG}=0")
     if autotune_dir is not None:
         flags += (f"{AUTOTUNE_CACHE_FLAG}={autotune_dir}",)
     return flags

@@ -31,7 +31,8 @@
 #               whilecmd (WHILE/CONDITIONAL command buffers too), doublebuf (XLA's while-loop
 #               double buffering: two iterations per loop trip); fusionat, unrolltune, blocklevel,
 #               heroless, alltriton, sameshape, tritonmof (XLA's experimental fusion options),
-#               nodotmerge (no merging of dots that share an operand)
+#               nodotmerge / dotmerge (dots that share an operand not merged, jdqn's default /
+#               merged, XLA's default)
 #   cmdbufmode  xlaflags with lhs against concurrent, A B B A ($CBM_MODES), seeds S = 1 .. 1,024
 #   seedvariants  xlaflags' seeds part only: $SEED_VARIANTS (default: default whilecmd whilecmd
 #               default) at $SEED_S (default 1 128 1024)
@@ -86,8 +87,10 @@ declare -A xflags=(
   [sameshape]=--xla_gpu_experimental_enable_same_shape_multi_output_fusion=true
   [tritonmof]=--xla_gpu_unsupported_enable_triton_multi_output_fusion=true
   # XLA merges dots that share an operand into one dot over concatenated operands (Y4: the
-  # head's backward over 224 stacked cotangent rows, after a 72 us concatenation).
+  # head's backward over 224 stacked cotangent rows, after a 72 us concatenation). jdqn turns
+  # it off since Y5-Y6 (nodotmerge is then its default); dotmerge is XLA's own default.
   [nodotmerge]=--xla_gpu_dot_merger_threshold_mb=0
+  [dotmerge]=--xla_gpu_dot_merger_threshold_mb=32
 )
 xla_flag_runs() {  # name, seeds' flag sets, seeds' S list, workers' flag sets (the first fills)
   local name="$1" seed_variants="$2" seed_s="$3" workers="$4" variant i=0 runs start
