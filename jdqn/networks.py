@@ -33,7 +33,7 @@ from jax.flatten_util import ravel_pytree
 
 from jdqn.config import Config, NetworkConfig
 
-Params = Any  # {layer: {"kernel": [in, out], "bias": [out]}} float32
+Params = Any  # {layer: {"kernel": [in, out] ([out, in] for HEAD), "bias": [out]}} float32
 
 _SN_EPS = 1e-12  # guards the power-iteration normalisation against a zero vector
 
