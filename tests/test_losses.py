@@ -143,6 +143,51 @@ def test_cross_entropy_from_log_probs_is_the_c51_cross_entropy():
     )
 
 
+def _c51_head64(logits, support, action, target):
+    """q [R, K, A] and the taken action's cross-entropy [R, K] in float64 numpy."""
+    probs = _softmax64(logits)
+    q = probs @ support
+    taken = np.take_along_axis(np.log(probs), action[:, None, None, None], axis=2)[:, :, 0]
+    return q, -(target * taken).sum(-1)
+
+
+def test_c51_head_values_and_closed_form_gradient_against_float64_differences():
+    """The custom VJP against central differences of a float64 forward, for random cotangents
+    of both outputs and a target whose mass is not exactly 1 (the gradient keeps M p - m)."""
+    rng = np.random.default_rng(7)
+    shape = (3, 2, 3, 5)  # [R, K, A, N]
+    logits = rng.normal(0.0, 2.0, shape)
+    action = rng.integers(0, 3, 3)
+    target = rng.dirichlet(np.ones(5), (3, 2)) * 1.02
+    g_q, g_ce = rng.normal(size=(3, 2, 3)), rng.normal(size=(3, 2))
+
+    def objective64(x):
+        q, ce = _c51_head64(x, SUPPORT, action, target)
+        return (g_q * q).sum() + (g_ce * ce).sum()
+
+    want_grad = np.zeros(shape)
+    for index in np.ndindex(shape):
+        step = np.zeros(shape)
+        step[index] = 1e-6
+        want_grad[index] = (objective64(logits + step) - objective64(logits - step)) / 2e-6
+
+    def f32(x):
+        return jnp.asarray(x, jnp.float32)
+
+    def head(x):
+        return losses.c51_head(x, f32(SUPPORT), jnp.asarray(action)[:, None], f32(target))
+
+    (q, ce), vjp = jax.vjp(head, f32(logits))
+    want_q, want_ce = _c51_head64(logits, SUPPORT, action, target)
+    np.testing.assert_allclose(q, want_q, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ce, want_ce, rtol=1e-5, atol=1e-5)
+    (grad,) = vjp((f32(g_q), f32(g_ce)))
+    np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-5)
+    # vmap over cotangent rows, as the learner pulls both loss parts back at once.
+    (both,) = jax.vmap(vjp)((jnp.stack([f32(g_q), 2 * f32(g_q)]), jnp.stack([f32(g_ce)] * 2)))
+    np.testing.assert_allclose(both[0], grad, rtol=1e-6)
+
+
 def test_q_regression_loss_and_huber():
     q = jnp.array([0.0, 4.0, -10.0], jnp.float32)
     y = jnp.array([2.0, -4.0, 10.0], jnp.float32)

@@ -305,22 +305,22 @@ def make_learner(
             with jax.named_scope("online_forward"):
                 logits = networks.apply(e, obs, cfg)  # [R, K, A, N] float32
             checks.finite("online_network", "logits", logits)
+            # Computed for the check only: without --debug nothing reads it and XLA drops it.
             log_probs = jax.nn.log_softmax(logits, axis=-1)  # [R, K, A, N]
             checks.within("online_network", "log_probs", log_probs, -math.inf, 0.0)
-            q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)  # [R, K, A]
-            checks.within("online_network", "q", q, q_low, q_high)
 
             # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
             with jax.named_scope("losses"):
-                # The taken action's Q and log-probabilities come out of the one log-softmax
-                # above: both parts' gradients then go back through one log-softmax pass.
+                # Q of every action and the taken action's C51 cross-entropy from one
+                # log-softmax, with their gradient in closed form (losses.c51_head); the taken
+                # action's Q by select. Both parts' gradients then take one elementwise pass.
                 action = batch.action[:, None]  # [R, 1], broadcast over the heads
+                q, c51_parts = losses.c51_head(logits, support, action, target)  # [R, K, A], [R, K]
                 q_taken = losses.select_action(q, action)  # [R, K]
-                log_probs_taken = losses.select_action(log_probs, action, n_trailing=1)
                 mse_parts = losses.q_regression_loss(
                     q_taken, y, net.v_min, net.v_max, loss_cfg.huber_delta
                 )  # [R, K]
-                c51_parts = losses.cross_entropy(log_probs_taken, target)  # [R, K]
+                checks.within("online_network", "q", q, q_low, q_high)
                 loss_mse = jnp.mean(row_head_weights * mse_parts)
                 loss_c51 = jnp.mean(row_head_weights * c51_parts)
                 loss_div = (
