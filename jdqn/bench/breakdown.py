@@ -192,8 +192,6 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
 
     def loss_parts(logits: jax.Array) -> jax.Array:
         # Log-softmax, Q, double-DQN pick, projection, smoothing, MSE and C51 cross-entropy, KL.
-        log_probs = jax.nn.log_softmax(logits[:rows], axis=-1)
-        q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)
         q_next = networks.q_values(logits[rows:], support)
         _, probs_star, q_star = losses.double_dqn_target(q_next, logits[rows:], support)
         discount = jnp.full((rows,), cfg.loss.gamma, jnp.float32)
@@ -202,10 +200,10 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         )
         target = losses.label_smooth(projected, cfg.loss.label_smoothing)
         y = losses.scalar_target(reward, discount, q_star, net.v_min, net.v_max)
+        q, cross_entropy = losses.c51_head(logits[:rows], support, action, target)
         q_taken = losses.select_action(q, action)
-        taken = losses.select_action(log_probs, action, n_trailing=1)
         total = jnp.mean(losses.q_regression_loss(q_taken, y, net.v_min, net.v_max, None))
-        total += jnp.mean(losses.cross_entropy(taken, target))
+        total += jnp.mean(cross_entropy)
         total += jnp.mean(losses.causal_kl(logits[:batch], logits[rows : rows + batch]))
         return logits + 1e-9 * total
 
