@@ -40,9 +40,14 @@ def select_action(values: jax.Array, action: jax.Array, n_trailing: int = 0) -> 
     cannot leak into the result (0 * inf is NaN).
     """
     axis = values.ndim - 1 - n_trailing
-    taken = jnp.arange(values.shape[axis]) == jnp.asarray(action)[..., None]  # [..., A]
+    taken = _taken(action, values.shape[axis])
     taken = taken.reshape(taken.shape + (1,) * n_trailing)
     return jnp.sum(jnp.where(taken, values, jnp.zeros((), values.dtype)), axis=axis)
+
+
+def _taken(action: jax.Array, n_actions: int) -> jax.Array:
+    """[..., A] bool, true at each row's ``action``."""
+    return jnp.arange(n_actions) == jnp.asarray(action)[..., None]
 
 
 def double_dqn_target(
@@ -157,8 +162,8 @@ def _c51_head_bwd(
     from_q = (g_q[..., None] * probs) * (support - q[..., None])  # [R, K, A, N]
     mass = jnp.sum(target, axis=-1, keepdims=True)  # [R, K, 1], 1 up to rounding
     g_taken = g_ce[..., None, None] * (probs * mass[..., None, :] - target[..., None, :])
-    taken = jnp.arange(probs.shape[-2]) == jnp.asarray(action)[..., None]  # [R, K, A]
-    grad = from_q + jnp.where(taken[..., None], g_taken, jnp.zeros((), probs.dtype))
+    taken = _taken(action, probs.shape[-2])[..., None]  # [R, K, A, 1]
+    grad = from_q + jnp.where(taken, g_taken, jnp.zeros((), probs.dtype))
     return grad, None, None, None
 
 

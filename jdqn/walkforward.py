@@ -401,11 +401,10 @@ def _train_group(
         Checkpointer(run.checkpoint_dir / f"group{group_index}") if cfg.output.checkpoints else None
     )
     start_epoch, halted_epoch = 0, {}
+    param_layout = program.learner.layout.record()  # saved with, and checked against, each one
     if checkpoints is not None and checkpoints.latest_step() is not None:
         state, meta = checkpoints.restore(state)
-        check_param_layout(
-            meta, program.learner.layout.record(), run.checkpoint_dir / f"group{group_index}"
-        )
+        check_param_layout(meta, param_layout, run.checkpoint_dir / f"group{group_index}")
         start_epoch = int(meta["epochs_done"])
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}")
@@ -458,7 +457,7 @@ def _train_group(
                     {
                         "epochs_done": epoch + 1,
                         "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
-                        "param_layout": program.learner.layout.record(),
+                        "param_layout": param_layout,
                     },
                 )
         completed = True
