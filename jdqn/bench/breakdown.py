@@ -204,7 +204,8 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         q_taken = losses.select_action(q, action)
         total = jnp.mean(losses.q_regression_loss(q_taken, y, net.v_min, net.v_max, None))
         total += jnp.mean(cross_entropy)
-        total += jnp.mean(losses.causal_kl(logits[:batch], logits[rows : rows + batch]))
+        reference = jax.nn.log_softmax(logits[:batch], axis=-1)
+        total += jnp.mean(losses.causal_kl(reference, logits[rows : rows + batch]))
         return logits + 1e-9 * total
 
     def surgery(carry: tuple[jax.Array, jax.Array]) -> Any:

@@ -305,7 +305,8 @@ def make_learner(
             with jax.named_scope("online_forward"):
                 logits = networks.apply(e, obs, cfg)  # [R, K, A, N] float32
             checks.finite("online_network", "logits", logits)
-            # Computed for the check only: without --debug nothing reads it and XLA drops it.
+            # For the check and as the causal term's fixed reference; the same operation on the
+            # same logits as c51_head's own, so XLA computes it once (common subexpressions).
             log_probs = jax.nn.log_softmax(logits, axis=-1)  # [R, K, A, N]
             checks.within("online_network", "log_probs", log_probs, -math.inf, 0.0)
 
@@ -331,12 +332,12 @@ def make_learner(
             checks.finite("loss", "loss_mse", loss_mse)
             checks.finite("loss", "loss_c51", loss_c51)
             checks.finite("loss", "loss_div", loss_div)
-            aux = {"logits": logits, "q": q, "q_taken": q_taken}
+            aux = {"log_probs": log_probs, "q": q, "q_taken": q_taken}
             return jnp.stack([loss_mse, loss_c51, loss_div]), aux
 
         def intervened(e: Any, reference: jax.Array) -> jax.Array:
             """Mean KL(p(s) || p(do(s))) of the online pass over do(s); ``reference`` is the
-            (stop-gradient) logits of s for the same sampled rows."""
+            (stop-gradient) log-softmax of s for the same sampled rows."""
             causal_obs = losses.causal_intervention(causal_key, obs[:batch_size], non_causal)
             with jax.named_scope("online_forward"):
                 logits_do = networks.apply(e, causal_obs, cfg)  # [B, K, A, N]
@@ -363,7 +364,7 @@ def make_learner(
         # cotangent rather than a cond, which vmap over seeds would turn into both branches).
         causal_on = (state.step % loss_cfg.causal_every == 0).astype(jnp.float32)
         if use_causal:
-            reference = jax.lax.stop_gradient(aux["logits"][:batch_size])
+            reference = jax.lax.stop_gradient(aux["log_probs"][:batch_size])
             loss_causal, causal_vjp = jax.vjp(lambda e: intervened(e, reference), eff)
             (causal_grads,) = causal_vjp(loss_cfg.causal_weight * causal_on)
             if use_diversity:  # the third part: diversity plus causal
