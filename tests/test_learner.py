@@ -262,10 +262,25 @@ def test_guard_rejects_learning_rate_1e30(tail):
     assert np.isfinite(float(metrics.loss_c51))  # the loss was fine; the update was not
 
 
-@pytest.mark.parametrize("extra", [(), ("optim.tau=0.05",)], ids=["hard_sync", "polyak"])
+@pytest.mark.parametrize(
+    "extra",
+    [(), ("optim.tau=0.05",), ("network.lambda_div=0",)],
+    ids=["hard_sync", "polyak", "no_diversity"],
+)
 def test_fused_tail_matches_the_xla_tail(extra):
     """Six steps (MSE-only, then blended; pruning, vaccine, budget, causal term, target sync)
-    from one filled state: the kernels' tail against optax and jnp, to float32 rounding."""
+    from one filled state: the kernels' tail against optax and jnp, to float32 rounding. Without
+    the diversity term the kernels' program also pulls the causal part back on its own (its flat
+    row stacked after the main parts'), where XLA's stacks the per-layer cotangents first."""
+    fused = _learner(*extra, FUSED)
+    closed = jax.make_jaxpr(fused.step)(_filled(fused), jnp.float32(0.2), jnp.float32(0.4))
+    flat_rows = (3, fused.layout.size)
+    stacked_flat = [
+        eqn
+        for eqn in closed.jaxpr.eqns
+        if eqn.primitive.name == "concatenate" and eqn.outvars[0].aval.shape == flat_rows
+    ]
+    assert len(stacked_flat) == (1 if "network.lambda_div=0" in extra else 0)
     runs = []
     for tail in (XLA_TAIL, FUSED):
         step, state = _jit_step(*extra, tail), _filled(_learner(*extra, tail))

@@ -132,6 +132,12 @@ def make_learner(
     use_diversity = n_heads > 1 and net.lambda_div > 0
     use_causal = len(non_causal) > 0 and loss_cfg.causal_weight > 0
     use_pruning = net.target_sparsity > 0
+    # With the Pallas tail (many learners) the causal part is pulled back through the spectral
+    # norm on its own instead of stacked with the main parts first: on the H200 16 / 128 / 1,024
+    # learners 7 / 7 / 3.4 % faster; with XLA's tail one learner was 9 us slower (its second
+    # pull-back's kernels; BENCHMARKS.md, Y10-Y11). Only without the diversity term: with it the
+    # causal part is added to the third part anyway.
+    separate_causal = use_causal and not use_diversity and fused_tail
     # Without pruning the masks stay all ones (init). Multiplying by ones is exact, yet with the
     # Pallas tail (many learners) each step read the [L, n_params] masks in several passes (the
     # effective weights, the target's, the backward pass, both Adam kernels): not reading them
@@ -369,7 +375,7 @@ def make_learner(
             (causal_grads,) = causal_vjp(loss_cfg.causal_weight * causal_on)
             if use_diversity:  # the third part: diversity plus causal
                 eff_grads = jax.tree.map(lambda g, c: g.at[2].add(c), eff_grads, causal_grads)
-            else:
+            elif not separate_causal:
                 eff_grads = jax.tree.map(
                     lambda g, c: jnp.concatenate([g, c[None]]), eff_grads, causal_grads
                 )
@@ -378,6 +384,12 @@ def make_learner(
         extra = main_parts[2] + loss_cfg.causal_weight * causal_on * loss_causal
         loss_parts = jnp.stack([main_parts[0], main_parts[1], extra])
         (flat,) = jax.vmap(pull_back)(eff_grads)  # [P, n_params] float32
+        if separate_causal:
+            # Stacking the per-layer cotangents before one pull-back over 3 parts was a pass of
+            # its own per layer (42 us for the 64 x 64 kernel at 1,024 learners, Y9); the flat
+            # rows are pieces of the flat gradient's assembly, so stacking them costs no pass.
+            (flat_causal,) = pull_back(causal_grads)
+            flat = jnp.concatenate([flat, flat_causal[None]])  # [3, n_params]
         checks.finite("gradient", "grad_mse", flat[0])
         checks.finite("gradient", "grad_c51", flat[1])
         if flat.shape[0] == 3:  # a diversity or causal part
