@@ -18,6 +18,20 @@ def _softmax64(x):
     return e / e.sum(-1, keepdims=True)
 
 
+def _central_differences(objective, x: np.ndarray, h: float = 1e-6) -> np.ndarray:
+    """d objective / dx of a float64 function, by central differences, element by element."""
+    grad = np.zeros(x.shape)
+    for index in np.ndindex(x.shape):
+        step = np.zeros(x.shape)
+        step[index] = h
+        grad[index] = (objective(x + step) - objective(x - step)) / (2 * h)
+    return grad
+
+
+def _f32(x):
+    return jnp.asarray(x, jnp.float32)
+
+
 def _project64(probs, rewards, discounts):
     """Textbook per-source loop with the exact-atom case handled (float64)."""
     probs = np.asarray(probs, np.float64)
@@ -165,26 +179,19 @@ def test_c51_head_values_and_closed_form_gradient_against_float64_differences():
         q, ce = _c51_head64(x, SUPPORT, action, target)
         return (g_q * q).sum() + (g_ce * ce).sum()
 
-    want_grad = np.zeros(shape)
-    for index in np.ndindex(shape):
-        step = np.zeros(shape)
-        step[index] = 1e-6
-        want_grad[index] = (objective64(logits + step) - objective64(logits - step)) / 2e-6
-
-    def f32(x):
-        return jnp.asarray(x, jnp.float32)
+    want_grad = _central_differences(objective64, logits)
 
     def head(x):
-        return losses.c51_head(x, f32(SUPPORT), jnp.asarray(action)[:, None], f32(target))
+        return losses.c51_head(x, _f32(SUPPORT), jnp.asarray(action)[:, None], _f32(target))
 
-    (q, ce), vjp = jax.vjp(head, f32(logits))
+    (q, ce), vjp = jax.vjp(head, _f32(logits))
     want_q, want_ce = _c51_head64(logits, SUPPORT, action, target)
     np.testing.assert_allclose(q, want_q, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ce, want_ce, rtol=1e-5, atol=1e-5)
-    (grad,) = vjp((f32(g_q), f32(g_ce)))
+    (grad,) = vjp((_f32(g_q), _f32(g_ce)))
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-5)
     # vmap over cotangent rows, as the learner pulls both loss parts back at once.
-    (both,) = jax.vmap(vjp)((jnp.stack([f32(g_q), 2 * f32(g_q)]), jnp.stack([f32(g_ce)] * 2)))
+    (both,) = jax.vmap(vjp)((jnp.stack([_f32(g_q), 2 * _f32(g_q)]), jnp.stack([_f32(g_ce)] * 2)))
     np.testing.assert_allclose(both[0], grad, rtol=1e-6)
 
 
@@ -277,22 +284,15 @@ def test_causal_kl_closed_form_gradient_against_float64_differences():
     def objective64(x):
         return (g_kl * (np.exp(log_p) * (log_p - np.log(_softmax64(x)))).sum(-1)).sum()
 
-    want_grad = np.zeros(shape)
-    for index in np.ndindex(shape):
-        step = np.zeros(shape)
-        step[index] = 1e-6
-        want_grad[index] = (objective64(logits + step) - objective64(logits - step)) / 2e-6
+    want_grad = _central_differences(objective64, logits)
 
-    def f32(x):
-        return jnp.asarray(x, jnp.float32)
-
-    kl, vjp = jax.vjp(lambda x: losses.causal_kl(f32(log_p), x), f32(logits))
+    kl, vjp = jax.vjp(lambda x: losses.causal_kl(_f32(log_p), x), _f32(logits))
     want_kl = (np.exp(log_p) * (log_p - np.log(_softmax64(logits)))).sum(-1)
     np.testing.assert_allclose(kl, want_kl, rtol=1e-5, atol=1e-5)
-    (grad,) = vjp(f32(g_kl))
+    (grad,) = vjp(_f32(g_kl))
     np.testing.assert_allclose(grad, want_grad, rtol=1e-4, atol=1e-5)
-    seeds = jax.vmap(jax.grad(lambda lp, x: jnp.sum(f32(g_kl) * losses.causal_kl(lp, x)), 1))
-    both = seeds(jnp.stack([f32(log_p)] * 2), jnp.stack([f32(logits)] * 2))
+    seeds = jax.vmap(jax.grad(lambda lp, x: jnp.sum(_f32(g_kl) * losses.causal_kl(lp, x)), 1))
+    both = seeds(jnp.stack([_f32(log_p)] * 2), jnp.stack([_f32(logits)] * 2))
     np.testing.assert_allclose(both[1], grad, rtol=1e-6)
 
 
