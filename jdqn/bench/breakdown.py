@@ -204,7 +204,9 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         q_taken = losses.select_action(q, action)
         total = jnp.mean(losses.q_regression_loss(q_taken, y, net.v_min, net.v_max, None))
         total += jnp.mean(cross_entropy)
-        reference = jax.nn.log_softmax(logits[:batch], axis=-1)
+        # As in the step: the causal reference is the sampled rows of the log-softmax that
+        # c51_head computes too (XLA computes it once).
+        reference = jax.nn.log_softmax(logits[:rows], axis=-1)[:batch]
         total += jnp.mean(losses.causal_kl(reference, logits[rows : rows + batch]))
         return logits + 1e-9 * total
 
