@@ -19,6 +19,10 @@ from jdqn.train import TrainState
 
 TENSORBOARD = "tensorboardX"  # the module, for callers that import it ahead of use
 
+# Learner metrics measured only on some steps, with the metric that flags those steps: a
+# chunk's row averages them over the flagged steps (None when the chunk has none).
+MEASURED_WHEN = {"loss_causal": "causal_applied"}
+
 
 class MetricsLog:
     """Per-chunk training metrics: JSONL, TensorBoard and the training-curve plots."""
@@ -71,8 +75,11 @@ class MetricsLog:
                 "epsilon": float(np.asarray(host.epsilon)[r][active[r]][-1]),
                 "reward_mean": float(np.mean(np.asarray(host.reward_mean)[r][active[r]])),
             }
-            mask = used[r]
-            for name, values in host.learner._asdict().items():
+            learner = host.learner._asdict()
+            for name, values in learner.items():
+                mask = used[r]
+                if name in MEASURED_WHEN:
+                    mask = mask & (np.asarray(learner[MEASURED_WHEN[name]])[r] > 0)
                 v = np.asarray(values)[r]
                 row[name] = float(np.mean(v[mask])) if mask.any() else None
             lines.append(json.dumps(row, allow_nan=True))

@@ -269,7 +269,10 @@ def plot_training(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> 
     for ax, names in zip(axes, TRAINING_CURVES, strict=True):
         for name in names:
             if name in frame:
-                ax.plot(frame["step"], frame[name], label=name, linewidth=1.0)
+                # A chunk without a value (e.g. no step where the causal term was due) is
+                # left out, so the line joins the chunks that have one.
+                known = frame[name].notna()
+                ax.plot(frame["step"][known], frame[name][known], label=name, linewidth=1.0)
         ax.legend(loc="upper right", fontsize=7)
         ax.grid(alpha=0.3)
     axes[0].set_title(title)

@@ -115,8 +115,10 @@ class TrainProgram:
             def skip(state: TrainState) -> tuple[TrainState, IterationMetrics]:
                 return state, _zeros(record)
 
+            # This iteration's index since the start of training (state.iteration, unbatched).
+            index = epoch * self.iterations_per_epoch + first_in_epoch + offset
             new_state, metrics = jax.lax.cond(
-                active, lambda s: self._iterate(s, params, alpha), skip, state
+                active, lambda s: self._iterate(s, params, alpha, index), skip, state
             )
             return new_state, pack_metrics(metrics._replace(active=active))
 
@@ -124,8 +126,14 @@ class TrainProgram:
         return state, unpack_metrics(packed, record)
 
     def _iterate(
-        self, state: TrainState, params: trading_env.EnvParams, alpha: jax.Array
+        self,
+        state: TrainState,
+        params: trading_env.EnvParams,
+        alpha: jax.Array,
+        index: jax.Array,
     ) -> tuple[TrainState, IterationMetrics]:
+        """One iteration: act on every slice, insert, train. ``index`` is ``state.iteration``
+        as an unbatched int (a function of the chunk's loop counters)."""
         cfg = self.cfg
         n_slices = cfg.train.n_slices
         key, explore_key, pick_key, step_key = jax.random.split(state.key, 4)
@@ -151,20 +159,25 @@ class TrainProgram:
             state.iteration % cfg.train.train_every == 0
         )
 
+        updates = cfg.train.updates_per_iteration
+        statically_ready = cfg.train.train_every == 1 and cfg.train.n_slices >= cfg.train.batch_size
+
         def train(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
-            def update(carry: LearnerState, _: None) -> tuple[LearnerState, jax.Array]:
-                carry, metrics = self.learner.step(carry, alpha, beta)
+            def update(carry: LearnerState, u: jax.Array) -> tuple[LearnerState, jax.Array]:
+                # Statically ready, every iteration so far ran `updates` learner steps, so the
+                # learner's step counter is known without reading the (batched) state: the
+                # learner's schedules can then take real branches under vmap (its `clock`).
+                clock = index * updates + u if statically_ready else None
+                carry, metrics = self.learner.step(carry, alpha, beta, clock)
                 return carry, pack_metrics(metrics)
 
-            learner_state, packed = jax.lax.scan(
-                update, learner_state, None, length=cfg.train.updates_per_iteration
-            )
+            learner_state, packed = jax.lax.scan(update, learner_state, jnp.arange(updates))
             return learner_state, unpack_metrics(packed[-1], LEARNER_METRICS_RECORD)
 
         def skip(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
             return learner_state, _zeros(LEARNER_METRICS_RECORD)
 
-        if cfg.train.train_every == 1 and cfg.train.n_slices >= cfg.train.batch_size:
+        if statically_ready:
             # Statically ready: the first insert fills a batch and every iteration trains. No
             # cond: under vmap a cond on the (batched) replay size runs both branches and
             # selects every leaf of the learner state, every iteration.

@@ -8,6 +8,7 @@ pruning), so compiles stay short on a CPU.
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -303,6 +304,73 @@ def test_fused_tail_matches_the_xla_tail(extra):
         ):
             np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
     assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
+
+
+def _pallas_inputs_in_conds(jaxpr) -> list[list[int]]:
+    """For each ``cond`` of ``jaxpr`` (not nested) with a ``pallas_call`` in it: per branch, the
+    sizes of every such call's first operand (the flat-tail kernels' gradient, [learners x
+    parts x P])."""
+
+    def sizes(j) -> list[int]:
+        out = []
+        for eqn in j.eqns:
+            if eqn.primitive.name == "pallas_call":
+                out.append(int(np.prod(eqn.invars[0].aval.shape)))
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                out.extend(sizes(sub))
+        return out
+
+    conds = [
+        [sizes(branch.jaxpr) for branch in eqn.params["branches"]]
+        for eqn in jaxpr.eqns
+        if eqn.primitive.name == "cond"
+    ]
+    return [branches for branches in conds if any(branches)]
+
+
+def test_with_a_clock_the_causal_term_runs_only_when_due():
+    """Two vmapped learners given their step counter unbatched (``clock``): the kernels' program
+    puts the causal term and the flat tail under a ``lax.cond`` that stays a branch under vmap
+    (the tail reads 3 gradient rows when the term is due, 2 otherwise); without the clock there
+    is no such cond. Six steps (the term due at steps 0, 2, 4) equal XLA's tail with the term
+    switched by a 0/1 factor, to float32 rounding; the KL is reported on due steps only."""
+    extra = ("network.lambda_div=0",)
+    fused, xla = _learner(*extra, FUSED), _learner(*extra, XLA_TAIL)
+    start = jax.vmap(lambda seed: _filled(fused, seed))(jnp.arange(2))
+    vstep = jax.vmap(fused.step, in_axes=(0, None, None, None))
+    args = (start, jnp.float32(0.2), jnp.float32(0.4))
+    n = fused.layout.size
+    (with_clock,) = _pallas_inputs_in_conds(jax.make_jaxpr(vstep)(*args, jnp.int32(0)).jaxpr)
+    assert sorted(set(branch) for branch in with_clock) == [{2 * 2 * n}, {2 * 3 * n}]
+    assert _pallas_inputs_in_conds(jax.make_jaxpr(vstep)(*args, None).jaxpr) == []
+
+    runs = []
+    for learner, clocked in ((fused, True), (xla, False)):
+        step = jax.jit(jax.vmap(learner.step, in_axes=(0, None, None, None)))
+        state, metrics = jax.vmap(lambda seed, lr=learner: _filled(lr, seed))(jnp.arange(2)), []
+        for i in range(6):
+            clock = jnp.int32(i) if clocked else None
+            state, m = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4), clock)
+            metrics.append(m)
+        runs.append((state, metrics))
+    (cond_state, cond_metrics), (xla_state, xla_metrics) = runs
+    assert np.all(np.asarray(cond_state.step) == 6)
+    assert not np.asarray(cond_state.guard.halted).any()
+    for name in LearnerMetrics._fields:
+        want = np.array([np.asarray(getattr(m, name)) for m in xla_metrics])
+        got = np.array([np.asarray(getattr(m, name)) for m in cond_metrics])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
+    due = np.array([np.asarray(m.causal_applied) for m in cond_metrics])  # [steps, learners]
+    np.testing.assert_array_equal(due, [[1.0, 1.0], [0.0, 0.0]] * 3)
+    kl = np.array([np.asarray(m.loss_causal) for m in cond_metrics])
+    assert np.all(kl[::2] > 0) and np.all(kl[1::2] == 0)
+    for name in ("params", "target_params", "opt_state", "phi_hat", "sn_u", "key"):
+        for got, want in zip(
+            jax.tree.leaves(getattr(cond_state, name)),
+            jax.tree.leaves(getattr(xla_state, name)),
+            strict=True,
+        ):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])

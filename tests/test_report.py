@@ -76,6 +76,7 @@ def test_plot_processes_draw_the_files_the_writer_thread_draws(tmp_path):
     rows = [
         {"step": 100 * i, **{n: 1.0 / (i + j + 1) for j, n in enumerate(names)}} for i in range(4)
     ]
+    rows[1]["loss_causal"] = None  # a chunk without a step where the causal term was due
     stamps = np.datetime64("2013-09-03T09:30") + np.arange(301).astype("timedelta64[m]")
     rng = np.random.default_rng(0)
     curves = {"agent": np.cumsum(rng.normal(size=300)), "flat": np.zeros(300)}

@@ -43,3 +43,46 @@ def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, 
     np.testing.assert_array_equal(np.asarray(state.learner.step), [steps] * 2)
     losses = np.asarray(metrics.learner.loss_mse)
     assert np.all((losses > 0) == np.asarray(trained))  # untrained iterations report zeros
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # Statically ready: the trainer gives the learner its clock (unbatched).
+        ["train.n_slices=8", "train.batch_size=8", "train.updates_per_iteration=2"],
+        # Not statically ready: no clock, the learner's own (batched) counter.
+        ["train.n_slices=8", "train.batch_size=8", "train.train_every=2"],
+    ],
+    ids=["clock", "own_counter"],
+)
+def test_the_causal_term_is_due_on_the_learners_own_step_count(overrides):
+    """Across chunks and into the second epoch, the causal term is due exactly on the learner
+    steps that are multiples of ``loss.causal_every``, whether the schedule follows the
+    trainer's clock or the learner's own step counter."""
+    cfg = apply_overrides(
+        SMOKETEST, [*TINY, "train.chunk_iterations=4", "loss.causal_every=3", *overrides]
+    )
+    program = make_train(cfg, N_FEATURES, 64, (0,))
+    folds = FoldData(
+        features=jax.random.normal(jax.random.PRNGKey(1), (2, 64, N_FEATURES)),
+        close=jnp.cumsum(jnp.ones((2, 64)), axis=1) + 100.0,
+    )
+    state = jax.vmap(program.init)(jax.random.split(jax.random.PRNGKey(0), 2), folds)
+    chunk = jax.jit(jax.vmap(program.run_chunk, (0, 0, None, None)))
+    schedule = [(0, c) for c in range(program.chunks_per_epoch)] + [(1, 0)]
+    updates = cfg.train.updates_per_iteration
+    checked = 0
+    for epoch, c in schedule:
+        steps_before = int(np.asarray(state.learner.step)[0])
+        state, metrics = chunk(state, folds, jnp.int32(epoch), jnp.int32(c))
+        used = np.asarray(metrics.trained)[0] & np.asarray(metrics.active)[0]
+        # The record of an iteration is its last update's: its step counts the updates so far.
+        last_steps = steps_before + np.cumsum(used * updates) - 1
+        due = np.asarray(metrics.learner.causal_applied)  # [runs, iterations]
+        kl = np.asarray(metrics.learner.loss_causal)
+        for run in range(2):
+            want = (last_steps % 3 == 0) & used
+            np.testing.assert_array_equal(due[run] == 1.0, want)
+            assert np.all(kl[run][want] > 0) and np.all(kl[run][~want] == 0)
+        checked += int(used.sum())
+    assert checked >= 6 and int(np.asarray(state.learner.step)[0]) > 3 * updates

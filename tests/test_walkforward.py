@@ -483,6 +483,39 @@ def test_the_tensorboard_writer_waits_for_the_first_chunk(tmp_path):
     log.close(write_plots=False)
 
 
+def test_a_chunk_row_averages_the_causal_kl_over_its_due_steps_only(tmp_path):
+    """The causal KL is measured on due steps only (0 on the others, causal_applied says
+    which): a chunk's row averages it over those, and has no value when the chunk has none;
+    every other metric averages over all trained iterations."""
+    from types import SimpleNamespace
+
+    from jdqn.learner import LearnerMetrics
+    from jdqn.metrics_log import MetricsLog
+
+    run = SimpleNamespace(metrics_path=tmp_path / "metrics.jsonl")
+    cfg = apply_overrides(SMOKETEST, ["output.tensorboard=false"])
+    log = MetricsLog(run, cfg, [(0, 0), (1, 0)], 0, 0, writes=None)
+    zeros = np.zeros((2, 4), np.float32)
+    learner = LearnerMetrics(*[zeros for _ in LearnerMetrics._fields])._replace(
+        loss_mse=np.array([[1.0, 2.0, 3.0, 4.0]] * 2, np.float32),
+        loss_causal=np.array([[0.4, 0.0, 0.0, 0.2], [0.0, 0.0, 0.0, 0.0]], np.float32),
+        causal_applied=np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]], np.float32),
+    )
+    chunk = SimpleNamespace(
+        learner=learner,
+        active=np.ones((2, 4), bool),
+        trained=np.ones((2, 4), bool),
+        epsilon=zeros,
+        reward_mean=zeros,
+    )
+    state = SimpleNamespace(learner=SimpleNamespace(step=np.array([4, 4])))
+    log.add(0, 0, state, chunk)
+    log.close(write_plots=False)
+    rows = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    assert [row["loss_causal"] for row in rows] == [pytest.approx(0.3), None]
+    assert [row["loss_mse"] for row in rows] == [2.5, 2.5]
+
+
 def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path, monkeypatch):
     """`jdqn walkforward` asks for plot processes; a script calling run_walkforward does not by
     default (spawn imports the caller's main module again, which an unguarded script cannot

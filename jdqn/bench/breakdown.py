@@ -82,12 +82,15 @@ def scan_steps_fn(
     """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept.
     ``unroll`` steps per loop iteration (``lax.scan``'s ``unroll``): one CUDA graph then holds
     that many steps, so the graph launches between steps are fewer."""
-    step = jax.vmap(learner.step, in_axes=(0, None, None)) if vmapped else learner.step
+    step = jax.vmap(learner.step, in_axes=(0, None, None, None)) if vmapped else learner.step
 
     def run(state: LearnerState) -> tuple[LearnerState, Any]:
         def body(carry: LearnerState, _: None) -> tuple[LearnerState, Any]:
+            # The vmapped learners start together and step in lock-step: their step counter,
+            # unbatched, is the learner's clock (as jdqn.train gives it).
+            clock = carry.step[0] if vmapped else None
+            carry, metrics = step(carry, jnp.float32(ALPHA), jnp.float32(BETA), clock)
             # Metrics packed into one vector per step, as jdqn.train records them.
-            carry, metrics = step(carry, jnp.float32(ALPHA), jnp.float32(BETA))
             return carry, pack_metrics(metrics)
 
         return jax.lax.scan(body, state, None, length=n_steps, unroll=unroll)

@@ -62,7 +62,7 @@ class LearnerMetrics(NamedTuple):
     loss_mse: float | jax.Array  # IS-weighted mean scaled squared error (before alpha)
     loss_c51: float | jax.Array  # IS-weighted mean cross-entropy (before alpha)
     loss_div: float | jax.Array  # lambda_div * mean head cosine (0 when K == 1)
-    loss_causal: float | jax.Array  # mean KL(p(s) || p(do(s))), unweighted, every step
+    loss_causal: float | jax.Array  # mean KL(p(s) || p(do(s))), unweighted; 0 when not due
     grad_norm_mse: float | jax.Array  # |g_mse| (alpha-weighted) before surgery
     grad_norm_c51: float | jax.Array  # |g_c51| (alpha-weighted) before surgery
     grad_norm_mse_after: float | jax.Array  # after vaccine and budget
@@ -71,6 +71,7 @@ class LearnerMetrics(NamedTuple):
     vaccine_cos: float | jax.Array  # phi = cos(g_mse, g_c51)
     phi_hat: float | jax.Array  # EMA after this step
     vaccine_applied: float | jax.Array  # 1 when the vaccine changed the gradients
+    causal_applied: float | jax.Array  # 1 when the causal term was due (in the loss)
     q_mean: float | jax.Array  # mean online Q(s, a) over rows, heads, actions
     q_max: float | jax.Array  # max |Q(s, a)| over rows, heads, actions (what the guard checks)
     edge_mass: float | jax.Array  # mean projected target mass on the two edge atoms
@@ -117,6 +118,7 @@ class Learner(NamedTuple):
 
     init: Callable[[jax.Array], LearnerState]
     insert: Callable[[LearnerState, Transition], LearnerState]
-    step: Callable[[LearnerState, jax.Array, jax.Array], tuple[LearnerState, LearnerMetrics]]
+    # (state, alpha, beta[, clock]) -> (state, metrics); see jdqn.learner.step
+    step: Callable[..., tuple[LearnerState, LearnerMetrics]]
     act_q: Callable[[LearnerState, jax.Array], jax.Array]
     layout: ParamLayout  # flat parameter vectors <-> the network's parameter tree

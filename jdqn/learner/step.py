@@ -5,8 +5,8 @@ over :class:`LearnerState`:
 
 - ``init(key) -> LearnerState`` (empty replay buffer),
 - ``insert(state, transitions [n]) -> LearnerState`` (PER insert at max priority),
-- ``step(state, alpha, beta) -> (LearnerState, LearnerMetrics)``: every step of DESIGN section 5
-  in order, guard included,
+- ``step(state, alpha, beta, clock=None) -> (LearnerState, LearnerMetrics)``: every step of
+  DESIGN section 5 in order, guard included,
 - ``act_q(state, obs [B, F+1]) -> [B, A]``: head-mean Q of the online net (stored ``u``, never
   updated).
 
@@ -14,6 +14,11 @@ All four are ``jax.jit``-able (``step`` with ``donate_argnums=0``) and ``jax.vma
 leading seed/fold axis of the state. Periodic parts (vaccine, causal term, pruning, target sync)
 are selects or ``lax.cond`` on the traced step counter, never Python branches on traced values.
 Python branches exist only on the static config (a component that is off costs nothing).
+
+Under ``vmap`` the state's step counter is batched, so a ``lax.cond`` on it becomes a select that
+runs both branches. ``clock`` is the same counter given unbatched, for programs whose learners
+step in lock-step (every caller in jdqn that vmaps learners): the schedules then follow it, and
+with the Pallas tail the causal term runs under a real ``lax.cond``, only on the steps it is due.
 """
 
 from __future__ import annotations
@@ -185,10 +190,15 @@ def make_learner(
         return jnp.mean(networks.q_values(networks.apply(eff, obs, cfg), support), axis=-2)
 
     def step(
-        state: LearnerState, alpha: jax.Array, beta: jax.Array
+        state: LearnerState, alpha: jax.Array, beta: jax.Array, clock: jax.Array | None = None
     ) -> tuple[LearnerState, LearnerMetrics]:
+        """One learner step. ``clock``: ``state.step`` as an unbatched int, shared by every
+        learner a vmapped program steps (they start together and step in lock-step); the
+        schedules (vaccine, causal term, pruning, target sync) follow it. None: they follow
+        ``state.step``."""
         alpha = jnp.asarray(alpha, jnp.float32)
         beta = jnp.asarray(beta, jnp.float32)
+        schedule = state.step if clock is None else jnp.asarray(clock, jnp.int32)
         key, sample_key, donor_key, causal_key, bootstrap_key = jax.random.split(state.key, 5)
         checks = debug_mode.boundaries(debug, state.step)  # no-ops when debug is off
         # Checked as trees, so a failure names the layer.
@@ -249,10 +259,10 @@ def make_learner(
         masks: jax.Array | None = state.masks if read_masks else None
         if use_pruning:
             masks = jax.lax.cond(
-                networks.prune_due(state.step, net),
+                networks.prune_due(schedule, net),
                 lambda: layout.ravel(
                     networks.magnitude_masks(
-                        layout.unravel(state.params), networks.prune_sparsity(state.step, net)
+                        layout.unravel(state.params), networks.prune_sparsity(schedule, net)
                     )
                 ),
                 lambda: state.masks,
@@ -366,30 +376,53 @@ def make_learner(
         if use_diversity:
             main_cotangents = main_cotangents.at[2, 2].set(1.0)
         (eff_grads,) = jax.vmap(observed_vjp)(main_cotangents)  # tree, leaves [n_main, ...]
-        # 9. The causal term enters only every causal_every steps (a 0/1 factor on its
-        # cotangent rather than a cond, which vmap over seeds would turn into both branches).
-        causal_on = (state.step % loss_cfg.causal_every == 0).astype(jnp.float32)
-        if use_causal:
+        # 9. The causal term enters only every causal_every steps. Without a clock (or with
+        # XLA's tail) it is computed at every step and switched by a 0/1 factor on its
+        # cotangent: a cond on the batched step counter would run both branches under vmap.
+        # With the clock and the Pallas tail it runs under a cond below, only when due: the
+        # term's do(s) pass, its backward and its gradient row were 21 % of a 1,024-learner
+        # step that used it once in 50 (BENCHMARKS.md, Z1).
+        causal_due = schedule % loss_cfg.causal_every == 0
+        causal_on = causal_due.astype(jnp.float32)
+        cond_causal = separate_causal and clock is not None
+
+        def causal_part(weight: jax.Array | float) -> tuple[jax.Array, Any]:
+            """The causal KL and its per-layer gradient, scaled by ``weight``."""
             reference = jax.lax.stop_gradient(aux["log_probs"][:batch_size])
-            loss_causal, causal_vjp = jax.vjp(lambda e: intervened(e, reference), eff)
-            (causal_grads,) = causal_vjp(loss_cfg.causal_weight * causal_on)
+            loss, causal_vjp = jax.vjp(lambda e: intervened(e, reference), eff)
+            (grads,) = causal_vjp(weight)
+            return loss, grads
+
+        def causal_row(weight: jax.Array | float) -> tuple[jax.Array, jax.Array]:
+            """The causal KL and its flat gradient row [n_params], pulled back on its own.
+            Stacking the per-layer cotangents before one pull-back over 3 parts was a pass of
+            its own per layer (42 us for the 64 x 64 kernel at 1,024 learners, Y9); the flat
+            rows are pieces of the flat gradient's assembly, so stacking them costs no pass."""
+            loss, grads = causal_part(weight)
+            (row,) = pull_back(grads)
+            return loss, row
+
+        loss_causal = jnp.float32(0)
+        if use_causal and not separate_causal:
+            loss_causal, causal_grads = causal_part(loss_cfg.causal_weight * causal_on)
             if use_diversity:  # the third part: diversity plus causal
                 eff_grads = jax.tree.map(lambda g, c: g.at[2].add(c), eff_grads, causal_grads)
-            elif not separate_causal:
+            else:
                 eff_grads = jax.tree.map(
                     lambda g, c: jnp.concatenate([g, c[None]]), eff_grads, causal_grads
                 )
-        else:
-            loss_causal = jnp.float32(0)
-        extra = main_parts[2] + loss_cfg.causal_weight * causal_on * loss_causal
-        loss_parts = jnp.stack([main_parts[0], main_parts[1], extra])
         (flat,) = jax.vmap(pull_back)(eff_grads)  # [P, n_params] float32
-        if separate_causal:
-            # Stacking the per-layer cotangents before one pull-back over 3 parts was a pass of
-            # its own per layer (42 us for the 64 x 64 kernel at 1,024 learners, Y9); the flat
-            # rows are pieces of the flat gradient's assembly, so stacking them costs no pass.
-            (flat_causal,) = pull_back(causal_grads)
+        if separate_causal and not cond_causal:
+            loss_causal, flat_causal = causal_row(loss_cfg.causal_weight * causal_on)
             flat = jnp.concatenate([flat, flat_causal[None]])  # [3, n_params]
+
+        def guard_losses(loss_causal: jax.Array) -> tuple[jax.Array, jax.Array]:
+            """The loss parts [3] (the third: diversity plus the weighted causal term) and
+            whether any of them or the causal KL is non-finite."""
+            extra = main_parts[2] + loss_cfg.causal_weight * causal_on * loss_causal
+            parts = jnp.stack([main_parts[0], main_parts[1], extra])
+            return parts, ~_all_finite((parts, loss_causal))
+
         checks.finite("gradient", "grad_mse", flat[0])
         checks.finite("gradient", "grad_c51", flat[1])
         if flat.shape[0] == 3:  # a diversity or causal part
@@ -403,7 +436,6 @@ def make_learner(
         with jax.named_scope("guard"):
             q_abs_max = jnp.max(jnp.abs(q))
             batch_bad = ~_all_finite((obs, next_obs, batch.reward, batch.price_change))
-            loss_bad = ~_all_finite((loss_parts, loss_causal))
             q_bad = ~_all_finite((q, q_next, q_star))
             clip_bad = ~(q_abs_max <= loss_cfg.q_clip)
             priorities_bad = ~_all_finite(td)
@@ -415,7 +447,7 @@ def make_learner(
         surgery_args = (
             state.phi_hat,
             loss_cfg.gv_beta,
-            state.step % loss_cfg.gv_every == 0,
+            schedule % loss_cfg.gv_every == 0,
             (
                 jnp.where(c51_on, loss_cfg.budget_share_mse, 1.0),
                 jnp.where(c51_on, 1.0 - loss_cfg.budget_share_mse, 0.0),
@@ -423,18 +455,22 @@ def make_learner(
             loss_cfg.grad_budget,
         )
         next_step = state.step + 1
-        sync = next_step % cfg.optim.target_every == 0
+        sync = (schedule + 1) % cfg.optim.target_every == 0
         surgery: SurgeryScalars | SurgeryResult  # the metrics read the fields both have
-        if fused_tail:
-            # Pallas kernels (pallas_kernels.flat_tail): the surgery's reductions; then Adam,
-            # masks and sync, kept or rejected by the guard and written in place.
+        adam_state = state.opt_state[0]
+        count = optax.safe_increment(adam_state.count)
+
+        def fused_update(
+            flat: jax.Array, loss_bad: jax.Array
+        ) -> tuple[SurgeryScalars, flat_tail.AdamSelect, jax.Array]:
+            """Pallas kernels (pallas_kernels.flat_tail): the surgery's reductions over the
+            ``flat [parts, n_params]`` gradient; then Adam, masks and sync, kept or rejected by
+            the guard and written in place. Also whether every part's gradient is finite."""
             with jax.named_scope("surgery"):
                 row_max, gram = flat_tail.gram(flat, impl=tail_impl)
                 surgery = gradient_surgery_scalars(row_max, gram, *surgery_args)
             # max |g| is NaN exactly when a part's gradient is non-finite (flat_tail.gram).
             parts_finite = _all_finite(row_max)
-            adam_state = state.opt_state[0]
-            count = optax.safe_increment(adam_state.count)
             pre_ok = ~state.guard.halted & ~(
                 batch_bad | loss_bad | q_bad | clip_bad | priorities_bad
             )
@@ -454,6 +490,29 @@ def make_learner(
                     adam_hyper,
                     impl=tail_impl,
                 )
+            # The weights' length is the number of parts, which differs between the causal
+            # cond's branches; only the two main parts' weights are kept.
+            return surgery._replace(weights=surgery.weights[:2]), tail, parts_finite
+
+        if fused_tail and cond_causal:
+
+            def causal_due_step(_: None) -> tuple[jax.Array, Any]:
+                loss, row = causal_row(loss_cfg.causal_weight)
+                full = jnp.concatenate([flat, row[None]])  # [3, n_params]
+                return loss, fused_update(full, guard_losses(loss)[1])
+
+            def causal_not_due_step(_: None) -> tuple[jax.Array, Any]:
+                # Two parts: the kernels read no gradient row of zeros.
+                loss = jnp.float32(0)
+                return loss, fused_update(flat, guard_losses(loss)[1])
+
+            loss_causal, (surgery, tail, parts_finite) = jax.lax.cond(
+                causal_due, causal_due_step, causal_not_due_step, None
+            )
+        elif fused_tail:
+            surgery, tail, parts_finite = fused_update(flat, guard_losses(loss_causal)[1])
+        loss_parts, loss_bad = guard_losses(loss_causal)
+        if fused_tail:
             gradient_bad = ~(parts_finite & tail.total_finite)
             params_sq_norm = tail.params_sq_norm
         else:
@@ -558,7 +617,10 @@ def make_learner(
                 loss_mse=loss_parts[0],
                 loss_c51=loss_parts[1],
                 loss_div=main_parts[2],
-                loss_causal=loss_causal,
+                # The causal KL only on the steps its term is due (with the cond it is not
+                # computed on the others), so every tail reports the same.
+                loss_causal=jnp.where(causal_due, loss_causal, 0.0),
+                causal_applied=causal_on * float(use_causal),
                 grad_norm_mse=surgery.norms[0],
                 grad_norm_c51=surgery.norms[1],
                 grad_norm_mse_after=surgery.norms_after[0],
