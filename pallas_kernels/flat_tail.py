@@ -218,10 +218,18 @@ def _adam_block(g_ref, *refs, parts, n, hyper, masks):
         row = _block_load(g_ref, (learner * parts + k) * n + block * BLOCK, index, n)
         g = g + weights[k] * row
     start = learner * n + block * BLOCK
-    loaded = [_block_load(ref, start, index, n) for ref in vector_refs]
+    target_index = 2 if masks else 1
+    # With a hard sync the new target is the new parameters or the old target unwritten (the
+    # write kernel stores it only where due): the old one is never read. Zeros stand in for it.
+    loaded = [
+        _block_load(ref, start, index, n)
+        if i != target_index or hyper.tau > 0
+        else jnp.zeros((BLOCK,), jnp.float32)
+        for i, ref in enumerate(vector_refs)
+    ]
     old = TailVectors(*loaded) if masks else TailVectors(loaded[0], None, *loaded[1:])
     new = _candidate(g, old, TailScalars(bias1, bias2, ok, sync), hyper)
-    return g, new, (old.params, old.target, old.mu, old.nu), ok, start, index
+    return g, new, (old.params, old.target, old.mu, old.nu), (ok, sync), start, index
 
 
 def _adam_sums_kernel(*refs, **static):
@@ -236,13 +244,30 @@ def _adam_sums_kernel(*refs, **static):
 
 
 def _adam_write_kernel(*refs, **static):
-    """Per block: the candidate where the learner's ``ok`` coefficient is 1, else the old."""
+    """Per block: the candidate where the learner's ``ok`` coefficient is 1, else the old.
+
+    Outputs alias their inputs, so an element not stored keeps its old value. With a hard sync
+    (tau 0) the target is stored only where the sync is due and the step kept: on the other
+    steps (99 of 100 at target_every 100) it is neither read nor written, a [P] read and write
+    per learner less."""
     *inputs, p_out, t_out, mu_out, nu_out = refs
-    _, new, old, ok, start, index = _adam_block(*inputs, **static)
-    for ref, fresh, kept in zip((p_out, t_out, mu_out, nu_out), new, old, strict=True):
-        plgpu.store(
-            ref.at[pl.ds(start, BLOCK)], jnp.where(ok > 0.5, fresh, kept), mask=index < static["n"]
-        )
+    _, new, old, (ok, sync), start, index = _adam_block(*inputs, **static)
+    (new_params, new_target, new_mu, new_nu), (old_params, old_target, old_mu, old_nu) = new, old
+    in_range = index < static["n"]
+
+    def store(ref, value, mask):
+        plgpu.store(ref.at[pl.ds(start, BLOCK)], value, mask=mask)
+
+    for ref, fresh, kept in (
+        (p_out, new_params, old_params),
+        (mu_out, new_mu, old_mu),
+        (nu_out, new_nu, old_nu),
+    ):
+        store(ref, jnp.where(ok > 0.5, fresh, kept), in_range)
+    if static["hyper"].tau > 0:
+        store(t_out, jnp.where(ok > 0.5, new_target, old_target), in_range)
+    else:
+        store(t_out, new_params, in_range & (ok > 0.5) & (sync > 0.5))
 
 
 def _check_offsets(learners: int, parts: int, n: int) -> None:
