@@ -266,6 +266,22 @@ def test_argument_injections(tiny):
     assert reason is not None
 
 
+def test_a_clock_that_is_not_the_learners_step_count_is_named(tiny):
+    """The schedules follow a given clock; debug mode says when it is not the state's own step
+    counter (a caller whose learners do not step in lock-step) and passes when it is."""
+    _, learners, state = tiny
+    step = debug.checked(learners[True].step)
+    error, _ = step(state, 0.2, 0.5, jnp.int32(0))
+    assert debug.failures(error) == []
+    error, _ = step(state, 0.2, 0.5, jnp.int32(3))
+    [(_, failure)] = debug.failures(error)
+    assert (failure.component, failure.tensor, failure.value) == (
+        "learner_state",
+        "step_minus_clock",
+        -3.0,
+    )
+
+
 def _nan_like(fn, fields=None):
     """``fn`` with NaN outputs: all of it, or the named fields of its NamedTuple result."""
 

@@ -204,6 +204,9 @@ def make_learner(
         # Checked as trees, so a failure names the layer.
         checks.finite("learner_state", "params", layout.unravel(state.params))
         checks.finite("learner_state", "target_params", layout.unravel(state.target_params))
+        if clock is not None:  # the schedules follow the clock: it must be the own counter
+            offset = (state.step - schedule).astype(jnp.float32)
+            checks.within("learner_state", "step_minus_clock", offset, 0.0, 0.0)
 
         # 1. PER sample: stratified proportional, IS weights normalised by their max.
         with jax.named_scope("per_sample"):
