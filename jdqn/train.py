@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jdqn import env as trading_env
-from jdqn.config import Config
+from jdqn.config import Config, TrainConfig
 from jdqn.evaluate import Rollout, greedy_policy, rollout
 from jdqn.learner import (
     LEARNER_METRICS_RECORD,
@@ -155,32 +155,28 @@ class TrainProgram:
         learner_state = self.learner.insert(state.learner, info["transition"])
 
         beta = cfg.replay.beta_start + (1.0 - cfg.replay.beta_start) * progress
-        ready = (learner_state.replay.size >= cfg.train.batch_size) & (
-            state.iteration % cfg.train.train_every == 0
-        )
-
-        updates = cfg.train.updates_per_iteration
+        # From the unbatched index, not the (batched) state: under vmap the cond below is then a
+        # real branch (a cond on the replay size ran the learner step at every iteration and
+        # selected every leaf of its state), and the learner gets its step counter unbatched,
+        # so its own schedules can take real branches too (its `clock`).
+        ready, steps_before = learner_schedule(index, cfg.train)
         statically_ready = cfg.train.train_every == 1 and cfg.train.n_slices >= cfg.train.batch_size
 
         def train(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
             def update(carry: LearnerState, u: jax.Array) -> tuple[LearnerState, jax.Array]:
-                # Statically ready, every iteration so far ran `updates` learner steps, so the
-                # learner's step counter is known without reading the (batched) state: the
-                # learner's schedules can then take real branches under vmap (its `clock`).
-                clock = index * updates + u if statically_ready else None
-                carry, metrics = self.learner.step(carry, alpha, beta, clock)
+                carry, metrics = self.learner.step(carry, alpha, beta, steps_before + u)
                 return carry, pack_metrics(metrics)
 
-            learner_state, packed = jax.lax.scan(update, learner_state, jnp.arange(updates))
+            learner_state, packed = jax.lax.scan(
+                update, learner_state, jnp.arange(cfg.train.updates_per_iteration)
+            )
             return learner_state, unpack_metrics(packed[-1], LEARNER_METRICS_RECORD)
 
         def skip(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
             return learner_state, _zeros(LEARNER_METRICS_RECORD)
 
         if statically_ready:
-            # Statically ready: the first insert fills a batch and every iteration trains. No
-            # cond: under vmap a cond on the (batched) replay size runs both branches and
-            # selects every leaf of the learner state, every iteration.
+            # The first insert fills a batch and every iteration trains: no cond at all.
             learner_state, learner_metrics = train(learner_state)
         else:
             learner_state, learner_metrics = jax.lax.cond(ready, train, skip, learner_state)
@@ -214,6 +210,26 @@ class TrainProgram:
                 state, metrics = run_chunk(state, fold, jnp.int32(epoch), jnp.int32(chunk))
                 history.append(metrics)
         return state, history
+
+
+def learner_schedule(index: jax.Array, train: TrainConfig) -> tuple[jax.Array, jax.Array]:
+    """Whether iteration ``index`` (0-based, since the start of training) trains the learner,
+    and how many learner steps ran before it, from the index alone.
+
+    Every iteration inserts ``n_slices`` transitions, so after iteration ``i``'s insert the
+    buffer holds ``min((i + 1) n_slices, capacity)``, which reaches ``batch_size`` exactly when
+    ``(i + 1) n_slices`` does (the config requires ``replay.capacity >= train.batch_size``).
+    From then on every ``train_every``-th iteration trains, ``updates_per_iteration`` learner
+    steps each (DESIGN section 1)."""
+    every = train.train_every
+    first = -(-train.batch_size // train.n_slices) - 1  # its insert fills the first batch
+
+    def multiples_below(m: Any) -> Any:  # multiples of `every` in [0, m), m >= 0
+        return (m + every - 1) // every
+
+    ready = (index >= first) & (index % every == 0)
+    due_before = jnp.maximum(multiples_below(index) - multiples_below(first), 0)
+    return ready, due_before * train.updates_per_iteration
 
 
 def _iteration_record() -> IterationMetrics:

@@ -341,6 +341,21 @@ def test_seeds_cli_times_the_s_it_is_given_and_refuses_zero(monkeypatch, capsys)
     assert "--seeds: every S must be at least 1, got [0, 4]" in capsys.readouterr().err
 
 
+def test_seeds_cli_times_the_config_it_is_given(monkeypatch, capsys) -> None:
+    """``--set`` overrides reach the timed config; a bad one is one line, before any compile."""
+    from jdqn.bench import seeds
+
+    timed = []
+    monkeypatch.setattr(seeds, "run", lambda quick, cfg, seeds, unroll: timed.append(cfg) or [])
+    seeds.main(["--quick", "--set", "loss.causal_weight=0", "--set", "optim.tau=0.01"])
+    [cfg] = timed
+    assert (cfg.loss.causal_weight, cfg.optim.tau) == (0.0, 0.01)
+    with pytest.raises(SystemExit) as exit_info:
+        seeds.main(["--set", "loss.no_such_field=1"])
+    assert exit_info.value.code == 2 and timed == [cfg]
+    assert "loss.no_such_field" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_update_impl_comparison_times_each_impl_twice() -> None:
     from jdqn.bench import seeds

@@ -10,7 +10,7 @@ import pytest
 from tiny_learner import N_FEATURES, TINY
 
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.train import FoldData, make_train
+from jdqn.train import FoldData, learner_schedule, make_train
 
 
 @pytest.mark.parametrize(
@@ -48,17 +48,22 @@ def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, 
 @pytest.mark.parametrize(
     "overrides",
     [
-        # Statically ready: the trainer gives the learner its clock (unbatched).
+        # Statically ready: every iteration trains, two learner steps each.
         ["train.n_slices=8", "train.batch_size=8", "train.updates_per_iteration=2"],
-        # Not statically ready: no clock, the learner's own (batched) counter.
-        ["train.n_slices=8", "train.batch_size=8", "train.train_every=2"],
+        # Trains every other iteration once the third insert fills a batch.
+        [
+            "train.n_slices=3",
+            "train.batch_size=8",
+            "train.train_every=2",
+            "train.updates_per_iteration=2",
+        ],
     ],
-    ids=["clock", "own_counter"],
+    ids=["every_iteration", "every_other_once_filled"],
 )
 def test_the_causal_term_is_due_on_the_learners_own_step_count(overrides):
     """Across chunks and into the second epoch, the causal term is due exactly on the learner
-    steps that are multiples of ``loss.causal_every``, whether the schedule follows the
-    trainer's clock or the learner's own step counter."""
+    steps that are multiples of ``loss.causal_every``: the clock the trainer gives the learner
+    (from its loop counters) is the learner's own step counter."""
     cfg = apply_overrides(
         SMOKETEST, [*TINY, "train.chunk_iterations=4", "loss.causal_every=3", *overrides]
     )
@@ -86,3 +91,34 @@ def test_the_causal_term_is_due_on_the_learners_own_step_count(overrides):
             assert np.all(kl[run][want] > 0) and np.all(kl[run][~want] == 0)
         checked += int(used.sum())
     assert checked >= 6 and int(np.asarray(state.learner.step)[0]) > 3 * updates
+
+
+def test_the_learner_schedule_from_the_index_is_the_buffers():
+    """``learner_schedule`` (which iterations train and the learner steps before each, from the
+    iteration's index alone) against a simulation of the buffer's fill, over a grid of
+    slices, batch sizes, capacities, training periods and updates per iteration."""
+    index = jnp.arange(40, dtype=jnp.int32)
+    for n_slices, batch, extra_capacity, every, updates in np.ndindex(5, 9, 3, 3, 2):
+        n_slices, batch, every, updates = n_slices + 1, batch + 1, every + 1, updates + 1
+        capacity = max(batch, n_slices, 2) + 5 * extra_capacity
+        cfg = apply_overrides(
+            SMOKETEST,
+            [
+                f"train.n_slices={n_slices}",
+                f"train.batch_size={batch}",
+                f"replay.capacity={capacity}",
+                f"train.train_every={every}",
+                f"train.updates_per_iteration={updates}",
+            ],
+        )
+        size, steps, want_ready, want_steps = 0, 0, [], []
+        for i in range(int(index.shape[0])):
+            size = min(size + n_slices, capacity)
+            ready = size >= batch and i % every == 0
+            want_ready.append(ready)
+            want_steps.append(steps)
+            steps += updates * ready
+        ready, steps_before = learner_schedule(index, cfg.train)
+        case = (n_slices, batch, capacity, every, updates)
+        np.testing.assert_array_equal(np.asarray(ready), want_ready, err_msg=str(case))
+        np.testing.assert_array_equal(np.asarray(steps_before), want_steps, err_msg=str(case))

@@ -4,8 +4,11 @@ Seeds (and folds) are a batch axis of one executable (DESIGN section 11), so the
 is seed-steps per second: ``S * steps / seconds``. Each seed has its own full buffer of random
 transitions and its own keys; all use the smoketest learner with every component on.
 
-    python -m jdqn.bench.seeds [--quick] [--seeds S ...] [--unroll U]
+    python -m jdqn.bench.seeds [--quick] [--seeds S ...] [--unroll U] [--set KEY=VALUE ...]
         [--compare-update-impl | --compare-unroll A B]
+
+``--set`` overrides the smoketest config (e.g. ``--set loss.causal_weight=0`` times the step
+without the causal term, as BENCHMARKS.md's Z1 did).
 
 ``--compare-update-impl`` times each S with the step's flat tail in XLA and as the Pallas kernels
 of ``pallas_kernels.flat_tail`` (``optim.update_impl``), alternating A B B A in one process, so
@@ -202,21 +205,28 @@ def main(argv: Sequence[str] | None = None) -> None:
         metavar=("A", "B"),
         help="time every S with scan unroll A and B, alternating",
     )
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="config override KEY=VALUE"
+    )
     args = parser.parse_args(argv)
+    try:
+        cfg = apply_overrides(SMOKETEST, args.overrides)
+    except ValueError as error:
+        parser.error(str(error))  # one line and exit status 2, before any compile
     if args.seeds and min(args.seeds) < 1:
         parser.error(f"--seeds: every S must be at least 1, got {args.seeds}")
     if min(args.unroll, *(args.compare_unroll or [1])) < 1:
         parser.error("--unroll / --compare-unroll: steps per loop iteration must be at least 1")
     if not (args.compare_update_impl or args.compare_unroll):
-        print(format_table(run(args.quick, seeds=args.seeds, unroll=args.unroll)))
+        print(format_table(run(args.quick, cfg, seeds=args.seeds, unroll=args.unroll)))
         return
     # A comparison times four programs per S: one table per S, printed as soon as it is timed,
     # so a run cut short by a time limit still leaves the S it finished.
     for n_seeds in seed_counts(args.quick, args.seeds):
         if args.compare_update_impl:
-            rows = compare_update_impls(args.quick, seeds=(n_seeds,))
+            rows = compare_update_impls(args.quick, cfg, seeds=(n_seeds,))
         else:
-            rows = compare_unrolls(tuple(args.compare_unroll), args.quick, seeds=(n_seeds,))
+            rows = compare_unrolls(tuple(args.compare_unroll), args.quick, cfg, seeds=(n_seeds,))
         print(format_comparison(rows), flush=True)
 
 

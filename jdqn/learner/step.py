@@ -379,12 +379,13 @@ def make_learner(
         if use_diversity:
             main_cotangents = main_cotangents.at[2, 2].set(1.0)
         (eff_grads,) = jax.vmap(observed_vjp)(main_cotangents)  # tree, leaves [n_main, ...]
-        # 9. The causal term enters only every causal_every steps. Without a clock (or with
-        # XLA's tail) it is computed at every step and switched by a 0/1 factor on its
-        # cotangent: a cond on the batched step counter would run both branches under vmap.
-        # With the clock and the Pallas tail it runs under a cond below, only when due: the
-        # term's do(s) pass, its backward and its gradient row were 21 % of a 1,024-learner
-        # step that used it once in 50 (BENCHMARKS.md, Z1).
+        # 9. The causal term enters only every causal_every steps. Given a clock, with the
+        # Pallas tail and without the diversity term (whose part the causal one joins), it
+        # runs under a cond below, only when due: its do(s) pass, backward and gradient row
+        # were 21 % of a 1,024-learner step that used it once in 50 (BENCHMARKS.md, Z1-Z2).
+        # Otherwise it is computed at every step and switched by a 0/1 factor on its
+        # cotangent: a cond on the batched step counter would run both branches under vmap,
+        # and one learner's launch-bound step would save 5 us at most (Z1).
         causal_due = schedule % loss_cfg.causal_every == 0
         causal_on = causal_due.astype(jnp.float32)
         cond_causal = separate_causal and clock is not None
