@@ -263,6 +263,19 @@ def test_guard_rejects_learning_rate_1e30(tail):
     assert np.isfinite(float(metrics.loss_c51))  # the loss was fine; the update was not
 
 
+def _assert_states_close(got_state, want_state, names):
+    """The named fields of two learner states equal to float32 rounding, leaf by leaf."""
+    for name in names:
+        for got, want in zip(
+            jax.tree.leaves(getattr(got_state, name)),
+            jax.tree.leaves(getattr(want_state, name)),
+            strict=True,
+        ):
+            np.testing.assert_allclose(
+                np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6, err_msg=name
+            )
+
+
 @pytest.mark.parametrize(
     "extra",
     [(), ("optim.tau=0.05",), ("network.lambda_div=0",)],
@@ -296,13 +309,8 @@ def test_fused_tail_matches_the_xla_tail(extra):
         want = np.array([float(getattr(m, name)) for m in xla_metrics])
         got = np.array([float(getattr(m, name)) for m in fused_metrics])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
-    for name in ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u"):
-        for got, want in zip(
-            jax.tree.leaves(getattr(fused_state, name)),
-            jax.tree.leaves(getattr(xla_state, name)),
-            strict=True,
-        ):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
+    names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
+    _assert_states_close(fused_state, xla_state, names)
     assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
 
 
@@ -364,13 +372,8 @@ def test_with_a_clock_the_causal_term_runs_only_when_due():
     np.testing.assert_array_equal(due, [[1.0, 1.0], [0.0, 0.0]] * 3)
     kl = np.array([np.asarray(m.loss_causal) for m in cond_metrics])
     assert np.all(kl[::2] > 0) and np.all(kl[1::2] == 0)
-    for name in ("params", "target_params", "opt_state", "phi_hat", "sn_u", "key"):
-        for got, want in zip(
-            jax.tree.leaves(getattr(cond_state, name)),
-            jax.tree.leaves(getattr(xla_state, name)),
-            strict=True,
-        ):
-            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
+    names = ("params", "target_params", "opt_state", "phi_hat", "sn_u", "key")
+    _assert_states_close(cond_state, xla_state, names)
 
 
 @pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])

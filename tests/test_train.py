@@ -13,6 +13,19 @@ from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.train import FoldData, learner_schedule, make_train
 
 
+def _two_vmapped_runs(cfg):
+    """The training program of ``cfg`` over 64 made-up bars, two runs' initial states and the
+    jitted chunk vmapped over them, as in a walk-forward group (where the replay size is a
+    batched value)."""
+    program = make_train(cfg, N_FEATURES, 64, (0,))
+    folds = FoldData(
+        features=jax.random.normal(jax.random.PRNGKey(1), (2, 64, N_FEATURES)),
+        close=jnp.cumsum(jnp.ones((2, 64)), axis=1) + 100.0,
+    )
+    state = jax.vmap(program.init)(jax.random.split(jax.random.PRNGKey(0), 2), folds)
+    return program, folds, state, jax.jit(jax.vmap(program.run_chunk, (0, 0, None, None)))
+
+
 @pytest.mark.parametrize(
     ("overrides", "trained"),
     [
@@ -28,14 +41,7 @@ from jdqn.train import FoldData, learner_schedule, make_train
 )
 def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, trained):
     cfg = apply_overrides(SMOKETEST, [*TINY, "train.chunk_iterations=4", *overrides])
-    program = make_train(cfg, N_FEATURES, 64, (0,))
-    folds = FoldData(
-        features=jax.random.normal(jax.random.PRNGKey(1), (2, 64, N_FEATURES)),
-        close=jnp.cumsum(jnp.ones((2, 64)), axis=1) + 100.0,
-    )
-    # Two runs vmapped, as in a walk-forward group: the replay size is a batched value there.
-    state = jax.vmap(program.init)(jax.random.split(jax.random.PRNGKey(0), 2), folds)
-    chunk = jax.jit(jax.vmap(program.run_chunk, (0, 0, None, None)))
+    _, folds, state, chunk = _two_vmapped_runs(cfg)
     state, metrics = chunk(state, folds, jnp.int32(0), jnp.int32(0))
     assert np.asarray(metrics.active).all()
     np.testing.assert_array_equal(np.asarray(metrics.trained), [trained, trained])
@@ -67,13 +73,7 @@ def test_the_causal_term_is_due_on_the_learners_own_step_count(overrides):
     cfg = apply_overrides(
         SMOKETEST, [*TINY, "train.chunk_iterations=4", "loss.causal_every=3", *overrides]
     )
-    program = make_train(cfg, N_FEATURES, 64, (0,))
-    folds = FoldData(
-        features=jax.random.normal(jax.random.PRNGKey(1), (2, 64, N_FEATURES)),
-        close=jnp.cumsum(jnp.ones((2, 64)), axis=1) + 100.0,
-    )
-    state = jax.vmap(program.init)(jax.random.split(jax.random.PRNGKey(0), 2), folds)
-    chunk = jax.jit(jax.vmap(program.run_chunk, (0, 0, None, None)))
+    program, folds, state, chunk = _two_vmapped_runs(cfg)
     schedule = [(0, c) for c in range(program.chunks_per_epoch)] + [(1, 0)]
     updates = cfg.train.updates_per_iteration
     checked = 0
