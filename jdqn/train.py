@@ -155,10 +155,9 @@ class TrainProgram:
         learner_state = self.learner.insert(state.learner, info["transition"])
 
         beta = cfg.replay.beta_start + (1.0 - cfg.replay.beta_start) * progress
-        # From the unbatched index, not the (batched) state: under vmap the cond below is then a
-        # real branch (a cond on the replay size ran the learner step at every iteration and
-        # selected every leaf of its state), and the learner gets its step counter unbatched,
-        # so its own schedules can take real branches too (its `clock`).
+        # From the unbatched index, not the (batched) replay size: the learner gets its step
+        # counter unbatched, so its own schedules can take real branches under vmap (its
+        # `clock`), and so can the choice below whether to train at all.
         ready, steps_before = learner_schedule(index, cfg.train)
         statically_ready = cfg.train.train_every == 1 and cfg.train.n_slices >= cfg.train.batch_size
 
@@ -178,7 +177,19 @@ class TrainProgram:
         if statically_ready:
             # The first insert fills a batch and every iteration trains: no cond at all.
             learner_state, learner_metrics = train(learner_state)
+        elif cfg.train.train_every == 1:
+            # Every iteration trains once the buffer holds a batch: only the first few do not.
+            # The step runs at each and is kept where due (a select, as a cond under vmap on
+            # the batched replay size was before), rather than a conditional, which on a GPU
+            # reads its predicate on the host at every iteration for the sake of those few.
+            trained, trained_metrics = train(learner_state)
+            learner_state, learner_metrics = jax.tree.map(
+                lambda new, old: jnp.where(ready, new, old),
+                (trained, trained_metrics),
+                skip(learner_state),
+            )
         else:
+            # Most iterations skip the learner: a real branch (the predicate is unbatched).
             learner_state, learner_metrics = jax.lax.cond(ready, train, skip, learner_state)
         new_state = TrainState(
             learner=learner_state, env=env_state, key=key, iteration=state.iteration + 1

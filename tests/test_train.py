@@ -56,7 +56,9 @@ def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, 
     [
         # Statically ready: every iteration trains, two learner steps each.
         ["train.n_slices=8", "train.batch_size=8", "train.updates_per_iteration=2"],
-        # Trains every other iteration once the third insert fills a batch.
+        # Trains every iteration once the third insert fills a batch (a select, no cond).
+        ["train.n_slices=3", "train.batch_size=8"],
+        # Trains every other iteration once the third insert fills a batch (a cond).
         [
             "train.n_slices=3",
             "train.batch_size=8",
@@ -64,7 +66,7 @@ def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, 
             "train.updates_per_iteration=2",
         ],
     ],
-    ids=["every_iteration", "every_other_once_filled"],
+    ids=["every_iteration", "every_iteration_once_filled", "every_other_once_filled"],
 )
 def test_the_causal_term_is_due_on_the_learners_own_step_count(overrides):
     """Across chunks and into the second epoch, the causal term is due exactly on the learner
