@@ -17,7 +17,8 @@ bandwidth (BENCHMARKS.md, issue 6). Here:
   pruning: ``TailVectors.masks`` None) and the target sync, and keeps the candidate only when
   the guard passes. The guard needs the total's finiteness and the new parameters' squared
   norm, so one launch sums those and a second recomputes the candidate and writes the kept
-  values in place.
+  values in place (with a hard sync, the target only on the steps the sync is due: its old
+  values are never read, BENCHMARKS.md, Z4).
 
 The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
 folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
