@@ -498,7 +498,7 @@ def make_learner(
             # cond's branches; only the two main parts' weights are kept.
             return surgery._replace(weights=surgery.weights[:2]), tail, parts_finite
 
-        if fused_tail and cond_causal:
+        if cond_causal:  # with the Pallas tail only (separate_causal)
 
             def causal_due_step(_: None) -> tuple[jax.Array, Any]:
                 loss, row = causal_row(loss_cfg.causal_weight)
@@ -513,10 +513,10 @@ def make_learner(
             loss_causal, (surgery, tail, parts_finite) = jax.lax.cond(
                 causal_due, causal_due_step, causal_not_due_step, None
             )
-        elif fused_tail:
-            surgery, tail, parts_finite = fused_update(flat, guard_losses(loss_causal)[1])
         loss_parts, loss_bad = guard_losses(loss_causal)
         if fused_tail:
+            if not cond_causal:
+                surgery, tail, parts_finite = fused_update(flat, loss_bad)
             gradient_bad = ~(parts_finite & tail.total_finite)
             params_sq_norm = tail.params_sq_norm
         else:
