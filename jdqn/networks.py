@@ -278,6 +278,19 @@ def apply(eff_params: Params, obs: jax.Array, cfg: Config) -> jax.Array:
     return cast(jax.Array, module(cfg).apply({"params": eff_params}, obs))
 
 
+def apply_without_head_bias(
+    eff_params: Params, obs: jax.Array, cfg: Config
+) -> tuple[jax.Array, jax.Array]:
+    """(logits less the head's bias [..., K, A, N], the head's bias [K, A, N]): :func:`apply`'s
+    logits are their sum. For a kernel that adds the bias itself (``pallas_kernels.double_dqn``):
+    XLA would otherwise write ``GEMM + bias`` out as an array of its own for it to read. The
+    head runs with a zero bias, which XLA's algebraic simplifier removes (x + 0 is x)."""
+    head = eff_params[HEAD]
+    zero_bias = {**eff_params, HEAD: {**head, "bias": jnp.zeros(head["bias"].shape, jnp.float32)}}
+    logits = apply(zero_bias, obs, cfg)
+    return logits, head["bias"].reshape(logits.shape[-3:])
+
+
 def q_values(logits: jax.Array, support: jax.Array) -> jax.Array:
     """Q = sum_i softmax(logits)_i z_i in float32 (Bellemare et al., 2017). [..., N] -> [...]."""
     chex.assert_type(support, jnp.float32)

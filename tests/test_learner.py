@@ -16,7 +16,12 @@ import pytest
 from jdqn import networks
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.learner import GUARD_REASONS, LearnerMetrics, make_learner
-from jdqn.learner.step import FUSED_TAIL_MIN_LEARNERS, resolve_update_impl
+from jdqn.learner.step import (
+    FUSED_TAIL_MIN_LEARNERS,
+    PICK_KERNEL_MIN_LEARNERS,
+    resolve_pick_impl,
+    resolve_update_impl,
+)
 from jdqn.transition import Transition
 
 N_FEATURES = 4
@@ -45,6 +50,9 @@ SMALL = (
 # kernels on a GPU; "xla" is the optax/jnp path.
 FUSED = "optim.update_impl=" + ("pallas" if jax.default_backend() == "gpu" else "interpret")
 XLA_TAIL = "optim.update_impl=xla"
+# The double-DQN pick at s' as one kernel (pallas_kernels.double_dqn) or XLA's fusions.
+PICK = "loss.pick_impl=" + ("pallas" if jax.default_backend() == "gpu" else "interpret")
+XLA_PICK = "loss.pick_impl=xla"
 TRACES: dict[tuple[str, ...], int] = {}  # traces of the shared jitted step, per config
 
 
@@ -314,6 +322,31 @@ def test_fused_tail_matches_the_xla_tail(extra):
     assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
 
 
+def test_the_pick_kernel_matches_xlas_pick():
+    """Six steps (two heads, bootstrap masks, pruning, vaccine, causal term, target sync) with
+    the double-DQN pick as one kernel against XLA's fusions: the same step to float32
+    rounding (the kernel sums the softmax in its own order)."""
+    args = (_filled(_learner(PICK)), jnp.float32(0.2), jnp.float32(0.4))
+    assert "double_dqn_pick" in str(jax.make_jaxpr(_learner(PICK).step)(*args))
+    assert "double_dqn_pick" not in str(jax.make_jaxpr(_learner(XLA_PICK).step)(*args))
+    runs = []
+    for pick in (XLA_PICK, PICK):
+        step, state = _jit_step(pick), _filled(_learner(pick))
+        metrics = []
+        for i in range(6):
+            state, m = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
+            metrics.append(m)
+        runs.append((state, metrics))
+    (xla_state, xla_metrics), (kernel_state, kernel_metrics) = runs
+    assert int(kernel_state.step) == 6 and not bool(kernel_state.guard.halted)
+    for name in LearnerMetrics._fields:
+        want = np.array([float(getattr(m, name)) for m in xla_metrics])
+        got = np.array([float(getattr(m, name)) for m in kernel_metrics])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
+    names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u", "replay")
+    _assert_states_close(kernel_state, xla_state, names)
+
+
 def _pallas_inputs_in_conds(jaxpr) -> list[list[int]]:
     """For each ``cond`` of ``jaxpr`` (not nested) with a ``pallas_call`` in it: per branch, the
     sizes of every such call's first operand (the flat-tail kernels' gradient, [learners x
@@ -430,6 +463,15 @@ def test_auto_update_impl_uses_the_kernels_on_a_gpu_for_many_learners_only():
     assert resolve("auto", "cpu", debug=False, learners=many) == "xla"
     for explicit in ("xla", "pallas", "interpret"):
         assert resolve(explicit, "cpu", debug=True, learners=1) == explicit
+
+
+def test_auto_pick_impl_uses_the_kernel_on_a_gpu_for_many_learners_only():
+    many = PICK_KERNEL_MIN_LEARNERS
+    assert resolve_pick_impl("auto", "gpu", learners=many) == "pallas"
+    assert resolve_pick_impl("auto", "gpu", learners=many - 1) == "xla"
+    assert resolve_pick_impl("auto", "cpu", learners=many) == "xla"
+    for explicit in ("xla", "pallas", "interpret"):
+        assert resolve_pick_impl(explicit, "cpu", learners=1) == explicit
 
 
 def test_debug_checks_absent_from_the_program_when_off():

@@ -151,6 +151,9 @@ class LossConfig:
     projection_impl: Literal[
         "auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"
     ] = "auto"
+    # Double-DQN pick at s' (pallas_kernels.double_dqn): auto = the Pallas kernel on GPU
+    # (jdqn.learner.step.resolve_pick_impl), XLA's fusions elsewhere
+    pick_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
 
     def __post_init__(self) -> None:
         _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
@@ -180,6 +183,11 @@ class LossConfig:
             in ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
             "loss.projection_impl",
             "'auto', 'pallas', 'interpret', 'reference', 'xla_hat' or 'xla_scatter'",
+        )
+        _require(
+            self.pick_impl in ("auto", "pallas", "interpret", "xla"),
+            "loss.pick_impl",
+            "'auto', 'pallas', 'interpret' or 'xla'",
         )
 
     def alpha_for_epoch(self, epoch: int) -> float:

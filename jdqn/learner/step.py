@@ -45,10 +45,13 @@ from jdqn.replay import (
 from jdqn.surgery import SurgeryResult, SurgeryScalars, gradient_surgery
 from jdqn.surgery import surgery_scalars as gradient_surgery_scalars
 from jdqn.transition import Transition, example_transition, observation
-from pallas_kernels import flat_tail
+from pallas_kernels import double_dqn, flat_tail
 
 # From this many vmapped learners on, optim.update_impl=auto uses the Pallas flat tail.
 FUSED_TAIL_MIN_LEARNERS = 16
+
+# From this many vmapped learners on, loss.pick_impl=auto uses the double-DQN pick kernel.
+PICK_KERNEL_MIN_LEARNERS = 16
 
 # Adam's decay rates (Kingma & Ba, ICLR 2015; optax's defaults), shared by optax's update and
 # the fused tail kernel.
@@ -100,6 +103,17 @@ def resolve_update_impl(impl: str, backend: str, *, debug: bool, learners: int) 
     return "pallas" if fused else "xla"
 
 
+def resolve_pick_impl(impl: str, backend: str, *, learners: int) -> str:
+    """``loss.pick_impl`` as the step builds it: ``"auto"`` is the Pallas kernel
+    (``pallas_kernels.double_dqn``) on a GPU for programs that step at least
+    :data:`PICK_KERNEL_MIN_LEARNERS` learners together, and XLA's fusions otherwise: on the
+    H200 the kernel made 16 / 128 / 1,024 vmapped learners 1.9 / 4.3 / 3.7 % faster and one
+    learner 4.9 % slower (BENCHMARKS.md, A3)."""
+    if impl != "auto":
+        return impl
+    return "pallas" if backend == "gpu" and learners >= PICK_KERNEL_MIN_LEARNERS else "xla"
+
+
 def make_learner(
     cfg: Config,
     n_features: int,
@@ -130,6 +144,8 @@ def make_learner(
         cfg.optim.update_impl, jax.default_backend(), debug=debug, learners=learners
     )
     fused_tail = update_impl != "xla"
+    pick_impl = resolve_pick_impl(loss_cfg.pick_impl, jax.default_backend(), learners=learners)
+    pick_kernel: double_dqn.Impl = "interpret" if pick_impl == "interpret" else "pallas"
     tail_impl: flat_tail.Impl = "interpret" if update_impl == "interpret" else "pallas"
     adam_hyper = flat_tail.AdamHyper(
         ADAM_B1, ADAM_B2, cfg.optim.adam_eps, cfg.optim.learning_rate, cfg.optim.tau
@@ -275,7 +291,14 @@ def make_learner(
             target_eff, _, _ = networks.effective_params(
                 layout.unravel(_masked(state.target_params, masks)), None, state.sn_u, net, False
             )
-            target_logits_next = networks.apply(target_eff, next_obs, cfg)  # [R, K, A, N]
+            # [R, K, A, N]; for the pick kernel the head's GEMM and its bias apart.
+            if pick_impl == "xla":
+                target_logits_next = networks.apply(target_eff, next_obs, cfg)
+            else:
+                target_gemm_next, target_bias = networks.apply_without_head_bias(
+                    target_eff, next_obs, cfg
+                )
+                target_logits_next = target_gemm_next + target_bias  # for the check only
         checks.finite("target_network", "logits_next", target_logits_next)
 
         # 3 (cont.). The effective weights and their VJP: the loss chains below differentiate
@@ -290,14 +313,25 @@ def make_learner(
         with jax.named_scope("online_forward"):
             eff, pull_back, (new_u, sigmas) = jax.vjp(effective, params, has_aux=True)
             # s' only picks a* for the (stop-gradient) target: a forward pass, outside every VJP.
-            logits_next = networks.apply(eff, next_obs, cfg)  # [R, K, A, N]
+            if pick_impl == "xla":
+                logits_next = networks.apply(eff, next_obs, cfg)  # [R, K, A, N]
+            else:
+                gemm_next, bias = networks.apply_without_head_bias(eff, next_obs, cfg)
+                logits_next = gemm_next + bias  # for the check only
         checks.finite("spectral_norm", "u", new_u)
         checks.finite("online_network", "logits_next", logits_next)
 
         # 4. Double-DQN target, projection, label smoothing; no gradient flows into it.
         with jax.named_scope("projection"):
-            q_next = networks.q_values(logits_next, support)  # [R, K, A]
-            _, probs_star, q_star = losses.double_dqn_target(q_next, target_logits_next, support)
+            if pick_impl == "xla":
+                q_next = networks.q_values(logits_next, support)  # [R, K, A]
+                _, probs_star, q_star = losses.double_dqn_target(
+                    q_next, target_logits_next, support
+                )
+            else:  # one kernel reads both nets' head outputs once (BENCHMARKS.md, P81)
+                q_next, probs_star, q_star = double_dqn.double_dqn_pick(
+                    gemm_next, bias, target_gemm_next, target_bias, support, impl=pick_kernel
+                )
             checks.distribution("target_network", "probs_star", probs_star, 1e-4)
             checks.within("online_network", "q_next", q_next, q_low, q_high)
             checks.within("target_network", "q_star", q_star, q_low, q_high)
