@@ -282,8 +282,8 @@ def apply_without_head_bias(
     eff_params: Params, obs: jax.Array, cfg: Config
 ) -> tuple[jax.Array, jax.Array]:
     """(logits less the head's bias [..., K, A, N], the head's bias [K, A, N]): :func:`apply`'s
-    logits are their sum. For a kernel that adds the bias itself (``pallas_kernels.double_dqn``):
-    XLA would otherwise write ``GEMM + bias`` out as an array of its own for it to read. The
+    logits are their sum. For a kernel that adds the bias itself (``pallas_kernels.double_dqn``),
+    so that XLA need not write ``GEMM + bias`` out as an array of its own for it to read. The
     head runs with a zero bias, which XLA's algebraic simplifier removes (x + 0 is x)."""
     head = eff_params[HEAD]
     zero_bias = {**eff_params, HEAD: {**head, "bias": jnp.zeros(head["bias"].shape, jnp.float32)}}

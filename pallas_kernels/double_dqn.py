@@ -20,9 +20,9 @@ kernel: the caller passes the head's GEMM results (the head evaluated with a zer
 XLA's algebraic simplifier removes) and the biases, so that ``GEMM + bias`` is not written out
 as an array of its own for the kernel to read.
 
-On the H200 the kernel takes 60 us at 1,024 learners of 80 rows (XLA's standalone form of the
-same work 153 us), and in the learner step it made 16 / 128 / 1,024 vmapped learners 3.5 / 4.6
-/ 3.8 % faster; one learner's step was 4.9 % slower with it (BENCHMARKS.md, A3-A4), so
+On the H200 the kernel takes 50.9 us of the 1,024-learner step (80 rows each; A5), where XLA's
+pick took 101 us in three kernels (A1). It made the step of 16 / 128 / 1,024 vmapped learners
+3.5 / 4.6 / 3.8 % faster and one learner's 4.9 % slower (BENCHMARKS.md, A3-A4), so
 ``loss.pick_impl=auto`` takes it from ``jdqn.learner.step.PICK_KERNEL_MIN_LEARNERS`` on.
 
 The learners of a ``vmap`` fold into the kernel's first grid axis (one launch for 1 learner or

@@ -107,8 +107,8 @@ def resolve_pick_impl(impl: str, backend: str, *, learners: int) -> str:
     """``loss.pick_impl`` as the step builds it: ``"auto"`` is the Pallas kernel
     (``pallas_kernels.double_dqn``) on a GPU for programs that step at least
     :data:`PICK_KERNEL_MIN_LEARNERS` learners together, and XLA's fusions otherwise: on the
-    H200 the kernel made 16 / 128 / 1,024 vmapped learners 1.9 / 4.3 / 3.7 % faster and one
-    learner 4.9 % slower (BENCHMARKS.md, A3)."""
+    H200 the kernel made 16 / 128 / 1,024 vmapped learners 3.5 / 4.6 / 3.8 % faster (A4) and
+    one learner 4.9 % slower (A3; BENCHMARKS.md, "Eighteenth session")."""
     if impl != "auto":
         return impl
     return "pallas" if backend == "gpu" and learners >= PICK_KERNEL_MIN_LEARNERS else "xla"
@@ -328,7 +328,7 @@ def make_learner(
                 _, probs_star, q_star = losses.double_dqn_target(
                     q_next, target_logits_next, support
                 )
-            else:  # one kernel reads both nets' head outputs once (BENCHMARKS.md, P81)
+            else:  # one kernel reads both nets' head outputs once (BENCHMARKS.md, A1-A5)
                 q_next, probs_star, q_star = double_dqn.double_dqn_pick(
                     gemm_next, bias, target_gemm_next, target_bias, support, impl=pick_kernel
                 )
