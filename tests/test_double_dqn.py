@@ -6,10 +6,9 @@ on a GPU backend the same cases also run the real kernel, e.g.
 """
 
 import jax
-import jax.extend
 import numpy as np
 import pytest
-from cuda_lowering import TRITON_DEPRECATION, lower_for_h200
+from cuda_lowering import TRITON_DEPRECATION, lower_for_h200, pallas_call_sizes
 
 from pallas_kernels import double_dqn
 
@@ -91,18 +90,6 @@ def test_ties_go_to_the_first_action_and_a_nan_q_is_picked(impl):
     np.testing.assert_allclose(np.asarray(q_next)[finite], want_q[finite], rtol=1e-5, atol=2e-5)
 
 
-def _pallas_calls(jaxpr) -> list[int]:
-    """The size of the first operand (the flat online logits) of every ``pallas_call`` in
-    ``jaxpr``, nested jaxprs included."""
-    out = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "pallas_call":
-            out.append(int(np.prod(eqn.invars[0].aval.shape)))
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            out.extend(_pallas_calls(sub))
-    return out
-
-
 @pytest.mark.parametrize("impl", KERNELS)
 def test_nested_vmaps_fold_into_one_launch_and_match_each_learner(impl):
     cases = [_case(10 + i, 24, 2, 3, 11) for i in range(6)]
@@ -114,7 +101,7 @@ def test_nested_vmaps_fold_into_one_launch_and_match_each_learner(impl):
 
     got = jax.jit(jax.vmap(jax.vmap(pick)))(*stacked)
     jaxpr = jax.make_jaxpr(jax.vmap(jax.vmap(pick)))(*stacked)
-    assert _pallas_calls(jaxpr.jaxpr) == [6 * 24 * 2 * 3 * 11]  # one launch, every learner
+    assert pallas_call_sizes(jaxpr.jaxpr) == [6 * 24 * 2 * 3 * 11]  # one launch, every learner
     for i, case in enumerate(cases):
         _close([x.reshape(6, *x.shape[2:])[i] for x in got], pick_np(*case))
 

@@ -8,10 +8,10 @@ pruning), so compiles stay short on a CPU.
 import functools
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from cuda_lowering import pallas_call_sizes
 
 from jdqn import networks
 from jdqn.config import SMOKETEST, apply_overrides
@@ -284,6 +284,28 @@ def _assert_states_close(got_state, want_state, names):
             )
 
 
+def _six_steps_agree(want: tuple[str, ...], got: tuple[str, ...], names: tuple[str, ...]):
+    """Six steps (MSE-only, then blended) from one filled state under the configs ``want`` and
+    ``got``: every metric and the ``names`` fields of the states equal to float32 rounding.
+    Returns the two final states."""
+    runs = []
+    for extra in (want, got):
+        step, state = _jit_step(*extra), _filled(_learner(*extra))
+        metrics = []
+        for i in range(6):
+            state, m = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
+            metrics.append(m)
+        runs.append((state, metrics))
+    (want_state, want_metrics), (got_state, got_metrics) = runs
+    assert int(got_state.step) == 6 and not bool(got_state.guard.halted)
+    for name in LearnerMetrics._fields:
+        expected = np.array([float(getattr(m, name)) for m in want_metrics])
+        actual = np.array([float(getattr(m, name)) for m in got_metrics])
+        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6, err_msg=name)
+    _assert_states_close(got_state, want_state, names)
+    return want_state, got_state
+
+
 @pytest.mark.parametrize(
     "extra",
     [(), ("optim.tau=0.05",), ("network.lambda_div=0",)],
@@ -303,22 +325,8 @@ def test_fused_tail_matches_the_xla_tail(extra):
         if eqn.primitive.name == "concatenate" and eqn.outvars[0].aval.shape == flat_rows
     ]
     assert len(stacked_flat) == (1 if "network.lambda_div=0" in extra else 0)
-    runs = []
-    for tail in (XLA_TAIL, FUSED):
-        step, state = _jit_step(*extra, tail), _filled(_learner(*extra, tail))
-        metrics = []
-        for i in range(6):
-            state, m = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
-            metrics.append(m)
-        runs.append((state, metrics))
-    (xla_state, xla_metrics), (fused_state, fused_metrics) = runs
-    assert int(fused_state.step) == 6 and not bool(fused_state.guard.halted)
-    for name in LearnerMetrics._fields:
-        want = np.array([float(getattr(m, name)) for m in xla_metrics])
-        got = np.array([float(getattr(m, name)) for m in fused_metrics])
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
     names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
-    _assert_states_close(fused_state, xla_state, names)
+    xla_state, fused_state = _six_steps_agree((*extra, XLA_TAIL), (*extra, FUSED), names)
     assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
 
 
@@ -329,40 +337,16 @@ def test_the_pick_kernel_matches_xlas_pick():
     args = (_filled(_learner(PICK)), jnp.float32(0.2), jnp.float32(0.4))
     assert "double_dqn_pick" in str(jax.make_jaxpr(_learner(PICK).step)(*args))
     assert "double_dqn_pick" not in str(jax.make_jaxpr(_learner(XLA_PICK).step)(*args))
-    runs = []
-    for pick in (XLA_PICK, PICK):
-        step, state = _jit_step(pick), _filled(_learner(pick))
-        metrics = []
-        for i in range(6):
-            state, m = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
-            metrics.append(m)
-        runs.append((state, metrics))
-    (xla_state, xla_metrics), (kernel_state, kernel_metrics) = runs
-    assert int(kernel_state.step) == 6 and not bool(kernel_state.guard.halted)
-    for name in LearnerMetrics._fields:
-        want = np.array([float(getattr(m, name)) for m in xla_metrics])
-        got = np.array([float(getattr(m, name)) for m in kernel_metrics])
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6, err_msg=name)
     names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u", "replay")
-    _assert_states_close(kernel_state, xla_state, names)
+    _six_steps_agree((XLA_PICK,), (PICK,), names)
 
 
 def _pallas_inputs_in_conds(jaxpr) -> list[list[int]]:
     """For each ``cond`` of ``jaxpr`` (not nested) with a ``pallas_call`` in it: per branch, the
     sizes of every such call's first operand (the flat-tail kernels' gradient, [learners x
     parts x P])."""
-
-    def sizes(j) -> list[int]:
-        out = []
-        for eqn in j.eqns:
-            if eqn.primitive.name == "pallas_call":
-                out.append(int(np.prod(eqn.invars[0].aval.shape)))
-            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                out.extend(sizes(sub))
-        return out
-
     conds = [
-        [sizes(branch.jaxpr) for branch in eqn.params["branches"]]
+        [pallas_call_sizes(branch.jaxpr) for branch in eqn.params["branches"]]
         for eqn in jaxpr.eqns
         if eqn.primitive.name == "cond"
     ]
