@@ -61,22 +61,18 @@ class Pick(NamedTuple):
     q_star: jax.Array  # [...] float32, the target net's Q at a*
 
 
-def _check(online: jax.Array, online_bias: jax.Array, target: jax.Array, bias: jax.Array):
-    if online.ndim != 4 or target.shape != online.shape:
+def _check(online: tuple[int, ...], online_bias: tuple[int, ...], target, target_bias) -> None:
+    """Shapes of one learner's logits [M, K, A, N] (both nets) and biases [K, A, N]."""
+    if len(online) != 4 or tuple(target) != tuple(online):
         raise ValueError(
             "double_dqn_pick: want online and target logits [rows, heads, actions, atoms] of one"
-            f" shape, got {online.shape} and {target.shape}"
+            f" shape, got {online} and {target}"
         )
-    if online_bias.shape != online.shape[1:] or bias.shape != online.shape[1:]:
+    if tuple(online_bias) != tuple(online[1:]) or tuple(target_bias) != tuple(online[1:]):
         raise ValueError(
-            f"double_dqn_pick: want biases [heads, actions, atoms] = {online.shape[1:]}, got"
-            f" {online_bias.shape} and {bias.shape}"
+            f"double_dqn_pick: want biases [heads, actions, atoms] = {online[1:]}, got"
+            f" {online_bias} and {target_bias}"
         )
-
-
-def _first_argmax(q: jax.Array) -> jax.Array:
-    """argmax over the last axis as ``jnp.argmax`` takes it: the first maximum, a NaN first."""
-    return jnp.argmax(q, axis=-1).astype(jnp.int32)
 
 
 def double_dqn_pick_reference(
@@ -88,9 +84,9 @@ def double_dqn_pick_reference(
 ) -> Pick:
     """The formulas of the module docstring in jnp: ``online``/``target [M, K, A, N]`` (GEMM
     results before the bias), biases ``[K, A, N]``, ``support [N]``."""
-    _check(online, online_bias, target, target_bias)
+    _check(online.shape, online_bias.shape, target.shape, target_bias.shape)
     q_next = jnp.sum(jax.nn.softmax(online + online_bias, axis=-1) * support, axis=-1)
-    a_star = _first_argmax(q_next)  # [M, K]
+    a_star = jnp.argmax(q_next, axis=-1)  # [M, K]; the first maximum, a NaN first
     taken = jnp.arange(online.shape[2]) == a_star[..., None]  # [M, K, A]
     logits = jnp.sum(jnp.where(taken[..., None], target + target_bias, 0.0), axis=2)
     probs = jax.nn.softmax(logits, axis=-1)
@@ -204,7 +200,7 @@ def double_dqn_pick_pallas(
     support ``[N]`` (shared). ``block_rows`` and ``num_warps`` are launch knobs for
     benchmarking. Raises ``ValueError`` where int32 offsets would overflow."""
     learners, samples, heads, actions, atoms = online.shape
-    _check(online[0], online_bias[0], target[0], target_bias[0])
+    _check(*(x.shape[1:] for x in (online, online_bias, target, target_bias)))
     rows = samples * heads
     if learners * rows * actions * atoms >= 2**31:
         raise ValueError(
@@ -307,7 +303,7 @@ def double_dqn_pick(
         lambda x: jax.lax.stop_gradient(jnp.asarray(x, jnp.float32)),
         (online, online_bias, target, target_bias, support),
     )
-    _check(*args[:4])
+    _check(*(x.shape for x in args[:4]))
     if impl == "reference":
         return double_dqn_pick_reference(*args)
     pick = _batched(impl == "interpret", DEFAULT_BLOCK_ROWS, DEFAULT_NUM_WARPS)

@@ -43,8 +43,10 @@ def make_inputs(key: jax.Array, learners: int) -> tuple[jax.Array, ...]:
     keys = jax.random.split(key, 4)
     shape = (learners, ROWS, HEADS, ACTIONS, ATOMS)
     online, target = (2.0 * jax.random.normal(k, shape) for k in keys[:2])
-    biases = (0.1 * jax.random.normal(k, (learners, *shape[2:])) for k in keys[2:])
-    return online, next(biases), target, next(biases), jnp.linspace(-10.0, 10.0, ATOMS)
+    online_bias, target_bias = (
+        0.1 * jax.random.normal(k, (learners, *shape[2:])) for k in keys[2:]
+    )
+    return online, online_bias, target, target_bias, jnp.linspace(-10.0, 10.0, ATOMS)
 
 
 def xla_pick(online, online_bias, target, target_bias, support) -> double_dqn.Pick:
