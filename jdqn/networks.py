@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from jdqn.config import Config, NetworkConfig
+from jdqn.dense_stack import dense_stack
 
 Params = Any  # {layer: {"kernel": [in, out] ([out, in] for HEAD), "bias": [out]}} float32
 
@@ -103,33 +104,31 @@ def param_layout(cfg: Config, n_inputs: int) -> ParamLayout:
 
 
 class _Dense(nn.Module):
-    """Dense layer whose matmul inputs may be bfloat16; the product is always float32. The
-    kernel is [in, out], or [out, in] with ``out_major`` (the head, :data:`HEAD`)."""
+    """A dense layer's parameters, (kernel, bias) float32: the kernel [in, out], or [out, in]
+    with ``out_major`` (the head, :data:`HEAD`). :func:`jdqn.dense_stack.dense_stack` applies
+    them."""
 
     features: int
-    matmul_dtype: str = "float32"
+    in_features: int
     out_major: bool = False
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self) -> tuple[jax.Array, jax.Array]:
         if self.out_major:
-            shape, init = (self.features, x.shape[-1]), nn.initializers.lecun_normal(-1, -2)
+            shape = (self.features, self.in_features)
+            init = nn.initializers.lecun_normal(-1, -2)
         else:
-            shape, init = (x.shape[-1], self.features), nn.initializers.lecun_normal()
+            shape, init = (self.in_features, self.features), nn.initializers.lecun_normal()
         kernel = self.param("kernel", init, shape, jnp.float32)
         bias = self.param("bias", nn.initializers.zeros, (self.features,), jnp.float32)
-        dtype = jnp.dtype(self.matmul_dtype)
-        weights = kernel.astype(dtype)
-        y = jnp.dot(
-            x.astype(dtype),
-            weights.T if self.out_major else weights,
-            preferred_element_type=jnp.float32,
-        )
-        return y + bias
+        return kernel, bias
 
 
 class C51MLP(nn.Module):
-    """ReLU MLP torso with K C51 heads (Bellemare et al., 2017): logits [B, K, A, N] float32."""
+    """ReLU MLP torso with K C51 heads (Bellemare et al., 2017): logits [B, K, A, N] float32.
+
+    The layers run as one :func:`jdqn.dense_stack.dense_stack`, whose backward keeps the loss
+    parts' axis inside the rows."""
 
     hidden: tuple[int, ...]
     n_heads: int
@@ -139,11 +138,14 @@ class C51MLP(nn.Module):
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
-        x = obs.astype(jnp.float32)
-        for i, width in enumerate(self.hidden):
-            x = nn.relu(_Dense(width, self.matmul_dtype, name=f"torso_{i}")(x))
+        widths = (obs.shape[-1], *self.hidden)
+        torso = tuple(
+            _Dense(width, widths[i], name=f"torso_{i}")() for i, width in enumerate(self.hidden)
+        )
         width = self.n_heads * self.n_actions * self.n_atoms
-        out = _Dense(width, self.matmul_dtype, out_major=True, name=HEAD)(x)
+        head = _Dense(width, widths[-1], out_major=True, name=HEAD)()
+        rows = obs.reshape(-1, obs.shape[-1])  # [R, F+1], any leading axes as rows
+        out = dense_stack(torso, head, rows, self.matmul_dtype)  # [R, K*A*N]
         return out.reshape(*obs.shape[:-1], self.n_heads, self.n_actions, self.n_atoms)
 
 

@@ -1,0 +1,174 @@
+"""The network's dense layers as one function, with a backward written for a batch of loss parts.
+
+``dense_stack(torso, head, x, matmul_dtype) -> [R, O]``: ReLU layers ``torso`` (kernels [in, out],
+flax's order), then the linear ``head`` (kernel [out, in], ``jdqn.networks.HEAD``). The forward
+is the plain one; the backward is hand-written because of how the learner uses it.
+
+The learner needs each loss part's gradient on its own (gradient surgery, DESIGN section 6), so
+it pulls P cotangents back through the network at once: ``jax.vmap`` over a VJP. Autodiff's
+backward of a dense layer under that vmap keeps the part axis outermost, ``[P, R, out]``. The
+kernel gradient contracts over the rows R, and its GEMM wants the part and output axes side by
+side, so XLA wrote each layer's cotangent twice, once per GEMM's layout. For the head at 1,024
+vmapped learners on the H200 that write took 115 us of a 1,500 us step (BENCHMARKS.md, A5).
+
+Here the backward has a vmap rule (:func:`jax.custom_batching.custom_vmap`) that keeps the rows
+outermost, ``[R, P, out]``, a layout both of a layer's GEMMs read as it is:
+
+- the input gradient, ``[R*P, out] @ W -> [R, P, in]``: rows and parts are one GEMM dimension;
+- the kernel gradient, ``[R, in]^T @ [R, P*out] -> [in, P, out]``: the parts and outputs are.
+
+Each bias's gradient is the cotangent summed over the rows. The step became 1.9 % faster at 1,024
+learners and 7.1 % at 128 (BENCHMARKS.md, B3). Taking the biases' gradients from the
+kernel-gradient GEMM, with a column of ones on each layer's input, made those GEMMs 65 columns
+wide and twice as slow (B1), so it was measured and dropped.
+
+Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
+math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s. Only the float32 order of
+the sums differs.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Layer = tuple[jax.Array, jax.Array]  # (kernel, bias) float32
+Grads = tuple[tuple[Layer, ...], Layer, jax.Array]  # (torso layers', head's, the input's)
+
+
+def dense_stack(
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str
+) -> jax.Array:
+    """``relu(... relu(x W_0 + b_0) ...) W_head^T + b_head``: ``x [R, F]`` -> ``[R, O]`` float32.
+
+    Matmul inputs are cast to ``matmul_dtype``; products and everything else are float32.
+    """
+    return _stack(torso, head, x.astype(jnp.float32), matmul_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _stack(torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str) -> jax.Array:
+    return _forward(torso, head, x, matmul_dtype)[0]
+
+
+def _dot(a: jax.Array, b: jax.Array, dtype: str) -> jax.Array:
+    """``a @ b`` with inputs in ``dtype`` and a float32 product."""
+    return jnp.dot(a.astype(dtype), b.astype(dtype), preferred_element_type=jnp.float32)
+
+
+def _forward(
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, dtype: str
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+    """(output [R, O], each layer's input [R, in_l]: x, then the ReLU outputs)."""
+    inputs = []
+    h = x
+    for layer, (kernel, bias) in enumerate(torso):
+        inputs.append(h)
+        with jax.named_scope(f"torso_{layer}"):  # the layers' names in profiles and HLO
+            h = jax.nn.relu(_dot(h, kernel, dtype) + bias)
+    inputs.append(h)
+    kernel, bias = head
+    with jax.named_scope("head"):
+        return _dot(h, kernel.T, dtype) + bias, tuple(inputs)
+
+
+def _stack_fwd(
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str
+) -> tuple[jax.Array, tuple[Any, ...]]:
+    out, inputs = _forward(torso, head, x, matmul_dtype)
+    return out, (inputs, tuple(kernel for kernel, _ in torso), head[0])
+
+
+def _stack_bwd(matmul_dtype: str, residuals: tuple[Any, ...], cotangent: jax.Array) -> Grads:
+    inputs, kernels, head_kernel = residuals
+    return _backward(matmul_dtype)(cotangent, inputs, kernels, head_kernel)
+
+
+_stack.defvjp(_stack_fwd, _stack_bwd)
+
+
+@functools.cache
+def _backward(dtype: str) -> Any:
+    """The one-part backward ``(g [R, O], inputs, kernels, head_kernel) -> (torso grads, head
+    grads, x grad)``, whose vmap over the cotangent alone runs :func:`_parts_backward`."""
+
+    def one_part(
+        g: jax.Array,
+        inputs: tuple[jax.Array, ...],
+        kernels: tuple[jax.Array, ...],
+        head_kernel: jax.Array,
+    ) -> Grads:
+        grads = _parts_backward(g[None], inputs, kernels, head_kernel, dtype)
+        return jax.tree.map(lambda a: a[0], grads)
+
+    @jax.custom_batching.custom_vmap
+    def backward(
+        g: jax.Array,
+        inputs: tuple[jax.Array, ...],
+        kernels: tuple[jax.Array, ...],
+        head_kernel: jax.Array,
+    ) -> Grads:
+        return one_part(g, inputs, kernels, head_kernel)
+
+    @backward.def_vmap
+    def _rule(
+        axis_size: int,
+        in_batched: list[Any],
+        g: jax.Array,
+        inputs: tuple[jax.Array, ...],
+        kernels: tuple[jax.Array, ...],
+        head_kernel: jax.Array,
+    ) -> tuple[Grads, Any]:
+        del axis_size
+        g_batched, *rest = in_batched
+        if g_batched and not any(jax.tree.leaves(rest)):  # the loss parts: rows outermost
+            grads = _parts_backward(g, inputs, kernels, head_kernel, dtype)
+        else:  # another vmap (learners, say): the one-part form, mapped
+            axes = jax.tree.map(lambda batched: 0 if batched else None, in_batched)
+            grads = jax.vmap(one_part, in_axes=tuple(axes))(g, inputs, kernels, head_kernel)
+        return grads, jax.tree.map(lambda _: True, grads)
+
+    return backward
+
+
+def _parts_backward(
+    g: jax.Array,
+    inputs: tuple[jax.Array, ...],
+    kernels: tuple[jax.Array, ...],
+    head_kernel: jax.Array,
+    dtype: str,
+) -> Grads:
+    """P cotangents ``g [P, R, O]`` -> (torso grads, head grads, x grad [P, R, F]), [P, ...]."""
+    g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
+    with jax.named_scope("head"):
+        head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)
+        g = _rounded(jnp.einsum("rpo,oi->rpi", g, _rounded(head_kernel, dtype)), dtype)
+    torso_grads = []
+    for layer in reversed(range(len(kernels))):
+        with jax.named_scope(f"torso_{layer}"):
+            active = inputs[layer + 1] > 0  # [R, out]: relu(a) > 0 exactly where a > 0
+            g = jnp.where(active[:, None, :], g, jnp.zeros((), g.dtype))
+            torso_grads.append(_weight_grads(g, inputs[layer], dtype, out_major=False))
+            g = _rounded(jnp.einsum("rpo,io->rpi", g, _rounded(kernels[layer], dtype)), dtype)
+    head_grads = (head_kernel_grad, head_bias_grad)
+    return tuple(reversed(torso_grads)), head_grads, jnp.swapaxes(g, 0, 1)
+
+
+def _weight_grads(g: jax.Array, x: jax.Array, dtype: str, *, out_major: bool) -> Layer:
+    """One layer's (kernel gradient, bias gradient), each [P, ...], from its output cotangent
+    ``g [R, P, out]`` and its input ``x [R, in]``. The kernel gradient is [P, out, in] when
+    ``out_major`` (the head's storage), else [P, in, out]."""
+    x = _rounded(x, dtype)
+    spec, operands = ("rpo,ri->poi", (g, x)) if out_major else ("ri,rpo->pio", (x, g))
+    return _rounded(jnp.einsum(spec, *operands), dtype), jnp.sum(g, axis=0)
+
+
+def _rounded(a: jax.Array, dtype: str) -> jax.Array:
+    """``a`` rounded to ``dtype``'s precision, as float32. Autodiff's backward of a GEMM whose
+    inputs are cast to ``dtype`` multiplies the float32 cotangent by the rounded inputs and
+    rounds the products (the inputs' cotangents) to ``dtype``; this backward does the same, so
+    a bfloat16 network's gradients are autodiff's, and a float32 network rounds nothing."""
+    return a.astype(dtype).astype(jnp.float32)
