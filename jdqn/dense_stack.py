@@ -17,14 +17,15 @@ outermost, ``[R, P, out]``, a layout both of a layer's GEMMs read as it is:
 - the input gradient, ``[R*P, out] @ W -> [R, P, in]``: rows and parts are one GEMM dimension;
 - the kernel gradient, ``[R, in]^T @ [R, P*out] -> [in, P, out]``: the parts and outputs are.
 
-Each bias's gradient is the cotangent summed over the rows. The step became 1.9 % faster at 1,024
-learners and 7.1 % at 128 (BENCHMARKS.md, B3). Taking the biases' gradients from the
+Each bias's gradient is the cotangent summed over the rows. On the H200 the learner step became
+1.3-1.9 % faster at 1,024 vmapped learners and 6.9-7.1 % at 128 (BENCHMARKS.md, B3-B4); one
+learner's step did not move beyond the runs' spread. Taking the biases' gradients from the
 kernel-gradient GEMM, with a column of ones on each layer's input, made those GEMMs 65 columns
 wide and twice as slow (B1), so it was measured and dropped.
 
 Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
-math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s. Only the float32 order of
-the sums differs.
+math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s, and bfloat16 matmul
+inputs round where autodiff's do. Only the order of float32 sums may differ.
 """
 
 from __future__ import annotations
@@ -104,14 +105,7 @@ def _backward(dtype: str) -> Any:
         grads = _parts_backward(g[None], inputs, kernels, head_kernel, dtype)
         return jax.tree.map(lambda a: a[0], grads)
 
-    @jax.custom_batching.custom_vmap
-    def backward(
-        g: jax.Array,
-        inputs: tuple[jax.Array, ...],
-        kernels: tuple[jax.Array, ...],
-        head_kernel: jax.Array,
-    ) -> Grads:
-        return one_part(g, inputs, kernels, head_kernel)
+    backward = jax.custom_batching.custom_vmap(one_part)
 
     @backward.def_vmap
     def _rule(
