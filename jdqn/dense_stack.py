@@ -46,6 +46,8 @@ def dense_stack(
     """``relu(... relu(x W_0 + b_0) ...) W_head^T + b_head``: ``x [R, F]`` -> ``[R, O]`` float32.
 
     Matmul inputs are cast to ``matmul_dtype``; products and everything else are float32.
+    Differentiable in reverse mode, to first order (``jax.custom_vjp``; the backward's vmap rule
+    has no derivative of its own), which is all the learner takes.
     """
     return _stack(torso, head, x.astype(jnp.float32), matmul_dtype)
 
