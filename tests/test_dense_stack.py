@@ -92,21 +92,22 @@ def test_forward_and_each_parts_gradients_match_float64():
     assert float((x[0] @ torso[0][0] + torso[0][1])[0]) == 0.0
 
 
-def _close_to_autodiff(got, expected, rtol=2e-6):
+def _close_to_autodiff(got, expected, tolerance=2e-6):
+    """Every leaf equal up to ``tolerance`` times the leaf's largest entry."""
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
         scale = float(jnp.max(jnp.abs(b))) + 1e-12
-        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=rtol)
+        np.testing.assert_allclose(np.asarray(a) / scale, np.asarray(b) / scale, atol=tolerance)
 
 
 # bfloat16: both round their float32 sums to bfloat16, and sums accumulated in another order
 # (as a GPU's GEMMs do) may round to the neighbouring value: one bfloat16 step, 2^-7 of the
 # largest entry at most. On this CPU they agree to float32's tolerance.
-@pytest.mark.parametrize(("dtype", "rtol"), [("float32", 2e-6), ("bfloat16", 2.0**-7)])
-def test_the_parts_rule_matches_autodiff(dtype, rtol):
+@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 2e-6), ("bfloat16", 2.0**-7)])
+def test_the_parts_rule_matches_autodiff(dtype, tolerance):
     torso, head, x, weights = _network(1)
     got = jax.jit(lambda *a: _part_grads(dense_stack, *a, dtype))(torso, head, x, weights)
     expected = jax.jit(lambda *a: _part_grads(_autodiff_stack, *a, dtype))(torso, head, x, weights)
-    _close_to_autodiff(got, expected, rtol)
+    _close_to_autodiff(got, expected, tolerance)
 
 
 def test_learners_outside_the_parts_and_a_single_cotangent_match_autodiff():
