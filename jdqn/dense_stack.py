@@ -19,7 +19,8 @@ outermost, ``[R, P, out]``, a layout both of a layer's GEMMs read as it is:
 
 Each bias's gradient is the cotangent summed over the rows. On the H200 the learner step became
 1.3-1.9 % faster at 1,024 vmapped learners and 6.9-7.1 % at 128 (BENCHMARKS.md, B3-B4); one
-learner's step did not move beyond the runs' spread. Taking the biases' gradients from the
+learner's step did not move beyond the runs' spread. Summing the head's bias in a pass of its own,
+after the cotangent is written, took 3.9 % more off at 1,024 learners (C1). Taking the biases' gradients from the
 kernel-gradient GEMM, with a column of ones on each layer's input, made those GEMMs 65 columns
 wide and twice as slow (B1), so it was measured and dropped.
 
@@ -140,7 +141,9 @@ def _parts_backward(
     """P cotangents ``g [P, R, O]`` -> (torso grads, head grads, x grad [P, R, F]), [P, ...]."""
     g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
     with jax.named_scope("head"):
-        head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)
+        head_kernel_grad, head_bias_grad = _weight_grads(
+            g, inputs[-1], dtype, out_major=True, bias_apart=True
+        )
         g = _rounded(jnp.einsum("rpo,oi->rpi", g, _rounded(head_kernel, dtype)), dtype)
     torso_grads = []
     for layer in reversed(range(len(kernels))):
@@ -153,13 +156,21 @@ def _parts_backward(
     return tuple(reversed(torso_grads)), head_grads, jnp.swapaxes(g, 0, 1)
 
 
-def _weight_grads(g: jax.Array, x: jax.Array, dtype: str, *, out_major: bool) -> Layer:
+def _weight_grads(
+    g: jax.Array, x: jax.Array, dtype: str, *, out_major: bool, bias_apart: bool = False
+) -> Layer:
     """One layer's (kernel gradient, bias gradient), each [P, ...], from its output cotangent
     ``g [R, P, out]`` and its input ``x [R, in]``. The kernel gradient is [P, out, in] when
-    ``out_major`` (the head's storage), else [P, in, out]."""
+    ``out_major`` (the head's storage), else [P, in, out]. ``bias_apart``: the bias's sum reads
+    ``g`` once it is written, in a pass of its own (below)."""
     x = _rounded(x, dtype)
     spec, operands = ("rpo,ri->poi", (g, x)) if out_major else ("ri,rpo->pio", (x, g))
-    return _rounded(jnp.einsum(spec, *operands), dtype), jnp.sum(g, axis=0)
+    # XLA fuses the rows' sum into the pass that writes the head's cotangent, and at 1,024
+    # vmapped learners on the H200 that pass then took 180 us, against 88 us for the write and
+    # 41 us for the sum apart: the barrier keeps them apart (-3.9 % a step; BENCHMARKS.md, C1).
+    # The torso's cotangents are narrower, and their sums are better left fused (C1).
+    summed = jax.lax.optimization_barrier(g) if bias_apart else g
+    return _rounded(jnp.einsum(spec, *operands), dtype), jnp.sum(summed, axis=0)
 
 
 def _rounded(a: jax.Array, dtype: str) -> jax.Array:
