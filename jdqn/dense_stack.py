@@ -19,10 +19,10 @@ outermost, ``[R, P, out]``, a layout both of a layer's GEMMs read as it is:
 
 Each bias's gradient is the cotangent summed over the rows. On the H200 the learner step became
 1.3-1.9 % faster at 1,024 vmapped learners and 6.9-7.1 % at 128 (BENCHMARKS.md, B3-B4); one
-learner's step did not move beyond the runs' spread. Summing the head's bias in a pass of its own,
-after the cotangent is written, took 3.9 % more off at 1,024 learners (C1). Taking the biases' gradients from the
-kernel-gradient GEMM, with a column of ones on each layer's input, made those GEMMs 65 columns
-wide and twice as slow (B1), so it was measured and dropped.
+learner's step did not move beyond the runs' spread. Summing the head's bias in a pass of its
+own, after the cotangent is written, took 3.9 % more off at 1,024 learners (C1). Taking the
+biases' gradients from the kernel-gradient GEMM, with a column of ones on each layer's input,
+made those GEMMs 65 columns wide and twice as slow (B1), so it was measured and dropped.
 
 Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
 math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s, and bfloat16 matmul
