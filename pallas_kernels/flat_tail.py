@@ -20,6 +20,19 @@ bandwidth (BENCHMARKS.md, issue 6). Here:
   values in place (with a hard sync, the target only on the steps the sync is due: its old
   values are never read, BENCHMARKS.md, Z4).
 
+The guard's sums pass is skipped where it cannot fail. Given the largest ``|x|`` of the stored
+parameters and moments (:class:`TailBounds`, which the write launch returns for the next step)
+and the gradients' row maxima (from :func:`gram`), :func:`provably_finite` bounds every value
+Adam computes: ``|total| <= sum_k |w_k| max|g_k|``, the moments by their recursions, and
+``|update| <= lr |mu_hat| / eps`` (the denominator ``sqrt(nu_hat) + eps`` is at least ``eps``).
+Where those bounds keep the squared norm far below float32's largest value, the total and the
+candidate are finite and the sums would pass: that learner's programs of the sums launch return
+at once, and its decision is ``pre_ok`` alone. The write launch computes the candidate's
+squared norm anyway, so every output is what the two passes give. In practice the bounds hold
+from the second step on (``|update|`` is at most ~1e5 ``|mu_hat|`` at ``lr`` 1e-3 and ``eps``
+1e-8, against a limit near 1e18); the first step, and any step after XLA's tail wrote the
+state, run the sums.
+
 The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
 folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
 XLA. Each element is written by its own program: no atomics, a fixed order, deterministic.
@@ -54,7 +67,13 @@ BLOCK = 1024
 NUM_WARPS = 4
 _FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)
 _STATS = 16  # gram's output per block: max [parts], non-finite count [parts], gram [parts^2]
-_COEFS = 8  # per-learner scalars of the Adam kernels: w0, w1, w2, bias1, bias2, ok, sync
+_COEFS = 8  # per-learner scalars of the Adam kernels: w0, w1, w2, bias1, bias2, ok, sync, exact
+_EXACT = 7  # the coefficient that says the sums launch must check this learner
+_WRITE_STATS = 4  # the write launch's output per block: sum of p'^2, max |p|, |mu|, |nu| kept
+# provably_finite's limit on every bound: float32's largest value is 3.4e38, so a factor of
+# 340 covers the rounding of the few operations bounded and of the n-term sum of squares
+# (relative error <= n 2^-24 < 128 for the n the kernels' int32 offsets allow).
+_BOUND_LIMIT = 1e36
 
 
 class AdamHyper(NamedTuple):
@@ -86,6 +105,22 @@ class TailScalars(NamedTuple):
     sync: jax.Array  # a hard target copy is due (ignored when tau > 0)
 
 
+class TailBounds(NamedTuple):
+    """The largest ``|x|`` of one learner's stored parameters, mu and nu (``[]`` float32 each),
+    or anything larger; float32's largest value where it is not known (:func:`unknown_bounds`:
+    finite, as everything the learner's state holds)."""
+
+    params: jax.Array
+    mu: jax.Array
+    nu: jax.Array
+
+
+def unknown_bounds() -> TailBounds:
+    """Bounds that prove nothing: the next :func:`adam_select` runs the guard's sums."""
+    # Three arrays, not one thrice: a state whose leaves share a buffer cannot be donated.
+    return TailBounds(*(jnp.full((), _FLOAT32_MAX, jnp.float32) for _ in TailBounds._fields))
+
+
 class AdamSelect(NamedTuple):
     """What :func:`adam_select` returns; leaves gain the caller's vmapped axes."""
 
@@ -96,12 +131,62 @@ class AdamSelect(NamedTuple):
     total_finite: jax.Array  # [] bool, every entry of the total gradient is finite
     params_sq_norm: jax.Array  # [] float32, squared norm of the candidate parameters
     applied: jax.Array  # [] bool, the candidate was kept
+    bounds: TailBounds  # max |x| of the returned params, mu and nu
 
 
 def _finite(x: jax.Array) -> jax.Array:
     # |x| <= max finite float32 is False for inf and NaN; written as a comparison because it
     # lowers everywhere (interpret mode and Triton) in the same way.
     return jnp.abs(x) <= _FLOAT32_MAX
+
+
+class CandidateBounds(NamedTuple):
+    """Upper bounds on one step's values in :func:`_candidate`'s formulas, ``[...]`` float32."""
+
+    grad: jax.Array  # |g|, the total gradient sum_k w_k g_k
+    mu_hat: jax.Array  # |mu' / bias1|
+    nu_hat: jax.Array  # nu' / bias2
+    ratio: jax.Array  # |mu_hat / (sqrt(nu_hat) + eps)|, at most mu_hat / eps
+    params: jax.Array  # |p'|, with masks in {0, 1}
+    sq_norm: jax.Array  # sum of p'^2 over the n parameters
+
+
+def candidate_bounds(
+    row_max: jax.Array,
+    weights: jax.Array,
+    bounds: TailBounds,
+    scalars: TailScalars,
+    hyper: AdamHyper,
+    n: int,
+) -> CandidateBounds:
+    """Bounds on the candidate from scalars alone: ``row_max [..., parts]`` (NaN for a
+    non-finite row, as :func:`gram` gives it), ``weights [..., parts]``, the stored vectors'
+    ``bounds`` and the step's ``scalars``, for ``n`` parameters. Exact arithmetic; the float32
+    rounding of the bounds and of the kernels' values is what ``_BOUND_LIMIT``'s margin is for."""
+    f32 = jnp.float32
+    grad = jnp.sum(jnp.abs(weights) * row_max, axis=-1)
+    mu_hat = (hyper.b1 * bounds.mu + (1 - hyper.b1) * grad) / jnp.asarray(scalars.bias1, f32)
+    nu_hat = (hyper.b2 * bounds.nu + (1 - hyper.b2) * grad * grad) / jnp.asarray(scalars.bias2, f32)
+    ratio = mu_hat / f32(hyper.eps)  # sqrt(nu_hat) + eps >= eps; inf when eps is 0
+    params = bounds.params + f32(hyper.lr) * ratio  # |(p m + u) m| <= |p| + |u|
+    return CandidateBounds(grad, mu_hat, nu_hat, ratio, params, n * params * params)
+
+
+def provably_finite(
+    row_max: jax.Array,
+    weights: jax.Array,
+    bounds: TailBounds,
+    scalars: TailScalars,
+    hyper: AdamHyper,
+    n: int,
+) -> jax.Array:
+    """Whether this step's total gradient and candidate are finite, with a finite squared norm,
+    shown by :func:`candidate_bounds`: every bound (and the total's square, which nu takes)
+    below ``_BOUND_LIMIT``. NaN or inf anywhere compares False: nothing is shown, and the
+    guard's sums decide. -> ``[...]`` bool."""
+    b = candidate_bounds(row_max, weights, bounds, scalars, hyper, n)
+    shown = [x <= _BOUND_LIMIT for x in (b.grad * b.grad, b.mu_hat, b.nu_hat, b.ratio, b.sq_norm)]
+    return functools.reduce(jnp.logical_and, shown)
 
 
 # --------------------------------------------------------------------------------------------
@@ -149,20 +234,25 @@ def adam_select_reference(
     scalars: TailScalars,
     hyper: AdamHyper,
 ) -> AdamSelect:
-    """:func:`adam_select` in jnp, for one learner."""
+    """:func:`adam_select` in jnp, for one learner. It always checks (no bounds taken)."""
     g = jnp.sum(jnp.asarray(weights, jnp.float32)[:, None] * grads, axis=0)
     new_params, new_target, new_mu, new_nu = _candidate(g, old, scalars, hyper)
     total_finite = jnp.all(_finite(g))
     sq = jnp.sum(new_params * new_params)
     ok = (scalars.pre_ok > 0.5) & total_finite & _finite(sq)
+    params, mu, nu = (
+        jnp.where(ok, new, kept)
+        for new, kept in ((new_params, old.params), (new_mu, old.mu), (new_nu, old.nu))
+    )
     return AdamSelect(
-        params=jnp.where(ok, new_params, old.params),
+        params=params,
         target=jnp.where(ok, new_target, old.target),
-        mu=jnp.where(ok, new_mu, old.mu),
-        nu=jnp.where(ok, new_nu, old.nu),
+        mu=mu,
+        nu=nu,
         total_finite=total_finite,
         params_sq_norm=sq,
         applied=ok,
+        bounds=TailBounds(*(jnp.max(jnp.abs(x)) for x in (params, mu, nu))),
     )
 
 
@@ -199,20 +289,23 @@ def _gram_kernel(g_ref, out_ref, *, parts: int, n: int):
     plgpu.store(out_ref.at[pl.ds((learner * blocks + block) * _STATS, _STATS)], out)
 
 
-def _adam_block(g_ref, *refs, parts, n, hyper, masks):
-    """This program's block: the total gradient, the candidate vectors, the old ones (params,
-    target, mu, nu) and the learner's ``ok`` coefficient. ``refs``: the vectors of
-    :class:`TailVectors` in order (without the masks when ``masks`` is False), then the
-    coefficients."""
-    *vector_refs, coef_ref = refs
-    learner, block = pl.program_id(0), pl.program_id(1)
-    index = block * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
+def _coefficients(coef_ref, learner):
+    """The learner's ``_COEFS`` scalars (w0, w1, w2, bias1, bias2, ok, sync, exact)."""
     coefs = plgpu.load(coef_ref.at[pl.ds(learner * _COEFS, _COEFS)])
     lane = jnp.arange(_COEFS, dtype=jnp.int32)
     # A scalar out of the loaded vector (Triton has no element extract): a masked sum.
-    w0, w1, w2, bias1, bias2, ok, sync = (
-        jnp.sum(jnp.where(lane == i, coefs, 0.0)) for i in range(_COEFS - 1)
-    )
+    return tuple(jnp.sum(jnp.where(lane == i, coefs, 0.0)) for i in range(_COEFS))
+
+
+def _adam_block(learner, block, g_ref, *refs, parts, n, hyper, masks):
+    """The ``learner``'s ``block``: the total gradient, the candidate vectors, the old ones
+    (params, target, mu, nu) and the learner's ``ok`` coefficient. ``refs``: the vectors of
+    :class:`TailVectors` in order (without the masks when ``masks`` is False), then the
+    coefficients. The program ids come as arguments: interpret mode cannot read them inside
+    a ``pl.when`` branch."""
+    *vector_refs, coef_ref = refs
+    index = block * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
+    w0, w1, w2, bias1, bias2, ok, sync, _ = _coefficients(coef_ref, learner)
     weights = (w0, w1, w2)[:parts]
     g = weights[0] * _block_load(g_ref, learner * parts * n + block * BLOCK, index, n)
     for k in range(1, parts):
@@ -234,14 +327,24 @@ def _adam_block(g_ref, *refs, parts, n, hyper, masks):
 
 
 def _adam_sums_kernel(*refs, **static):
-    """Per block: the total gradient's non-finite count and the candidate's sum of squares."""
+    """Per block: the total gradient's non-finite count and the candidate's sum of squares, or
+    zeros without reading anything where the learner's ``exact`` coefficient is 0 (its
+    candidate is provably finite: :func:`provably_finite`)."""
     *inputs, stats_out = refs
-    g, (new_params, *_), _, _, _, _ = _adam_block(*inputs, **static)
     learner, block = pl.program_id(0), pl.program_id(1)
-    lane = jnp.arange(2, dtype=jnp.int32)
-    bad = jnp.sum(jnp.where(_finite(g), 0.0, 1.0))
-    stats = jnp.where(lane == 0, bad, jnp.sum(new_params * new_params))
-    plgpu.store(stats_out.at[pl.ds((learner * pl.num_programs(1) + block) * 2, 2)], stats)
+    out = stats_out.at[pl.ds((learner * pl.num_programs(1) + block) * 2, 2)]
+    exact = _coefficients(inputs[-1], learner)[_EXACT]
+
+    @pl.when(exact > 0.5)
+    def _sums():
+        g, (new_params, *_), _, _, _, _ = _adam_block(learner, block, *inputs, **static)
+        lane = jnp.arange(2, dtype=jnp.int32)
+        bad = jnp.sum(jnp.where(_finite(g), 0.0, 1.0))
+        plgpu.store(out, jnp.where(lane == 0, bad, jnp.sum(new_params * new_params)))
+
+    @pl.when(exact <= 0.5)
+    def _shown():
+        plgpu.store(out, jnp.zeros((2,), jnp.float32))
 
 
 def _adam_write_kernel(*refs, **static):
@@ -251,20 +354,34 @@ def _adam_write_kernel(*refs, **static):
     (tau 0) the target is stored only where the sync is due and the step kept: on the other
     steps (99 of 100 at target_every 100) it is neither read nor written, a [P] read and write
     per learner less."""
-    *inputs, p_out, t_out, mu_out, nu_out = refs
-    _, new, old, (ok, sync), start, index = _adam_block(*inputs, **static)
+    *inputs, p_out, t_out, mu_out, nu_out, stats_out = refs
+    learner, block = pl.program_id(0), pl.program_id(1)
+    _, new, old, (ok, sync), start, index = _adam_block(learner, block, *inputs, **static)
     (new_params, new_target, new_mu, new_nu), (old_params, old_target, old_mu, old_nu) = new, old
     in_range = index < static["n"]
 
     def store(ref, value, mask):
         plgpu.store(ref.at[pl.ds(start, BLOCK)], value, mask=mask)
 
-    for ref, fresh, kept in (
+    # The stats: the candidate's sum of squares (the guard's, also where the sums launch did not
+    # run) and the largest |x| stored, the next step's TailBounds (to the last bit: a compiler
+    # may contract the multiply-adds of the stored and of the maxed value differently, which
+    # provably_finite's margin covers). Out-of-range lanes hold 0.
+    stats = [jnp.sum(new_params * new_params)]
+    for ref, fresh, old_value in (
         (p_out, new_params, old_params),
         (mu_out, new_mu, old_mu),
         (nu_out, new_nu, old_nu),
     ):
-        store(ref, jnp.where(ok > 0.5, fresh, kept), in_range)
+        kept = jnp.where(ok > 0.5, fresh, old_value)
+        store(ref, kept, in_range)
+        stats.append(jnp.max(jnp.abs(kept)))
+    lane = jnp.arange(_WRITE_STATS, dtype=jnp.int32)
+    packed = jnp.zeros((_WRITE_STATS,), jnp.float32)
+    for i, value in enumerate(stats):
+        packed = jnp.where(lane == i, value, packed)
+    stats_at = (learner * pl.num_programs(1) + block) * _WRITE_STATS
+    plgpu.store(stats_out.at[pl.ds(stats_at, _WRITE_STATS)], packed)
     if static["hyper"].tau > 0:
         store(t_out, jnp.where(ok > 0.5, new_target, old_target), in_range)
     else:
@@ -317,20 +434,26 @@ def adam_select_pallas(
     weights: jax.Array,
     old: TailVectors,
     scalars: TailScalars,
+    bounds: TailBounds,
+    row_max: jax.Array,
     *,
     hyper: AdamHyper,
     interpret: bool,
 ) -> AdamSelect:
     """:func:`adam_select` on ``L`` learners: ``grads [L, parts, P]``, ``weights [L, parts]``,
-    vectors ``[L, P]``, scalars ``[L]``. Two launches over the same blocks: the guard's sums
-    (non-finite total entries, the candidate's squared norm), then, with the decision, the
-    candidate or the old values written in place."""
+    vectors ``[L, P]``, scalars and bounds ``[L]``, ``row_max [L, parts]``. Two launches over
+    the same blocks: the guard's sums (non-finite total entries, the candidate's squared norm)
+    for the learners whose candidate is not provably finite, then, with the decision, the
+    candidate or the old values written in place, with the stats of what was written."""
     learners, parts, n = grads.shape
     _check_offsets(learners, parts, n)
     blocks = pl.cdiv(n, BLOCK)
+    shown = provably_finite(row_max, weights, bounds, scalars, hyper, n)  # [L]
     coefs = jnp.zeros((learners, _COEFS), jnp.float32)
     coefs = coefs.at[:, :parts].set(weights)
-    for column, value in zip((3, 4, 6), (scalars.bias1, scalars.bias2, scalars.sync), strict=True):
+    for column, value in zip(
+        (3, 4, 6, _EXACT), (scalars.bias1, scalars.bias2, scalars.sync, ~shown), strict=True
+    ):
         coefs = coefs.at[:, column].set(jnp.asarray(value, jnp.float32))
     # Without masks (no pruning) the kernels neither take nor read them.
     vectors = [x.astype(jnp.float32).reshape(-1) for x in old if x is not None]
@@ -348,14 +471,22 @@ def adam_select_pallas(
         compiler_params=_params(),
         name="flat_tail_adam_sums",
     )(flat_grads, *vectors, coefs.reshape(-1)).reshape(learners, blocks, 2)
-    total_finite = jnp.sum(stats[..., 0], axis=1) == 0
-    sq_norm = jnp.sum(stats[..., 1], axis=1)
-    ok = (jnp.asarray(scalars.pre_ok, jnp.float32) > 0.5) & total_finite & _finite(sq_norm)
+    # Where the candidate is provably finite the sums are zeros, and the checks they feed pass.
+    total_finite = shown | (jnp.sum(stats[..., 0], axis=1) == 0)
+    checked_sq_norm = jnp.sum(stats[..., 1], axis=1)
+    passed = shown | (total_finite & _finite(checked_sq_norm))
+    ok = (jnp.asarray(scalars.pre_ok, jnp.float32) > 0.5) & passed
     coefs = coefs.at[:, 5].set(ok.astype(jnp.float32))
     flat = jax.ShapeDtypeStruct((learners * n,), jnp.float32)
-    new_params, new_target, new_mu, new_nu = pl.pallas_call(
+    new_params, new_target, new_mu, new_nu, written = pl.pallas_call(
         functools.partial(_adam_write_kernel, **static),
-        out_shape=(flat, flat, flat, flat),
+        out_shape=(
+            flat,
+            flat,
+            flat,
+            flat,
+            jax.ShapeDtypeStruct((learners * blocks * _WRITE_STATS,), jnp.float32),
+        ),
         grid=(learners, blocks),
         # Each element is read and then written by its own program: the state's buffers are
         # updated in place (params -> params, target -> target, mu -> mu, nu -> nu).
@@ -364,6 +495,7 @@ def adam_select_pallas(
         compiler_params=_params(),
         name="flat_tail_adam_write",
     )(flat_grads, *vectors, coefs.reshape(-1))
+    written = written.reshape(learners, blocks, _WRITE_STATS)
     shape = (learners, n)
     return AdamSelect(
         params=new_params.reshape(shape),
@@ -371,8 +503,9 @@ def adam_select_pallas(
         mu=new_mu.reshape(shape),
         nu=new_nu.reshape(shape),
         total_finite=total_finite,
-        params_sq_norm=sq_norm,
+        params_sq_norm=jnp.sum(written[..., 0], axis=1),  # as the sums launch sums it
         applied=ok,
+        bounds=TailBounds(*(jnp.max(written[..., i], axis=1) for i in (1, 2, 3))),
     )
 
 
@@ -440,17 +573,26 @@ def adam_select(
     scalars: TailScalars,
     hyper: AdamHyper,
     impl: Impl = "pallas",
+    bounds: TailBounds | None = None,
+    row_max: jax.Array | None = None,
 ) -> AdamSelect:
     """One learner's Adam step on the total gradient ``sum_k weights[k] grads[k]``
     (``grads [parts, P]``, ``weights [parts]``), its masks and target sync, kept only where the
     guard passes: when ``scalars.pre_ok``, the total gradient is finite and the new parameters'
     squared norm is finite; otherwise the ``old`` vectors come back. Works under ``jax.vmap``
-    (one launch for all mapped learners)."""
+    (one launch for all mapped learners).
+
+    ``bounds`` (the previous call's ``AdamSelect.bounds``) and ``row_max`` (:func:`gram`'s)
+    let the kernels skip the guard's sums where :func:`provably_finite` shows they would pass;
+    the result is the same. Without them (or with ``impl="reference"``) every check runs."""
     _check_impl(impl)
     if impl == "reference":
         g, w, vectors, values = jax.tree.map(
             lambda x: jnp.asarray(x, jnp.float32), (grads, weights, old, scalars)
         )
         return adam_select_reference(g, w, vectors, values, hyper)
-    out = _adam_folding(impl == "interpret", hyper)(*_one((grads, weights, old, scalars)))
+    if bounds is None or row_max is None:
+        bounds, row_max = unknown_bounds(), jnp.full(jnp.shape(weights), jnp.nan, jnp.float32)
+    args = _one((grads, weights, old, scalars, bounds, row_max))
+    out = _adam_folding(impl == "interpret", hyper)(*args)
     return jax.tree.map(lambda x: x[0], out)

@@ -267,7 +267,7 @@ def test_nested_vmap_equals_one_learner_at_a_time(impl, masks):
             _vectors({k: None if v is None else v[i] for k, v in stacked.items()}),
             pre_ok[i],
         )
-        for got, want in zip(batched, single, strict=True):
+        for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(single), strict=True):
             close(got[i], want)
 
 
@@ -291,3 +291,137 @@ def test_kernels_lower_for_cuda_as_three_launches_under_vmap(parts, masks):
         (2, 5, 4),
     )
     assert hlo.count("__gpu$xla.gpu.triton") == 3  # gram, Adam's sums, Adam's write
+
+
+# --------------------------------------------------------------------------------------------
+# The guard's sums skipped where the candidate is provably finite.
+# --------------------------------------------------------------------------------------------
+
+
+def _bounds_of(inputs):
+    """What the write launch returns for these stored vectors: their largest |x|."""
+    return flat_tail.TailBounds(
+        *(np.float32(np.max(np.abs(inputs[k]))) for k in ("params", "mu", "nu"))
+    )
+
+
+def _shown(inputs, pre_ok=True, **hyper):
+    hyper = HYPER._replace(**hyper)
+    count = inputs["count"]
+    scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, pre_ok, False)
+    row_max, _ = flat_tail.gram_reference(jnp.asarray(inputs["grads"]))
+    n = inputs["grads"].shape[1]
+    return bool(
+        flat_tail.provably_finite(
+            row_max, jnp.asarray(inputs["weights"]), _bounds_of(inputs), scalars, hyper, n
+        )
+    )
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+@pytest.mark.parametrize("case", ["shown", "pre_ok_false", "overflow", "nan_gradient"])
+def test_adam_select_with_bounds_gives_what_every_check_gives(impl, case):
+    """With the previous step's bounds the kernels skip the guard's sums where the candidate is
+    provably finite (the learner's usual case) and run them where it is not; either way every
+    output is what the kernels give without bounds, bit for bit, and the returned bounds are
+    the stored vectors' largest |x|."""
+    inputs = _adam_inputs(np.random.default_rng(7), 3, 2 * flat_tail.BLOCK + 3)
+    hyper = dict(lr=1e30) if case == "overflow" else {}
+    if case == "nan_gradient":
+        inputs["grads"][1, 9] = np.nan
+    pre_ok = case != "pre_ok_false"
+    assert _shown(inputs, **hyper) == (case in ("shown", "pre_ok_false"))
+    hyper_ = HYPER._replace(**hyper)
+    count = inputs["count"]
+    scalars = flat_tail.TailScalars(1 - hyper_.b1**count, 1 - hyper_.b2**count, pre_ok, True)
+    row_max, _ = flat_tail.gram(jnp.asarray(inputs["grads"]), impl=impl)
+    args = (inputs["grads"], inputs["weights"], _vectors(inputs), scalars, hyper_)
+    with_bounds = flat_tail.adam_select(
+        *args, impl=impl, bounds=_bounds_of(inputs), row_max=row_max
+    )
+    checked = flat_tail.adam_select(*args, impl=impl)
+    for got, want in zip(jax.tree.leaves(with_bounds), jax.tree.leaves(checked), strict=True):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert bool(with_bounds.applied) == (case == "shown")
+    for name in ("params", "mu", "nu"):
+        # To the last bit or so: in interpret mode XLA:CPU may contract the multiply-adds of
+        # the stored value and of the value maxed differently (provably_finite's margin is
+        # many orders of magnitude wider).
+        stored = np.max(np.abs(np.asarray(getattr(with_bounds, name))))
+        np.testing.assert_allclose(float(getattr(with_bounds.bounds, name)), stored, rtol=1e-6)
+
+
+def test_candidate_bounds_bound_the_candidate():
+    """Each of candidate_bounds's bounds holds for the values the reference computes (the
+    kernels' formulas in float32), up to float32 rounding, over magnitudes from ordinary to
+    near float32's limits; and where provably_finite says so, the step passes the guard."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    magnitude = st.sampled_from([0.0, 1e-30, 1e-3, 1.0, 1e3, 1e8, 1e15, 1e17, 1e18, 1e19, 1e30])
+
+    @hypothesis.settings(max_examples=300)
+    @hypothesis.given(
+        seed=st.integers(0, 2**31 - 1),
+        n=st.sampled_from([1, 37, 2000]),
+        grad=magnitude,
+        params=magnitude,
+        mu=magnitude,
+        nu=magnitude,
+        lr=st.sampled_from([1e-3, 1.0, 1e10, 1e20]),
+        eps=st.sampled_from([1e-8, 1e-20, 1.0]),
+        count=st.sampled_from([1, 2, 100, 10_000]),
+        masked=st.booleans(),
+    )
+    def check(seed, n, grad, params, mu, nu, lr, eps, count, masked):
+        rng = np.random.default_rng(seed)
+        vec = lambda scale: (scale * rng.uniform(-1, 1, n)).astype(np.float32)  # noqa: E731
+        inputs = dict(
+            grads=np.stack([vec(grad), vec(grad * 1e-3), vec(grad)]),
+            weights=rng.uniform(-2, 2, 3).astype(np.float32),
+            params=vec(params),
+            masks=(rng.uniform(size=n) > 0.2).astype(np.float32) if masked else None,
+            target=vec(1.0),
+            mu=vec(mu),
+            nu=np.abs(vec(nu)),
+            count=count,
+        )
+        hyper = HYPER._replace(lr=lr, eps=eps)
+        scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, True, False)
+        row_max, _ = flat_tail.gram_reference(jnp.asarray(inputs["grads"]))
+        weights = jnp.asarray(inputs["weights"])
+        args = (row_max, weights, _bounds_of(inputs), scalars, hyper, n)
+        bound = flat_tail.candidate_bounds(*args)
+        with np.errstate(all="ignore"):
+            g = np.asarray(weights @ jnp.asarray(inputs["grads"]))
+            mu_new = (1 - hyper.b1) * g + hyper.b1 * inputs["mu"]
+            nu_new = (1 - hyper.b2) * (g * g) + hyper.b2 * inputs["nu"]
+            mu_hat, nu_hat = mu_new / scalars.bias1, nu_new / scalars.bias2
+            ratio = mu_hat / (np.sqrt(nu_hat) + np.float32(eps))
+            out = _adam("reference", {**inputs, "masks": inputs["masks"]}, lr=lr, eps=eps)
+        rounding = 1 + 1e-5
+        for value, limit in (
+            (np.abs(g), bound.grad),
+            (np.abs(mu_hat), bound.mu_hat),
+            (nu_hat, bound.nu_hat),
+            (np.abs(ratio), bound.ratio),
+        ):
+            finite = np.isfinite(value)
+            assert np.all(value[finite] <= float(limit) * rounding)
+        if bool(flat_tail.provably_finite(*args)):
+            assert bool(out.applied) and bool(out.total_finite)
+            assert float(out.params_sq_norm) <= float(bound.sq_norm) * rounding
+            assert np.all(np.abs(np.asarray(out.params)) <= float(bound.params) * rounding)
+            for name in ("params", "target", "mu", "nu"):
+                assert np.all(np.isfinite(np.asarray(getattr(out, name))))
+
+    check()
+
+
+def test_unknown_bounds_show_nothing():
+    inputs = _adam_inputs(np.random.default_rng(8), 2, 10)
+    scalars = flat_tail.TailScalars(0.1, 0.001, True, False)
+    row_max, _ = flat_tail.gram_reference(jnp.asarray(inputs["grads"]))
+    unknown = flat_tail.unknown_bounds()
+    args = (row_max, jnp.asarray(inputs["weights"]), unknown, scalars, HYPER, 10)
+    assert not bool(flat_tail.provably_finite(*args))
+    assert bool(flat_tail.provably_finite(row_max, args[1], _bounds_of(inputs), *args[3:]))

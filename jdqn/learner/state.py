@@ -13,6 +13,7 @@ import optax
 from jdqn.networks import ParamLayout
 from jdqn.replay import ReplayState
 from jdqn.transition import Transition
+from pallas_kernels.flat_tail import TailBounds
 
 # Why the guard stopped a fold; ``GuardRecord.reason`` indexes this tuple. Checked in this order.
 GUARD_REASONS: tuple[str, ...] = (
@@ -54,6 +55,11 @@ class LearnerState:
     guard: GuardRecord  # [] leaves
     key: jax.Array  # [2] uint32, advanced every applied step
     bootstrap_key: jax.Array  # [2] uint32, fixed: per-transition ensemble bootstrap masks
+    # [] float32 each: the largest |x| of params and Adam's moments as the Pallas tail last
+    # wrote them (float32's largest value when XLA's tail did, or before the first step),
+    # which lets the next step skip the guard's sums pass where it cannot fail
+    # (pallas_kernels.flat_tail).
+    tail_bounds: TailBounds
 
 
 class LearnerMetrics(NamedTuple):

@@ -194,6 +194,7 @@ def make_learner(
             ),
             key=state_key,
             bootstrap_key=bootstrap_key,
+            tail_bounds=flat_tail.unknown_bounds(),
         )
 
     def insert(state: LearnerState, transitions: Transition) -> LearnerState:
@@ -527,6 +528,8 @@ def make_learner(
                     ),
                     adam_hyper,
                     impl=tail_impl,
+                    bounds=state.tail_bounds,
+                    row_max=row_max,
                 )
             # The weights' length is the number of parts, which differs between the causal
             # cond's branches; only the two main parts' weights are kept.
@@ -646,6 +649,7 @@ def make_learner(
             guard=guard,
             key=jnp.where(apply_update, key, state.key),
             bootstrap_key=state.bootstrap_key,
+            tail_bounds=tail.bounds if fused_tail else flat_tail.unknown_bounds(),
         )
 
         # 14. Metrics.
