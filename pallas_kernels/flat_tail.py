@@ -29,9 +29,9 @@ Where those bounds keep the squared norm far below float32's largest value, the 
 candidate are finite and the sums would pass: that learner's programs of the sums launch return
 at once, and its decision is ``pre_ok`` alone. The write launch computes the candidate's
 squared norm anyway, so every output is what the two passes give. In practice the bounds hold
-from the second step on (``|update|`` is at most ~1e5 ``|mu_hat|`` at ``lr`` 1e-3 and ``eps``
-1e-8, against a limit near 1e18); the first step, and any step after XLA's tail wrote the
-state, run the sums.
+from the second step on: the bound on ``|update|`` is 1e5 ``|mu_hat|`` at ``lr`` 1e-3 and
+``eps`` 1e-8, and the parameters' limit is ``1e18 / sqrt(n)``, 8e15 for the smoketest's 15,193.
+The first step, and any step after XLA's tail wrote the state, run the sums.
 
 The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
 folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
