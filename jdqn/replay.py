@@ -159,7 +159,7 @@ def _first_positive_above(mass: jax.Array, cumulative: jax.Array, position: jax.
 
     Why the result is always a positive-mass slot: the caller clamps ``position`` strictly below
     ``top = max{c[k] : mass[k] > 0}`` (:func:`_prefix_top`, :func:`_below`), so the ``k`` attaining
-    ``top`` satisfies both conditions; the hit set is non-empty and ``argmax`` returns its first
+    ``top`` satisfies both conditions; the hit set is non-empty and the result is its first
     element, which has ``mass > 0`` by construction. Rounding can at worst make a tiny positive
     mass unreachable, never a zero-mass (or unwritten, NaN) slot reachable. Cost O(B n) compares,
     which is cheap for n ~ sqrt(C) and branch-free.
@@ -167,7 +167,12 @@ def _first_positive_above(mass: jax.Array, cumulative: jax.Array, position: jax.
     if mass.ndim == 1:
         mass, cumulative = mass[None, :], cumulative[None, :]
     hit = (mass > 0) & (cumulative > position[:, None])  # [B, n] bool
-    return jnp.argmax(hit, axis=-1).astype(jnp.int32)
+    # The first hit as a min over the hits' indices, not argmax: XLA's argmax is a (value,
+    # index) reduction, 14 us per call where a min takes 2-3 at 1,024 learners on the H200
+    # (BENCHMARKS.md, C5). No hit (an empty buffer) gives 0, as argmax does.
+    n = hit.shape[-1]
+    first = jnp.min(jnp.where(hit, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
+    return jnp.where(first < n, first, 0).astype(jnp.int32)
 
 
 def _below(x: jax.Array, limit: jax.Array) -> jax.Array:

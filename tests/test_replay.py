@@ -186,6 +186,19 @@ def test_search_never_lands_on_zero_mass_at_boundaries():
     )
 
 
+def test_first_positive_above_is_the_first_hit_as_argmax_gives_it():
+    """Every pattern of hits over 5 slots (rows of one batch), none included: the first hit's
+    index, and 0 where nothing is hit, as argmax over the bools gives."""
+    n = 5
+    patterns = (np.arange(2**n)[:, None] >> np.arange(n)[None, :]) & 1  # [32, n] every subset
+    mass = jnp.asarray(patterns, jnp.float32)  # a hit needs mass > 0 ...
+    cumulative = jnp.ones_like(mass)  # ... and cumulative > position (always here)
+    position = jnp.zeros((2**n,), jnp.float32)
+    got = _first_positive_above(mass, cumulative, position)
+    np.testing.assert_array_equal(got, np.argmax(patterns > 0, axis=-1))
+    assert got.dtype == jnp.int32
+
+
 @jax.jit
 def pick_jit(mass, cumulative, fractions):
     top = _prefix_top(mass, cumulative)
