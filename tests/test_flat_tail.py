@@ -397,7 +397,7 @@ def test_candidate_bounds_bound_the_candidate():
             nu_new = (1 - hyper.b2) * (g * g) + hyper.b2 * inputs["nu"]
             mu_hat, nu_hat = mu_new / scalars.bias1, nu_new / scalars.bias2
             ratio = mu_hat / (np.sqrt(nu_hat) + np.float32(eps))
-            out = _adam("reference", {**inputs, "masks": inputs["masks"]}, lr=lr, eps=eps)
+            out = _adam("reference", inputs, lr=lr, eps=eps)
         rounding = 1 + 1e-5
         for value, limit in (
             (np.abs(g), bound.grad),
