@@ -22,7 +22,7 @@ bandwidth (BENCHMARKS.md, issue 6). Here:
 
 The guard's sums pass is skipped where it cannot fail. Given the largest ``|x|`` of the stored
 parameters and moments (:class:`TailBounds`, which the write launch returns for the next step)
-and the gradients' row maxima (from :func:`gram`), :func:`provably_finite` bounds every value
+and the gradients' row maxima (from :func:`gram`), :func:`candidate_bounds` bounds every value
 Adam computes: ``|total| <= sum_k |w_k| max|g_k|``, the moments by their recursions, and
 ``|update| <= lr |mu_hat| / eps`` (the denominator ``sqrt(nu_hat) + eps`` is at least ``eps``).
 Where those bounds keep the squared norm far below float32's largest value, the total and the
@@ -172,19 +172,11 @@ def candidate_bounds(
     return CandidateBounds(grad, mu_hat, nu_hat, ratio, params, n * params * params)
 
 
-def provably_finite(
-    row_max: jax.Array,
-    weights: jax.Array,
-    bounds: TailBounds,
-    scalars: TailScalars,
-    hyper: AdamHyper,
-    n: int,
-) -> jax.Array:
-    """Whether this step's total gradient and candidate are finite, with a finite squared norm,
-    shown by :func:`candidate_bounds`: every bound (and the total's square, which nu takes)
-    below ``_BOUND_LIMIT``. NaN or inf anywhere compares False: nothing is shown, and the
-    guard's sums decide. -> ``[...]`` bool."""
-    b = candidate_bounds(row_max, weights, bounds, scalars, hyper, n)
+def provably_finite(b: CandidateBounds) -> jax.Array:
+    """Whether a step's total gradient and candidate are finite, with a finite squared norm,
+    shown by its :func:`candidate_bounds` ``b``: every bound (and the total's square, which nu
+    takes) below ``_BOUND_LIMIT``. NaN or inf anywhere compares False: nothing is shown, and
+    the guard's sums decide. -> ``[...]`` bool."""
     shown = [x <= _BOUND_LIMIT for x in (b.grad * b.grad, b.mu_hat, b.nu_hat, b.ratio, b.sq_norm)]
     return functools.reduce(jnp.logical_and, shown)
 
@@ -448,7 +440,7 @@ def adam_select_pallas(
     learners, parts, n = grads.shape
     _check_offsets(learners, parts, n)
     blocks = pl.cdiv(n, BLOCK)
-    shown = provably_finite(row_max, weights, bounds, scalars, hyper, n)  # [L]
+    shown = provably_finite(candidate_bounds(row_max, weights, bounds, scalars, hyper, n))  # [L]
     coefs = jnp.zeros((learners, _COEFS), jnp.float32)
     coefs = coefs.at[:, :parts].set(weights)
     for column, value in zip(

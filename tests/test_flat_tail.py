@@ -311,11 +311,9 @@ def _shown(inputs, pre_ok=True, **hyper):
     scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, pre_ok, False)
     row_max, _ = flat_tail.gram_reference(jnp.asarray(inputs["grads"]))
     n = inputs["grads"].shape[1]
-    return bool(
-        flat_tail.provably_finite(
-            row_max, jnp.asarray(inputs["weights"]), _bounds_of(inputs), scalars, hyper, n
-        )
-    )
+    weights = jnp.asarray(inputs["weights"])
+    bounds = flat_tail.candidate_bounds(row_max, weights, _bounds_of(inputs), scalars, hyper, n)
+    return bool(flat_tail.provably_finite(bounds))
 
 
 @pytest.mark.parametrize("impl", KERNELS)
@@ -407,7 +405,7 @@ def test_candidate_bounds_bound_the_candidate():
         ):
             finite = np.isfinite(value)
             assert np.all(value[finite] <= float(limit) * rounding)
-        if bool(flat_tail.provably_finite(*args)):
+        if bool(flat_tail.provably_finite(bound)):
             assert bool(out.applied) and bool(out.total_finite)
             assert float(out.params_sq_norm) <= float(bound.sq_norm) * rounding
             assert np.all(np.abs(np.asarray(out.params)) <= float(bound.params) * rounding)
@@ -421,7 +419,11 @@ def test_unknown_bounds_show_nothing():
     inputs = _adam_inputs(np.random.default_rng(8), 2, 10)
     scalars = flat_tail.TailScalars(0.1, 0.001, True, False)
     row_max, _ = flat_tail.gram_reference(jnp.asarray(inputs["grads"]))
-    unknown = flat_tail.unknown_bounds()
-    args = (row_max, jnp.asarray(inputs["weights"]), unknown, scalars, HYPER, 10)
-    assert not bool(flat_tail.provably_finite(*args))
-    assert bool(flat_tail.provably_finite(row_max, args[1], _bounds_of(inputs), *args[3:]))
+    weights = jnp.asarray(inputs["weights"])
+
+    def shown(bounds):
+        candidate = flat_tail.candidate_bounds(row_max, weights, bounds, scalars, HYPER, 10)
+        return bool(flat_tail.provably_finite(candidate))
+
+    assert not shown(flat_tail.unknown_bounds())
+    assert shown(_bounds_of(inputs))
