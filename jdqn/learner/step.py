@@ -169,6 +169,12 @@ def make_learner(
     # the compiler contracts a multiply-add differently, by at most 1 ulp.
     read_masks = use_pruning or not fused_tail
     use_bootstrap = n_heads > 1 and net.bootstrap_prob < 1
+    # The MSE and C51 parts read only the taken action's logits: without the diversity part,
+    # which reads every action's Q, the online pass over s is differentiated through those
+    # alone (networks.apply_taken), and the head's backward reads and writes a third of the
+    # cotangent (three actions).
+    head_impl = resolve_pick_impl(loss_cfg.head_impl, jax.default_backend(), learners=learners)
+    taken_backward = not use_diversity and head_impl != "xla"
     # Debug checks on Q allow float32 rounding of sum_i p_i z_i (p sums to 1 within ~1e-6).
     q_slack = 1e-4 * (net.v_max - net.v_min)
     q_low, q_high = net.v_min - q_slack, net.v_max + q_slack
@@ -357,7 +363,12 @@ def make_learner(
         def observed(e: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
             """(L_mse, L_c51, L_div) [3] of the online pass over s (sampled rows and donors)."""
             with jax.named_scope("online_forward"):
-                logits = networks.apply(e, obs, cfg)  # [R, K, A, N] float32
+                if taken_backward:  # the logits as a value, the taken action's differentiable
+                    logits, logits_taken = networks.apply_taken(
+                        e, obs, batch.action, cfg, head_impl
+                    )
+                else:
+                    logits = networks.apply(e, obs, cfg)  # [R, K, A, N] float32
             checks.finite("online_network", "logits", logits)
             # For the check and as the causal term's fixed reference; the same operation on the
             # same logits as c51_head's own, so XLA computes it once (common subexpressions).
@@ -366,12 +377,21 @@ def make_learner(
 
             # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
             with jax.named_scope("losses"):
-                # Q of every action and the taken action's C51 cross-entropy from one
-                # log-softmax, with their gradient in closed form (losses.c51_head); the taken
-                # action's Q by select. Both parts' gradients then take one elementwise pass.
+                # The taken action's Q and C51 cross-entropy from one log-softmax, with their
+                # gradient in closed form (losses.c51_head): both parts' gradients then take one
+                # elementwise pass.
                 action = batch.action[:, None]  # [R, 1], broadcast over the heads
-                q, c51_parts = losses.c51_head(logits, support, action, target)  # [R, K, A], [R, K]
-                q_taken = losses.select_action(q, action)  # [R, K]
+                if taken_backward:  # over the taken action's logits only; Q as a value
+                    q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)  # [R, K, A]
+                    q_taken, c51_parts = losses.c51_taken(
+                        logits_taken,
+                        losses.select_action(log_probs, action, n_trailing=1),
+                        support,
+                        target,
+                    )  # [R, K], [R, K]
+                else:  # Q of every action differentiable (the diversity part reads them all)
+                    q, c51_parts = losses.c51_head(logits, support, action, target)  # [R, K, A]
+                    q_taken = losses.select_action(q, action)  # [R, K]
                 mse_parts = losses.q_regression_loss(
                     q_taken, y, net.v_min, net.v_max, loss_cfg.huber_delta
                 )  # [R, K]
