@@ -27,6 +27,13 @@ made those GEMMs 65 columns wide and twice as slow (B1), so it was measured and 
 Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
 math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s, and bfloat16 matmul
 inputs round where autodiff's do. Only the order of float32 sums may differ.
+
+``dense_stack_taken(torso, head, x, action, head_shape, matmul_dtype, impl)`` also returns each
+row's action's columns ``[R, K, N]`` of the output, and differentiates only those: its backward
+takes the parts' cotangents in that compact form and runs the head's part of it as one kernel
+(``pallas_kernels.head_backward``), the torso's as above. For ``loss.head_impl``, an opt-in
+experiment: with XLA's GEMMs instead of the kernel the compact form was slower, because the
+GEMMs read the cotangent expanded, which XLA then wrote out (BENCHMARKS.md, D1).
 """
 
 from __future__ import annotations

@@ -154,10 +154,10 @@ class LossConfig:
     # Double-DQN pick at s' (pallas_kernels.double_dqn): auto = the Pallas kernel on GPU
     # (jdqn.learner.step.resolve_pick_impl), XLA's fusions elsewhere
     pick_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
-    # The head's backward from the taken actions' cotangent (pallas_kernels.head_backward),
-    # without the diversity part: auto = the Pallas kernel on GPU for many learners, as
-    # pick_impl's; xla = XLA's GEMMs over the whole cotangent
-    head_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
+    # The head's backward from the taken actions' cotangent as one Pallas kernel
+    # (pallas_kernels.head_backward; without the diversity part): an opt-in experiment, not yet
+    # timed on a GPU (BENCHMARKS.md, P102); xla = XLA's GEMMs over the whole cotangent
+    head_impl: Literal["xla", "pallas", "interpret"] = "xla"
 
     def __post_init__(self) -> None:
         _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
@@ -194,9 +194,9 @@ class LossConfig:
             "'auto', 'pallas', 'interpret' or 'xla'",
         )
         _require(
-            self.head_impl in ("auto", "pallas", "interpret", "xla"),
+            self.head_impl in ("xla", "pallas", "interpret"),
             "loss.head_impl",
-            "'auto', 'pallas', 'interpret' or 'xla'",
+            "'xla', 'pallas' or 'interpret'",
         )
 
     def alpha_for_epoch(self, epoch: int) -> float:

@@ -169,11 +169,13 @@ def make_learner(
     # the compiler contracts a multiply-add differently, by at most 1 ulp.
     read_masks = use_pruning or not fused_tail
     use_bootstrap = n_heads > 1 and net.bootstrap_prob < 1
-    # The MSE and C51 parts read only the taken action's logits: without the diversity part,
-    # which reads every action's Q, the online pass over s is differentiated through those
-    # alone (networks.apply_taken), and the head's backward reads and writes a third of the
-    # cotangent (three actions).
-    head_impl = resolve_pick_impl(loss_cfg.head_impl, jax.default_backend(), learners=learners)
+    # The MSE and C51 parts read only the taken action's logits. With loss.head_impl's kernel
+    # and without the diversity part (which reads every action's Q), the online pass over s
+    # is differentiated through those alone (networks.apply_taken), and the head's backward is
+    # one kernel over a third of the cotangent (pallas_kernels.head_backward): an opt-in
+    # experiment, not yet timed on a GPU. XLA's GEMMs over the compact cotangent were slower
+    # (BENCHMARKS.md, D1).
+    head_impl = loss_cfg.head_impl
     taken_backward = not use_diversity and head_impl != "xla"
     # Debug checks on Q allow float32 rounding of sum_i p_i z_i (p sums to 1 within ~1e-6).
     q_slack = 1e-4 * (net.v_max - net.v_min)
