@@ -59,6 +59,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.folding import learner_folding
+
 Impl = Literal["pallas", "interpret", "reference"]
 IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
 
@@ -506,36 +508,14 @@ def adam_select_pallas(
 # --------------------------------------------------------------------------------------------
 
 
-def _folding(kernel):
-    """``kernel`` (pytrees of arrays with a leading learner axis ``[L, ...]`` in, one out) with a
-    vmap rule that folds the mapped axis into ``L``: nested vmaps end in one launch."""
-
-    @jax.custom_batching.custom_vmap
-    def run(*args):
-        return kernel(*args)
-
-    @run.def_vmap
-    def _fold(axis_size, in_batched, *args):
-        def lead(a, batched):
-            return a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
-
-        args = jax.tree.map(lead, args, tuple(in_batched))
-        learners = jax.tree.leaves(args)[0].shape[1]
-        out = run(*jax.tree.map(lambda a: a.reshape(axis_size * learners, *a.shape[2:]), args))
-        out = jax.tree.map(lambda x: x.reshape(axis_size, learners, *x.shape[1:]), out)
-        return out, jax.tree.map(lambda _: True, out)
-
-    return run
-
-
 @functools.cache
 def _gram_folding(interpret: bool):
-    return _folding(functools.partial(gram_pallas, interpret=interpret))
+    return learner_folding(functools.partial(gram_pallas, interpret=interpret))
 
 
 @functools.cache
 def _adam_folding(interpret: bool, hyper: AdamHyper):
-    return _folding(functools.partial(adam_select_pallas, hyper=hyper, interpret=interpret))
+    return learner_folding(functools.partial(adam_select_pallas, hyper=hyper, interpret=interpret))
 
 
 def _check_impl(impl: str) -> None:

@@ -34,6 +34,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from pallas_kernels.folding import learner_folding
+
 Impl = Literal["pallas", "interpret", "reference"]
 IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
 
@@ -187,25 +189,10 @@ def head_backward_pallas(
 
 @functools.cache
 def _batched(interpret: bool, n_actions: int):
-    """The kernel on a leading learner axis, with a vmap rule that folds mapped axes into it."""
-
-    @jax.custom_batching.custom_vmap
-    def backward(g, action, x, w):
-        return head_backward_pallas(g, action, x, w, n_actions, interpret=interpret)
-
-    @backward.def_vmap
-    def _fold(axis_size, in_batched, g, action, x, w):
-        def lead(a, batched):
-            return a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
-
-        mapped = [lead(a, b) for a, b in zip((g, action, x, w), in_batched, strict=True)]
-        learners = mapped[0].shape[1]
-        folded = [a.reshape(axis_size * learners, *a.shape[2:]) for a in mapped]
-        grads = backward(*folded)
-        grads = jax.tree.map(lambda a: a.reshape(axis_size, learners, *a.shape[1:]), grads)
-        return grads, jax.tree.map(lambda _: True, grads)
-
-    return backward
+    """The kernel on a leading learner axis; nested vmaps fold into it (one launch)."""
+    return learner_folding(
+        functools.partial(head_backward_pallas, n_actions=n_actions, interpret=interpret)
+    )
 
 
 def head_backward(

@@ -79,11 +79,8 @@ def _autodiff_stack(torso, head, x, dtype):
     return product + head[1]
 
 
-def test_forward_and_each_parts_gradients_match_float64():
-    torso, head, x, weights = _network()
-    y, reference = _reference(torso, head, x, weights)
-    np.testing.assert_allclose(dense_stack(torso, head, x, "float32"), y, rtol=1e-5, atol=1e-5)
-    grads = jax.jit(lambda *a: _part_grads(dense_stack, *a))(torso, head, x, weights)
+def _assert_parts_match(grads, reference):
+    """Each part's gradients (leaves [P, ...]) against ``_reference``'s, to float32 rounding."""
     for p, (torso_ref, head_ref, x_ref) in enumerate(reference):
         got = jax.tree.map(lambda a, p=p: np.asarray(a[p]), grads)
         for (kernel, bias), (kernel_ref, bias_ref) in zip(got[0], torso_ref, strict=True):
@@ -92,6 +89,14 @@ def test_forward_and_each_parts_gradients_match_float64():
         np.testing.assert_allclose(got[1][0], head_ref[0], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got[1][1], head_ref[1], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got[2], x_ref, rtol=1e-4, atol=1e-5)
+
+
+def test_forward_and_each_parts_gradients_match_float64():
+    torso, head, x, weights = _network()
+    y, reference = _reference(torso, head, x, weights)
+    np.testing.assert_allclose(dense_stack(torso, head, x, "float32"), y, rtol=1e-5, atol=1e-5)
+    grads = jax.jit(lambda *a: _part_grads(dense_stack, *a))(torso, head, x, weights)
+    _assert_parts_match(grads, reference)
     # The case reaches ReLU's kink: the zero row's first pre-activation is exactly 0.
     assert float((x[0] @ torso[0][0] + torso[0][1])[0]) == 0.0
 
@@ -208,18 +213,11 @@ def test_taken_outputs_and_each_parts_compact_gradients_match_float64():
     np.testing.assert_allclose(value, y, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(taken, _taken_of(y, action), rtol=1e-5, atol=1e-5)
     grads = jax.jit(lambda *a: _taken_part_grads(_compact, *a))(torso, head, x, action, weights)
-    for p, (torso_ref, head_ref, x_ref) in enumerate(reference):
-        got = jax.tree.map(lambda a, p=p: np.asarray(a[p]), grads)
-        for (kernel, bias), (kernel_ref, bias_ref) in zip(got[0], torso_ref, strict=True):
-            np.testing.assert_allclose(kernel, kernel_ref, rtol=1e-4, atol=1e-5)
-            np.testing.assert_allclose(bias, bias_ref, rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(got[1][0], head_ref[0], rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(got[1][1], head_ref[1], rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(got[2], x_ref, rtol=1e-4, atol=1e-5)
-        # The other actions' head rows get exactly zero.
-        untaken = np.ones(HEAD_SHAPE, bool)
-        untaken[:, np.asarray(action), :] = False
-        assert np.all(got[1][1].reshape(HEAD_SHAPE)[untaken] == 0.0)
+    _assert_parts_match(grads, reference)
+    # The other actions' head rows get exactly zero.
+    untaken = np.ones(HEAD_SHAPE, bool)
+    untaken[:, np.asarray(action), :] = False
+    assert np.all(np.asarray(grads[1][1]).reshape(-1, *HEAD_SHAPE)[:, untaken] == 0.0)
 
 
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 2e-6), ("bfloat16", 2.0**-7)])
