@@ -379,11 +379,11 @@ def make_learner(
 
             # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
             with jax.named_scope("losses"):
-                # The taken action's Q and C51 cross-entropy from one log-softmax, with their
-                # gradient in closed form (losses.c51_head): both parts' gradients then take one
-                # elementwise pass.
                 action = batch.action[:, None]  # [R, 1], broadcast over the heads
-                if taken_backward:  # over the taken action's logits only; Q as a value
+                if taken_backward:
+                    # Q of every action as a value; the taken action's Q and C51 cross-entropy
+                    # from its row of the same log-softmax, differentiable through its logits
+                    # alone, with c51_head's closed form (losses.c51_taken).
                     q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)  # [R, K, A]
                     q_taken, c51_parts = losses.c51_taken(
                         logits_taken,
@@ -391,7 +391,11 @@ def make_learner(
                         support,
                         target,
                     )  # [R, K], [R, K]
-                else:  # Q of every action differentiable (the diversity part reads them all)
+                else:
+                    # Q of every action and the taken action's C51 cross-entropy from one
+                    # log-softmax, with their gradient in closed form (losses.c51_head); the
+                    # taken action's Q by select. Both parts' gradients then take one
+                    # elementwise pass.
                     q, c51_parts = losses.c51_head(logits, support, action, target)  # [R, K, A]
                     q_taken = losses.select_action(q, action)  # [R, K]
                 mse_parts = losses.q_regression_loss(
