@@ -15,9 +15,11 @@ the compact cotangent, x and W once and writes the three results: per action ``b
 the rows whose action is ``b`` (the others masked to zero).
 
 The learners of a ``vmap`` fold into the kernel's grid (one launch for 1 learner or 1,024).
-Every output element is written by one program only; a padded lane's store is masked, and its
-address is the next action's, head's, part's or learner's, which that program or a later one
-writes afterwards (the outputs have room for the last learner's padded lanes). Dots run at JAX's
+Every output element is written by one program only. A padded input lane rewrites its row's
+last input, with that input's value; a padded atom's or row's store is masked, and its address
+is the next action's, head's, part's or learner's, which that program or a later one writes
+afterwards (interpret mode writes masked lanes back with their current values; the outputs have
+room for the last learner's padded lanes). Dots run at JAX's
 matmul precision (TF32 by default on a GPU, as XLA's GEMMs; IEEE under ``highest``).
 
 ``impl``: ``"pallas"`` (Triton-lowered, GPU), ``"interpret"`` (the same kernel in interpret mode,
@@ -102,10 +104,13 @@ def _kernel(
     r = jnp.arange(r_pad, dtype=jnp.int32)
     n = jnp.arange(n_pad, dtype=jnp.int32)
     i = jnp.arange(i_pad, dtype=jnp.int32)
-    r_ok, n_ok, i_ok = r < rows, n < atoms, i < inputs
+    r_ok, n_ok = r < rows, n < atoms
+    # A padded input lane reads and writes its row's last input again: its values are then
+    # that input's (a dot's columns are computed apart), so it rewrites what belongs there.
+    i = jnp.minimum(i, inputs - 1)
     row = learner * rows + r  # [Rp]
-    ri_ok = r_ok[:, None] & i_ok[None, :]
-    ni_ok = n_ok[:, None] & i_ok[None, :]
+    ri_ok = jnp.broadcast_to(r_ok[:, None], (r_pad, i_pad))
+    ni_ok = jnp.broadcast_to(n_ok[:, None], (n_pad, i_pad))
     x = plgpu.load(x_ref.at[row[:, None] * inputs + i[None, :]], mask=ri_ok, other=0.0)
     action = plgpu.load(action_ref.at[row], mask=r_ok, other=-1)  # [Rp]
     for p in range(parts):
