@@ -369,7 +369,7 @@ def test_without_diversity_the_taken_actions_backward_gives_autodiffs_steps(monk
         np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6, err_msg=name)
     names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
     _assert_states_close(got_state, want_state, names)
-    # XLA's head (the default below 16 learners and on a CPU) takes no compact path.
+    # XLA's head (loss.head_impl's default) takes no compact path.
     xla = _learner("network.lambda_div=0", XLA_HEAD)
     args = (_filled(xla), jnp.float32(0.2), jnp.float32(0.4))
     assert "head_backward" not in str(jax.make_jaxpr(xla.step)(*args))
