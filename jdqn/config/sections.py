@@ -156,7 +156,7 @@ class LossConfig:
     pick_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
     # The head's backward from the taken actions' cotangent as one Pallas kernel
     # (pallas_kernels.head_backward; without the diversity part): an opt-in experiment, not yet
-    # timed on a GPU (BENCHMARKS.md, P102); xla = XLA's GEMMs over the whole cotangent
+    # run on a GPU (BENCHMARKS.md, P102); xla = XLA's GEMMs over the whole cotangent
     head_impl: Literal["xla", "pallas", "interpret"] = "xla"
 
     def __post_init__(self) -> None:

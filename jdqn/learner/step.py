@@ -173,7 +173,7 @@ def make_learner(
     # and without the diversity part (which reads every action's Q), the online pass over s
     # is differentiated through those alone (networks.apply_taken), and the head's backward is
     # one kernel over a third of the cotangent (pallas_kernels.head_backward): an opt-in
-    # experiment, not yet timed on a GPU. XLA's GEMMs over the compact cotangent were slower
+    # experiment, not yet run on a GPU. XLA's GEMMs over the compact cotangent were slower
     # (BENCHMARKS.md, D1).
     head_impl = loss_cfg.head_impl
     taken_backward = not use_diversity and head_impl != "xla"
