@@ -41,6 +41,8 @@ from pallas_kernels.folding import learner_folding
 Impl = Literal["pallas", "interpret", "reference"]
 IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
 
+# Triton warps per program: a guess, not tuned (the kernel has not run on a GPU yet;
+# BENCHMARKS.md, P102).
 DEFAULT_NUM_WARPS = 4
 
 
