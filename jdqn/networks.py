@@ -34,6 +34,7 @@ from jax.flatten_util import ravel_pytree
 
 from jdqn.config import Config, NetworkConfig
 from jdqn.dense_stack import dense_stack, dense_stack_taken
+from pallas_kernels import head_backward
 
 Params = Any  # {layer: {"kernel": [in, out] ([out, in] for HEAD), "bias": [out]}} float32
 
@@ -282,7 +283,11 @@ def apply(eff_params: Params, obs: jax.Array, cfg: Config) -> jax.Array:
 
 
 def apply_taken(
-    eff_params: Params, obs: jax.Array, action: jax.Array, cfg: Config, impl: str = "pallas"
+    eff_params: Params,
+    obs: jax.Array,
+    action: jax.Array,
+    cfg: Config,
+    impl: head_backward.Impl = "pallas",
 ) -> tuple[jax.Array, jax.Array]:
     """(:func:`apply`'s logits [R, K, A, N] as a value, without a gradient; the logits of each
     row's ``action [R]`` (int) in every head, [R, K, N], differentiable) for ``obs [R, F+1]``.
@@ -302,7 +307,7 @@ def apply_taken(
         action,
         head_shape,
         net.matmul_dtype,
-        cast(Any, impl),
+        impl,
     )
     return jax.lax.stop_gradient(out).reshape(obs.shape[0], *head_shape), taken
 

@@ -270,3 +270,9 @@ def test_under_the_parts_vmap_the_head_reads_the_compact_cotangent():
     jaxpr = jax.make_jaxpr(jax.vmap(vjp))(weights)
     assert pallas_call_sizes(jaxpr.jaxpr) == [ROWS * PARTS * HEAD_SHAPE[0] * HEAD_SHAPE[2]]
     assert f"f32[{ROWS},{PARTS},{OUT_TAKEN}]" not in str(jaxpr)
+
+
+def test_an_action_per_row_is_required():
+    torso, head, x, action, _ = _taken_network()
+    with pytest.raises(ValueError, match="one action per row"):
+        dense_stack_taken(torso, head, x, action[:-1], HEAD_SHAPE, "float32", KERNEL)

@@ -45,7 +45,7 @@ from jdqn.replay import (
 from jdqn.surgery import SurgeryResult, SurgeryScalars, gradient_surgery
 from jdqn.surgery import surgery_scalars as gradient_surgery_scalars
 from jdqn.transition import Transition, example_transition, observation
-from pallas_kernels import double_dqn, flat_tail
+from pallas_kernels import double_dqn, flat_tail, head_backward
 
 # From this many vmapped learners on, optim.update_impl=auto uses the Pallas flat tail.
 FUSED_TAIL_MIN_LEARNERS = 16
@@ -175,8 +175,8 @@ def make_learner(
     # one kernel over a third of the cotangent (pallas_kernels.head_backward): an opt-in
     # experiment, not yet run on a GPU. XLA's GEMMs over the compact cotangent were slower
     # (BENCHMARKS.md, D1).
-    head_impl = loss_cfg.head_impl
-    taken_backward = not use_diversity and head_impl != "xla"
+    taken_backward = not use_diversity and loss_cfg.head_impl != "xla"
+    head_kernel: head_backward.Impl = "interpret" if loss_cfg.head_impl == "interpret" else "pallas"
     # Debug checks on Q allow float32 rounding of sum_i p_i z_i (p sums to 1 within ~1e-6).
     q_slack = 1e-4 * (net.v_max - net.v_min)
     q_low, q_high = net.v_min - q_slack, net.v_max + q_slack
@@ -367,7 +367,7 @@ def make_learner(
             with jax.named_scope("online_forward"):
                 if taken_backward:  # the logits as a value, the taken action's differentiable
                     logits, logits_taken = networks.apply_taken(
-                        e, obs, batch.action, cfg, head_impl
+                        e, obs, batch.action, cfg, head_kernel
                     )
                 else:
                     logits = networks.apply(e, obs, cfg)  # [R, K, A, N] float32
