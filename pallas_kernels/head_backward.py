@@ -44,6 +44,7 @@ IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
 # Triton warps per program: a guess, not tuned (the kernel has not run on a GPU yet;
 # BENCHMARKS.md, P102).
 DEFAULT_NUM_WARPS = 4
+DEFAULT_NUM_STAGES = 1
 
 
 class HeadGrads(NamedTuple):
@@ -99,9 +100,11 @@ def _kernel(
     r_pad: int,
     n_pad: int,
     i_pad: int,
+    split_parts: bool,
 ):
-    """One learner: both parts, every head and action."""
+    """One learner (and with ``split_parts`` one part; else both), every head and action."""
     learner = pl.program_id(0)
+    part_ids = [pl.program_id(1)] if split_parts else range(parts)
     out = heads * actions * atoms
     r = jnp.arange(r_pad, dtype=jnp.int32)
     n = jnp.arange(n_pad, dtype=jnp.int32)
@@ -109,13 +112,16 @@ def _kernel(
     r_ok, n_ok = r < rows, n < atoms
     # A padded input lane reads and writes its row's last input again: its values are then
     # that input's (a dot's columns are computed apart), so it rewrites what belongs there.
-    i = jnp.minimum(i, inputs - 1)
+    # Only where there are padded lanes: Triton cannot see through the clamp that the lanes'
+    # addresses are contiguous, which the loads and stores need to be vectorised.
+    if i_pad != inputs:
+        i = jnp.minimum(i, inputs - 1)
     row = learner * rows + r  # [Rp]
     ri_ok = jnp.broadcast_to(r_ok[:, None], (r_pad, i_pad))
     ni_ok = jnp.broadcast_to(n_ok[:, None], (n_pad, i_pad))
     x = plgpu.load(x_ref.at[row[:, None] * inputs + i[None, :]], mask=ri_ok, other=0.0)
     action = plgpu.load(action_ref.at[row], mask=r_ok, other=-1)  # [Rp]
-    for p in range(parts):
+    for p in part_ids:
         dx = jnp.zeros((r_pad, i_pad), jnp.float32)
         for k in range(heads):
             at = ((row * parts + p) * heads + k)[:, None] * atoms + n[None, :]
@@ -142,6 +148,8 @@ def head_backward_pallas(
     *,
     interpret: bool,
     num_warps: int = DEFAULT_NUM_WARPS,
+    num_stages: int = DEFAULT_NUM_STAGES,
+    split_parts: bool = False,
 ) -> HeadGrads:
     """The kernel on ``L`` learners: ``g [L, R, P, K, N]``, ``action [L, R]``, ``x [L, R, I]``,
     ``w [L, O, I]``. Raises ``ValueError`` where int32 offsets would overflow."""
@@ -162,6 +170,7 @@ def head_backward_pallas(
         r_pad=r_pad,
         n_pad=n_pad,
         i_pad=i_pad,
+        split_parts=split_parts,
     )
     # Room for the last learner's padded lanes (masked; see the module docstring).
     size_dw, size_db, size_dx = (
@@ -177,9 +186,9 @@ def head_backward_pallas(
             jax.ShapeDtypeStruct((size_db + n_pad,), jnp.float32),
             jax.ShapeDtypeStruct((size_dx + (r_pad - rows + 1) * parts * i_pad,), jnp.float32),
         ),
-        grid=(learners,),
+        grid=(learners, parts) if split_parts else (learners,),
         interpret=interpret,
-        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         name="head_backward",
     )(
         g.astype(jnp.float32).reshape(-1),
