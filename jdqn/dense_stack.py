@@ -27,13 +27,6 @@ made those GEMMs 65 columns wide and twice as slow (B1), so it was measured and 
 Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
 math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s, and bfloat16 matmul
 inputs round where autodiff's do. Only the order of float32 sums may differ.
-
-``dense_stack_taken(torso, head, x, action, head_shape, matmul_dtype, impl)`` also returns each
-row's action's columns ``[R, K, N]`` of the output, and differentiates only those: its backward
-takes the parts' cotangents in that compact form and runs the head's part of it as one kernel
-(``pallas_kernels.head_backward``), the torso's as above. For ``loss.head_impl``, an opt-in
-experiment: with XLA's GEMMs instead of the kernel the compact form was slower, because the
-GEMMs read the cotangent expanded, which XLA then wrote out (BENCHMARKS.md, D1).
 """
 
 from __future__ import annotations
@@ -43,13 +36,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.custom_derivatives import SymbolicZero
-
-from pallas_kernels.head_backward import Impl, head_backward
 
 Layer = tuple[jax.Array, jax.Array]  # (kernel, bias) float32
 Grads = tuple[tuple[Layer, ...], Layer, jax.Array]  # (torso layers', head's, the input's)
-HeadShape = tuple[int, int, int]  # the head's output per row: (heads K, actions A, atoms N)
 
 
 def dense_stack(
@@ -67,105 +56,6 @@ def dense_stack(
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _stack(torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str) -> jax.Array:
     return _forward(torso, head, x, matmul_dtype)[0]
-
-
-def dense_stack_taken(
-    torso: tuple[Layer, ...],
-    head: Layer,
-    x: jax.Array,
-    action: jax.Array,
-    head_shape: HeadShape,
-    matmul_dtype: str,
-    impl: Impl = "pallas",
-) -> tuple[jax.Array, jax.Array]:
-    """(:func:`dense_stack`'s output ``[R, O]``, each row's action's columns ``[R, K, N]``).
-
-    The head's output is ``[K, A, N]`` per row (heads, actions, atoms; ``O = K * A * N``) and
-    ``action [R]`` (int) names each row's action. The first output is a value only: it has no
-    gradient (the caller stops it; were a cotangent to reach it, it would be added to the
-    second's, exact as ever). The second is differentiable, and its backward takes the loss
-    parts' cotangents in that compact form: a loss that reads only the taken action's logits
-    (the MSE and C51 parts) has a head cotangent that is zero in the other actions' columns, and
-    here the backward never writes those zeros out ``[R, P, O]`` for the head's GEMMs and bias
-    sum to read.
-    """
-    if x.shape[0] != action.shape[0]:
-        raise ValueError(f"action: {action.shape} must give one action per row of x {x.shape}")
-    return _stack_taken(torso, head, x.astype(jnp.float32), action, head_shape, matmul_dtype, impl)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def _stack_taken(
-    torso: tuple[Layer, ...],
-    head: Layer,
-    x: jax.Array,
-    action: jax.Array,
-    head_shape: HeadShape,
-    matmul_dtype: str,
-    impl: Impl,
-) -> tuple[jax.Array, jax.Array]:
-    out = _forward(torso, head, x, matmul_dtype)[0]
-    return out, _taken_columns(out, action, head_shape)
-
-
-def _taken_columns(out: jax.Array, action: jax.Array, head_shape: HeadShape) -> jax.Array:
-    """``out [R, K*A*N]`` -> ``[R, K, N]`` at each row's action: a select and a sum over the
-    actions, as ``jdqn.losses.select_action`` (no gather)."""
-    out = out.reshape(out.shape[0], *head_shape)
-    taken = _onehot(action, head_shape[1])[:, None, :, None]
-    return jnp.sum(jnp.where(taken, out, jnp.zeros((), out.dtype)), axis=2)
-
-
-def _onehot(action: jax.Array, n_actions: int) -> jax.Array:
-    """[R, A] bool, true at each row's action."""
-    return jnp.arange(n_actions) == action[:, None]
-
-
-def _expanded(g: jax.Array, action: jax.Array, n_actions: int) -> jax.Array:
-    """The taken columns' cotangent ``g [R, ..., K, N]`` as the whole output's ``[R, ..., O]``:
-    zero in the other actions' columns (selected, never multiplied)."""
-    taken = _onehot(action, n_actions).reshape(g.shape[0], *(1,) * (g.ndim - 2), n_actions, 1)
-    dense = jnp.where(taken, g[..., None, :], jnp.zeros((), g.dtype))  # [R, ..., K, A, N]
-    return dense.reshape(*g.shape[:-2], -1)
-
-
-def _stack_taken_fwd(
-    torso: Any,
-    head: Any,
-    x: Any,
-    action: Any,
-    head_shape: HeadShape,
-    matmul_dtype: str,
-    impl: Impl,
-) -> tuple[tuple[jax.Array, jax.Array], tuple[Any, ...]]:
-    # With symbolic zeros every argument's leaf comes wrapped (CustomVJPPrimal); only the
-    # values are read.
-    torso, head, x, action = jax.tree.map(lambda leaf: leaf.value, (torso, head, x, action))
-    out, inputs = _forward(torso, head, x, matmul_dtype)
-    residuals = (inputs, tuple(kernel for kernel, _ in torso), head[0], action)
-    return (out, _taken_columns(out, action, head_shape)), residuals
-
-
-def _stack_taken_bwd(
-    head_shape: HeadShape,
-    matmul_dtype: str,
-    impl: Impl,
-    residuals: tuple[Any, ...],
-    cotangents: tuple[Any, jax.Array],
-) -> tuple[Any, ...]:
-    inputs, kernels, head_kernel, action = residuals
-    g_out, g_taken = cotangents
-    if isinstance(g_out, SymbolicZero):  # the learner's case: the compact backward
-        grads = _backward(matmul_dtype, head_shape, impl)(
-            g_taken, inputs, kernels, head_kernel, action
-        )
-    else:
-        g = g_out + _expanded(g_taken, action, head_shape[1])
-        grads = _backward(matmul_dtype, None)(g, inputs, kernels, head_kernel, None)
-    return (*grads, None)
-
-
-_stack_taken.defvjp(_stack_taken_fwd, _stack_taken_bwd, symbolic_zeros=True)
 
 
 def _dot(a: jax.Array, b: jax.Array, dtype: str) -> jax.Array:
@@ -198,29 +88,24 @@ def _stack_fwd(
 
 def _stack_bwd(matmul_dtype: str, residuals: tuple[Any, ...], cotangent: jax.Array) -> Grads:
     inputs, kernels, head_kernel = residuals
-    return _backward(matmul_dtype, None)(cotangent, inputs, kernels, head_kernel, None)
+    return _backward(matmul_dtype)(cotangent, inputs, kernels, head_kernel)
 
 
 _stack.defvjp(_stack_fwd, _stack_bwd)
 
 
 @functools.cache
-def _backward(dtype: str, head_shape: HeadShape | None, impl: Impl = "pallas") -> Any:
-    """The one-part backward ``(g, inputs, kernels, head_kernel, action) -> (torso grads, head
-    grads, x grad)``, whose vmap over the cotangent alone runs :func:`_parts_backward`. With a
-    ``head_shape`` the head's cotangent is the taken columns' ``g [R, K, N]`` at ``action [R]``
-    (:func:`dense_stack_taken`); without, the whole output's ``g [R, O]`` (``action`` None)."""
+def _backward(dtype: str) -> Any:
+    """The one-part backward ``(g [R, O], inputs, kernels, head_kernel) -> (torso grads, head
+    grads, x grad)``, whose vmap over the cotangent alone runs :func:`_parts_backward`."""
 
     def one_part(
         g: jax.Array,
         inputs: tuple[jax.Array, ...],
         kernels: tuple[jax.Array, ...],
         head_kernel: jax.Array,
-        action: jax.Array | None,
     ) -> Grads:
-        grads = _parts_backward(
-            g[None], inputs, kernels, head_kernel, dtype, action, head_shape, impl
-        )
+        grads = _parts_backward(g[None], inputs, kernels, head_kernel, dtype)
         return jax.tree.map(lambda a: a[0], grads)
 
     backward = jax.custom_batching.custom_vmap(one_part)
@@ -233,17 +118,14 @@ def _backward(dtype: str, head_shape: HeadShape | None, impl: Impl = "pallas") -
         inputs: tuple[jax.Array, ...],
         kernels: tuple[jax.Array, ...],
         head_kernel: jax.Array,
-        action: jax.Array | None,
     ) -> tuple[Grads, Any]:
         del axis_size
         g_batched, *rest = in_batched
         if g_batched and not any(jax.tree.leaves(rest)):  # the loss parts: rows outermost
-            grads = _parts_backward(
-                g, inputs, kernels, head_kernel, dtype, action, head_shape, impl
-            )
+            grads = _parts_backward(g, inputs, kernels, head_kernel, dtype)
         else:  # another vmap (learners, say): the one-part form, mapped
             axes = jax.tree.map(lambda batched: 0 if batched else None, in_batched)
-            grads = jax.vmap(one_part, in_axes=tuple(axes))(g, inputs, kernels, head_kernel, action)
+            grads = jax.vmap(one_part, in_axes=tuple(axes))(g, inputs, kernels, head_kernel)
         return grads, jax.tree.map(lambda _: True, grads)
 
     return backward
@@ -255,24 +137,14 @@ def _parts_backward(
     kernels: tuple[jax.Array, ...],
     head_kernel: jax.Array,
     dtype: str,
-    action: jax.Array | None = None,
-    head_shape: HeadShape | None = None,
-    impl: Impl = "pallas",
 ) -> Grads:
-    """P cotangents ``g [P, R, O]`` (or the taken columns' ``[P, R, K, N]`` at ``action``, with
-    ``head_shape``) -> (torso grads, head grads, x grad [P, R, F]), each [P, ...]."""
-    g = jnp.swapaxes(g, 0, 1)  # [R, P, ...]: the one layout both GEMMs of a layer read as it is
+    """P cotangents ``g [P, R, O]`` -> (torso grads, head grads, x grad [P, R, F]), [P, ...]."""
+    g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
     with jax.named_scope("head"):
-        if head_shape is None or action is None:
-            head_kernel_grad, head_bias_grad = _weight_grads(
-                g, inputs[-1], dtype, out_major=True, bias_apart=True
-            )
-            g = _rounded(jnp.einsum("rpo,oi->rpi", g, _rounded(head_kernel, dtype)), dtype)
-        else:  # the taken columns' [R, P, K, N]: one kernel (pallas_kernels.head_backward)
-            x, w = _rounded(inputs[-1], dtype), _rounded(head_kernel, dtype)
-            grads = head_backward(g, action, x, w, head_shape[1], impl)
-            head_kernel_grad, head_bias_grad = _rounded(grads.kernel, dtype), grads.bias
-            g = _rounded(grads.x, dtype)
+        head_kernel_grad, head_bias_grad = _weight_grads(
+            g, inputs[-1], dtype, out_major=True, bias_apart=True
+        )
+        g = _rounded(jnp.einsum("rpo,oi->rpi", g, _rounded(head_kernel, dtype)), dtype)
     torso_grads = []
     for layer in reversed(range(len(kernels))):
         with jax.named_scope(f"torso_{layer}"):

@@ -170,40 +170,6 @@ def _c51_head_bwd(
 c51_head.defvjp(_c51_head_fwd, _c51_head_bwd)
 
 
-@jax.custom_vjp
-def c51_taken(
-    logits: jax.Array, log_probs: jax.Array, support: jax.Array, target: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """:func:`c51_head` for one action's logits ``[R, K, N]`` whose log-softmax ``log_probs``
-    the caller has already (a value, taken from every action's): ``q [R, K]`` and ``ce
-    [R, K]`` from it, with the gradient in ``logits`` in :func:`c51_head`'s closed form. The
-    logits' values are not read, so the forward computes no softmax of its own."""
-    probs = jnp.exp(log_probs)
-    return jnp.sum(probs * support, axis=-1), cross_entropy(log_probs, target)
-
-
-def _c51_taken_fwd(
-    logits: jax.Array, log_probs: jax.Array, support: jax.Array, target: jax.Array
-) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, ...]]:
-    q, ce = c51_taken(logits, log_probs, support, target)
-    return (q, ce), (jnp.exp(log_probs), q, support, target)
-
-
-def _c51_taken_bwd(
-    residuals: tuple[jax.Array, ...], cotangents: tuple[jax.Array, jax.Array]
-) -> tuple[jax.Array, None, None, None]:
-    probs, q, support, target = residuals
-    g_q, g_ce = cotangents  # [R, K]
-    mass = jnp.sum(target, axis=-1, keepdims=True)  # [R, K, 1], 1 up to rounding
-    grad = g_q[..., None] * probs * (support - q[..., None]) + g_ce[..., None] * (
-        probs * mass - target
-    )
-    return grad, None, None, None
-
-
-c51_taken.defvjp(_c51_taken_fwd, _c51_taken_bwd)
-
-
 def ensemble_diversity(q: jax.Array, lambda_div: float) -> jax.Array:
     """lambda * mean_{b, k<l} cos(A_k, A_l), A_k = Q_k - mean_a Q_k (ensemble diversity term).
 

@@ -6,8 +6,7 @@ state, so the learner can carry, select and vmap every piece:
 - ``init_network(key, cfg, n_inputs) -> NetworkState(params, masks, sn_u)``
 - ``effective_params(params, masks, sn_u, net_cfg, update_u) -> (eff_params, new_u, sigmas)``:
   mask, then spectral norm; the only place a power iteration happens.
-- ``apply(eff_params, obs, cfg) -> logits [B, K, A, N]`` float32; ``apply_taken(eff_params,
-  obs, action, cfg)`` also gives the taken action's logits, whose backward is compact.
+- ``apply(eff_params, obs, cfg) -> logits [B, K, A, N]`` float32.
 - ``q_values(logits, atoms) -> [B, K, A]``, ``atoms(net_cfg) -> [N]``.
 - ``prune_sparsity(step, net_cfg)``, ``prune_due(step, net_cfg)``, ``magnitude_masks(params, s)``:
   the cubic pruning schedule (Zhu & Gupta, 2017) and layer-wise magnitude masks.
@@ -33,8 +32,7 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from jdqn.config import Config, NetworkConfig
-from jdqn.dense_stack import dense_stack, dense_stack_taken
-from pallas_kernels import head_backward
+from jdqn.dense_stack import dense_stack
 
 Params = Any  # {layer: {"kernel": [in, out] ([out, in] for HEAD), "bias": [out]}} float32
 
@@ -280,36 +278,6 @@ def effective_params(
 def apply(eff_params: Params, obs: jax.Array, cfg: Config) -> jax.Array:
     """Logits [..., K, A, N] float32 for observations [..., F+1] with effective parameters."""
     return cast(jax.Array, module(cfg).apply({"params": eff_params}, obs))
-
-
-def apply_taken(
-    eff_params: Params,
-    obs: jax.Array,
-    action: jax.Array,
-    cfg: Config,
-    impl: head_backward.Impl = "pallas",
-) -> tuple[jax.Array, jax.Array]:
-    """(:func:`apply`'s logits [R, K, A, N] as a value, without a gradient; the logits of each
-    row's ``action [R]`` (int) in every head, [R, K, N], differentiable) for ``obs [R, F+1]``.
-
-    For losses that read only the taken action's logits (the MSE and C51 parts): their
-    backward through the head reads and writes a third of the cotangent (three actions),
-    :func:`jdqn.dense_stack.dense_stack_taken` (``impl``: its kernel's, ``"pallas"``,
-    ``"interpret"`` or ``"reference"``). The same layers as :class:`C51MLP`'s.
-    """
-    net = cfg.network
-    layer = lambda name: (eff_params[name]["kernel"], eff_params[name]["bias"])
-    head_shape = (net.n_heads, cfg.env.n_actions, net.n_atoms)
-    out, taken = dense_stack_taken(
-        tuple(layer(name) for name in torso_layers(net)),
-        layer(HEAD),
-        obs,
-        action,
-        head_shape,
-        net.matmul_dtype,
-        impl,
-    )
-    return jax.lax.stop_gradient(out).reshape(obs.shape[0], *head_shape), taken
 
 
 def apply_without_head_bias(

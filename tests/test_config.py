@@ -53,7 +53,6 @@ def test_overrides_are_typed():
         ("loss.alpha_schedule=[0.0, 1.5]", "loss.alpha_schedule"),
         ("optim.update_impl=triton", "optim.update_impl"),
         ("loss.pick_impl=cuda", "loss.pick_impl"),
-        ("loss.head_impl=auto", "loss.head_impl"),
         ("trainepochs", "section.field=value"),
     ],
 )

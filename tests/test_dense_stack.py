@@ -6,13 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cuda_lowering import pallas_call_sizes
 
-from jdqn.dense_stack import dense_stack, dense_stack_taken
+from jdqn.dense_stack import dense_stack
 
 ROWS, FEATURES, HIDDEN, OUT, PARTS = 9, 5, (6, 4), 7, 3
-HEAD_SHAPE = (2, 3, 4)  # heads K, actions A, atoms N for dense_stack_taken: O = 24
-OUT_TAKEN = 24
 
 
 def _network(seed: int = 0):
@@ -31,9 +28,8 @@ def _network(seed: int = 0):
     return tuple(torso), head, x, weights
 
 
-def _reference(torso, head, x, weights, cotangent=lambda w, y: 2.0 * w * y):
-    """Forward [R, O] and each part's gradients of sum(w_p * y^2), by hand in float64;
-    ``cotangent(w_p, y)`` is the part's d loss / dy [R, O]."""
+def _reference(torso, head, x, weights):
+    """Forward [R, O] and each part's gradients of sum(w_p * y^2), by hand in float64."""
     as64 = lambda a: np.asarray(a, np.float64)
     inputs, h = [], as64(x)
     for kernel, bias in torso:
@@ -43,7 +39,7 @@ def _reference(torso, head, x, weights, cotangent=lambda w, y: 2.0 * w * y):
     outputs = [*inputs[1:], h]  # each torso layer's ReLU output
     parts = []
     for w in as64(weights):
-        g = cotangent(w, y)
+        g = 2.0 * w * y  # d sum(w y^2) / dy
         head_grads = (g.T @ h, g.sum(0))
         g = g @ as64(head[0])
         torso_grads = []
@@ -79,8 +75,11 @@ def _autodiff_stack(torso, head, x, dtype):
     return product + head[1]
 
 
-def _assert_parts_match(grads, reference):
-    """Each part's gradients (leaves [P, ...]) against ``_reference``'s, to float32 rounding."""
+def test_forward_and_each_parts_gradients_match_float64():
+    torso, head, x, weights = _network()
+    y, reference = _reference(torso, head, x, weights)
+    np.testing.assert_allclose(dense_stack(torso, head, x, "float32"), y, rtol=1e-5, atol=1e-5)
+    grads = jax.jit(lambda *a: _part_grads(dense_stack, *a))(torso, head, x, weights)
     for p, (torso_ref, head_ref, x_ref) in enumerate(reference):
         got = jax.tree.map(lambda a, p=p: np.asarray(a[p]), grads)
         for (kernel, bias), (kernel_ref, bias_ref) in zip(got[0], torso_ref, strict=True):
@@ -89,14 +88,6 @@ def _assert_parts_match(grads, reference):
         np.testing.assert_allclose(got[1][0], head_ref[0], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got[1][1], head_ref[1], rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got[2], x_ref, rtol=1e-4, atol=1e-5)
-
-
-def test_forward_and_each_parts_gradients_match_float64():
-    torso, head, x, weights = _network()
-    y, reference = _reference(torso, head, x, weights)
-    np.testing.assert_allclose(dense_stack(torso, head, x, "float32"), y, rtol=1e-5, atol=1e-5)
-    grads = jax.jit(lambda *a: _part_grads(dense_stack, *a))(torso, head, x, weights)
-    _assert_parts_match(grads, reference)
     # The case reaches ReLU's kink: the zero row's first pre-activation is exactly 0.
     assert float((x[0] @ torso[0][0] + torso[0][1])[0]) == 0.0
 
@@ -152,127 +143,3 @@ def test_under_the_parts_vmap_the_cotangent_is_carried_rows_outermost():
     # only the head's: one optimization_barrier on [R, P, out].
     barriers = [line for line in jaxpr(dense_stack).splitlines() if "optimization_barrier" in line]
     assert len(barriers) == 1 and rows_outermost in barriers[0]
-
-
-def _taken_network(seed: int = 0):
-    """(torso, head with O = K*A*N outputs, x, action [R] with every action present, part
-    weights [P, R, K, N])."""
-    torso, _, x, _ = _network(seed)
-    keys = iter(jax.random.split(jax.random.PRNGKey(100 + seed), 4))
-    out = int(np.prod(HEAD_SHAPE))
-    head = (jax.random.normal(next(keys), (out, HIDDEN[-1])), jax.random.normal(next(keys), (out,)))
-    action = jnp.arange(ROWS) % HEAD_SHAPE[1]
-    weights = jax.random.normal(next(keys), (PARTS, ROWS, HEAD_SHAPE[0], HEAD_SHAPE[2]))
-    return torso, head, x, action, weights
-
-
-def _taken_of(y, action):
-    """y [R, O] -> each row's action's columns [R, K, N]."""
-    return y.reshape(ROWS, *HEAD_SHAPE)[np.arange(ROWS), :, np.asarray(action)]
-
-
-def _taken_part_grads(stack, torso, head, x, action, weights, dtype="float32"):
-    """Each part's gradients of sum(w_p * taken^2) through ``stack(torso, head, x, action,
-    dtype) -> (value [R, O], taken [R, K, N])``, the value's gradient stopped (the learner's
-    pattern): one VJP vmapped over the P one-hot cotangents, leaves [P, ...]."""
-
-    def parts(torso, head, x):
-        _, taken = stack(torso, head, x, action, dtype)
-        return jnp.sum(weights * taken[None] ** 2, axis=(1, 2, 3))
-
-    _, vjp = jax.vjp(parts, torso, head, x)
-    return jax.vmap(vjp)(jnp.eye(weights.shape[0]))
-
-
-# The compact backward's kernel (pallas_kernels.head_backward): interpret mode on CPU.
-KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"
-
-
-def _compact(torso, head, x, action, dtype):
-    out, taken = dense_stack_taken(torso, head, x, action, HEAD_SHAPE, dtype, KERNEL)
-    return jax.lax.stop_gradient(out), taken
-
-
-def _autodiff_taken(torso, head, x, action, dtype):
-    """The same outputs by autodiff: the whole output, then a select of the taken columns."""
-    y = _autodiff_stack(torso, head, x, dtype).reshape(ROWS, *HEAD_SHAPE)
-    taken = (jnp.arange(HEAD_SHAPE[1]) == action[:, None])[:, None, :, None]
-    return jax.lax.stop_gradient(y.reshape(ROWS, -1)), jnp.sum(jnp.where(taken, y, 0.0), axis=2)
-
-
-def test_taken_outputs_and_each_parts_compact_gradients_match_float64():
-    torso, head, x, action, weights = _taken_network()
-
-    def cotangent(w, y):  # d sum(w taken^2) / dy: 2 w taken in the taken columns, else 0
-        g = np.zeros((ROWS, *HEAD_SHAPE))
-        g[np.arange(ROWS), :, np.asarray(action)] = 2.0 * w * _taken_of(y, action)
-        return g.reshape(ROWS, -1)
-
-    y, reference = _reference(torso, head, x, weights, cotangent)
-    value, taken = dense_stack_taken(torso, head, x, action, HEAD_SHAPE, "float32")
-    np.testing.assert_allclose(value, y, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(taken, _taken_of(y, action), rtol=1e-5, atol=1e-5)
-    grads = jax.jit(lambda *a: _taken_part_grads(_compact, *a))(torso, head, x, action, weights)
-    _assert_parts_match(grads, reference)
-    # The other actions' head rows get exactly zero.
-    untaken = np.ones(HEAD_SHAPE, bool)
-    untaken[:, np.asarray(action), :] = False
-    assert np.all(np.asarray(grads[1][1]).reshape(-1, *HEAD_SHAPE)[:, untaken] == 0.0)
-
-
-@pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 2e-6), ("bfloat16", 2.0**-7)])
-def test_the_compact_rule_matches_autodiff_under_every_batching(dtype, tolerance):
-    torso, head, x, action, weights = _taken_network(1)
-    run = lambda stack: jax.jit(lambda *a: _taken_part_grads(stack, *a, dtype=dtype))(
-        torso, head, x, action, weights
-    )
-    _close_to_autodiff(run(_compact), run(_autodiff_taken), tolerance)
-    # Learners outside the parts (the learner step's vmap), then one cotangent alone.
-    learners = jax.tree.map(lambda a: jnp.stack([a, -0.5 * a]), (torso, head))
-
-    def per_learner(stack):
-        run = lambda net: _taken_part_grads(stack, net[0], net[1], x, action, weights, dtype)
-        return jax.jit(jax.vmap(run))(learners)
-
-    _close_to_autodiff(per_learner(_compact), per_learner(_autodiff_taken), tolerance)
-
-    def single(stack):
-        loss = lambda t, h: jnp.sum(weights[0] * stack(t, h, x, action, dtype)[1] ** 2)
-        return jax.grad(loss, (0, 1))(torso, head)
-
-    _close_to_autodiff(single(_compact), single(_autodiff_taken), tolerance)
-
-
-def test_a_cotangent_on_the_value_is_added_to_the_taken_columns():
-    """Unstopped, the value is differentiable as dense_stack's output."""
-    torso, head, x, action, _ = _taken_network(2)
-
-    def loss(stack):
-        def of(t, h, x):
-            value, taken = stack(t, h, x, action, "float32")
-            return jnp.sum(jnp.sin(value)) + jnp.sum(taken**3)
-
-        return jax.grad(of, (0, 1, 2))(torso, head, x)
-
-    unstopped = lambda t, h, x, a, d: dense_stack_taken(t, h, x, a, HEAD_SHAPE, d, KERNEL)
-    autodiff = lambda t, h, x, a, d: (
-        _autodiff_stack(t, h, x, d),
-        _autodiff_taken(t, h, x, a, d)[1],
-    )
-    _close_to_autodiff(loss(unstopped), loss(autodiff))
-
-
-def test_under_the_parts_vmap_the_head_reads_the_compact_cotangent():
-    """The parts' cotangent enters the head's kernel as ``[R, P, K, N]`` (one launch; the
-    expanded ``[R, P, O]`` is never formed)."""
-    torso, head, x, action, weights = _taken_network()
-    _, vjp = jax.vjp(lambda t, h: _compact(t, h, x, action, "float32")[1], torso, head)
-    jaxpr = jax.make_jaxpr(jax.vmap(vjp))(weights)
-    assert pallas_call_sizes(jaxpr.jaxpr) == [ROWS * PARTS * HEAD_SHAPE[0] * HEAD_SHAPE[2]]
-    assert f"f32[{ROWS},{PARTS},{OUT_TAKEN}]" not in str(jaxpr)
-
-
-def test_an_action_per_row_is_required():
-    torso, head, x, action, _ = _taken_network()
-    with pytest.raises(ValueError, match="one action per row"):
-        dense_stack_taken(torso, head, x, action[:-1], HEAD_SHAPE, "float32", KERNEL)

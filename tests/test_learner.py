@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from cuda_lowering import pallas_call_sizes
 
-from jdqn import losses, networks
+from jdqn import networks
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.learner import GUARD_REASONS, LearnerMetrics, make_learner
 from jdqn.learner.step import (
@@ -53,9 +53,6 @@ XLA_TAIL = "optim.update_impl=xla"
 # The double-DQN pick at s' as one kernel (pallas_kernels.double_dqn) or XLA's fusions.
 PICK = "loss.pick_impl=" + ("pallas" if jax.default_backend() == "gpu" else "interpret")
 XLA_PICK = "loss.pick_impl=xla"
-# The head's backward from the taken actions' cotangent as one kernel (head_backward).
-HEAD = "loss.head_impl=" + ("pallas" if jax.default_backend() == "gpu" else "interpret")
-XLA_HEAD = "loss.head_impl=xla"
 TRACES: dict[tuple[str, ...], int] = {}  # traces of the shared jitted step, per config
 
 
@@ -331,48 +328,6 @@ def test_fused_tail_matches_the_xla_tail(extra):
     names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
     xla_state, fused_state = _six_steps_agree((*extra, XLA_TAIL), (*extra, FUSED), names)
     assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
-
-
-def test_without_diversity_the_taken_actions_backward_gives_autodiffs_steps(monkeypatch):
-    """Without the diversity part and with the head's kernel (``loss.head_impl``), the online
-    pass over s is differentiated through the taken action's logits alone
-    (``networks.apply_taken``, whose backward is ``pallas_kernels.head_backward`` on the compact
-    cotangent): six steps against the same steps with ``apply_taken`` replaced by autodiff
-    through every action's logits (and a select), to float32 rounding."""
-    extra = ("network.lambda_div=0", HEAD)
-
-    def six_steps():
-        learner = make_learner(_cfg(*extra), N_FEATURES, NON_CAUSAL)
-        step, state = jax.jit(learner.step), _filled(learner)
-        closed = str(jax.make_jaxpr(learner.step)(state, jnp.float32(0.2), jnp.float32(0.4)))
-        metrics = []
-        for i in range(6):
-            state, m = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
-            metrics.append(m)
-        return state, metrics, closed
-
-    got_state, got_metrics, closed = six_steps()
-    assert "head_backward" in closed
-
-    def autodiff_taken(eff, obs, action, cfg, impl):
-        del impl
-        logits = networks.apply(eff, obs, cfg)
-        return jax.lax.stop_gradient(logits), losses.select_action(logits, action[:, None], 1)
-
-    monkeypatch.setattr(networks, "apply_taken", autodiff_taken)
-    want_state, want_metrics, closed = six_steps()
-    assert "head_backward" not in closed
-    assert not bool(got_state.guard.halted) and float(got_metrics[-1].loss_c51) > 0.0
-    for name in LearnerMetrics._fields:
-        expected = np.array([float(getattr(m, name)) for m in want_metrics])
-        actual = np.array([float(getattr(m, name)) for m in got_metrics])
-        np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-6, err_msg=name)
-    names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
-    _assert_states_close(got_state, want_state, names)
-    # XLA's head (loss.head_impl's default) takes no compact path.
-    xla = _learner("network.lambda_div=0", XLA_HEAD)
-    args = (_filled(xla), jnp.float32(0.2), jnp.float32(0.4))
-    assert "head_backward" not in str(jax.make_jaxpr(xla.step)(*args))
 
 
 def test_the_pick_kernel_matches_xlas_pick():

@@ -195,35 +195,6 @@ def test_c51_head_values_and_closed_form_gradient_against_float64_differences():
     np.testing.assert_allclose(both[0], grad, rtol=1e-6)
 
 
-def test_c51_taken_values_and_gradient_against_float64_differences():
-    """One action's logits with their log-softmax given as a value: Q and the cross-entropy
-    from it, and the gradient in the logits against central differences of a float64 forward
-    (the same closed form as c51_head's, for a target whose mass is not exactly 1)."""
-    rng = np.random.default_rng(8)
-    logits = rng.normal(0.0, 2.0, (3, 2, 5))  # [R, K, N]
-    target = rng.dirichlet(np.ones(5), (3, 2)) * 1.02
-    g_q, g_ce = rng.normal(size=(3, 2)), rng.normal(size=(3, 2))
-
-    def forward64(x):
-        probs = _softmax64(x)
-        return probs @ SUPPORT, -(target * np.log(probs)).sum(-1)
-
-    def objective64(x):
-        q, ce = forward64(x)
-        return (g_q * q).sum() + (g_ce * ce).sum()
-
-    log_probs = jax.nn.log_softmax(_f32(logits))
-    taken = lambda x: losses.c51_taken(x, log_probs, _f32(SUPPORT), _f32(target))
-    (q, ce), vjp = jax.vjp(taken, _f32(logits))
-    want_q, want_ce = forward64(logits)
-    np.testing.assert_allclose(q, want_q, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ce, want_ce, rtol=1e-5, atol=1e-5)
-    (grad,) = vjp((_f32(g_q), _f32(g_ce)))
-    np.testing.assert_allclose(
-        grad, _central_differences(objective64, logits), rtol=1e-4, atol=1e-5
-    )
-
-
 def test_q_regression_loss_and_huber():
     q = jnp.array([0.0, 4.0, -10.0], jnp.float32)
     y = jnp.array([2.0, -4.0, 10.0], jnp.float32)

@@ -249,18 +249,6 @@ def test_forward_is_the_relu_mlp_with_an_out_major_head_against_float64():
         gemm, (x @ p64["head"]["kernel"].T).reshape(7, 2, 3, 11), rtol=1e-4, atol=1e-5
     )
     np.testing.assert_array_equal(bias, np.asarray(params["head"]["bias"]).reshape(2, 3, 11))
-    # The logits as a value and each row's action's [K, N] (the learner's MSE and C51 input).
-    action = jnp.asarray([0, 1, 2, 2, 1, 0, 1])
-    with jax.default_matmul_precision("float32"):
-        value, taken = networks.apply_taken(params, obs, action, cfg)
-    np.testing.assert_allclose(value, want, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(taken, want[np.arange(7), :, action], rtol=1e-4, atol=1e-5)
-    assert jnp.all(
-        jax.grad(lambda p: jnp.sum(networks.apply_taken(p, obs, action, cfg)[0]))(params)["head"][
-            "kernel"
-        ]
-        == 0.0
-    )  # the value has no gradient
 
 
 def test_param_layout_round_trips_and_matches_the_tree_by_hand():

@@ -154,10 +154,6 @@ class LossConfig:
     # Double-DQN pick at s' (pallas_kernels.double_dqn): auto = the Pallas kernel on GPU
     # (jdqn.learner.step.resolve_pick_impl), XLA's fusions elsewhere
     pick_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
-    # The head's backward from the taken actions' cotangent as one Pallas kernel
-    # (pallas_kernels.head_backward; without the diversity part): an opt-in experiment, not yet
-    # run on a GPU (BENCHMARKS.md, P102); xla = XLA's GEMMs over the whole cotangent
-    head_impl: Literal["xla", "pallas", "interpret"] = "xla"
 
     def __post_init__(self) -> None:
         _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
@@ -192,11 +188,6 @@ class LossConfig:
             self.pick_impl in ("auto", "pallas", "interpret", "xla"),
             "loss.pick_impl",
             "'auto', 'pallas', 'interpret' or 'xla'",
-        )
-        _require(
-            self.head_impl in ("xla", "pallas", "interpret"),
-            "loss.head_impl",
-            "'xla', 'pallas' or 'interpret'",
         )
 
     def alpha_for_epoch(self, epoch: int) -> float:

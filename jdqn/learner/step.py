@@ -45,7 +45,7 @@ from jdqn.replay import (
 from jdqn.surgery import SurgeryResult, SurgeryScalars, gradient_surgery
 from jdqn.surgery import surgery_scalars as gradient_surgery_scalars
 from jdqn.transition import Transition, example_transition, observation
-from pallas_kernels import double_dqn, flat_tail, head_backward
+from pallas_kernels import double_dqn, flat_tail
 
 # From this many vmapped learners on, optim.update_impl=auto uses the Pallas flat tail.
 FUSED_TAIL_MIN_LEARNERS = 16
@@ -169,14 +169,6 @@ def make_learner(
     # the compiler contracts a multiply-add differently, by at most 1 ulp.
     read_masks = use_pruning or not fused_tail
     use_bootstrap = n_heads > 1 and net.bootstrap_prob < 1
-    # The MSE and C51 parts read only the taken action's logits. With loss.head_impl's kernel
-    # and without the diversity part (which reads every action's Q), the online pass over s
-    # is differentiated through those alone (networks.apply_taken), and the head's backward is
-    # one kernel over a third of the cotangent (pallas_kernels.head_backward): an opt-in
-    # experiment, not yet run on a GPU. XLA's GEMMs over the compact cotangent were slower
-    # (BENCHMARKS.md, D1).
-    taken_backward = not use_diversity and loss_cfg.head_impl != "xla"
-    head_kernel: head_backward.Impl = "interpret" if loss_cfg.head_impl == "interpret" else "pallas"
     # Debug checks on Q allow float32 rounding of sum_i p_i z_i (p sums to 1 within ~1e-6).
     q_slack = 1e-4 * (net.v_max - net.v_min)
     q_low, q_high = net.v_min - q_slack, net.v_max + q_slack
@@ -365,12 +357,7 @@ def make_learner(
         def observed(e: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
             """(L_mse, L_c51, L_div) [3] of the online pass over s (sampled rows and donors)."""
             with jax.named_scope("online_forward"):
-                if taken_backward:  # the logits as a value, the taken action's differentiable
-                    logits, logits_taken = networks.apply_taken(
-                        e, obs, batch.action, cfg, head_kernel
-                    )
-                else:
-                    logits = networks.apply(e, obs, cfg)  # [R, K, A, N] float32
+                logits = networks.apply(e, obs, cfg)  # [R, K, A, N] float32
             checks.finite("online_network", "logits", logits)
             # For the check and as the causal term's fixed reference; the same operation on the
             # same logits as c51_head's own, so XLA computes it once (common subexpressions).
@@ -379,25 +366,12 @@ def make_learner(
 
             # 5. Loss parts, IS- and bootstrap-weighted means over (row, head).
             with jax.named_scope("losses"):
+                # Q of every action and the taken action's C51 cross-entropy from one
+                # log-softmax, with their gradient in closed form (losses.c51_head); the taken
+                # action's Q by select. Both parts' gradients then take one elementwise pass.
                 action = batch.action[:, None]  # [R, 1], broadcast over the heads
-                if taken_backward:
-                    # Q of every action as a value; the taken action's Q and C51 cross-entropy
-                    # from its row of the same log-softmax, differentiable through its logits
-                    # alone, with c51_head's closed form (losses.c51_taken).
-                    q = jnp.sum(jnp.exp(log_probs) * support, axis=-1)  # [R, K, A]
-                    q_taken, c51_parts = losses.c51_taken(
-                        logits_taken,
-                        losses.select_action(log_probs, action, n_trailing=1),
-                        support,
-                        target,
-                    )  # [R, K], [R, K]
-                else:
-                    # Q of every action and the taken action's C51 cross-entropy from one
-                    # log-softmax, with their gradient in closed form (losses.c51_head); the
-                    # taken action's Q by select. Both parts' gradients then take one
-                    # elementwise pass.
-                    q, c51_parts = losses.c51_head(logits, support, action, target)  # [R, K, A]
-                    q_taken = losses.select_action(q, action)  # [R, K]
+                q, c51_parts = losses.c51_head(logits, support, action, target)  # [R, K, A], [R, K]
+                q_taken = losses.select_action(q, action)  # [R, K]
                 mse_parts = losses.q_regression_loss(
                     q_taken, y, net.v_min, net.v_max, loss_cfg.huber_delta
                 )  # [R, K]
