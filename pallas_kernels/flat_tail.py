@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any, Literal, NamedTuple
+from typing import Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -515,7 +515,7 @@ def adam_select_pallas(
     # Without masks (no pruning) the kernels neither take nor read them.
     vectors = [x.astype(jnp.float32).reshape(-1) for x in old if x is not None]
     flat_grads = _flat_segments(grads)
-    static: dict[str, Any] = dict(
+    static = dict(
         segments=len(sizes), parts=parts, sizes=sizes, hyper=hyper, masks=old.masks is not None
     )
     # Input positions (the gradient segments first) of params, target, mu and nu: each written
