@@ -4,10 +4,12 @@ makes of a change (layouts, copies, kernels) before device time is spent timing 
 XLA compiles for a GPU it does not have from a target description (JAX's deviceless AOT path,
 ``jax.experimental.topologies`` with a ``target_config``), given JAX's CUDA plugin. Layout
 assignment, fusion and code generation run as on the device; autotuning cannot (nothing to time
-on), so the tool sets ``--xla_gpu_autotune_level=0``, which changes GEMM tilings but neither
-layouts nor fusions. Pallas asks the device for its compute capability, which a deviceless
-compile cannot answer: the tool gives Pallas's Triton lowering the H200's (a private JAX
-function, ``jax._src.pallas.triton.gpu_info.get_gpu_info``, replaced for this process only).
+on), so the tool sets ``--xla_gpu_autotune_level=0``. Layouts are assigned before autotuning and
+do not depend on it; GEMM configurations do, and so can a GEMM that the autotuner would have
+given to cuBLAS, so kernel counts here are close to the device's, not equal. Pallas asks the
+device for its compute capability, which a deviceless compile cannot answer: the tool gives
+Pallas's Triton lowering the H200's (a private JAX function,
+``jax._src.pallas.triton.gpu_info.get_gpu_info``, replaced for this process only).
 
 It was checked against the H200 on the twenty-third session's programs: the copy that layout
 assignment puts in front of the head's kernel-gradient GEMM on c07abfb, and the cotangent
@@ -19,11 +21,11 @@ written twice on e06ac41, come out the same here (BENCHMARKS.md, E8).
 
 Prints the scan body's kernels and longest chain (``jdqn.bench.critical_path``), the copies
 layout assignment added, and the program's dot instructions in the order layout assignment
-visits them (the first of two dots that read one value sets that value's layout; BENCHMARKS.md,
-E6). ``--out`` keeps the optimised HLO and the HLO before and after layout assignment.
-``--target-config`` takes a GPU's own description (``*.gpu_target_config.pbtxt`` in an
-``--xla_dump_to`` directory written on that GPU); the built-in one is an H200's from its data
-sheet.
+visits them (in E6's log the first of the head's two backward GEMMs in that order set the
+layout of the cotangent both read; BENCHMARKS.md). ``--out`` keeps the optimised HLO and the
+HLO before and after layout assignment. ``--target-config`` takes a GPU's own description
+(``*.gpu_target_config.pbtxt`` in an ``--xla_dump_to`` directory written on that GPU); the
+built-in one is an H200's from its data sheet.
 """
 
 from __future__ import annotations
@@ -89,8 +91,8 @@ _DOT = re.compile(r"^\s*%([\w.\-]+) = (\w+\[[^\]]*\])\S* dot\(")
 
 def dots_in_order(hlo_text: str) -> list[tuple[str, str]]:
     """``(name, shape)`` of every dot in an HLO text, in the text's order: the computations'
-    post order, the order in which layout assignment adds the dots' operand constraints; it
-    then propagates them last first."""
+    post order, in which layout assignment added the dots' operand constraints in E6's log
+    (and then propagated them from the earliest on)."""
     return [(m[1], m[2]) for line in hlo_text.splitlines() if (m := _DOT.match(line))]
 
 
