@@ -43,3 +43,22 @@ def test_without_the_cuda_plugin_it_says_what_to_install():
     assert "Traceback" not in done.stderr
     assert "CUDA plugin is not importable" in done.stderr
     assert "jax-cuda12-plugin==0.11.2" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--seeds", "0"], "--seeds must be >= 1"),
+        (["--target-config", "/no/such/target.pbtxt"], "no such file"),
+    ],
+)
+def test_bad_arguments_get_one_line_and_no_traceback(args, message):
+    done = subprocess.run(
+        [sys.executable, "-m", "jdqn.bench.deviceless", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert message in done.stderr
