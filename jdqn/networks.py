@@ -72,10 +72,18 @@ class ParamLayout(NamedTuple):
 
     def unravel(self, flat: jax.Array) -> Params:
         """``[n_params]`` -> the parameter tree (static slices and reshapes)."""
-        leaves = [
-            flat[offset : offset + math.prod(shape)].reshape(shape)
+        return self.tree(self.split(flat))
+
+    def split(self, flat: jax.Array) -> tuple[jax.Array, ...]:
+        """``[n_params]`` -> each leaf's segment ``[n_k]`` of it, in flat order."""
+        return tuple(
+            flat[offset : offset + math.prod(shape)]
             for offset, shape in zip(self.offsets, self.shapes, strict=True)
-        ]
+        )
+
+    def tree(self, segments: tuple[jax.Array, ...]) -> Params:
+        """The leaves' ``[n_k]`` segments (:meth:`split`) -> the parameter tree."""
+        leaves = [x.reshape(shape) for x, shape in zip(segments, self.shapes, strict=True)]
         return jax.tree.unflatten(self.treedef, leaves)
 
     def record(self) -> list[list[Any]]:

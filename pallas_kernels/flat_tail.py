@@ -52,7 +52,8 @@ mode, CPU tests) or ``"reference"`` (the formulas in jnp: what the kernels are t
 from __future__ import annotations
 
 import functools
-from typing import Literal, NamedTuple
+from collections.abc import Sequence
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +64,10 @@ from pallas_kernels.folding import learner_folding
 
 Impl = Literal["pallas", "interpret", "reference"]
 IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
+# The loss parts' gradients: one [parts, P] matrix, or its column segments [parts, n_k] in flat
+# order (the per-layer gradients as the backward pass writes them: no assembled copy).
+Grads = jax.Array | Sequence[jax.Array]
+Segments = tuple[jax.Array, ...]
 
 # Elements of one vector a program handles, and its Triton warps.
 BLOCK = 1024
@@ -259,28 +264,56 @@ def _block_load(ref, start, index, n):
     return plgpu.load(ref.at[pl.ds(start, BLOCK)], mask=index < n, other=0.0)
 
 
-def _gram_kernel(g_ref, out_ref, *, parts: int, n: int):
+def _segment_blocks(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The first block of each segment and, last, the number of blocks: each segment's blocks
+    are its own, so no block reads two segments' gradient arrays."""
+    firsts = [0]
+    for n in sizes:
+        firsts.append(firsts[-1] + pl.cdiv(n, BLOCK))
+    return tuple(firsts)
+
+
+def _per_segment(block, sizes: tuple[int, ...], body) -> None:
+    """``body(k, local)`` for the segment ``k`` that ``block`` falls in, with ``local`` the
+    block's number within it. One segment: no branch."""
+    firsts = _segment_blocks(sizes)
+    if len(sizes) == 1:
+        body(0, block)
+        return
+    for k in range(len(sizes)):
+        pl.when((block >= firsts[k]) & (block < firsts[k + 1]))(
+            functools.partial(body, k, block - firsts[k])
+        )
+
+
+def _gram_kernel(*refs, parts: int, sizes: tuple[int, ...]):
     """Per block: max |x_k|, the non-finite count of each row, and the Gram matrix of the rows
     divided by the block's max; :func:`gram_pallas` rescales the blocks to the global max."""
+    *g_refs, out_ref = refs
     learner, block = pl.program_id(0), pl.program_id(1)
-    index = block * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
-    xs = [
-        _block_load(g_ref, (learner * parts + k) * n + block * BLOCK, index, n)
-        for k in range(parts)
-    ]
-    maxes = [jnp.max(jnp.abs(x)) for x in xs]
-    bad = [jnp.sum(jnp.where(_finite(x), 0.0, 1.0)) for x in xs]
-    scaled = [x / jnp.where(m > 0, m, 1.0) for x, m in zip(xs, maxes, strict=True)]
-    lane = jnp.arange(_STATS, dtype=jnp.int32)
-    out = jnp.zeros((_STATS,), jnp.float32)
-    for k in range(parts):
-        out = jnp.where(lane == k, maxes[k], out)
-        out = jnp.where(lane == parts + k, bad[k], out)
-        for j in range(k, parts):
-            value = jnp.sum(scaled[k] * scaled[j])
-            out = jnp.where(lane == 2 * parts + k * parts + j, value, out)
     blocks = pl.num_programs(1)
-    plgpu.store(out_ref.at[pl.ds((learner * blocks + block) * _STATS, _STATS)], out)
+
+    def segment(k, local):
+        n = sizes[k]
+        index = local * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
+        xs = [
+            _block_load(g_refs[k], (learner * parts + j) * n + local * BLOCK, index, n)
+            for j in range(parts)
+        ]
+        maxes = [jnp.max(jnp.abs(x)) for x in xs]
+        bad = [jnp.sum(jnp.where(_finite(x), 0.0, 1.0)) for x in xs]
+        scaled = [x / jnp.where(m > 0, m, 1.0) for x, m in zip(xs, maxes, strict=True)]
+        lane = jnp.arange(_STATS, dtype=jnp.int32)
+        out = jnp.zeros((_STATS,), jnp.float32)
+        for i in range(parts):
+            out = jnp.where(lane == i, maxes[i], out)
+            out = jnp.where(lane == parts + i, bad[i], out)
+            for j in range(i, parts):
+                value = jnp.sum(scaled[i] * scaled[j])
+                out = jnp.where(lane == 2 * parts + i * parts + j, value, out)
+        plgpu.store(out_ref.at[pl.ds((learner * blocks + block) * _STATS, _STATS)], out)
+
+    _per_segment(block, sizes, segment)
 
 
 def _coefficients(coef_ref, learner):
@@ -291,21 +324,23 @@ def _coefficients(coef_ref, learner):
     return tuple(jnp.sum(jnp.where(lane == i, coefs, 0.0)) for i in range(_COEFS))
 
 
-def _adam_block(learner, block, g_ref, *refs, parts, n, hyper, masks):
-    """The ``learner``'s ``block``: the total gradient, the candidate vectors, the old ones
-    (params, target, mu, nu) and the learner's ``ok`` coefficient. ``refs``: the vectors of
-    :class:`TailVectors` in order (without the masks when ``masks`` is False), then the
-    coefficients. The program ids come as arguments: interpret mode cannot read them inside
-    a ``pl.when`` branch."""
+def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks):
+    """The ``learner``'s block ``local`` of segment ``k``: the total gradient, the candidate
+    vectors, the old ones (params, target, mu, nu), the learner's ``ok`` and ``sync``
+    coefficients, the block's start in the flat vectors and which of its lanes it holds.
+    ``refs``: the vectors of :class:`TailVectors` in order (without the masks when ``masks`` is
+    False), then the coefficients. The program ids come as arguments: interpret mode cannot
+    read them inside a ``pl.when`` branch."""
     *vector_refs, coef_ref = refs
-    index = block * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
+    n = sizes[k]
+    index = local * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
     w0, w1, w2, bias1, bias2, ok, sync, _ = _coefficients(coef_ref, learner)
     weights = (w0, w1, w2)[:parts]
-    g = weights[0] * _block_load(g_ref, learner * parts * n + block * BLOCK, index, n)
-    for k in range(1, parts):
-        row = _block_load(g_ref, (learner * parts + k) * n + block * BLOCK, index, n)
-        g = g + weights[k] * row
-    start = learner * n + block * BLOCK
+    g = weights[0] * _block_load(g_refs[k], learner * parts * n + local * BLOCK, index, n)
+    for j in range(1, parts):
+        row = _block_load(g_refs[k], (learner * parts + j) * n + local * BLOCK, index, n)
+        g = g + weights[j] * row
+    start = learner * sum(sizes) + sum(sizes[:k]) + local * BLOCK
     target_index = 2 if masks else 1
     # With a hard sync the new target is the new parameters or the old target unwritten (the
     # write kernel stores it only where due): the old one is never read. Zeros stand in for it.
@@ -317,69 +352,81 @@ def _adam_block(learner, block, g_ref, *refs, parts, n, hyper, masks):
     ]
     old = TailVectors(*loaded) if masks else TailVectors(loaded[0], None, *loaded[1:])
     new = _candidate(g, old, TailScalars(bias1, bias2, ok, sync), hyper)
-    return g, new, (old.params, old.target, old.mu, old.nu), (ok, sync), start, index
+    old_values = (old.params, old.target, old.mu, old.nu)
+    return g, new, old_values, (ok, sync), start, index < n
 
 
-def _adam_sums_kernel(*refs, **static):
+def _adam_sums_kernel(*refs, segments: int, **static):
     """Per block: the total gradient's non-finite count and the candidate's sum of squares, or
     zeros without reading anything where the learner's ``exact`` coefficient is 0 (its
     candidate is provably finite: :func:`provably_finite`)."""
-    *inputs, stats_out = refs
+    g_refs, (*inputs, stats_out) = refs[:segments], refs[segments:]
     learner, block = pl.program_id(0), pl.program_id(1)
     out = stats_out.at[pl.ds((learner * pl.num_programs(1) + block) * 2, 2)]
     exact = _coefficients(inputs[-1], learner)[_EXACT]
 
-    @pl.when(exact > 0.5)
-    def _sums():
-        g, (new_params, *_), _, _, _, _ = _adam_block(learner, block, *inputs, **static)
+    def segment(k, local):
+        g, (new_params, *_), *_ = _adam_block(learner, k, local, g_refs, inputs, **static)
         lane = jnp.arange(2, dtype=jnp.int32)
         bad = jnp.sum(jnp.where(_finite(g), 0.0, 1.0))
         plgpu.store(out, jnp.where(lane == 0, bad, jnp.sum(new_params * new_params)))
+
+    @pl.when(exact > 0.5)
+    def _sums():
+        _per_segment(block, static["sizes"], segment)
 
     @pl.when(exact <= 0.5)
     def _shown():
         plgpu.store(out, jnp.zeros((2,), jnp.float32))
 
 
-def _adam_write_kernel(*refs, **static):
+def _adam_write_kernel(*refs, segments: int, **static):
     """Per block: the candidate where the learner's ``ok`` coefficient is 1, else the old.
 
     Outputs alias their inputs, so an element not stored keeps its old value. With a hard sync
     (tau 0) the target is stored only where the sync is due and the step kept: on the other
     steps (99 of 100 at target_every 100) it is neither read nor written, a [P] read and write
     per learner less."""
-    *inputs, p_out, t_out, mu_out, nu_out, stats_out = refs
+    g_refs, (*inputs, p_out, t_out, mu_out, nu_out, stats_out) = refs[:segments], refs[segments:]
     learner, block = pl.program_id(0), pl.program_id(1)
-    _, new, old, (ok, sync), start, index = _adam_block(learner, block, *inputs, **static)
-    (new_params, new_target, new_mu, new_nu), (old_params, old_target, old_mu, old_nu) = new, old
-    in_range = index < static["n"]
-
-    def store(ref, value, mask):
-        plgpu.store(ref.at[pl.ds(start, BLOCK)], value, mask=mask)
-
-    # The stats: the candidate's sum of squares (the guard's, also where the sums launch did not
-    # run) and the largest |x| stored, the next step's TailBounds (to the last bit: a compiler
-    # may contract the multiply-adds of the stored and of the maxed value differently, which
-    # provably_finite's margin covers). Out-of-range lanes hold 0.
-    stats = [jnp.sum(new_params * new_params)]
-    for ref, fresh, old_value in (
-        (p_out, new_params, old_params),
-        (mu_out, new_mu, old_mu),
-        (nu_out, new_nu, old_nu),
-    ):
-        kept = jnp.where(ok > 0.5, fresh, old_value)
-        store(ref, kept, in_range)
-        stats.append(jnp.max(jnp.abs(kept)))
-    lane = jnp.arange(_WRITE_STATS, dtype=jnp.int32)
-    packed = jnp.zeros((_WRITE_STATS,), jnp.float32)
-    for i, value in enumerate(stats):
-        packed = jnp.where(lane == i, value, packed)
     stats_at = (learner * pl.num_programs(1) + block) * _WRITE_STATS
-    plgpu.store(stats_out.at[pl.ds(stats_at, _WRITE_STATS)], packed)
-    if static["hyper"].tau > 0:
-        store(t_out, jnp.where(ok > 0.5, new_target, old_target), in_range)
-    else:
-        store(t_out, new_params, in_range & (ok > 0.5) & (sync > 0.5))
+
+    def segment(k, local):
+        _, new, old, (ok, sync), start, in_range = _adam_block(
+            learner, k, local, g_refs, inputs, **static
+        )
+        (new_params, new_target, new_mu, new_nu), (old_params, old_target, old_mu, old_nu) = (
+            new,
+            old,
+        )
+
+        def store(ref, value, mask):
+            plgpu.store(ref.at[pl.ds(start, BLOCK)], value, mask=mask)
+
+        # The stats: the candidate's sum of squares (the guard's, also where the sums launch
+        # did not run) and the largest |x| stored, the next step's TailBounds (to the last bit:
+        # a compiler may contract the multiply-adds of the stored and of the maxed value
+        # differently, which provably_finite's margin covers). Out-of-range lanes hold 0.
+        stats = [jnp.sum(new_params * new_params)]
+        for ref, fresh, old_value in (
+            (p_out, new_params, old_params),
+            (mu_out, new_mu, old_mu),
+            (nu_out, new_nu, old_nu),
+        ):
+            kept = jnp.where(ok > 0.5, fresh, old_value)
+            store(ref, kept, in_range)
+            stats.append(jnp.max(jnp.abs(kept)))
+        lane = jnp.arange(_WRITE_STATS, dtype=jnp.int32)
+        packed = jnp.zeros((_WRITE_STATS,), jnp.float32)
+        for i, value in enumerate(stats):
+            packed = jnp.where(lane == i, value, packed)
+        plgpu.store(stats_out.at[pl.ds(stats_at, _WRITE_STATS)], packed)
+        if static["hyper"].tau > 0:
+            store(t_out, jnp.where(ok > 0.5, new_target, old_target), in_range)
+        else:
+            store(t_out, new_params, in_range & (ok > 0.5) & (sync > 0.5))
+
+    _per_segment(block, static["sizes"], segment)
 
 
 def _check_offsets(learners: int, parts: int, n: int) -> None:
@@ -397,23 +444,38 @@ def _params() -> plgpu.CompilerParams:
     return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
 
 
-def gram_pallas(grads: jax.Array, *, interpret: bool) -> tuple[jax.Array, jax.Array]:
-    """``grads [L, parts, P]`` -> ``(row_max [L, parts], gram [L, parts, parts])``.
+def _segments(grads: Segments) -> tuple[int, int, tuple[int, ...]]:
+    """``(learners, parts, sizes)`` of the ``[L, parts, n_k]`` segments, checked."""
+    learners, parts = grads[0].shape[:2]
+    if any(g.ndim != 3 or g.shape[:2] != (learners, parts) for g in grads):
+        shapes = [g.shape for g in grads]
+        raise ValueError(f"flat_tail: segments must be [L, parts, n_k] alike, got {shapes}")
+    sizes = tuple(int(g.shape[2]) for g in grads)
+    _check_offsets(learners, parts, sum(sizes))
+    return learners, parts, sizes
+
+
+def _flat_segments(grads: Segments) -> list[jax.Array]:
+    return [g.astype(jnp.float32).reshape(-1) for g in grads]
+
+
+def gram_pallas(grads: Segments, *, interpret: bool) -> tuple[jax.Array, jax.Array]:
+    """``grads``: the ``[L, parts, n_k]`` column segments of ``[L, parts, P]`` ->
+    ``(row_max [L, parts], gram [L, parts, parts])``.
 
     Each block's Gram matrix is of its rows divided by the block's max ``m_b``; rescaled by
     ``m_b / M`` (<= 1, ``M`` the row's max over blocks) they sum to the Gram matrix of the rows
     divided by ``M``, without overflow."""
-    learners, parts, n = grads.shape
-    _check_offsets(learners, parts, n)
-    blocks = pl.cdiv(n, BLOCK)
+    learners, parts, sizes = _segments(grads)
+    blocks = _segment_blocks(sizes)[-1]
     out = pl.pallas_call(
-        functools.partial(_gram_kernel, parts=parts, n=n),
+        functools.partial(_gram_kernel, parts=parts, sizes=sizes),
         out_shape=jax.ShapeDtypeStruct((learners * blocks * _STATS,), jnp.float32),
         grid=(learners, blocks),
         interpret=interpret,
         compiler_params=_params(),
         name="flat_tail_gram",
-    )(grads.astype(jnp.float32).reshape(-1)).reshape(learners, blocks, _STATS)
+    )(*_flat_segments(grads)).reshape(learners, blocks, _STATS)
     maxes, bad = out[..., :parts], out[..., parts : 2 * parts]  # [L, blocks, parts]
     upper = out[..., 2 * parts : 2 * parts + parts * parts].reshape(learners, blocks, parts, parts)
     block_gram = jnp.triu(upper) + jnp.swapaxes(jnp.triu(upper, 1), -1, -2)
@@ -424,7 +486,7 @@ def gram_pallas(grads: jax.Array, *, interpret: bool) -> tuple[jax.Array, jax.Ar
 
 
 def adam_select_pallas(
-    grads: jax.Array,
+    grads: Segments,
     weights: jax.Array,
     old: TailVectors,
     scalars: TailScalars,
@@ -434,14 +496,15 @@ def adam_select_pallas(
     hyper: AdamHyper,
     interpret: bool,
 ) -> AdamSelect:
-    """:func:`adam_select` on ``L`` learners: ``grads [L, parts, P]``, ``weights [L, parts]``,
-    vectors ``[L, P]``, scalars and bounds ``[L]``, ``row_max [L, parts]``. Two launches over
-    the same blocks: the guard's sums (non-finite total entries, the candidate's squared norm)
-    for the learners whose candidate is not provably finite, then, with the decision, the
-    candidate or the old values written in place, with the stats of what was written."""
-    learners, parts, n = grads.shape
-    _check_offsets(learners, parts, n)
-    blocks = pl.cdiv(n, BLOCK)
+    """:func:`adam_select` on ``L`` learners: ``grads``, the ``[L, parts, n_k]`` column
+    segments of ``[L, parts, P]``, ``weights [L, parts]``, vectors ``[L, P]``, scalars and
+    bounds ``[L]``, ``row_max [L, parts]``. Two launches over the same blocks: the guard's sums
+    (non-finite total entries, the candidate's squared norm) for the learners whose candidate
+    is not provably finite, then, with the decision, the candidate or the old values written in
+    place, with the stats of what was written."""
+    learners, parts, sizes = _segments(grads)
+    n = sum(sizes)
+    blocks = _segment_blocks(sizes)[-1]
     shown = provably_finite(candidate_bounds(row_max, weights, bounds, scalars, hyper, n))  # [L]
     coefs = jnp.zeros((learners, _COEFS), jnp.float32)
     coefs = coefs.at[:, :parts].set(weights)
@@ -451,12 +514,15 @@ def adam_select_pallas(
         coefs = coefs.at[:, column].set(jnp.asarray(value, jnp.float32))
     # Without masks (no pruning) the kernels neither take nor read them.
     vectors = [x.astype(jnp.float32).reshape(-1) for x in old if x is not None]
-    flat_grads = grads.astype(jnp.float32).reshape(-1)
-    static = dict(parts=parts, n=n, hyper=hyper, masks=old.masks is not None)
-    # Input positions (grads first) of params, target, mu and nu: each written in place.
+    flat_grads = _flat_segments(grads)
+    static: dict[str, Any] = dict(
+        segments=len(sizes), parts=parts, sizes=sizes, hyper=hyper, masks=old.masks is not None
+    )
+    # Input positions (the gradient segments first) of params, target, mu and nu: each written
+    # in place.
     present = [name for name, x in zip(TailVectors._fields, old, strict=True) if x is not None]
     written = ("params", "target", "mu", "nu")
-    aliases = {1 + present.index(name): k for k, name in enumerate(written)}
+    aliases = {len(sizes) + present.index(name): k for k, name in enumerate(written)}
     stats = pl.pallas_call(
         functools.partial(_adam_sums_kernel, **static),
         out_shape=jax.ShapeDtypeStruct((learners * blocks * 2,), jnp.float32),
@@ -464,7 +530,7 @@ def adam_select_pallas(
         interpret=interpret,
         compiler_params=_params(),
         name="flat_tail_adam_sums",
-    )(flat_grads, *vectors, coefs.reshape(-1)).reshape(learners, blocks, 2)
+    )(*flat_grads, *vectors, coefs.reshape(-1)).reshape(learners, blocks, 2)
     # Where the candidate is provably finite the sums are zeros, and the checks they feed pass.
     total_finite = shown | (jnp.sum(stats[..., 0], axis=1) == 0)
     checked_sq_norm = jnp.sum(stats[..., 1], axis=1)
@@ -488,7 +554,7 @@ def adam_select_pallas(
         interpret=interpret,
         compiler_params=_params(),
         name="flat_tail_adam_write",
-    )(flat_grads, *vectors, coefs.reshape(-1))
+    )(*flat_grads, *vectors, coefs.reshape(-1))
     written = written.reshape(learners, blocks, _WRITE_STATS)
     shape = (learners, n)
     return AdamSelect(
@@ -528,18 +594,26 @@ def _one(tree):
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32)[None], tree)
 
 
-def gram(grads: jax.Array, impl: Impl = "pallas") -> tuple[jax.Array, jax.Array]:
-    """``grads [parts, P]`` (parts 2 or 3) -> ``(row_max [parts], gram [parts, parts])``, see
-    :func:`gram_reference`. Works under ``jax.vmap`` (one launch for all mapped learners)."""
+def _as_segments(grads: Grads) -> Segments:
+    if hasattr(grads, "shape"):
+        return (jnp.asarray(grads),)  # type: ignore[arg-type]
+    return tuple(jnp.asarray(g) for g in grads)
+
+
+def gram(grads: Grads, impl: Impl = "pallas") -> tuple[jax.Array, jax.Array]:
+    """``grads [parts, P]`` (parts 2 or 3), or its column segments ``[parts, n_k]`` in order,
+    -> ``(row_max [parts], gram [parts, parts])``, see :func:`gram_reference`. Works under
+    ``jax.vmap`` (one launch for all mapped learners)."""
     _check_impl(impl)
+    segments = _as_segments(grads)
     if impl == "reference":
-        return gram_reference(grads)
-    row_max, gram_ = _gram_folding(impl == "interpret")(_one(grads))
+        return gram_reference(jnp.concatenate(segments, axis=-1))
+    row_max, gram_ = _gram_folding(impl == "interpret")(_one(segments))
     return row_max[0], gram_[0]
 
 
 def adam_select(
-    grads: jax.Array,
+    grads: Grads,
     weights: jax.Array,
     old: TailVectors,
     scalars: TailScalars,
@@ -549,22 +623,25 @@ def adam_select(
     row_max: jax.Array | None = None,
 ) -> AdamSelect:
     """One learner's Adam step on the total gradient ``sum_k weights[k] grads[k]``
-    (``grads [parts, P]``, ``weights [parts]``), its masks and target sync, kept only where the
-    guard passes: when ``scalars.pre_ok``, the total gradient is finite and the new parameters'
-    squared norm is finite; otherwise the ``old`` vectors come back. Works under ``jax.vmap``
-    (one launch for all mapped learners).
+    (``grads [parts, P]`` or its column segments ``[parts, n_k]`` in order, ``weights
+    [parts]``), its masks and target sync, kept only where the guard passes: when
+    ``scalars.pre_ok``, the total gradient is finite and the new parameters' squared norm is
+    finite; otherwise the ``old`` vectors come back. Works under ``jax.vmap`` (one launch for
+    all mapped learners).
 
     ``bounds`` (the previous call's ``AdamSelect.bounds``) and ``row_max`` (:func:`gram`'s)
     let the kernels skip the guard's sums where :func:`provably_finite` shows they would pass;
     the result is the same. Without them (or with ``impl="reference"``) every check runs."""
     _check_impl(impl)
+    segments = _as_segments(grads)
     if impl == "reference":
         g, w, vectors, values = jax.tree.map(
-            lambda x: jnp.asarray(x, jnp.float32), (grads, weights, old, scalars)
+            lambda x: jnp.asarray(x, jnp.float32),
+            (jnp.concatenate(segments, axis=-1), weights, old, scalars),
         )
         return adam_select_reference(g, w, vectors, values, hyper)
     if bounds is None or row_max is None:
         bounds, row_max = unknown_bounds(), jnp.full(jnp.shape(weights), jnp.nan, jnp.float32)
-    args = _one((grads, weights, old, scalars, bounds, row_max))
+    args = _one((segments, weights, old, scalars, bounds, row_max))
     out = _adam_folding(impl == "interpret", hyper)(*args)
     return jax.tree.map(lambda x: x[0], out)

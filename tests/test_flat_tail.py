@@ -164,6 +164,102 @@ def test_adam_select_keeps_the_old_state_when_the_guard_fails(impl, case):
         np.testing.assert_array_equal(np.asarray(got), old)
 
 
+# Column segments as the backward pass writes the per-layer gradients: blocks of their own,
+# partial blocks, a segment of one element, one of exactly a block.
+SEGMENTS = (37, 1, flat_tail.BLOCK, flat_tail.BLOCK + 1, 5)
+
+
+def _split(grads, sizes=SEGMENTS):
+    return tuple(jnp.asarray(g) for g in np.split(grads, np.cumsum(sizes)[:-1], axis=-1))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("parts", [2, 3])
+def test_gram_of_segments_is_the_gram_of_their_concatenation(impl, parts):
+    """The Gram matrix and row maxima of ``[parts, P]`` given as its column segments: each
+    segment's blocks are read from its own array, and the rows are what float64 numpy gives for
+    the whole matrix; a non-finite entry in one segment still marks its row."""
+    grads = _grads(np.random.default_rng(parts), parts, sum(SEGMENTS))
+    # The segments' scales differ by 1e6, so a block rescaled to the wrong maximum shows.
+    grads[:, :37] *= 1e3
+    grads[:, -5:] *= 1e-3
+    row_max, gram = flat_tail.gram(_split(grads), impl=impl)
+    want_max, want_gram = gram_np(grads)
+    np.testing.assert_allclose(np.asarray(row_max), want_max, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(gram), want_gram, rtol=2e-5, atol=2e-5)
+    grads[1, 37] = np.nan  # the one-element segment
+    row_max, _ = flat_tail.gram(_split(grads), impl=impl)
+    assert np.isnan(row_max[1]) and np.all(np.isfinite(np.delete(np.asarray(row_max), 1)))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("parts", [2, 3])
+@pytest.mark.parametrize("pre_ok", [True, False])
+@pytest.mark.parametrize("masks", [True, False], ids=["masks", "no_masks"])
+def test_adam_select_of_segments_matches_numpy(impl, parts, pre_ok, masks):
+    """Adam, masks, the hard sync and the guard on gradients given as column segments: every
+    flat vector's element takes the gradient of its own column, as float64 numpy computes it
+    on the whole matrix; the state vectors stay whole."""
+    inputs = _adam_inputs(np.random.default_rng(7 + parts), parts, sum(SEGMENTS))
+    inputs["grads"][:, :37] *= 1e3
+    if not masks:
+        inputs["masks"] = np.ones(sum(SEGMENTS), np.float32)
+    expected = _adam_expected(inputs, pre_ok=pre_ok, sync=True)
+    segmented = {**inputs, "grads": _split(inputs["grads"])}
+    if not masks:
+        segmented["masks"] = None
+    out = _adam(impl, segmented, pre_ok=pre_ok, sync=True)
+    assert bool(out.applied) == expected[4] == pre_ok
+    for got, want in zip((out.params, out.target, out.mu, out.nu), expected[:4], strict=True):
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        float(out.params_sq_norm),
+        np.sum(_adam_expected(inputs, sync=True)[0].astype(np.float64) ** 2),
+        rtol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+def test_segments_under_nested_vmap_equal_the_whole_matrix(impl):
+    """Two vmapped axes of learners, gradients as segments, one launch per kernel: each
+    learner's outputs are the kernels' on its whole ``[parts, P]`` matrix, to float32 rounding
+    (the blocks differ, so the partial sums are added in another order)."""
+    rng = np.random.default_rng(11)
+    n = sum(SEGMENTS)
+    grads = np.stack([[_grads(rng, 3, n) for _ in range(3)] for _ in range(2)])  # [2, 3, 3, n]
+    inputs = [[_adam_inputs(rng, 3, n) for _ in range(3)] for _ in range(2)]
+    stacked = {
+        k: jnp.stack([jnp.stack([jnp.asarray(i[k]) for i in r]) for r in inputs])
+        for k in inputs[0][0]
+    }
+
+    def one(g, vectors):
+        scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=True, sync=True)
+        row_max, gram = flat_tail.gram(g, impl=impl)
+        weights = jnp.asarray([0.7, 1.9, 1.0], jnp.float32)
+        out = flat_tail.adam_select(g, weights, vectors, scalars, HYPER, impl=impl)
+        return row_max, gram, out
+
+    segments = _split(grads)
+    batched = jax.jit(jax.vmap(jax.vmap(one)))(segments, _vectors(stacked))
+    for i in range(2):
+        for j in range(3):
+            vectors = _vectors({k: v[i, j] for k, v in stacked.items()})
+            whole = one(jnp.asarray(grads[i, j]), vectors)
+            for got, want in zip(jax.tree.leaves(batched), jax.tree.leaves(whole), strict=True):
+                want = np.asarray(want)
+                scale = float(np.max(np.abs(want), initial=0.0))
+                np.testing.assert_allclose(
+                    np.asarray(got[i, j]), want, rtol=1e-5, atol=1e-6 * scale
+                )
+
+
+def test_segments_of_other_shapes_are_refused():
+    segments = (jnp.zeros((2, 10)), jnp.zeros((3, 4)))
+    with pytest.raises(ValueError, match="segments must be"):
+        flat_tail.gram(segments, impl="interpret")
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("n", [37, 2 * flat_tail.BLOCK + 3])
 @pytest.mark.parametrize("tau", [0.0, 0.05])
@@ -291,6 +387,27 @@ def test_kernels_lower_for_cuda_as_three_launches_under_vmap(parts, masks):
         (2, 5, 4),
     )
     assert hlo.count("__gpu$xla.gpu.triton") == 3  # gram, Adam's sums, Adam's write
+
+
+@pytest.mark.filterwarnings(TRITON_DEPRECATION)
+def test_kernels_of_segments_lower_for_cuda_as_three_launches():
+    sizes = (1_024, 64, 4_096, 64, 9_792, 153)  # the smoketest network's layers
+
+    def tail(*args):
+        *segments, w, p, t, mu, nu, s = args
+        row_max, gram = flat_tail.gram(segments)
+        vectors = flat_tail.TailVectors(p, None, t, mu, nu)
+        out = flat_tail.adam_select(segments, w, vectors, flat_tail.TailScalars(*s), HYPER)
+        return row_max, gram, out
+
+    hlo = lower_for_h200(
+        jax.vmap(tail),
+        *[(8, 2, size) for size in sizes],
+        (8, 2),
+        *[(8, sum(sizes))] * 4,
+        (8, 4),
+    )
+    assert hlo.count("__gpu$xla.gpu.triton") == 3
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ pruning), so compiles stay short on a CPU.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -314,17 +315,21 @@ def _six_steps_agree(want: tuple[str, ...], got: tuple[str, ...], names: tuple[s
 def test_fused_tail_matches_the_xla_tail(extra):
     """Six steps (MSE-only, then blended; pruning, vaccine, budget, causal term, target sync)
     from one filled state: the kernels' tail against optax and jnp, to float32 rounding. Without
-    the diversity term the kernels' program also pulls the causal part back on its own (its flat
-    row stacked after the main parts'), where XLA's stacks the per-layer cotangents first."""
+    the diversity term the kernels' program also pulls the causal part back on its own (its row
+    of each layer's gradient stacked after the main parts'), where XLA's stacks the per-layer
+    cotangents first. The kernels read each layer's gradient where the backward pass wrote it:
+    no [parts, n_params] matrix is assembled."""
     fused = _learner(*extra, FUSED)
     closed = jax.make_jaxpr(fused.step)(_filled(fused), jnp.float32(0.2), jnp.float32(0.4))
-    flat_rows = (3, fused.layout.size)
-    stacked_flat = [
-        eqn
+    concatenated = [
+        eqn.outvars[0].aval.shape
         for eqn in closed.jaxpr.eqns
-        if eqn.primitive.name == "concatenate" and eqn.outvars[0].aval.shape == flat_rows
+        if eqn.primitive.name == "concatenate"
     ]
-    assert len(stacked_flat) == (1 if "network.lambda_div=0" in extra else 0)
+    assert not [shape for shape in concatenated if shape[1:] == (fused.layout.size,)]
+    sizes = [math.prod(shape) for shape in fused.layout.shapes]
+    stacked_rows = [shape for shape in concatenated if shape in {(3, n) for n in sizes}]
+    assert len(stacked_rows) == (len(sizes) if "network.lambda_div=0" in extra else 0)
     names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
     xla_state, fused_state = _six_steps_agree((*extra, XLA_TAIL), (*extra, FUSED), names)
     assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
@@ -364,7 +369,7 @@ def test_with_a_clock_the_causal_term_runs_only_when_due():
     start = jax.vmap(lambda seed: _filled(fused, seed))(jnp.arange(2))
     vstep = jax.vmap(fused.step, in_axes=(0, None, None, None))
     args = (start, jnp.float32(0.2), jnp.float32(0.4))
-    n = fused.layout.size
+    n = math.prod(fused.layout.shapes[0])  # the first layer's kernel: the first segment
     (with_clock,) = _pallas_inputs_in_conds(jax.make_jaxpr(vstep)(*args, jnp.int32(0)).jaxpr)
     assert sorted(set(branch) for branch in with_clock) == [{2 * 2 * n}, {2 * 3 * n}]
     assert _pallas_inputs_in_conds(jax.make_jaxpr(vstep)(*args, None).jaxpr) == []

@@ -86,6 +86,19 @@ def _masked(flat: jax.Array, masks: jax.Array | None) -> jax.Array:
     return flat if masks is None else flat * masks
 
 
+def _with_part(grads: jax.Array | flat_tail.Segments, row: Any) -> Any:
+    """The loss parts' gradients with one more part ``row``, in the same form: the ``[parts,
+    n_params]`` matrix, or its per-layer column segments (then ``row`` is segments too)."""
+    if isinstance(grads, tuple):
+        return tuple(jnp.concatenate([g, r[None]]) for g, r in zip(grads, row, strict=True))
+    return jnp.concatenate([grads, row[None]])
+
+
+def _part(grads: jax.Array | flat_tail.Segments, k: int) -> Any:
+    """Part ``k``'s gradient, as the matrix's row or the segments' rows."""
+    return tuple(g[k] for g in grads) if isinstance(grads, tuple) else grads[k]
+
+
 def _select(ok: jax.Array, new: Any, old: Any) -> Any:
     return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
 
@@ -311,8 +324,24 @@ def make_learner(
             eff, new_u, sigmas = networks.effective_params(tree, None, state.sn_u, net, True)
             return eff, (new_u, sigmas)
 
+        def effective_leaves(
+            segments: tuple[jax.Array, ...],
+        ) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
+            """:func:`effective` of the flat vector's leaf segments (``ParamLayout.split``): its
+            pull-back gives each leaf's gradient apart, with no [n_params] vector assembled."""
+            if masks is not None:
+                segments = tuple(x * m for x, m in zip(segments, layout.split(masks), strict=True))
+            tree = layout.tree(segments)
+            eff, new_u, sigmas = networks.effective_params(tree, None, state.sn_u, net, True)
+            return eff, (new_u, sigmas)
+
         with jax.named_scope("online_forward"):
-            eff, pull_back, (new_u, sigmas) = jax.vjp(effective, params, has_aux=True)
+            if fused_tail:
+                eff, pull_back, (new_u, sigmas) = jax.vjp(
+                    effective_leaves, layout.split(params), has_aux=True
+                )
+            else:
+                eff, pull_back, (new_u, sigmas) = jax.vjp(effective, params, has_aux=True)
             # s' only picks a* for the (stop-gradient) target: a forward pass, outside every VJP.
             if pick_impl == "xla":
                 logits_next = networks.apply(eff, next_obs, cfg)  # [R, K, A, N]
@@ -432,7 +461,7 @@ def make_learner(
             (grads,) = causal_vjp(weight)
             return loss, grads
 
-        def causal_row(weight: jax.Array | float) -> tuple[jax.Array, jax.Array]:
+        def causal_row(weight: jax.Array | float) -> tuple[jax.Array, Any]:
             """The causal KL and its flat gradient row [n_params], pulled back on its own.
             Stacking the per-layer cotangents before one pull-back over 3 parts was a pass of
             its own per layer (42 us for the 64 x 64 kernel at 1,024 learners, Y9); the flat
@@ -451,9 +480,17 @@ def make_learner(
                     lambda g, c: jnp.concatenate([g, c[None]]), eff_grads, causal_grads
                 )
         (flat,) = jax.vmap(pull_back)(eff_grads)  # [P, n_params] float32
+        if fused_tail:
+            # XLA's layout assignment lets the first of the head's two backward GEMMs in the
+            # loop body's post order set the layout of the cotangent they share; the operands
+            # of this barrier, last segment first, put the input-gradient GEMM (rows outermost,
+            # as dense_stack writes the cotangent) before the kernel-gradient GEMM. In flat
+            # order the kernel-gradient GEMM came first and the 100 MB cotangent was written
+            # twice (BENCHMARKS.md, E1-E8).
+            flat = jax.lax.optimization_barrier(flat[::-1])[::-1]
         if separate_causal and not cond_causal:
             loss_causal, flat_causal = causal_row(loss_cfg.causal_weight * causal_on)
-            flat = jnp.concatenate([flat, flat_causal[None]])  # [3, n_params]
+            flat = _with_part(flat, flat_causal)  # [3, n_params]
 
         def guard_losses(loss_causal: jax.Array) -> tuple[jax.Array, jax.Array]:
             """The loss parts [3] (the third: diversity plus the weighted causal term) and
@@ -462,10 +499,10 @@ def make_learner(
             parts = jnp.stack([main_parts[0], main_parts[1], extra])
             return parts, ~_all_finite((parts, loss_causal))
 
-        checks.finite("gradient", "grad_mse", flat[0])
-        checks.finite("gradient", "grad_c51", flat[1])
-        if flat.shape[0] == 3:  # a diversity or causal part
-            checks.finite("gradient", "grad_extra", flat[2])
+        checks.finite("gradient", "grad_mse", _part(flat, 0))
+        checks.finite("gradient", "grad_c51", _part(flat, 1))
+        if jax.tree.leaves(flat)[0].shape[0] == 3:  # a diversity or causal part
+            checks.finite("gradient", "grad_extra", _part(flat, 2))
 
         # 12. PER priorities |y - Q| of the sampled rows (head mean); donors never write.
         td = jnp.mean(jnp.abs(y - q_taken), axis=-1)[:batch_size]  # [B]
@@ -500,7 +537,7 @@ def make_learner(
         count = optax.safe_increment(adam_state.count)
 
         def fused_update(
-            flat: jax.Array, loss_bad: jax.Array
+            flat: Any, loss_bad: jax.Array
         ) -> tuple[SurgeryScalars, flat_tail.AdamSelect, jax.Array]:
             """Pallas kernels (pallas_kernels.flat_tail): the surgery's reductions over the
             ``flat [parts, n_params]`` gradient; then Adam, masks and sync, kept or rejected by
@@ -539,7 +576,7 @@ def make_learner(
 
             def causal_due_step(_: None) -> tuple[jax.Array, Any]:
                 loss, row = causal_row(loss_cfg.causal_weight)
-                full = jnp.concatenate([flat, row[None]])  # [3, n_params]
+                full = _with_part(flat, row)  # [3, n_params]
                 return loss, fused_update(full, guard_losses(loss)[1])
 
             def causal_not_due_step(_: None) -> tuple[jax.Array, Any]:
