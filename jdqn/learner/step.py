@@ -479,7 +479,8 @@ def make_learner(
                 eff_grads = jax.tree.map(
                     lambda g, c: jnp.concatenate([g, c[None]]), eff_grads, causal_grads
                 )
-        (flat,) = jax.vmap(pull_back)(eff_grads)  # [P, n_params] float32
+        # [P, n_params] float32; with the Pallas tail its per-leaf segments [P, n_k] instead.
+        (flat,) = jax.vmap(pull_back)(eff_grads)
         if fused_tail:
             # XLA's layout assignment lets the first of the head's two backward GEMMs in the
             # loop body's post order set the layout of the cotangent they share; the operands
