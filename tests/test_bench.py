@@ -294,6 +294,21 @@ def test_compiling_time_is_the_union_of_the_compile_intervals() -> None:
     assert walkforward_run.covered_s([], 0.0, 10.0) == 0.0
 
 
+def test_main_command_bench_passes_an_override_given_twice_once(monkeypatch) -> None:
+    calls = []
+
+    def spawn(cache_dir, out_dir, overrides, cache_min_compile_s):
+        calls.append(list(overrides))
+        return {}
+
+    monkeypatch.setattr(walkforward_run, "_spawn", spawn)
+    monkeypatch.setattr(walkforward_run, "missing_outputs", lambda: ["tensorboardX"])
+    given = ["output.tensorboard=false", "train.epochs=1"]
+    rows = walkforward_run.run(overrides=given)
+    assert calls == [given, given]
+    assert [r["overrides"] for r in rows] == [given, given]
+
+
 def test_compile_intervals_lie_within_the_compile() -> None:
     times = walkforward_run.CompileTimes()
     start = time.perf_counter()

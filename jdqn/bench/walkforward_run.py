@@ -214,7 +214,8 @@ def run(
     """Rows ``cold`` and ``warm`` of the main command (smoketest profile + ``overrides``).
 
     ``quick`` shrinks the work (:func:`bench_overrides`)."""
-    overrides = [*bench_overrides(quick), *overrides]
+    # An override the caller also gives (the H200's ``output.tensorboard=false``) once.
+    overrides = list(dict.fromkeys([*bench_overrides(quick), *overrides]))
     rows = []
     with tempfile.TemporaryDirectory(prefix="jdqn-bench-") as tmp:
         cache_dir = str(Path(tmp) / "xla-cache")
