@@ -462,7 +462,8 @@ def make_learner(
             return loss, grads
 
         def causal_row(weight: jax.Array | float) -> tuple[jax.Array, Any]:
-            """The causal KL and its flat gradient row [n_params], pulled back on its own.
+            """The causal KL and its flat gradient row [n_params] (with the Pallas tail, the
+            row's per-leaf segments), pulled back on its own.
             Stacking the per-layer cotangents before one pull-back over 3 parts was a pass of
             its own per layer (42 us for the 64 x 64 kernel at 1,024 learners, Y9); the flat
             rows are pieces of the flat gradient's assembly, so stacking them costs no pass."""
@@ -491,7 +492,7 @@ def make_learner(
             flat = jax.lax.optimization_barrier(flat[::-1])[::-1]
         if separate_causal and not cond_causal:
             loss_causal, flat_causal = causal_row(loss_cfg.causal_weight * causal_on)
-            flat = _with_part(flat, flat_causal)  # [3, n_params]
+            flat = _with_part(flat, flat_causal)  # [3, n_params] or its segments
 
         def guard_losses(loss_causal: jax.Array) -> tuple[jax.Array, jax.Array]:
             """The loss parts [3] (the third: diversity plus the weighted causal term) and
@@ -577,7 +578,7 @@ def make_learner(
 
             def causal_due_step(_: None) -> tuple[jax.Array, Any]:
                 loss, row = causal_row(loss_cfg.causal_weight)
-                full = _with_part(flat, row)  # [3, n_params]
+                full = _with_part(flat, row)  # [3, n_params] or its segments
                 return loss, fused_update(full, guard_losses(loss)[1])
 
             def causal_not_due_step(_: None) -> tuple[jax.Array, Any]:
