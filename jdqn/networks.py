@@ -63,6 +63,10 @@ class ParamLayout(NamedTuple):
     then one elementwise pass each over the whole network instead of one small GPU kernel per
     leaf (BENCHMARKS.md, issue 6), and the per-loss gradients come out of the backward pass as
     the [P, n_params] matrix the surgery works on. The network itself still reads the tree.
+    With the Pallas tail (many learners), whose kernels take any vector in segments, the
+    parameters and target are kept as their leaves' segments (:meth:`split`) and the
+    gradients come as segments too: the GEMMs then read each kernel where it is stored, where
+    a slice of a flat vector is a copy (BENCHMARKS.md, F1 and F5).
     """
 
     treedef: Any  # jax tree structure of the parameter tree
@@ -70,9 +74,18 @@ class ParamLayout(NamedTuple):
     offsets: tuple[int, ...]  # per leaf, into the flat vector
     size: int  # n_params
 
-    def unravel(self, flat: jax.Array) -> Params:
-        """``[n_params]`` -> the parameter tree (static slices and reshapes)."""
-        return self.tree(self.split(flat))
+    def unravel(self, vector: jax.Array | tuple[jax.Array, ...]) -> Params:
+        """``[n_params]``, or its leaves' segments (:meth:`split`) -> the parameter tree (static
+        slices and reshapes)."""
+        return self.tree(self.leaves(vector))
+
+    def leaves(self, vector: jax.Array | tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        """A vector kept flat or as its leaves' segments -> the segments."""
+        return vector if isinstance(vector, tuple) else self.split(vector)
+
+    def flat(self, vector: jax.Array | tuple[jax.Array, ...]) -> jax.Array:
+        """A vector kept flat or as its leaves' segments -> ``[..., n_params]``."""
+        return jnp.concatenate(vector, axis=-1) if isinstance(vector, tuple) else vector
 
     def split(self, flat: jax.Array) -> tuple[jax.Array, ...]:
         """``[n_params]`` -> each leaf's segment ``[n_k]`` of it, in flat order."""

@@ -37,7 +37,10 @@ The gradients can also come as the matrix's column segments, one ``[parts, n_k]`
 leaf of the parameter tree in flat order (``Grads``): the per-layer gradients where the backward
 pass wrote them. Each segment then has blocks of its own, and no ``[parts, P]`` copy is made
 for the kernels: at 1,024 learners on the H200 that copy was ~63 us of a 1,322 us step, and the
-step with segments took 1,263 us (-4.5 %; BENCHMARKS.md, F1).
+step with segments took 1,263 us (-4.5 %; BENCHMARKS.md, F1). The parameters and the target
+may come in the same segments (:class:`TailVectors`) and are then written back in them, in
+place: the learner keeps them so, and its GEMMs read them without a slice copy (1,258 ->
+1,148 us, F5).
 
 The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
 folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
@@ -58,6 +61,7 @@ mode, CPU tests) or ``"reference"`` (the formulas in jnp: what the kernels are t
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -100,11 +104,14 @@ class AdamHyper(NamedTuple):
 
 
 class TailVectors(NamedTuple):
-    """One learner's flat ``[P]`` float32 vectors that the tail reads."""
+    """One learner's flat ``[P]`` float32 vectors that the tail reads. The parameters and the
+    target may also come as per-leaf segments ``[n_k]`` (``Segments``, the sizes of the
+    gradient's segments): the network's GEMMs read those as they are, where a slice of the flat
+    vector is a copy (BENCHMARKS.md, D5); the kernels then write them in that form."""
 
-    params: jax.Array  # online parameters (unmasked, as stored)
+    params: Any  # online parameters (unmasked, as stored): jax.Array [P] or Segments
     masks: jax.Array | None  # pruning masks {0, 1} of this step; None: no pruning (all ones)
-    target: jax.Array  # target parameters
+    target: Any  # target parameters: jax.Array [P] or Segments
     mu: jax.Array  # Adam's first moment
     nu: jax.Array  # Adam's second moment
 
@@ -137,8 +144,8 @@ def unknown_bounds() -> TailBounds:
 class AdamSelect(NamedTuple):
     """What :func:`adam_select` returns; leaves gain the caller's vmapped axes."""
 
-    params: jax.Array  # [P] the new parameters if the guard passed, else the old ones
-    target: jax.Array  # [P] target parameters after the sync, or the old ones
+    params: Any  # [P] the new parameters if the guard passed, else the old (or Segments)
+    target: Any  # [P] target parameters after the sync, or the old ones (or Segments)
     mu: jax.Array  # [P] Adam's first moment, or the old one
     nu: jax.Array  # [P] Adam's second moment, or the old one
     total_finite: jax.Array  # [] bool, every entry of the total gradient is finite
@@ -292,6 +299,24 @@ def _per_segment(block, sizes: tuple[int, ...], body) -> None:
         )
 
 
+def _groups(refs, segmented: tuple[bool, ...], n_segments: int) -> list[tuple[Any, ...]]:
+    """The vectors' refs, one group per vector: its segments' refs, or the flat vector's."""
+    groups, at = [], 0
+    for split in segmented:
+        width = n_segments if split else 1
+        groups.append(tuple(refs[at : at + width]))
+        at += width
+    return groups
+
+
+def _slot(group, split: bool, k: int, learner, local, sizes: tuple[int, ...]):
+    """Where segment ``k``'s block ``local`` of a ``learner`` lies: (ref, first element), in the
+    segment's own array or in the flat vector."""
+    if split:
+        return group[k], learner * sizes[k] + local * BLOCK
+    return group[0], learner * sum(sizes) + sum(sizes[:k]) + local * BLOCK
+
+
 def _gram_kernel(*refs, parts: int, sizes: tuple[int, ...]):
     """Per block: max |x_k|, the non-finite count of each row, and the Gram matrix of the rows
     divided by the block's max; :func:`gram_pallas` rescales the blocks to the global max."""
@@ -330,14 +355,15 @@ def _coefficients(coef_ref, learner):
     return tuple(jnp.sum(jnp.where(lane == i, coefs, 0.0)) for i in range(_COEFS))
 
 
-def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks):
+def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks, segmented):
     """The ``learner``'s block ``local`` of segment ``k``: the total gradient, the candidate
     vectors, the old ones (params, target, mu, nu), the learner's ``ok`` and ``sync``
-    coefficients, the block's start in the flat vectors and which of its lanes it holds.
-    ``refs``: the vectors of :class:`TailVectors` in order (without the masks when ``masks`` is
-    False), then the coefficients. The program ids come as arguments: interpret mode cannot
-    read them inside a ``pl.when`` branch."""
+    coefficients, and which of the block's lanes it holds. ``refs``: the vectors of
+    :class:`TailVectors` in order (without the masks when ``masks`` is False), each as its
+    segments' refs where ``segmented`` says so, then the coefficients. The program ids come as
+    arguments: interpret mode cannot read them inside a ``pl.when`` branch."""
     *vector_refs, coef_ref = refs
+    groups = _groups(vector_refs, segmented, len(sizes))
     n = sizes[k]
     index = local * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
     w0, w1, w2, bias1, bias2, ok, sync, _ = _coefficients(coef_ref, learner)
@@ -346,20 +372,19 @@ def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks):
     for j in range(1, parts):
         row = _block_load(g_refs[k], (learner * parts + j) * n + local * BLOCK, index, n)
         g = g + weights[j] * row
-    start = learner * sum(sizes) + sum(sizes[:k]) + local * BLOCK
     target_index = 2 if masks else 1
     # With a hard sync the new target is the new parameters or the old target unwritten (the
     # write kernel stores it only where due): the old one is never read. Zeros stand in for it.
     loaded = [
-        _block_load(ref, start, index, n)
+        _block_load(*_slot(group, split, k, learner, local, sizes), index, n)
         if i != target_index or hyper.tau > 0
         else jnp.zeros((BLOCK,), jnp.float32)
-        for i, ref in enumerate(vector_refs)
+        for i, (group, split) in enumerate(zip(groups, segmented, strict=True))
     ]
     old = TailVectors(*loaded) if masks else TailVectors(loaded[0], None, *loaded[1:])
     new = _candidate(g, old, TailScalars(bias1, bias2, ok, sync), hyper)
     old_values = (old.params, old.target, old.mu, old.nu)
-    return g, new, old_values, (ok, sync), start, index < n
+    return g, new, old_values, (ok, sync), index < n
 
 
 def _adam_sums_kernel(*refs, segments: int, **static):
@@ -386,27 +411,29 @@ def _adam_sums_kernel(*refs, segments: int, **static):
         plgpu.store(out, jnp.zeros((2,), jnp.float32))
 
 
-def _adam_write_kernel(*refs, segments: int, **static):
+def _adam_write_kernel(*refs, segments: int, written: tuple[bool, ...], **static):
     """Per block: the candidate where the learner's ``ok`` coefficient is 1, else the old.
 
     Outputs alias their inputs, so an element not stored keeps its old value. With a hard sync
     (tau 0) the target is stored only where the sync is due and the step kept: on the other
     steps (99 of 100 at target_every 100) it is neither read nor written, a [P] read and write
     per learner less."""
-    g_refs, (*inputs, p_out, t_out, mu_out, nu_out, stats_out) = refs[:segments], refs[segments:]
+    g_refs, rest = refs[:segments], refs[segments:]
+    n_out = sum(segments if split else 1 for split in written)
+    inputs, outs, stats_out = rest[: -n_out - 1], rest[-n_out - 1 : -1], rest[-1]
+    p_out, t_out, mu_out, nu_out = zip(_groups(outs, written, segments), written, strict=True)
     learner, block = pl.program_id(0), pl.program_id(1)
     stats_at = (learner * pl.num_programs(1) + block) * _WRITE_STATS
 
     def segment(k, local):
-        _, new, old, (ok, sync), start, in_range = _adam_block(
-            learner, k, local, g_refs, inputs, **static
-        )
+        _, new, old, (ok, sync), in_range = _adam_block(learner, k, local, g_refs, inputs, **static)
         (new_params, new_target, new_mu, new_nu), (old_params, old_target, old_mu, old_nu) = (
             new,
             old,
         )
 
-        def store(ref, value, mask):
+        def store(out, value, mask):
+            ref, start = _slot(*out, k, learner, local, static["sizes"])
             plgpu.store(ref.at[pl.ds(start, BLOCK)], value, mask=mask)
 
         # The stats: the candidate's sum of squares (the guard's, also where the sums launch
@@ -465,6 +492,19 @@ def _flat_segments(grads: Segments) -> list[jax.Array]:
     return [g.astype(jnp.float32).reshape(-1) for g in grads]
 
 
+def _vector_pieces(
+    name: str, x: jax.Array | Segments, learners: int, sizes: tuple[int, ...]
+) -> tuple[jax.Array, ...]:
+    """A ``[L, P]`` vector as one flat array, or its ``[L, n_k]`` segments as one flat array
+    each (the gradient's segment sizes, checked)."""
+    if not isinstance(x, tuple):
+        return (x.astype(jnp.float32).reshape(-1),)
+    if tuple(p.shape for p in x) != tuple((learners, n) for n in sizes):
+        shapes = [p.shape for p in x]
+        raise ValueError(f"flat_tail: {name} segments {shapes} do not match the gradient's {sizes}")
+    return tuple(p.astype(jnp.float32).reshape(-1) for p in x)
+
+
 def gram_pallas(grads: Segments, *, interpret: bool) -> tuple[jax.Array, jax.Array]:
     """``grads``: the ``[L, parts, n_k]`` column segments of ``[L, parts, P]`` ->
     ``(row_max [L, parts], gram [L, parts, parts])``.
@@ -518,17 +558,27 @@ def adam_select_pallas(
         (3, 4, 6, _EXACT), (scalars.bias1, scalars.bias2, scalars.sync, ~shown), strict=True
     ):
         coefs = coefs.at[:, column].set(jnp.asarray(value, jnp.float32))
-    # Without masks (no pruning) the kernels neither take nor read them.
-    vectors = [x.astype(jnp.float32).reshape(-1) for x in old if x is not None]
+    # Without masks (no pruning) the kernels neither take nor read them. A vector in segments
+    # is handed over as its segments' arrays.
+    present = {name: x for name, x in zip(TailVectors._fields, old, strict=True) if x is not None}
+    pieces = {name: _vector_pieces(name, x, learners, sizes) for name, x in present.items()}
+    vectors = [piece for name in present for piece in pieces[name]]
     flat_grads = _flat_segments(grads)
     static: dict[str, Any] = dict(
-        segments=len(sizes), parts=parts, sizes=sizes, hyper=hyper, masks=old.masks is not None
+        segments=len(sizes),
+        parts=parts,
+        sizes=sizes,
+        hyper=hyper,
+        masks=old.masks is not None,
+        segmented=tuple(isinstance(x, tuple) for x in present.values()),
     )
-    # Input positions (the gradient segments first) of params, target, mu and nu: each written
-    # in place.
-    present = [name for name, x in zip(TailVectors._fields, old, strict=True) if x is not None]
+    # Input positions (the gradient segments first) of params, target, mu and nu, piece by
+    # piece: each written in place.
+    widths = [len(p) for p in pieces.values()]
+    firsts = dict(zip(present, itertools.accumulate(widths[:-1], initial=0), strict=True))
     written = ("params", "target", "mu", "nu")
-    aliases = {len(sizes) + present.index(name): k for k, name in enumerate(written)}
+    inputs_at = [len(sizes) + firsts[w] + i for w in written for i in range(len(pieces[w]))]
+    aliases = {at: k for k, at in enumerate(inputs_at)}
     stats = pl.pallas_call(
         functools.partial(_adam_sums_kernel, **static),
         out_shape=jax.ShapeDtypeStruct((learners * blocks * 2,), jnp.float32),
@@ -543,14 +593,15 @@ def adam_select_pallas(
     passed = shown | (total_finite & _finite(checked_sq_norm))
     ok = (jnp.asarray(scalars.pre_ok, jnp.float32) > 0.5) & passed
     coefs = coefs.at[:, 5].set(ok.astype(jnp.float32))
-    flat = jax.ShapeDtypeStruct((learners * n,), jnp.float32)
-    new_params, new_target, new_mu, new_nu, written = pl.pallas_call(
-        functools.partial(_adam_write_kernel, **static),
+    out_shapes = [jax.ShapeDtypeStruct(p.shape, jnp.float32) for w in written for p in pieces[w]]
+    *outs, stats = pl.pallas_call(
+        functools.partial(
+            _adam_write_kernel,
+            written=tuple(isinstance(present[w], tuple) for w in written),
+            **static,
+        ),
         out_shape=(
-            flat,
-            flat,
-            flat,
-            flat,
+            *out_shapes,
             jax.ShapeDtypeStruct((learners * blocks * _WRITE_STATS,), jnp.float32),
         ),
         grid=(learners, blocks),
@@ -561,17 +612,21 @@ def adam_select_pallas(
         compiler_params=_params(),
         name="flat_tail_adam_write",
     )(*flat_grads, *vectors, coefs.reshape(-1))
-    written = written.reshape(learners, blocks, _WRITE_STATS)
-    shape = (learners, n)
+    stats = stats.reshape(learners, blocks, _WRITE_STATS)
+    new: dict[str, Any] = {}
+    for name in written:  # each in the form it came in
+        taken, outs = outs[: len(pieces[name])], outs[len(pieces[name]) :]
+        shaped = tuple(x.reshape(learners, -1) for x in taken)
+        new[name] = shaped if isinstance(present[name], tuple) else shaped[0]
     return AdamSelect(
-        params=new_params.reshape(shape),
-        target=new_target.reshape(shape),
-        mu=new_mu.reshape(shape),
-        nu=new_nu.reshape(shape),
+        params=new["params"],
+        target=new["target"],
+        mu=new["mu"],
+        nu=new["nu"],
         total_finite=total_finite,
-        params_sq_norm=jnp.sum(written[..., 0], axis=1),  # as the sums launch sums it
+        params_sq_norm=jnp.sum(stats[..., 0], axis=1),  # as the sums launch sums it
         applied=ok,
-        bounds=TailBounds(*(jnp.max(written[..., i], axis=1) for i in (1, 2, 3))),
+        bounds=TailBounds(*(jnp.max(stats[..., i], axis=1) for i in (1, 2, 3))),
     )
 
 
@@ -604,6 +659,19 @@ def _as_segments(grads: Grads) -> Segments:
     if hasattr(grads, "shape"):
         return (jnp.asarray(grads),)  # type: ignore[arg-type]
     return tuple(jnp.asarray(g) for g in grads)
+
+
+def _joined(x: jax.Array | Segments) -> jax.Array:
+    """A vector given flat or in segments, flat."""
+    return jnp.concatenate(x, axis=-1) if isinstance(x, tuple) else x
+
+
+def _like(flat: jax.Array, form: jax.Array | Segments) -> jax.Array | Segments:
+    """``flat`` in the form of ``form``: flat, or cut into segments of its sizes."""
+    if not isinstance(form, tuple):
+        return flat
+    cuts = list(itertools.accumulate(p.shape[-1] for p in form[:-1]))
+    return tuple(jnp.split(flat, cuts, axis=-1))
 
 
 def gram(grads: Grads, impl: Impl = "pallas") -> tuple[jax.Array, jax.Array]:
@@ -641,11 +709,15 @@ def adam_select(
     _check_impl(impl)
     segments = _as_segments(grads)
     if impl == "reference":
+        flat_old = old._replace(params=_joined(old.params), target=_joined(old.target))
         g, w, vectors, values = jax.tree.map(
             lambda x: jnp.asarray(x, jnp.float32),
-            (jnp.concatenate(segments, axis=-1), weights, old, scalars),
+            (jnp.concatenate(segments, axis=-1), weights, flat_old, scalars),
         )
-        return adam_select_reference(g, w, vectors, values, hyper)
+        out = adam_select_reference(g, w, vectors, values, hyper)
+        return out._replace(
+            params=_like(out.params, old.params), target=_like(out.target, old.target)
+        )
     if bounds is None or row_max is None:
         bounds, row_max = unknown_bounds(), jnp.full(jnp.shape(weights), jnp.nan, jnp.float32)
     args = _one((segments, weights, old, scalars, bounds, row_max))

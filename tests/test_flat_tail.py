@@ -192,26 +192,39 @@ def test_gram_of_segments_is_the_gram_of_their_concatenation(impl, parts):
     assert np.isnan(row_max[1]) and np.all(np.isfinite(np.delete(np.asarray(row_max), 1)))
 
 
+def _whole(x):
+    """A vector the tail returned flat or in segments, flat (numpy)."""
+    return np.concatenate([np.asarray(p) for p in x], -1) if isinstance(x, tuple) else x
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("pre_ok", [True, False])
 @pytest.mark.parametrize("masks", [True, False], ids=["masks", "no_masks"])
-def test_adam_select_of_segments_matches_numpy(impl, parts, pre_ok, masks):
+@pytest.mark.parametrize("state", ["flat", "leaves"])
+def test_adam_select_of_segments_matches_numpy(impl, parts, pre_ok, masks, state):
     """Adam, masks, the hard sync and the guard on gradients given as column segments: every
     flat vector's element takes the gradient of its own column, as float64 numpy computes it
-    on the whole matrix; the state vectors stay whole."""
+    on the whole matrix. The parameters and target stay whole ("flat") or come and go in the
+    gradient's segments ("leaves"); the other vectors stay whole."""
     inputs = _adam_inputs(np.random.default_rng(7 + parts), parts, sum(SEGMENTS))
     inputs["grads"][:, :37] *= 1e3
     if not masks:
         inputs["masks"] = np.ones(sum(SEGMENTS), np.float32)
     expected = _adam_expected(inputs, pre_ok=pre_ok, sync=True)
     segmented = {**inputs, "grads": _split(inputs["grads"])}
+    if state == "leaves":
+        segmented.update(params=_split(inputs["params"]), target=_split(inputs["target"]))
     if not masks:
         segmented["masks"] = None
     out = _adam(impl, segmented, pre_ok=pre_ok, sync=True)
     assert bool(out.applied) == expected[4] == pre_ok
+    for got in (out.params, out.target):
+        assert isinstance(got, tuple) == (state == "leaves")
+        if state == "leaves":
+            assert [p.shape for p in got] == [(n,) for n in SEGMENTS]
     for got, want in zip((out.params, out.target, out.mu, out.nu), expected[:4], strict=True):
-        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-7)
+        np.testing.assert_allclose(_whole(got), want, rtol=2e-5, atol=1e-7)
     np.testing.assert_allclose(
         float(out.params_sq_norm),
         np.sum(_adam_expected(inputs, sync=True)[0].astype(np.float64) ** 2),
@@ -252,6 +265,67 @@ def test_segments_under_nested_vmap_equal_the_whole_matrix(impl):
                 np.testing.assert_allclose(
                     np.asarray(got[i, j]), want, rtol=1e-5, atol=1e-6 * scale
                 )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("sync", [False, True])
+def test_adam_select_of_leaf_vectors_with_polyak_and_unsynced_hard_target(impl, sync):
+    """Parameters and target in segments under the Polyak average (the old target read and
+    written everywhere) and under a hard sync on a step it is not due (neither read nor
+    written: the old target comes back): as float64 numpy on the whole vectors."""
+    inputs = _adam_inputs(np.random.default_rng(21), 2, sum(SEGMENTS))
+    leaves = {
+        **inputs,
+        "grads": _split(inputs["grads"]),
+        "params": _split(inputs["params"]),
+        "target": _split(inputs["target"]),
+    }
+    for tau in (0.05, 0.0):
+        out = _adam(impl, leaves, sync=sync, tau=tau)
+        expected = _adam_expected(inputs, sync=sync, tau=tau)
+        for got, want in zip((out.params, out.target), expected[:2], strict=True):
+            np.testing.assert_allclose(_whole(got), want, rtol=2e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+def test_leaf_vectors_under_nested_vmap_equal_the_flat_vectors(impl):
+    """Two vmapped axes of learners, the parameters and target in segments: one launch per
+    kernel, and each learner's vectors are what the flat form gives, bit for bit (the same
+    blocks, the same arithmetic, other arrays)."""
+    rng = np.random.default_rng(5)
+    n = sum(SEGMENTS)
+    grads = np.stack([[_grads(rng, 2, n) for _ in range(3)] for _ in range(2)])  # [2, 3, 2, n]
+    inputs = [[_adam_inputs(rng, 2, n) for _ in range(3)] for _ in range(2)]
+    stacked = {
+        k: jnp.stack([jnp.stack([jnp.asarray(i[k]) for i in r]) for r in inputs])
+        for k in inputs[0][0]
+    }
+
+    def one(g, vectors):
+        scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=True, sync=True)
+        weights = jnp.asarray([0.7, 1.9], jnp.float32)
+        return flat_tail.adam_select(g, weights, vectors, scalars, HYPER, impl=impl)
+
+    run = jax.jit(jax.vmap(jax.vmap(one)))
+    segments = _split(grads)
+    flat = run(segments, _vectors(stacked))
+    leaves = {**stacked, "params": _split(stacked["params"]), "target": _split(stacked["target"])}
+    split = run(segments, _vectors(leaves))
+    assert isinstance(split.params, tuple) and split.params[0].shape == (2, 3, SEGMENTS[0])
+    for name in ("params", "target", "mu", "nu"):
+        np.testing.assert_array_equal(_whole(getattr(split, name)), getattr(flat, name))
+    np.testing.assert_array_equal(split.params_sq_norm, flat.params_sq_norm)
+
+
+def test_leaf_vectors_of_other_sizes_are_refused():
+    inputs = _adam_inputs(np.random.default_rng(2), 2, sum(SEGMENTS))
+    leaves = {
+        **inputs,
+        "grads": _split(inputs["grads"]),
+        "params": _split(inputs["params"], (43, sum(SEGMENTS) - 43)),
+    }
+    with pytest.raises(ValueError, match="params segments"):
+        _adam("interpret", leaves)
 
 
 def test_segments_of_other_shapes_are_refused():

@@ -163,7 +163,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
     net = cfg.network
     batch = cfg.train.batch_size
     rows = batch + int(round(cfg.loss.donor_fraction * batch))  # sampled + donors
-    tree = learner.layout.unravel(state.params * state.masks)
+    tree = learner.layout.unravel(learner.layout.flat(state.params) * state.masks)
     eff, _, _ = networks.effective_params(tree, None, state.sn_u, net, False)
     n_params = learner.layout.size
     key = jax.random.PRNGKey(3)

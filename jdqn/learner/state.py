@@ -44,8 +44,10 @@ class LearnerState:
     # Parameters, target, masks and Adam's moments are flat [n_params] float32 vectors in the
     # layout of ``Learner.layout`` (``layout.unravel`` gives the tree {torso_l: {kernel [in, H_l],
     # bias [H_l]}, head: {kernel [H, K*A*N], bias [K*A*N]}}): one elementwise pass each per step.
-    params: jax.Array  # [n_params] float32, online net
-    target_params: jax.Array  # [n_params] float32 (a full copy: torso and every head)
+    # With the Pallas tail (jdqn.learner.step: many learners) params and target_params are
+    # their leaves' segments instead, a tuple of [n_k] in flat order (``layout.split``).
+    params: jax.Array | tuple[jax.Array, ...]  # [n_params] float32, online net
+    target_params: jax.Array | tuple[jax.Array, ...]  # [n_params] (torso and every head)
     sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32} spectral-norm vectors (stop-gradient)
     masks: jax.Array  # [n_params] {0, 1} float32 pruning masks (biases always 1)
     opt_state: optax.OptState  # Adam: moments mu, nu [n_params] float32, count [] int32

@@ -157,6 +157,13 @@ def make_learner(
         cfg.optim.update_impl, jax.default_backend(), debug=debug, learners=learners
     )
     fused_tail = update_impl != "xla"
+    # With the Pallas tail the parameters and the target are stored as their leaves' segments
+    # (ParamLayout.split), which the kernels read and write in place: the network's GEMMs read
+    # a segment as it is, where a slice of the flat vector was a copy before each GEMM (the head
+    # kernel's: ~21 us for each net at 1,024 learners; BENCHMARKS.md, D5). On the H200 1,024
+    # learners went from 1,258 to 1,148 us a step (-8.7 %, F5). XLA's tail keeps them flat: its
+    # update is then a few passes over one vector (ParamLayout).
+    leaf_vectors = fused_tail
     pick_impl = resolve_pick_impl(loss_cfg.pick_impl, jax.default_backend(), learners=learners)
     pick_kernel: double_dqn.Impl = "interpret" if pick_impl == "interpret" else "pallas"
     tail_impl: flat_tail.Impl = "interpret" if update_impl == "interpret" else "pallas"
@@ -187,13 +194,20 @@ def make_learner(
     q_low, q_high = net.v_min - q_slack, net.v_max + q_slack
     layout = networks.param_layout(cfg, n_features + 1)
 
+    def masked(vector: Any, masks: jax.Array | None) -> Any:
+        """``vector`` (flat, or its leaves' segments) times the flat ``masks`` (None: as is)."""
+        if masks is None or not isinstance(vector, tuple):
+            return _masked(vector, masks)
+        return tuple(x * m for x, m in zip(vector, layout.split(masks), strict=True))
+
     def init(key: jax.Array) -> LearnerState:
         net_key, state_key, bootstrap_key = jax.random.split(key, 3)
         network = networks.init_network(net_key, cfg, n_features + 1)
         params = layout.ravel(network.params)
+        stored = layout.split(params) if leaf_vectors else params
         return LearnerState(
-            params=params,
-            target_params=jnp.copy(params),
+            params=stored,
+            target_params=jax.tree.map(jnp.copy, stored),
             sn_u=network.sn_u,
             masks=layout.ravel(network.masks),
             opt_state=optimizer.init(params),
@@ -215,7 +229,7 @@ def make_learner(
 
     def act_q(state: LearnerState, obs: jax.Array) -> jax.Array:
         eff, _, _ = networks.effective_params(
-            layout.unravel(state.params * state.masks), None, state.sn_u, net, update_u=False
+            layout.unravel(masked(state.params, state.masks)), None, state.sn_u, net, False
         )
         return jnp.mean(networks.q_values(networks.apply(eff, obs, cfg), support), axis=-2)
 
@@ -300,10 +314,10 @@ def make_learner(
                 ),
                 lambda: state.masks,
             )
-        params = _masked(state.params, masks)  # [n_params], pruned entries exactly 0
+        params = masked(state.params, masks)  # [n_params] or leaves, pruned entries exactly 0
         with jax.named_scope("target_net"):
             target_eff, _, _ = networks.effective_params(
-                layout.unravel(_masked(state.target_params, masks)), None, state.sn_u, net, False
+                layout.unravel(masked(state.target_params, masks)), None, state.sn_u, net, False
             )
             # [R, K, A, N]; for the pick kernel the head's GEMM and its bias apart.
             if pick_impl == "xla":
@@ -338,7 +352,7 @@ def make_learner(
         with jax.named_scope("online_forward"):
             if fused_tail:
                 eff, pull_back, (new_u, sigmas) = jax.vjp(
-                    effective_leaves, layout.split(params), has_aux=True
+                    effective_leaves, layout.leaves(params), has_aux=True
                 )
             else:
                 eff, pull_back, (new_u, sigmas) = jax.vjp(effective, params, has_aux=True)
@@ -454,10 +468,12 @@ def make_learner(
         causal_on = causal_due.astype(jnp.float32)
         cond_causal = separate_causal and clock is not None
 
-        def causal_part(weight: jax.Array | float) -> tuple[jax.Array, Any]:
-            """The causal KL and its per-layer gradient, scaled by ``weight``."""
+        def causal_part(weight: jax.Array | float, weights: Any = None) -> tuple[jax.Array, Any]:
+            """The causal KL and its per-layer gradient, scaled by ``weight``, at the effective
+            ``weights`` (None: the step's ``eff``)."""
             reference = jax.lax.stop_gradient(aux["log_probs"][:batch_size])
-            loss, causal_vjp = jax.vjp(lambda e: intervened(e, reference), eff)
+            at = eff if weights is None else weights
+            loss, causal_vjp = jax.vjp(lambda e: intervened(e, reference), at)
             (grads,) = causal_vjp(weight)
             return loss, grads
 
@@ -467,8 +483,18 @@ def make_learner(
             Stacking the per-layer cotangents before one pull-back over 3 parts was a pass of
             its own per layer (42 us for the 64 x 64 kernel at 1,024 learners, Y9); the flat
             rows are pieces of the flat gradient's assembly, so stacking them costs no pass."""
-            loss, grads = causal_part(weight)
-            (row,) = pull_back(grads)
+            if not leaf_vectors or not cond_causal:
+                loss, grads = causal_part(weight)
+                (row,) = pull_back(grads)
+                return loss, row
+            # Under the cond the kernels write the parameters' segments in place; the
+            # effective weights and their pull-back taken outside it would hold those very
+            # buffers as cond operands, and XLA copies such an operand (the head kernel:
+            # 40 MB at 1,024 learners). Taken again in the branch, they read the segments
+            # before the kernels write them.
+            again, again_back, _ = jax.vjp(effective_leaves, layout.leaves(params), has_aux=True)
+            loss, grads = causal_part(weight, again)
+            (row,) = again_back(grads)
             return loss, row
 
         loss_causal = jnp.float32(0)
@@ -615,11 +641,12 @@ def make_learner(
                 new_params = _masked(optax.apply_updates(params, updates), masks)  # [n_params]
                 checks.finite_norm("adam", "new_params", layout.unravel(new_params))
             with jax.named_scope("target_sync"):
+                old_target = layout.flat(state.target_params)  # flat with XLA's tail
                 if cfg.optim.tau > 0:
                     tau = cfg.optim.tau
-                    target_params = (1.0 - tau) * state.target_params + tau * new_params
+                    target_params = (1.0 - tau) * old_target + tau * new_params
                 else:
-                    target_params = jnp.where(sync, new_params, state.target_params)
+                    target_params = jnp.where(sync, new_params, old_target)
             # max |g| is NaN/inf exactly when a part's gradient is: no pass over flat.
             gradient_bad = ~(_all_finite(full.row_max) & _all_finite(grad_total))
             # Finite exactly when every new parameter is and the squared norm does not overflow.
