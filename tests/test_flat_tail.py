@@ -232,19 +232,25 @@ def test_adam_select_of_segments_matches_numpy(impl, parts, pre_ok, masks, state
     )
 
 
+def _learner_grid(rng, parts):
+    """Gradients ``[2, 3, parts, P]`` and the other inputs stacked ``[2, 3, ...]``: learners on
+    two vmapped axes, each with its own inputs (P the segments' total)."""
+    n = sum(SEGMENTS)
+    grads = np.stack([[_grads(rng, parts, n) for _ in range(3)] for _ in range(2)])
+    inputs = [[_adam_inputs(rng, parts, n) for _ in range(3)] for _ in range(2)]
+    stacked = {
+        k: jnp.stack([jnp.stack([jnp.asarray(i[k]) for i in r]) for r in inputs])
+        for k in inputs[0][0]
+    }
+    return grads, stacked
+
+
 @pytest.mark.parametrize("impl", KERNELS)
 def test_segments_under_nested_vmap_equal_the_whole_matrix(impl):
     """Two vmapped axes of learners, gradients as segments, one launch per kernel: each
     learner's outputs are the kernels' on its whole ``[parts, P]`` matrix, to float32 rounding
     (the blocks differ, so the partial sums are added in another order)."""
-    rng = np.random.default_rng(11)
-    n = sum(SEGMENTS)
-    grads = np.stack([[_grads(rng, 3, n) for _ in range(3)] for _ in range(2)])  # [2, 3, 3, n]
-    inputs = [[_adam_inputs(rng, 3, n) for _ in range(3)] for _ in range(2)]
-    stacked = {
-        k: jnp.stack([jnp.stack([jnp.asarray(i[k]) for i in r]) for r in inputs])
-        for k in inputs[0][0]
-    }
+    grads, stacked = _learner_grid(np.random.default_rng(11), 3)
 
     def one(g, vectors):
         scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=True, sync=True)
@@ -292,14 +298,7 @@ def test_leaf_vectors_under_nested_vmap_equal_the_flat_vectors(impl):
     """Two vmapped axes of learners, the parameters and target in segments: one launch per
     kernel, and each learner's vectors are what the flat form gives, bit for bit (the same
     blocks, the same arithmetic, other arrays)."""
-    rng = np.random.default_rng(5)
-    n = sum(SEGMENTS)
-    grads = np.stack([[_grads(rng, 2, n) for _ in range(3)] for _ in range(2)])  # [2, 3, 2, n]
-    inputs = [[_adam_inputs(rng, 2, n) for _ in range(3)] for _ in range(2)]
-    stacked = {
-        k: jnp.stack([jnp.stack([jnp.asarray(i[k]) for i in r]) for r in inputs])
-        for k in inputs[0][0]
-    }
+    grads, stacked = _learner_grid(np.random.default_rng(5), 2)
 
     def one(g, vectors):
         scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=True, sync=True)
