@@ -63,7 +63,7 @@ class ParamLayout(NamedTuple):
     then one elementwise pass each over the whole network instead of one small GPU kernel per
     leaf (BENCHMARKS.md, issue 6), and the per-loss gradients come out of the backward pass as
     the [P, n_params] matrix the surgery works on. The network itself still reads the tree.
-    With the Pallas tail (many learners), whose kernels take any vector in segments, the
+    With the Pallas tail (many learners), whose kernels also take them in segments, the
     parameters and target are kept as their leaves' segments (:meth:`split`) and the
     gradients come as segments too: the GEMMs then read each kernel where it is stored, where
     a slice of a flat vector is a copy (BENCHMARKS.md, F1 and F5).
