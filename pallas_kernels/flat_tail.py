@@ -498,11 +498,11 @@ def _vector_pieces(
     """A ``[L, P]`` vector as one flat array, or its ``[L, n_k]`` segments as one flat array
     each (the gradient's segment sizes, checked)."""
     if not isinstance(x, tuple):
-        return (x.astype(jnp.float32).reshape(-1),)
+        return tuple(_flat_segments((x,)))
     if tuple(p.shape for p in x) != tuple((learners, n) for n in sizes):
         shapes = [p.shape for p in x]
         raise ValueError(f"flat_tail: {name} segments {shapes} do not match the gradient's {sizes}")
-    return tuple(p.astype(jnp.float32).reshape(-1) for p in x)
+    return tuple(_flat_segments(x))
 
 
 def gram_pallas(grads: Segments, *, interpret: bool) -> tuple[jax.Array, jax.Array]:

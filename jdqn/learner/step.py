@@ -81,11 +81,6 @@ def _all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.isfinite(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(tree)])))
 
 
-def _masked(flat: jax.Array, masks: jax.Array | None) -> jax.Array:
-    """``flat * masks``; ``flat`` itself when the masks are not read (all ones: no pruning)."""
-    return flat if masks is None else flat * masks
-
-
 def _with_part(grads: jax.Array | flat_tail.Segments, row: Any) -> Any:
     """The loss parts' gradients with one more part ``row``, in the same form: the ``[parts,
     n_params]`` matrix, or its per-layer column segments (then ``row`` is segments too)."""
@@ -195,10 +190,13 @@ def make_learner(
     layout = networks.param_layout(cfg, n_features + 1)
 
     def masked(vector: Any, masks: jax.Array | None) -> Any:
-        """``vector`` (flat, or its leaves' segments) times the flat ``masks`` (None: as is)."""
-        if masks is None or not isinstance(vector, tuple):
-            return _masked(vector, masks)
-        return tuple(x * m for x, m in zip(vector, layout.split(masks), strict=True))
+        """``vector`` (flat, or its leaves' segments) times the flat ``masks``; ``vector``
+        itself when the masks are not read (all ones: no pruning)."""
+        if masks is None:
+            return vector
+        if isinstance(vector, tuple):
+            return tuple(x * m for x, m in zip(vector, layout.split(masks), strict=True))
+        return vector * masks
 
     def init(key: jax.Array) -> LearnerState:
         net_key, state_key, bootstrap_key = jax.random.split(key, 3)
@@ -332,30 +330,18 @@ def make_learner(
         # 3 (cont.). The effective weights and their VJP: the loss chains below differentiate
         # with respect to the effective weights, and one batched pull-back through the mask and
         # the spectral norm turns those cotangents into the flat parameter gradients.
-        def effective(p: jax.Array) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
-            # The mask inside the differentiated function: pruned entries get zero gradient.
-            tree = layout.unravel(_masked(p, masks))
-            eff, new_u, sigmas = networks.effective_params(tree, None, state.sn_u, net, True)
-            return eff, (new_u, sigmas)
-
-        def effective_leaves(
-            segments: tuple[jax.Array, ...],
-        ) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
-            """:func:`effective` of the flat vector's leaf segments (``ParamLayout.split``): its
-            pull-back gives each leaf's gradient apart, with no [n_params] vector assembled."""
-            if masks is not None:
-                segments = tuple(x * m for x, m in zip(segments, layout.split(masks), strict=True))
-            tree = layout.tree(segments)
+        def effective(p: Any) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
+            """The effective weights of ``p``, flat or its leaves' segments: differentiated
+            with respect to the segments, the pull-back gives each leaf's gradient apart, with
+            no [n_params] vector assembled. The mask inside the differentiated function:
+            pruned entries get zero gradient."""
+            tree = layout.unravel(masked(p, masks))
             eff, new_u, sigmas = networks.effective_params(tree, None, state.sn_u, net, True)
             return eff, (new_u, sigmas)
 
         with jax.named_scope("online_forward"):
-            if fused_tail:
-                eff, pull_back, (new_u, sigmas) = jax.vjp(
-                    effective_leaves, layout.leaves(params), has_aux=True
-                )
-            else:
-                eff, pull_back, (new_u, sigmas) = jax.vjp(effective, params, has_aux=True)
+            differentiated = layout.leaves(params) if fused_tail else params
+            eff, pull_back, (new_u, sigmas) = jax.vjp(effective, differentiated, has_aux=True)
             # s' only picks a* for the (stop-gradient) target: a forward pass, outside every VJP.
             if pick_impl == "xla":
                 logits_next = networks.apply(eff, next_obs, cfg)  # [R, K, A, N]
@@ -492,7 +478,7 @@ def make_learner(
             # buffers as cond operands, and XLA copies such an operand (the head kernel:
             # 40 MB at 1,024 learners). Taken again in the branch, they read the segments
             # before the kernels write them.
-            again, again_back, _ = jax.vjp(effective_leaves, layout.leaves(params), has_aux=True)
+            again, again_back, _ = jax.vjp(effective, layout.leaves(params), has_aux=True)
             loss, grads = causal_part(weight, again)
             (row,) = again_back(grads)
             return loss, row
@@ -638,7 +624,7 @@ def make_learner(
             with jax.named_scope("adam"):
                 updates, opt_state = optimizer.update(grad_total, state.opt_state, params)
                 checks.finite_norm("adam", "update", layout.unravel(updates))
-                new_params = _masked(optax.apply_updates(params, updates), masks)  # [n_params]
+                new_params = masked(optax.apply_updates(params, updates), masks)  # [n_params]
                 checks.finite_norm("adam", "new_params", layout.unravel(new_params))
             with jax.named_scope("target_sync"):
                 old_target = layout.flat(state.target_params)  # flat with XLA's tail
