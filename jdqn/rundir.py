@@ -7,10 +7,14 @@ run. A killed run leaves its ``.incomplete`` directory (with its checkpoints) fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -82,6 +86,30 @@ def open_incomplete_run_dir(path: str | os.PathLike[str]) -> RunDir:
     if (p / COMPLETE_MARKER).exists():
         raise ValueError(f"--resume {p}: this run is already complete; nothing to resume")
     raise ValueError(f"--resume {p}: not a run directory; fix: pass the run's .incomplete dir")
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT) for the block and deliver it once the block is done.
+
+    Creating a run directory and removing one are short, but a Ctrl-C that lands between the
+    ``mkdir`` and the code that would clean up after it, or half-way through that clean-up,
+    leaves a ``.incomplete`` directory that nothing will remove (seen in CI: a second Ctrl-C
+    interrupted the removal of the first one's directory). Only the main thread receives
+    signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is None  # a handler not set from Python: leave it be
+    ):
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            signal.raise_signal(signal.SIGINT)  # to the handler that was there before
 
 
 def finalize(run: RunDir) -> Path:

@@ -87,6 +87,7 @@ def run_walkforward(
     (``report.plot_processes``; the ``jdqn`` command does). They are started with
     multiprocessing's spawn, which imports the caller's main module again in each: a script
     that turns this on must keep its top-level code under ``if __name__ == "__main__":``."""
+    run: rundir.RunDir | None = None
     if resume is not None:
         try:
             run = rundir.open_incomplete_run_dir(resume)
@@ -101,15 +102,18 @@ def run_walkforward(
     assert cfg is not None
     enable_compilation_cache(cfg)
     data = load_data(cfg)  # before any directory exists: bad input leaves nothing behind
-    if resume is None:
-        try:
-            run = rundir.new_run_dir(cfg.output.out_dir, name)
-        except (ValueError, OSError) as error:
-            raise UserError(str(error)) from None
-        run.config_path.write_text(cfg.to_json() + "\n")
-    log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
-    log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
     try:
+        if resume is None:
+            # A Ctrl-C lands once `run` names the directory, so the clean-up below removes it.
+            with rundir.interrupts_deferred():
+                try:
+                    run = rundir.new_run_dir(cfg.output.out_dir, name)
+                except (ValueError, OSError) as error:
+                    raise UserError(str(error)) from None
+                run.config_path.write_text(cfg.to_json() + "\n")
+        assert run is not None
+        log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+        log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
         # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
         preload = report.PLOT_MODULES if cfg.output.plots else ()
         processes = (
@@ -128,10 +132,13 @@ def run_walkforward(
     except CheckpointLayoutError:
         raise  # resuming again cannot help (the error says to start again); the directory stays
     except BaseException:
-        if not any(run.checkpoint_dir.glob("group*/[0-9]*")):
-            rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing behind
-        else:
-            log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
+        if run is None:
+            raise  # no directory was made
+        with rundir.interrupts_deferred():  # a second Ctrl-C must not stop the clean-up half-way
+            if not any(run.checkpoint_dir.glob("group*/[0-9]*")):
+                rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
+            else:
+                log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
         raise
     results = {
         "config": json.loads(cfg.to_json()),  # lists, as in results.json
