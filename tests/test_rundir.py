@@ -12,6 +12,15 @@ from jdqn import rundir, walkforward
 from jdqn.config import SMOKETEST, apply_overrides
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt, as in a terminal: pytest started as a background job of a
+    non-interactive shell (as CI may start it) begins with SIGINT ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def test_a_ctrl_c_inside_the_block_arrives_once_the_block_is_done():
     done = []
     with pytest.raises(KeyboardInterrupt), rundir.interrupts_deferred():
