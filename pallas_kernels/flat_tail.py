@@ -427,10 +427,8 @@ def _adam_write_kernel(*refs, segments: int, written: tuple[bool, ...], **static
 
     def segment(k, local):
         _, new, old, (ok, sync), in_range = _adam_block(learner, k, local, g_refs, inputs, **static)
-        (new_params, new_target, new_mu, new_nu), (old_params, old_target, old_mu, old_nu) = (
-            new,
-            old,
-        )
+        new_params, new_target, new_mu, new_nu = new
+        old_params, old_target, old_mu, old_nu = old
 
         def store(out, value, mask):
             ref, start = _slot(*out, k, learner, local, static["sizes"])

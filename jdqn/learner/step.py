@@ -158,7 +158,6 @@ def make_learner(
     # kernel's: ~21 us for each net at 1,024 learners; BENCHMARKS.md, D5). On the H200 1,024
     # learners went from 1,258 to 1,148 us a step (-8.7 %, F5). XLA's tail keeps them flat: its
     # update is then a few passes over one vector (ParamLayout).
-    leaf_vectors = fused_tail
     pick_impl = resolve_pick_impl(loss_cfg.pick_impl, jax.default_backend(), learners=learners)
     pick_kernel: double_dqn.Impl = "interpret" if pick_impl == "interpret" else "pallas"
     tail_impl: flat_tail.Impl = "interpret" if update_impl == "interpret" else "pallas"
@@ -202,7 +201,7 @@ def make_learner(
         net_key, state_key, bootstrap_key = jax.random.split(key, 3)
         network = networks.init_network(net_key, cfg, n_features + 1)
         params = layout.ravel(network.params)
-        stored = layout.split(params) if leaf_vectors else params
+        stored = layout.split(params) if fused_tail else params
         return LearnerState(
             params=stored,
             target_params=jax.tree.map(jnp.copy, stored),
@@ -340,8 +339,8 @@ def make_learner(
             return eff, (new_u, sigmas)
 
         with jax.named_scope("online_forward"):
-            differentiated = layout.leaves(params) if fused_tail else params
-            eff, pull_back, (new_u, sigmas) = jax.vjp(effective, differentiated, has_aux=True)
+            # params as stored: flat, or with the Pallas tail its leaves' segments.
+            eff, pull_back, (new_u, sigmas) = jax.vjp(effective, params, has_aux=True)
             # s' only picks a* for the (stop-gradient) target: a forward pass, outside every VJP.
             if pick_impl == "xla":
                 logits_next = networks.apply(eff, next_obs, cfg)  # [R, K, A, N]
@@ -469,7 +468,7 @@ def make_learner(
             Stacking the per-layer cotangents before one pull-back over 3 parts was a pass of
             its own per layer (42 us for the 64 x 64 kernel at 1,024 learners, Y9); the flat
             rows are pieces of the flat gradient's assembly, so stacking them costs no pass."""
-            if not leaf_vectors or not cond_causal:
+            if not cond_causal:  # (the cond comes only with the Pallas tail's segments)
                 loss, grads = causal_part(weight)
                 (row,) = pull_back(grads)
                 return loss, row
@@ -478,7 +477,7 @@ def make_learner(
             # buffers as cond operands, and XLA copies such an operand (the head kernel:
             # 40 MB at 1,024 learners). Taken again in the branch, they read the segments
             # before the kernels write them.
-            again, again_back, _ = jax.vjp(effective, layout.leaves(params), has_aux=True)
+            again, again_back, _ = jax.vjp(effective, params, has_aux=True)
             loss, grads = causal_part(weight, again)
             (row,) = again_back(grads)
             return loss, row
