@@ -27,7 +27,7 @@ Cost (C = capacity, B = batch, F = features per row):
   in the learner, the scatter is in place).
 - ``replay_add`` of n rows: O(n F).
 
-Measured (``python -m jdqn.bench.replay``; jit, median of 50 calls, each ended by
+Measured (``python -m benchmarks.replay``; jit, median of 50 calls, each ended by
 ``block_until_ready``; jax 0.11.2; the shared 2-core AMD EPYC dev CPU at load average ~12, so
 upper bounds; BENCHMARKS.md "## Prioritized replay (issue 3)"):
 

@@ -5,27 +5,16 @@ Timings are never asserted (they depend on the machine); only the shape and sani
 
 from __future__ import annotations
 
-import functools
 import json
 import math
-import os
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cuda_lowering import TRITON_DEPRECATION, lower_for_h200
 
-from jdqn.bench import (
-    breakdown,
-    fused_mlp,
-    loads,
-    suite,
-    timeline,
-    torch_peer,
-    walkforward_run,
-)
+from jdqn.bench import breakdown, suite, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.donors import n_donors_for
 from jdqn.replay import replay_sample
@@ -56,7 +45,7 @@ def test_quick_step_sections_write_well_formed_json(tmp_path) -> None:
     assert set(written["sections"]) == {"learner_step", "seeds"}
     assert written["meta"]["jax_version"] == jax.__version__
     modes = [r["mode"] for r in out["sections"]["learner_step"]["rows"]]
-    assert modes == ["per call (Python loop)", "in lax.scan", "in lax.scan, 4 steps per loop trip"]
+    assert modes == ["per call (Python loop)", "in lax.scan"]
     assert not out["sections"]["learner_step"]["detail"]["halted"]
     for row in out["sections"]["learner_step"]["rows"]:
         assert math.isfinite(row["us_per_step"]) and row["us_per_step"] > 0
@@ -69,11 +58,6 @@ def test_quick_step_sections_write_well_formed_json(tmp_path) -> None:
         assert r["seed_steps_per_s"] == pytest.approx(
             r["seeds"] / (1e-6 * r["us_per_vmapped_step"])
         )
-    assert [g["goal"] for g in out["goals"]][:2] == [
-        "in-scan learner step us",
-        "seed-steps/s at S=16",
-    ]
-    assert out["goals"][0]["measured"] == out["sections"]["learner_step"]["rows"][1]["us_per_step"]
 
 
 def test_a_failing_section_is_recorded_and_the_others_still_run(monkeypatch) -> None:
@@ -81,10 +65,10 @@ def test_a_failing_section_is_recorded_and_the_others_still_run(monkeypatch) -> 
         raise RuntimeError("boom")
 
     monkeypatch.setitem(suite.SECTIONS, "seeds", broken)
-    monkeypatch.setitem(suite.SECTIONS, "replay", lambda q, c: {"rows": [{"x": 1.0}]})
-    out = suite.run_all(["seeds", "replay"], None, quick=True, echo=lambda _: None)
+    monkeypatch.setitem(suite.SECTIONS, "breakdown", lambda q, c: {"rows": [{"x": 1.0}]})
+    out = suite.run_all(["seeds", "breakdown"], None, quick=True, echo=lambda _: None)
     assert out["sections"]["seeds"]["error"] == "RuntimeError: boom"
-    assert out["sections"]["replay"]["rows"] == [{"x": 1.0}]
+    assert out["sections"]["breakdown"]["rows"] == [{"x": 1.0}]
     with pytest.raises(RuntimeError, match="boom"):
         suite.run_all(["seeds"], None, quick=True, echo=lambda _: None, keep_going=False)
 
@@ -156,87 +140,6 @@ def test_torch_peer_reports_unavailable_without_torch() -> None:
     assert "not importable" in suite.SECTIONS["torch_peer"](True, TINY)["skipped"]
 
 
-def test_projection_sizes_flag_parses_cases_and_rejects_bad_ones(capsys) -> None:
-    from jdqn.bench import projection
-
-    assert projection.parse_sizes("262144x101,64x51") == ((262144, 101), (64, 51))
-    for bad in ("262144", "64x51,abc", "0x51", "64x1", ""):
-        with pytest.raises(SystemExit) as exit_info:
-            projection.main(["--sizes", bad])
-        assert exit_info.value.code == 2
-        assert "want BxN cases" in capsys.readouterr().err
-
-
-def test_projection_tune_sizes_flag_rejects_bad_cases(capsys) -> None:
-    """--tune-sizes goes through the same parser: a bad case stops before any benchmark runs."""
-    from jdqn.bench import projection
-
-    with pytest.raises(SystemExit) as exit_info:
-        projection.main(["--tune", "--tune-sizes", "64x1"])
-    assert exit_info.value.code == 2
-    assert "want BxN cases" in capsys.readouterr().err
-
-
-def test_kernels_section_turns_the_profile_into_rows_and_a_table(monkeypatch) -> None:
-    from jdqn.bench import kernels
-
-    profile = {
-        "device": "cpu (cpu)",
-        "jax": jax.__version__,
-        "n_seeds": 1,
-        "n_steps": 5,
-        "repeats": 3,
-        "wall_us_per_step": 10.0,
-        "traced_wall_us_per_step": 11.0,
-        "busy_us_per_step": 8.0,
-        "kernels_per_step": 3.0,
-        "command_buffers": False,
-        "scopes": {
-            "backward": {"kernels_per_step": 2.0, "us_per_step": 6.0},
-            "adam": {"kernels_per_step": 1.0, "us_per_step": 2.0},
-        },
-        "kernels": [
-            {
-                "kernel": "gemm_fusion_dot.1",
-                "scope": "backward",
-                "launches_per_step": 2.0,
-                "us_per_step": 6.0,
-                "op_name": "x/transpose(jvp(online_forward))/dot_general",
-            },
-            {
-                "kernel": "loop_multiply_fusion",
-                "scope": "adam",
-                "launches_per_step": 1.0,
-                "us_per_step": 2.0,
-                "op_name": "x/adam/mul",
-            },
-        ],
-    }
-    calls = []
-    monkeypatch.setattr(
-        kernels, "run_without_command_buffers", lambda **kw: calls.append(kw) or profile
-    )
-    out = suite.run_all(["kernels"], None, quick=True, echo=lambda _: None, keep_going=False)
-    section = out["sections"]["kernels"]
-    assert calls == [{"n_steps": 5}]
-    assert [r["scope"] for r in section["rows"]] == ["backward", "adam"]
-    assert section["rows"][0]["us_per_step"] == 6.0
-    assert "gemm_fusion_dot.1" in section["table"] and "kernels/step" in section["table"]
-
-
-def test_projection_benchmark_reports_kernel_time_per_call() -> None:
-    """The projection section on this backend: a kernel time from the profiler for every
-    implementation, next to the loop and call times, and the agreement with the scatter."""
-    from jdqn.bench import projection
-
-    rows = projection.run(sizes=((16, 51),), repeats=2, impls=("reference", "xla_scatter"))
-    assert [row["impl"] for row in rows] == ["reference", "xla_scatter"]
-    for row in rows:
-        assert row["median_us"] > 0 and row["loop_us"] > 0 and row["call_us"] > 0
-        assert row["max_abs_diff_vs_xla_scatter"] < 2e-5
-    assert "kernel us" in projection.format_table(rows)
-
-
 def test_compile_times_attribute_trace_lower_and_compile_to_the_training_program() -> None:
     # Real events from JAX: a fresh jitted function named like the training program.
     times = walkforward_run.CompileTimes()
@@ -275,13 +178,6 @@ def test_walkforward_table_shows_the_training_program_compile() -> None:
     table = walkforward_run.format_table([row])
     assert "training-program compile s" in table
     assert "| cold | 20.0 | 17.0 | 12.0 | 9.0 | 8.5 | 8.0 | 3.0 | 28 |" in table
-    goals = suite._goals({"walkforward": {"rows": [row, {**row, "run": "warm"}]}})
-    assert {
-        "goal": "training-program compile s (cold)",
-        "measured": 8.5,
-        "limit": 10.0,
-        "met": True,
-    } in goals
 
 
 def test_compiling_time_is_the_union_of_the_compile_intervals() -> None:
@@ -297,7 +193,7 @@ def test_compiling_time_is_the_union_of_the_compile_intervals() -> None:
 def test_main_command_bench_passes_an_override_given_twice_once(monkeypatch) -> None:
     calls = []
 
-    def spawn(cache_dir, out_dir, overrides, cache_min_compile_s):
+    def spawn(cache_dir, out_dir, overrides):
         calls.append(list(overrides))
         return {}
 
@@ -329,54 +225,6 @@ def test_compile_intervals_lie_within_the_compile() -> None:
     assert 0.0 < covered <= min(end - start, sum(hi - lo for lo, hi in times.intervals)) + 1e-9
 
 
-def test_projection_goals_judge_the_80_us_target_and_the_fastest_implementation() -> None:
-    from jdqn.bench import projection
-
-    def row(batch: int, impl: str, us: float) -> dict:
-        return {"batch": batch, "n_atoms": 51, "impl": impl, "median_us": us}
-
-    rows = [
-        row(262144, "pallas", 58.9),
-        row(262144, "xla_hat", 1424.8),
-        row(262144, "xla_scatter", 212.7),
-        row(4096, "pallas", 7.0),  # slower than the scatter here
-        row(4096, "xla_hat", 23.1),
-        row(4096, "xla_scatter", 6.4),
-        row(64, "pallas", 9.0),  # below 4,096: not judged
-        row(64, "xla_hat", 1.5),
-        row(64, "xla_scatter", 3.1),
-    ]
-    lines = projection.goals(rows)
-    assert lines[0] == "- pallas at 262144 x 51: 58.9 us (goal <= 80): met"
-    assert (
-        lines[1] == "- pallas fastest of 3 at each of 2 cases with B >= 4096: NOT met at 4096 x 51"
-    )
-    rows[0] = row(262144, "pallas", 80.5)
-    rows[3] = row(4096, "pallas", 2.4)
-    assert projection.goals(rows) == [
-        "- pallas at 262144 x 51: 80.5 us (goal <= 80): NOT met",
-        "- pallas fastest of 3 at each of 2 cases with B >= 4096: met",
-    ]
-    # On a CPU run (no pallas rows) nothing can be judged.
-    assert projection.goals([r for r in rows if r["impl"] != "pallas"]) == []
-
-
-@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU fallback of the CLI")
-def test_projection_cli_without_a_gpu_times_xla_only_and_refuses_tune(capsys) -> None:
-    from jdqn.bench import projection
-
-    projection.main(["--sizes", "64x51", "--repeats", "1"])
-    out = capsys.readouterr().out
-    assert "no GPU: timing the XLA implementations only" in out
-    assert "| 64 | 51 | xla_scatter |" in out and "| pallas |" not in out
-    with pytest.raises(SystemExit) as exit_info:
-        projection.main(["--tune"])
-    assert exit_info.value.code == 2
-    assert (
-        "--tune times the Pallas kernel's launch knobs; it needs a GPU" in capsys.readouterr().err
-    )
-
-
 def test_seeds_cli_times_the_s_it_is_given_and_refuses_zero(monkeypatch, capsys) -> None:
     from jdqn.bench import seeds
 
@@ -394,7 +242,7 @@ def test_seeds_cli_times_the_config_it_is_given(monkeypatch, capsys) -> None:
     from jdqn.bench import seeds
 
     timed = []
-    monkeypatch.setattr(seeds, "run", lambda quick, cfg, seeds, unroll: timed.append(cfg) or [])
+    monkeypatch.setattr(seeds, "run", lambda quick, cfg, seeds: timed.append(cfg) or [])
     seeds.main(["--quick", "--set", "loss.causal_weight=0", "--set", "optim.tau=0.01"])
     [cfg] = timed
     assert (cfg.loss.causal_weight, cfg.optim.tau) == (0.0, 0.01)
@@ -402,223 +250,3 @@ def test_seeds_cli_times_the_config_it_is_given(monkeypatch, capsys) -> None:
         seeds.main(["--set", "loss.no_such_field=1"])
     assert exit_info.value.code == 2 and timed == [cfg]
     assert "loss.no_such_field" in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_update_impl_comparison_times_each_impl_twice() -> None:
-    from jdqn.bench import seeds
-
-    rows = seeds.compare_update_impls(quick=True, cfg=TINY, impls=("xla", "interpret"), seeds=(2,))
-    assert [r["seeds"] for r in rows] == [2]
-    times = rows[0]["us"]
-    assert all(len(times[impl]) == 2 and min(times[impl]) > 0 for impl in ("xla", "interpret"))
-    assert rows[0]["ratio"] == pytest.approx(np.mean(times["interpret"]) / np.mean(times["xla"]))
-    table = seeds.format_comparison(rows)
-    assert "| seeds S | xla us per vmapped step | interpret us per vmapped step |" in table
-
-
-def test_an_unrolled_scan_takes_the_same_steps() -> None:
-    """``unroll`` only regroups the loop: 5 steps at 2 per iteration (one left over) end in the
-    state 5 steps at 1 per iteration do."""
-    learner, state = breakdown.filled_learner(TINY)
-    copy = jax.tree.map(jnp.copy, state)
-    looped, metrics = breakdown.scan_steps_fn(learner, 5)(state)
-    unrolled, unrolled_metrics = breakdown.scan_steps_fn(learner, 5, unroll=2)(copy)
-    assert int(unrolled.step) == int(looped.step) == 5
-    for a, b in zip(jax.tree.leaves(looped), jax.tree.leaves(unrolled), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(metrics), np.asarray(unrolled_metrics), rtol=1e-5)
-
-
-@pytest.mark.parametrize(
-    ("module", "argv", "message"),
-    [
-        ("seeds", ["--compare-unroll", "1", "0"], "steps per loop iteration must be at least 1"),
-        ("seeds", ["--unroll", "0"], "steps per loop iteration must be at least 1"),
-        ("learner_step", ["--unroll", "0"], "steps per loop trip must be at least 1, got 0"),
-    ],
-)
-def test_bench_clis_refuse_an_unroll_below_one(module, argv, message, capsys) -> None:
-    import importlib
-
-    main = importlib.import_module(f"jdqn.bench.{module}").main
-    with pytest.raises(SystemExit) as exit_info:
-        main(argv)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
-
-
-@pytest.mark.slow
-def test_unroll_comparison_times_each_unroll_twice() -> None:
-    from jdqn.bench import seeds
-
-    rows = seeds.compare_unrolls((1, 2), quick=True, cfg=TINY, seeds=(2,))
-    times = rows[0]["us"]
-    expected_ratio = np.mean(times["unroll 2"]) / np.mean(times["unroll 1"])
-    assert rows[0]["impls"] == ("unroll 1", "unroll 2")
-    assert all(len(t) == 2 and min(t) > 0 for t in times.values())
-    assert rows[0]["ratio"] == pytest.approx(expected_ratio)
-    assert all(len(t) == 2 and min(t) > 0 for t in rows[0]["compile_s"].values())
-    assert "compile s at S = 2: unroll 1" in seeds.format_comparison(rows)
-
-
-def test_timeline_marks_a_run_in_order() -> None:
-    """One worker process of the timeline bench: its marks come in the order the run takes
-    them, all before the parent saw the process end."""
-    (row,) = timeline.run(processes=1, quick=True)
-    found = timeline.marks(row["events"])
-    assert list(found) == list(timeline.MARKS), found
-    seconds = [found[m] for m in timeline.MARKS]
-    assert seconds == sorted(seconds) and 0 < seconds[-1] < row["wall_s"]
-    labels = {text.split("] ", 1)[1] for _, text in row["events"]}
-    assert {"< load_data", "< baselines", "< chunk metrics", "< results"} <= labels
-    assert "| process | wall s |" in timeline.format_table([row])
-
-
-def test_timeline_cli_refuses_fewer_than_one_process(capsys) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        timeline.main(["--processes", "0"])
-    assert exit_info.value.code == 2
-    assert "--processes 0: need at least 1" in capsys.readouterr().err
-
-
-def test_loads_times_a_start_up_in_every_mode(monkeypatch, tmp_path) -> None:
-    """Fresh start-ups on a given cache (no programs stored: on CPU none are): every mode, each
-    step's end in the order the worker takes them."""
-    monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path))
-    rows = loads.run(processes=3)
-    assert [row["mode"] for row in rows] == ["serial", "thread", "backend"]
-    for row in rows:
-        at = {label: seconds for seconds, label in row["events"]}
-        assert set(at) == {"import jax", "backend", "imports", "done"}
-        assert 0 < at["import jax"] <= at["backend"] and at["imports"] <= at["done"]
-        if row["mode"] == "serial":
-            assert at["backend"] <= at["imports"]
-    assert loads.format_table(rows).count("none stored") == 3
-
-
-def test_loads_names_a_stored_program_that_cannot_be_loaded(monkeypatch, tmp_path) -> None:
-    (tmp_path / "executables").mkdir()
-    (tmp_path / "executables" / "run_chunk-0123.jaxexe").write_bytes(b"not a program")
-    monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path))
-    for mode in loads.MODES:  # on the main thread or on the worker's thread
-        with pytest.raises(RuntimeError, match="run_chunk-0123.jaxexe: stored program could not"):
-            loads.spawn(mode, dict(os.environ))
-
-
-def test_loads_table_gives_each_load_its_own_seconds() -> None:
-    events = [
-        (0.9, "import jax"),
-        (1.4, "backend"),
-        (2.0, "load baselines_run"),
-        (2.1, "load init_run"),
-        (2.8, "imports"),
-        (2.8, "done"),
-    ]
-    table = loads.format_table([{"mode": "serial", "events": events}])
-    assert "| serial | 0.90 | 1.40 | baselines_run 0.600, init_run 0.100 | 2.80 | 2.80 |" in table
-
-
-def test_loads_cli_refuses_fewer_than_one_process(capsys) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        loads.main(["--processes", "0"])
-    assert exit_info.value.code == 2
-    assert "--processes 0: need at least 1" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("out_block", [256, 64, 16])
-def test_fused_mlp_program_matches_xla(out_block) -> None:
-    """The one-program forward and backward against XLA's vjp, whole head or in blocks:
-    interpret mode here, the real kernel as well on a GPU (TF32 dots there)."""
-    assert fused_mlp.compare(3, interpret=True, out_block=out_block) < 1e-4
-    if jax.default_backend() == "gpu":
-        assert fused_mlp.compare(3, interpret=False, out_block=out_block) < 2e-2
-
-
-def test_fused_mlp_loops_give_the_same_weights() -> None:
-    """Three passes in the timed loop (each feeding its gradients and output back into the
-    weights): the fused program in interpret mode against XLA's, on the real (unpadded) part."""
-    params, x, dy = fused_mlp.random_inputs(2)
-    want = fused_mlp.looped(fused_mlp._xla_pass, 3)(params, x, dy)
-    fused = functools.partial(fused_mlp.fused_forward_backward, interpret=True)
-    got = fused_mlp.looped(fused, 3)(*fused_mlp.pad(params, x, dy))
-    real = (*got[:4], got[4][..., : fused_mlp.OUTPUTS], got[5][..., : fused_mlp.OUTPUTS])
-    for g, w, start in zip(real, want, params, strict=True):
-        assert not np.allclose(np.asarray(w), start)  # the loop moved every weight
-        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-7)
-
-
-@pytest.mark.filterwarnings(TRITON_DEPRECATION)
-@pytest.mark.parametrize("out_block", [256, 64])
-def test_fused_mlp_program_lowers_for_the_h200_as_one_kernel(out_block) -> None:
-    learners = 4
-    shapes = [
-        (learners, fused_mlp.INPUTS, fused_mlp.HIDDEN),
-        (learners, fused_mlp.HIDDEN),
-        (learners, fused_mlp.HIDDEN, fused_mlp.HIDDEN),
-        (learners, fused_mlp.HIDDEN),
-        (learners, fused_mlp.HIDDEN, fused_mlp.OUTPUTS_TILE),
-        (learners, fused_mlp.OUTPUTS_TILE),
-        (learners, fused_mlp.ROWS_TILE, fused_mlp.INPUTS),
-        (learners, fused_mlp.ROWS_TILE, fused_mlp.OUTPUTS_TILE),
-    ]
-
-    def run(w1, b1, w2, b2, w3, b3, x, dy):
-        params = (w1, b1, w2, b2, w3, b3)
-        return fused_mlp.fused_forward_backward(params, x, dy, out_block=out_block)
-
-    assert lower_for_h200(run, *shapes).count("__gpu$xla.gpu.triton") == 1
-
-
-def test_fused_mlp_refuses_an_output_block_that_does_not_divide_the_head(capsys) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        fused_mlp.main(["--out-blocks", "48"])
-    assert exit_info.value.code == 2
-    assert "--out-blocks [48]: use powers of two" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="out_block 8"):
-        fused_mlp.compare(1, interpret=True, out_block=8)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--learners", "0"], "each must be at least 1"),
-        (["--steps", "0"], "each must be at least 1"),
-        (["--repeats", "0"], "each must be at least 1"),
-        (["--warps", "3"], "--warps [3]: Triton takes powers of two"),
-    ],
-)
-def test_fused_mlp_cli_refuses_impossible_counts(argv, message, capsys) -> None:
-    with pytest.raises(SystemExit) as exit_info:
-        fused_mlp.main(argv)
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
-
-
-def test_fused_mlp_cli_refuses_a_cpu(capsys) -> None:
-    if jax.default_backend() == "gpu":
-        pytest.skip("the CLI runs on a GPU")
-    with pytest.raises(SystemExit) as exit_info:
-        fused_mlp.main(["--learners", "1"])
-    assert exit_info.value.code == 2
-    assert "run this on a GPU" in capsys.readouterr().err
-
-
-def test_pick_benchmark_times_xla_and_each_kernel_launch() -> None:
-    """The pick section on this backend (interpret mode off a GPU): XLA's form and every asked
-    launch of the kernel, each with a profiler time and its agreement with the reference."""
-    from jdqn.bench import pick
-
-    rows = pick.run(learners=2, repeats=2, launches=((8, 2), (16, 1)))
-    assert [row["impl"] for row in rows] == [
-        "xla",
-        "kernel, 8 rows x 2 warps",
-        "kernel, 16 rows x 1 warps",
-    ]
-    for row in rows:
-        assert row["kernel_us"] > 0 and row["max_abs_diff_vs_reference"] < 2e-5
-    # Both nets' logits read and the outputs written, at 4 bytes each.
-    assert pick.hbm_bytes(2) == 4 * (2 * 160 * 153 + 2 * 2 * 153 + 160 * 55)
-    assert "kernel us" in pick.format_table(rows)
-    with pytest.raises(SystemExit):
-        pick.main(["--learners", "0"])

@@ -1,4 +1,4 @@
-"""jdqn.bench.critical_path: the longest kernel chain of a scan body, on hand-counted HLO and on
+"""benchmarks.critical_path: the longest kernel chain of a scan body, on hand-counted HLO and on
 the real (CPU-compiled) learner scan."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jdqn.bench import critical_path
+from benchmarks import critical_path
 
 _ADAM = 'metadata={op_name="jit(run)/while/body/eval_jaxpr/adam/mul"}'
 
@@ -196,7 +196,7 @@ def test_the_cpu_learner_scan_has_a_chain_no_longer_than_its_kernels() -> None:
 
 def test_cli_names_a_missing_hlo_file_in_one_line(tmp_path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "jdqn.bench.critical_path", "--hlo", str(tmp_path / "none.txt")],
+        [sys.executable, "-m", "benchmarks.critical_path", "--hlo", str(tmp_path / "none.txt")],
         capture_output=True,
         text=True,
     )
@@ -220,7 +220,7 @@ def test_cli_refuses_bad_input_in_one_line(tmp_path, args, status, message) -> N
     )
     args = [str(no_while) if a == "NO_WHILE" else a for a in args]
     done = subprocess.run(
-        [sys.executable, "-m", "jdqn.bench.critical_path", *args],
+        [sys.executable, "-m", "benchmarks.critical_path", *args],
         capture_output=True,
         text=True,
     )

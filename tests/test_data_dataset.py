@@ -165,7 +165,7 @@ def test_too_short_data_fails_before_features():
 
 
 def test_data_pipeline_benchmark_reports_every_stage():
-    from jdqn.bench.data_pipeline import run
+    from benchmarks.data_pipeline import run
 
     timings = run(n_bars=2_000, repeats=1)
     assert set(timings) == {"synth_s", "features_s", "folds_normalise_s", "total_s", "load_csv_s"}

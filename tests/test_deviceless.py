@@ -1,4 +1,4 @@
-"""jdqn.bench.deviceless: its HLO readings on hand-written HLO, and its error without JAX's CUDA
+"""benchmarks.deviceless: its HLO readings on hand-written HLO, and its error without JAX's CUDA
 plugin (CI has none; the compile itself needs the plugin, see the module's docstring)."""
 
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from jdqn.bench import deviceless
+from benchmarks import deviceless
 
 HLO = """\
 %body (p: (f32[2,3])) -> (f32[2,3]) {
@@ -34,7 +34,7 @@ def test_copies_are_counted_and_nothing_else():
 @pytest.mark.skipif(deviceless._has_plugin(), reason="JAX's CUDA plugin is installed here")
 def test_without_the_cuda_plugin_it_says_what_to_install():
     done = subprocess.run(
-        [sys.executable, "-m", "jdqn.bench.deviceless", "--seeds", "2"],
+        [sys.executable, "-m", "benchmarks.deviceless", "--seeds", "2"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -54,7 +54,7 @@ def test_without_the_cuda_plugin_it_says_what_to_install():
 )
 def test_bad_arguments_get_one_line_and_no_traceback(args, message):
     done = subprocess.run(
-        [sys.executable, "-m", "jdqn.bench.deviceless", *args],
+        [sys.executable, "-m", "benchmarks.deviceless", *args],
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,4 +1,4 @@
-"""jdqn.bench.kernels: HLO metadata parsing, scope attribution, event summary, and a CPU run."""
+"""benchmarks.kernels: HLO metadata parsing, scope attribution, event summary, and a CPU run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from jdqn.bench import kernels
+from benchmarks import kernels
 
 _ADAM = 'metadata={op_name="jit(run)/while/body/eval_jaxpr/adam/mul" source_line=3}'
 _HEAD = (

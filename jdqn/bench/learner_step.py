@@ -1,22 +1,17 @@
-"""Benchmark of one learner step at the smoketest profile (issue 3).
+"""Benchmark of one learner step at the smoketest profile: per call vs inside ``lax.scan``.
 
 Shapes: batch 64 (+16 HER donors), a full 256-slot buffer, hidden [64, 64], 51 atoms, 3 actions;
 every component the smoketest profile turns on (PER, donors, spectral norm, double-DQN target
 and projection, both loss parts, vaccine, budget, causal term, Adam, target sync, priorities,
-guard). Four figures:
+guard). Three figures:
 
 - compile: the first call of the jitted, donated step (trace + XLA compile), in seconds;
 - per call: the jitted, donated step called from a Python loop, ``block_until_ready`` after
   each call, median over ``repeats`` calls (what a host-driven training loop pays per step);
 - in scan: ``n_scan`` steps inside one ``lax.scan`` (one executable, no dispatch), total time /
-  ``n_scan``, median over ``scan_repeats`` runs; its compile time is reported separately;
-- in scan, unrolled: the same with ``unroll`` steps per loop trip (``lax.scan``'s ``unroll``), a
-  diagnostic: on a GPU each trip costs a CUDA graph launch and a host round trip, which this
-  pays once per ``unroll`` steps, so the two scan rows' difference is what a trip costs.
-  Training keeps one step per trip: unrolling its chunk tripled the training program's compile
-  and did not move its run time (BENCHMARKS.md, "U3").
+  ``n_scan``, median over ``scan_repeats`` runs; its compile time is reported separately.
 
-    python -m jdqn.bench.learner_step [--n-scan 1000] [--repeats 200] [--unroll 4]
+    python -m jdqn.bench.learner_step [--n-scan 1000] [--repeats 200]
 """
 
 from __future__ import annotations
@@ -32,15 +27,12 @@ import jax.numpy as jnp
 from jdqn.bench.breakdown import ALPHA, BETA, filled_learner, scan_steps_fn, time_repeated
 from jdqn.config import SMOKETEST, Config
 
-UNROLL = 4  # steps per loop trip of the unrolled row: -16 % at S = 1 on the H200 (U2)
-
 
 def run(
     cfg: Config = SMOKETEST,
     n_scan: int = 1000,
     repeats: int = 200,
     scan_repeats: int = 3,
-    unroll: int = UNROLL,
 ) -> dict[str, Any]:
     """Time the learner step of ``cfg``; returns microseconds per step and compile seconds."""
     alpha, beta = jnp.float32(ALPHA), jnp.float32(BETA)
@@ -53,11 +45,6 @@ def run(
     learner, state = filled_learner(cfg)
     # compile_s here includes one run of n_scan steps.
     in_scan, state = time_repeated(scan_steps_fn(learner, n_scan), state, scan_repeats)
-    halted |= bool(state.guard.halted)
-
-    learner, state = filled_learner(cfg)
-    unrolled_fn = scan_steps_fn(learner, n_scan, unroll=unroll)
-    unrolled, state = time_repeated(unrolled_fn, state, scan_repeats)
     halted |= bool(state.guard.halted)
 
     per_call_us = 1e6 * per_call["median_s"]
@@ -76,9 +63,6 @@ def run(
         "scan_repeats": scan_repeats,
         "compile_step_s": per_call["compile_s"],
         "compile_scan_s": in_scan["compile_s"],
-        "unroll": unroll,
-        "in_scan_unrolled_us": 1e6 * unrolled["median_s"] / n_scan,
-        "compile_scan_unrolled_s": unrolled["compile_s"],
         "per_call_over_in_scan": per_call_us / in_scan_us,
         "halted": halted,  # must be False: a halted learner does less work
     }
@@ -97,11 +81,8 @@ def table(result: dict[str, Any]) -> str:
             f"of {result['repeats']}, min {result['per_call_min_us']:.1f} |",
             f"| inside lax.scan | {result['in_scan_us']:.1f} | {result['n_scan']} steps, median "
             f"of {result['scan_repeats']} runs |",
-            f"| inside lax.scan, {result['unroll']} steps per loop trip | "
-            f"{result['in_scan_unrolled_us']:.1f} | same, `unroll={result['unroll']}` |",
-            f"| compile: step / scan / unrolled scan | {result['compile_step_s']:.1f} s / "
-            f"{result['compile_scan_s']:.1f} s / {result['compile_scan_unrolled_s']:.1f} s | "
-            "scan figures include their first run |",
+            f"| compile: step / scan | {result['compile_step_s']:.1f} s / "
+            f"{result['compile_scan_s']:.1f} s | the scan's includes its first run |",
             "",
             f"per call / in scan: {result['per_call_over_in_scan']:.1f}x; "
             f"guard halted: {result['halted']}",
@@ -114,11 +95,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--n-scan", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--scan-repeats", type=int, default=3)
-    parser.add_argument("--unroll", type=int, default=UNROLL, help="steps per loop trip")
     args = parser.parse_args(argv)
-    if args.unroll < 1:
-        parser.error(f"--unroll: steps per loop trip must be at least 1, got {args.unroll}")
-    print(table(run(SMOKETEST, args.n_scan, args.repeats, args.scan_repeats, args.unroll)))
+    print(table(run(SMOKETEST, args.n_scan, args.repeats, args.scan_repeats)))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,18 @@
-"""``jdqn bench``: every benchmark section in one run; prints tables and writes JSON (issue 6).
+"""``jdqn bench``: the jit-compiled benchmark of docs/design.md; prints tables and writes JSON.
 
 Sections (run in this order; ``--only NAME`` picks some):
 
 - ``learner_step``: the smoketest learner step, all components on: per call from a Python loop
   (the usual jit-per-step pattern) vs inside ``lax.scan``.
 - ``seeds``: S vmapped learners (S in 1, 16, 128, 1024), seed-steps per second.
-- ``walkforward``: the README main command's work, cold and warm compilation cache, in fresh
-  processes.
+- ``walkforward``: the README main command, cold and warm compilation cache, in fresh processes.
 - ``breakdown``: where the step's time goes (variants with one component off, differenced).
-- ``kernels``: every kernel of the in-scan step with its device time and the part of the step
-  that launched it (``jdqn.bench.kernels``, command buffers off, in a fresh process).
 - ``torch_peer``: the same step in PyTorch, eager and CUDA-graph captured (when torch imports);
   the jdqn/peer ratios use jdqn's numbers measured in the same run.
-- ``projection``, ``replay``, ``data_pipeline``: the component benchmarks of their own modules.
 
 Absolute times depend on the machine; the ratios (jdqn vs the peer, in-scan vs per call) are the
-figures to compare across runs.
+figures to compare across runs. Research probes (kernel lists, the critical path, deviceless
+compiles, timelines, kernel sweeps) live in the repository's ``benchmarks/`` folder.
 """
 
 from __future__ import annotations
@@ -33,12 +30,6 @@ import jax
 
 from jdqn.bench import breakdown, seeds, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, Config
-
-# Goals of issue 6 on the H200 (us, seed-steps/s, s).
-GOAL_IN_SCAN_US = 25.0
-GOAL_SEED_STEPS_PER_S = 2_000_000
-GOAL_COLD_S, GOAL_WARM_S = 10.0, 3.0
-GOAL_TRAINING_COMPILE_S = 10.0
 
 
 def _learner_step_rows(quick: bool, cfg: Config) -> dict[str, Any]:
@@ -61,11 +52,6 @@ def _learner_step_rows(quick: bool, cfg: Config) -> dict[str, Any]:
             "us_per_step": detail["in_scan_us"],
             "compile_s": detail["compile_scan_s"],
         },
-        {
-            "mode": f"in lax.scan, {detail['unroll']} steps per loop trip",
-            "us_per_step": detail["in_scan_unrolled_us"],
-            "compile_s": detail["compile_scan_unrolled_s"],
-        },
     ]
     return {"rows": rows, "detail": detail, "table": learner_step.table(detail)}
 
@@ -81,15 +67,6 @@ def _walkforward(quick: bool, cfg: Config) -> dict[str, Any]:
 
 def _breakdown(quick: bool, cfg: Config) -> dict[str, Any]:
     return {"rows": breakdown.run(quick, cfg), "kernel_census": breakdown.kernel_census(cfg)}
-
-
-def _kernels(quick: bool, cfg: Config) -> dict[str, Any]:
-    del cfg  # the profiler's own fixture: the smoketest step
-    from jdqn.bench import kernels
-
-    result = kernels.run_without_command_buffers(n_steps=5 if quick else 200)
-    rows = [{"scope": scope, **figures} for scope, figures in result["scopes"].items()]
-    return {"rows": rows, "detail": result, "table": kernels.table(result, top=15)}
 
 
 def _torch_peer(quick: bool, cfg: Config) -> dict[str, Any]:
@@ -116,36 +93,6 @@ def _fmt_peer(result: dict[str, Any], jdqn_rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _projection(quick: bool, cfg: Config) -> dict[str, Any]:
-    from jdqn.bench import projection
-
-    on_gpu = jax.default_backend() == "gpu"
-    # The smoketest/default batch sizes at 51 atoms; the full sweep is `python -m
-    # jdqn.bench.projection` (its Pallas compiles alone outlast a bench run's time budget).
-    sizes = ((64, 51),) if quick or not on_gpu else ((64, 51), (4096, 51), (65536, 51))
-    impls = projection.IMPLS if on_gpu else ("xla_hat", "xla_scatter")
-    rows = projection.run(sizes=sizes, repeats=5 if quick else 20, impls=impls)
-    return {"rows": rows, "table": projection.format_table(rows)}
-
-
-def _replay(quick: bool, cfg: Config) -> dict[str, Any]:
-    from jdqn.bench import replay
-
-    sizes = ((256, 64),) if quick else replay.SIZES
-    rows = [
-        replay.bench_size(capacity, batch, breakdown.N_FEATURES, 5 if quick else 50, 100)
-        for capacity, batch in sizes
-    ]
-    return {"rows": rows}
-
-
-def _data_pipeline(quick: bool, cfg: Config) -> dict[str, Any]:
-    from jdqn.bench import data_pipeline
-
-    timings = data_pipeline.run(n_bars=12_000 if quick else 60_000, repeats=1 if quick else 3)
-    return {"rows": [timings]}
-
-
 def _fmt_rows(rows: list[dict[str, Any]]) -> str:
     """Generic markdown table of flat rows (numbers to 4 significant digits)."""
     if not rows:
@@ -162,11 +109,7 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "seeds": _seeds,
     "walkforward": _walkforward,
     "breakdown": _breakdown,
-    "kernels": _kernels,
     "torch_peer": _torch_peer,
-    "projection": _projection,
-    "replay": _replay,
-    "data_pipeline": _data_pipeline,
 }
 
 
@@ -186,43 +129,6 @@ def _format(name: str, result: dict[str, Any], results: dict[str, Any]) -> str:
     if "table" in result:
         return result["table"]
     return _fmt_rows(result["rows"])
-
-
-def _goals(results: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 6's goals against what this run measured (they are stated for the H200)."""
-    goals = []
-
-    def add(name: str, value: float, limit: float, lower_is_better: bool = True) -> None:
-        met = value <= limit if lower_is_better else value >= limit
-        goals.append({"goal": name, "measured": value, "limit": limit, "met": met})
-
-    def has(name: str) -> bool:
-        return bool(results.get(name, {}).get("rows"))
-
-    if has("learner_step"):
-        # The one-step-per-trip row: the scan training runs (the unrolled row is a diagnostic
-        # of what a loop trip costs; BENCHMARKS.md, "U3").
-        add(
-            "in-scan learner step us",
-            results["learner_step"]["rows"][1]["us_per_step"],
-            GOAL_IN_SCAN_US,
-        )
-    if has("seeds"):
-        big = max(results["seeds"]["rows"], key=lambda r: r["seeds"])
-        add(
-            f"seed-steps/s at S={big['seeds']}",
-            big["seed_steps_per_s"],
-            GOAL_SEED_STEPS_PER_S,
-            lower_is_better=False,
-        )
-    if has("walkforward"):
-        cold, warm = results["walkforward"]["rows"]
-        add("main command cold s (process wall)", cold["process_wall_s"], GOAL_COLD_S)
-        add("main command warm s (process wall)", warm["process_wall_s"], GOAL_WARM_S)
-        add(
-            "training-program compile s (cold)", cold["training_compile_s"], GOAL_TRAINING_COMPILE_S
-        )
-    return goals
 
 
 def _meta(quick: bool) -> dict[str, Any]:
@@ -256,8 +162,8 @@ def run_all(
     echo: Callable[[str], None] = print,
     keep_going: bool = True,
 ) -> dict[str, Any]:
-    """Run ``sections`` (empty = all, in :data:`SECTIONS` order), print a table per section and
-    the goals, write JSON to ``json_path`` if given, and return the results.
+    """Run ``sections`` (empty = all, in :data:`SECTIONS` order), print a table per section,
+    write JSON to ``json_path`` if given, and return the results.
 
     ``cfg`` (default: the smoketest profile) is the learner's config for the step sections; tests
     pass a tiny one. A section that raises is recorded (``error``, ``traceback``) and the others
@@ -295,14 +201,6 @@ def run_all(
             echo(_format(name, result, output["sections"]))
         if json_path:  # after every section, so a run cut short keeps what it measured
             _write_json(json_path, output)
-    output["goals"] = _goals(output["sections"])
-    if output["goals"]:
-        echo("\n## goals (issue 6; stated for the H200)\n")
-        for goal in output["goals"]:
-            echo(
-                f"- {goal['goal']}: {goal['measured']:,.1f} (goal {goal['limit']:,}) "
-                f"{'met' if goal['met'] else 'NOT met'}"
-            )
     if json_path:
         _write_json(json_path, output)
         echo(f"\njdqn bench: wrote {json_path}")

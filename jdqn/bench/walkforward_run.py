@@ -39,8 +39,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jdqn.cli import end_process
-
 RESULT_TAG = "JDQN_BENCH_RESULT "
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
@@ -56,7 +54,7 @@ OPTIONAL_OUTPUTS = {
 
 
 # The training program (``jdqn.walkforward``: one chunk of epochs for every run of a group): the
-# issue's "compile of the training program" is its trace + lower + backend compile.
+# compile is its trace + lower + backend compile.
 TRAINING_PROGRAM = "run_chunk"
 
 
@@ -109,12 +107,8 @@ def missing_outputs() -> list[str]:
     return [name for name in OPTIONAL_OUTPUTS if importlib.util.find_spec(name) is None]
 
 
-def worker(overrides: Sequence[str], cache_min_compile_s: float | None = None) -> dict[str, Any]:
-    """One main-command run in this process; timings in seconds.
-
-    ``cache_min_compile_s`` (an experiment knob) replaces the persistent cache's minimum compile
-    time after ``enable_compilation_cache`` has set it: executables that compile faster than the
-    threshold are not cached and recompile on every warm start."""
+def worker(overrides: Sequence[str]) -> dict[str, Any]:
+    """One main-command run in this process; timings in seconds."""
     start = time.perf_counter()
     import jax
     from jax import monitoring
@@ -122,18 +116,8 @@ def worker(overrides: Sequence[str], cache_min_compile_s: float | None = None) -
     times = CompileTimes()
     monitoring.register_event_duration_secs_listener(times)
     durations, counts = times.durations, times.counts
-    from jdqn import walkforward
     from jdqn.config import apply_overrides, profile
     from jdqn.walkforward import run_walkforward
-
-    if cache_min_compile_s is not None:
-        enable = walkforward.enable_compilation_cache
-
-        def enable_with_threshold(cfg: Any) -> None:
-            enable(cfg)
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", cache_min_compile_s)
-
-        walkforward.enable_compilation_cache = enable_with_threshold
 
     import_s = time.perf_counter() - start
     cfg = apply_overrides(profile("smoketest"), list(overrides))
@@ -177,13 +161,9 @@ def run_worker(command: Sequence[str], env: dict[str, str], tag: str) -> tuple[f
     return wall_s, lines
 
 
-def _spawn(
-    cache_dir: str, out_dir: str, overrides: Sequence[str], cache_min_compile_s: float | None
-) -> dict[str, Any]:
+def _spawn(cache_dir: str, out_dir: str, overrides: Sequence[str]) -> dict[str, Any]:
     env = dict(os.environ, JDQN_CACHE_DIR=cache_dir)
     command = [sys.executable, "-m", "jdqn.bench.walkforward_run", "--worker"]
-    if cache_min_compile_s is not None:
-        command.append(f"--cache-min-compile-s={cache_min_compile_s}")
     command += [f"--set={o}" for o in (*overrides, f"output.out_dir={out_dir}")]
     wall_s, lines = run_worker(command, env, RESULT_TAG)
     result = json.loads(lines[-1])
@@ -208,9 +188,7 @@ def bench_overrides(quick: bool) -> list[str]:
     return [*extra, *QUICK_OVERRIDES] if quick else extra
 
 
-def run(
-    quick: bool = False, overrides: Sequence[str] = (), cache_min_compile_s: float | None = None
-) -> list[dict[str, Any]]:
+def run(quick: bool = False, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Rows ``cold`` and ``warm`` of the main command (smoketest profile + ``overrides``).
 
     ``quick`` shrinks the work (:func:`bench_overrides`)."""
@@ -220,8 +198,8 @@ def run(
     with tempfile.TemporaryDirectory(prefix="jdqn-bench-") as tmp:
         cache_dir = str(Path(tmp) / "xla-cache")
         for label in ("cold", "warm"):
-            row = _spawn(cache_dir, str(Path(tmp) / "runs" / label), overrides, cache_min_compile_s)
-            row.update(run=label, overrides=overrides, cache_min_compile_s=cache_min_compile_s)
+            row = _spawn(cache_dir, str(Path(tmp) / "runs" / label), overrides)
+            row.update(run=label, overrides=overrides)
             rows.append(row)
     return rows
 
@@ -252,16 +230,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--worker", action="store_true", help="one timed run in this process")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument(
-        "--cache-min-compile-s", type=float, help="experiment: persistent-cache threshold"
-    )
     args = parser.parse_args(argv)
     if args.worker:
-        result = worker(args.overrides, args.cache_min_compile_s)
+        result = worker(args.overrides)
         print(RESULT_TAG + json.dumps(result), flush=True)
-        end_process(0)  # as `jdqn walkforward` ends (jdqn.cli.console)
+        # End as a finished ``jdqn walkforward`` does (jdqn.cli.console): without the
+        # interpreter's teardown, which the process wall time would otherwise include.
+        sys.stderr.flush()
+        os._exit(0)
     else:
-        print(format_table(run(args.quick, args.overrides, args.cache_min_compile_s)))
+        print(format_table(run(args.quick, args.overrides)))
 
 
 if __name__ == "__main__":

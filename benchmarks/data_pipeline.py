@@ -5,7 +5,7 @@ Each stage is timed separately with ``time.perf_counter``, best of ``repeats`` r
 smaller layout when the default one does not fit). Also times ``load_bars`` on the same bars
 written as CSV, the cost of a real-data run's first step.
 
-    python -m jdqn.bench.data_pipeline [--bars 60000] [--repeats 3]
+    python -m benchmarks.data_pipeline [--bars 60000] [--repeats 3]
 """
 
 from __future__ import annotations

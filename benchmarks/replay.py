@@ -11,7 +11,7 @@ compile and warm-up call, each call ended by ``block_until_ready``. Two views:
 ``replay_update`` donates its state (as the learner does), so the scatter is in place and its
 cost does not include a copy of the ``[C]`` priorities.
 
-    python -m jdqn.bench.replay [--repeats 50] [--features 16]
+    python -m benchmarks.replay [--repeats 50] [--features 16]
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ assignment puts in front of the head's kernel-gradient GEMM on c07abfb, and the 
 written twice on e06ac41, come out the same here (BENCHMARKS.md, E8).
 
     pip install --target DIR jax-cuda12-plugin==0.11.2 jax-cuda12-pjrt==0.11.2
-    PYTHONPATH=.:DIR python -m jdqn.bench.deviceless [--seeds 1024] [--set KEY=VALUE ...]
+    PYTHONPATH=.:DIR python -m benchmarks.deviceless [--seeds 1024] [--set KEY=VALUE ...]
         [--out DIR] [--target-config FILE]
 
-Prints the scan body's kernels and longest chain (``jdqn.bench.critical_path``), the copies
+Prints the scan body's kernels and longest chain (``benchmarks.critical_path``), the copies
 layout assignment added, and the program's dot instructions in the order layout assignment
 visits them (in E6's log the first of the head's two backward GEMMs in that order set the
 layout of the cotangent both read; BENCHMARKS.md). ``--out`` keeps the optimised HLO and the
@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from jdqn.bench.critical_path import analyse
+from benchmarks.critical_path import analyse
 
 # An H200's description for XLA's cost models: 132 SMs of compute capability 9.0, 50 MB of L2,
 # 4.8 TB/s, 141 GB (NVIDIA's data sheet); the other fields are Hopper's limits.

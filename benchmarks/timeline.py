@@ -12,7 +12,7 @@ the waits on worker threads and the teardown after the last line each get a figu
 The workers share one ``JDQN_CACHE_DIR`` (a temporary one unless the variable is set): the
 first of them is cold when the cache is empty, the others warm.
 
-    python -m jdqn.bench.timeline [--processes 3] [--events] [--quick] [--set KEY=VALUE ...]
+    python -m benchmarks.timeline [--processes 3] [--events] [--quick] [--set KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def worker(overrides: Sequence[str]) -> None:
 
 def spawn(overrides: Sequence[str], env: dict[str, str]) -> tuple[float, list[tuple[float, str]]]:
     """One worker process with ``overrides`` and ``env``: its wall seconds and its events."""
-    command = [sys.executable, "-m", "jdqn.bench.timeline", "--worker"]
+    command = [sys.executable, "-m", "benchmarks.timeline", "--worker"]
     command += [f"--set={o}" for o in overrides]
     wall, lines = run_worker(command, {**env, START_VAR: repr(time.time())}, EVENT_TAG)
     events = []

@@ -15,7 +15,7 @@ real one, the per-kernel table is not. ``--no-command-buffers`` re-runs the prof
 process with ``--xla_gpu_enable_command_buffer=`` (kernels launched one by one: per-kernel device
 times are right, the wall time then includes launch gaps).
 
-    python -m jdqn.bench.kernels [--steps 200] [--seeds 1] [--top 25] [--json FILE]
+    python -m benchmarks.kernels [--steps 200] [--seeds 1] [--top 25] [--json FILE]
                                  [--hlo FILE] [--set KEY=VALUE ...] [--no-command-buffers]
 
 ``--hlo`` writes the profiled program's compiled HLO, whose fusion names are the table's kernel
@@ -217,7 +217,7 @@ def _fresh_process_without_command_buffers(
     # XLA reads its flags when the backend starts, so a fresh process is the reliable way.
     flags = f"{os.environ.get('XLA_FLAGS', '')} {NO_COMMAND_BUFFERS}".strip()
     return subprocess.run(
-        [sys.executable, "-m", "jdqn.bench.kernels", *args],
+        [sys.executable, "-m", "benchmarks.kernels", *args],
         env=dict(os.environ, XLA_FLAGS=flags),
         capture_output=capture,
         text=True,

@@ -3,13 +3,13 @@ against the learner step's XLA form of the same work (``jdqn.networks.q_values``
 ``jdqn.losses.double_dqn_target`` on the biased logits), on ``L`` vmapped learners.
 
 Each row is one implementation (the kernel at one launch: rows per program x Triton warps):
-its device time per call from ``jax.profiler`` (``jdqn.bench.projection.kernel_us``: the
+its device time per call from ``jax.profiler`` (``benchmarks.projection.kernel_us``: the
 kernels of one call summed, median over calls; nothing of the host's dispatch) and its largest
 difference from the jnp reference. The HBM floor is the bytes the pick must move (both nets'
 logits read once, ``q_next``, ``probs*`` and ``q*`` written) at
-``jdqn.bench.projection.HBM_BYTES_PER_S``.
+``benchmarks.projection.HBM_BYTES_PER_S``.
 
-    python -m jdqn.bench.pick [--learners 1024] [--repeats 50] [--sweep]
+    python -m benchmarks.pick [--learners 1024] [--repeats 50] [--sweep]
 
 ``--sweep`` times the kernel at every launch of :data:`SWEEP` (how BENCHMARKS.md's A3 chose the
 default); without it, at the default launch only. Off a GPU the kernel runs in interpret mode,
@@ -26,8 +26,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from benchmarks.projection import HBM_BYTES_PER_S, kernel_us
 from jdqn import losses, networks
-from jdqn.bench.projection import HBM_BYTES_PER_S, kernel_us
 from pallas_kernels import double_dqn
 
 # The smoketest step's shape: 64 sampled rows and 16 donors, one head, 3 actions, 51 atoms.

@@ -12,7 +12,7 @@ implementation. ``call_us``: one jitted call from Python, dispatch and sync incl
 Also reports the HBM floor: the bytes a projection must move (read probs, rewards and discounts,
 write the result) at ``HBM_BYTES_PER_S``, and the bandwidth each implementation achieves.
 
-    python -m jdqn.bench.projection [--repeats 50] [--tune]
+    python -m benchmarks.projection [--repeats 50] [--tune]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jdqn.bench.kernels import traced_device_events
+from benchmarks.kernels import traced_device_events
 from pallas_kernels.c51_projection import c51_project, c51_project_pallas
 
 HBM_BYTES_PER_S = 4.3e12  # H200 HBM3e, usable (of 4.8 TB/s peak)

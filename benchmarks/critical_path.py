@@ -14,7 +14,7 @@ tuples, bitcasts, constants and tuple indexing launch nothing. A ``call`` (XLA's
 outlining) and a ``conditional`` are followed into their computations; an inner ``while``
 counts its body's chain once per known trip.
 
-    python -m jdqn.bench.critical_path [--seeds 1] [--set KEY=VALUE ...] [--hlo FILE]
+    python -m benchmarks.critical_path [--seeds 1] [--set KEY=VALUE ...] [--hlo FILE]
 
 ``--hlo FILE`` analyses a saved HLO text (``compiled.as_text()``) instead of compiling.
 """
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from jdqn.bench.kernels import scope_of
+from benchmarks.kernels import scope_of
 
 # Instructions that launch no GPU work.
 FREE = frozenset(
@@ -293,7 +293,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def compiled_scan_hlo(overrides: Sequence[str], n_seeds: int, n_steps: int = 8) -> str:
-    """Optimised HLO of the bench's scan of learner steps (as ``jdqn.bench.kernels`` times it)."""
+    """Optimised HLO of the bench's scan of learner steps (as ``benchmarks.kernels`` times it)."""
     from jdqn.bench.breakdown import filled_learner, scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
 
