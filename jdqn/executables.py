@@ -10,7 +10,7 @@ without tracing: every input that can change the program is hashed, namely
 - the source of jdqn and its Pallas kernels (any edit gives new keys),
 - the versions of jax, jaxlib and the libraries that build the traced functions, and JAX's
   configuration (precision, x64, PRNG implementation, ...),
-- the backend (platform, device kind and count) and ``XLA_FLAGS``,
+- the backend (platform, device kind and count), ``XLA_FLAGS`` and ``JDQN_KERNELS``,
 - the caller's description of what the function closes over (the config as JSON, static shapes),
 - and the abstract signature of the arguments (tree structure, shapes, dtypes, weak types).
 
@@ -106,6 +106,7 @@ def cache_key(name: str, context: str, args: tuple[Any, ...]) -> str:
         _jax_settings(),
         _backend(),
         os.environ.get("XLA_FLAGS", ""),
+        os.environ.get("JDQN_KERNELS", ""),  # jdqn.accel's test override of the kernels
     ):
         digest.update(part.encode())
         digest.update(b"\0")

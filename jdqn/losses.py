@@ -24,7 +24,7 @@ def project_target(
     """Project the distribution of r + g Z onto the support (Bellemare et al., 2017). [B, N].
 
     Dispatches to ``pallas_kernels.c51_project`` (hat-kernel form; Pallas on GPU, pure jnp on
-    CPU); ``impl`` is ``loss.projection_impl``.
+    CPU); ``impl`` comes from ``accel.kernels`` (``jdqn.accel``).
     """
     return pallas_kernels.c51_project(probs, rewards, discounts, v_min, v_max, impl=impl)
 

@@ -51,8 +51,7 @@ def test_overrides_are_typed():
         ("walkforward.purge_bars=10", "feature lookback"),
         ("replay.capacity=8", "replay.capacity"),
         ("loss.alpha_schedule=[0.0, 1.5]", "loss.alpha_schedule"),
-        ("optim.update_impl=triton", "optim.update_impl"),
-        ("loss.pick_impl=cuda", "loss.pick_impl"),
+        ("accel.kernels=interpret", "accel.kernels"),
         ("trainepochs", "section.field=value"),
     ],
 )

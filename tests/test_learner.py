@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from cuda_lowering import pallas_call_sizes
 
-from jdqn import networks
+from jdqn import accel, networks
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.learner import GUARD_REASONS, LearnerMetrics, make_learner
 from jdqn.learner.step import (
@@ -47,24 +47,28 @@ SMALL = (
     "optim.target_every=3",
     "loss.grad_budget=1e-3",  # small enough to bind (Adam is scale-free, training still moves)
 )
-# The step's flat tail as kernels (pallas_kernels.flat_tail): interpret mode on CPU, the real
-# kernels on a GPU; "xla" is the optax/jnp path.
-FUSED = "optim.update_impl=" + ("pallas" if jax.default_backend() == "gpu" else "interpret")
-XLA_TAIL = "optim.update_impl=xla"
+# Pieces forced through jdqn.accel's test override (a "kernels:" extra, not a config value):
+# the real kernels on a GPU, interpret mode on CPU.
+_KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"
+# The step's flat tail as kernels (pallas_kernels.flat_tail); "xla" is the optax/jnp path.
+FUSED = f"kernels:tail={_KERNEL}"
+XLA_TAIL = "kernels:tail=xla"
 # The double-DQN pick at s' as one kernel (pallas_kernels.double_dqn) or XLA's fusions.
-PICK = "loss.pick_impl=" + ("pallas" if jax.default_backend() == "gpu" else "interpret")
-XLA_PICK = "loss.pick_impl=xla"
+PICK = f"kernels:pick={_KERNEL}"
+XLA_PICK = "kernels:pick=xla"
 TRACES: dict[tuple[str, ...], int] = {}  # traces of the shared jitted step, per config
 
 
 @functools.cache
 def _cfg(*extra: str):
-    return apply_overrides(SMOKETEST, [*SMALL, *extra])
+    return apply_overrides(SMOKETEST, [*SMALL, *(e for e in extra if not e.startswith("kernels:"))])
 
 
 @functools.cache
 def _learner(*extra: str, debug: bool = False):
-    return make_learner(_cfg(*extra), N_FEATURES, NON_CAUSAL, debug=debug)
+    forced = ",".join(e.removeprefix("kernels:") for e in extra if e.startswith("kernels:"))
+    with accel.forced(forced):
+        return make_learner(_cfg(*extra), N_FEATURES, NON_CAUSAL, debug=debug)
 
 
 @functools.cache

@@ -19,7 +19,7 @@ import pytest
 from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 
-from jdqn import background, networks, report, walkforward
+from jdqn import accel, background, networks, report, walkforward
 from jdqn.checkpoint import Checkpointer, CheckpointLayoutError, all_finite
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
@@ -125,6 +125,7 @@ def test_the_flat_tail_kernels_train_every_fold_and_seed(tmp_path, monkeypatch):
         return resolve(impl, backend, debug=debug, learners=learners)
 
     monkeypatch.setattr(step_module, "resolve_update_impl", recording)
+    monkeypatch.setenv(accel.KERNELS_ENV, "tail=interpret")  # jdqn.accel's test override
     quiet = ["output.plots=false", "output.tensorboard=false", "train.epochs=1"]
     outcome = _run(
         tmp_path,
@@ -133,7 +134,6 @@ def test_the_flat_tail_kernels_train_every_fold_and_seed(tmp_path, monkeypatch):
             *ES_FOLDS,
             *quiet,
             "train.seeds=2",
-            "optim.update_impl=interpret",
         ],
     )
     assert seen and set(seen) == {6}

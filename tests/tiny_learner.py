@@ -9,7 +9,7 @@ TINY = [
     "network.n_atoms=11",
     "network.v_min=-10",
     "network.v_max=10",
-    "loss.projection_impl=reference",
+    "accel.kernels=off",
     "loss.causal_every=1",
 ]
 N_FEATURES = 4  # feature columns of the tests' made-up data

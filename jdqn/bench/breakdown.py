@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jdqn import losses, networks
+from jdqn import accel, losses, networks
 from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner import Learner, LearnerState, make_learner, pack_metrics
 from jdqn.replay import replay_sample, replay_update
@@ -149,11 +149,7 @@ ABLATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("spectral norm", "network.spectral_norm=false", ("network.spectral_norm=false",)),
     ("HER donors", "loss.donor_mode=none (80 -> 64 rows)", ("loss.donor_mode=none",)),
     ("causal", "loss.causal_weight=0 (no do(s) rows, no KL)", ("loss.causal_weight=0",)),
-    (
-        "projection (pallas vs xla)",
-        "loss.projection_impl=xla_hat",
-        ("loss.projection_impl=xla_hat",),
-    ),
+    ("GPU kernels (Pallas vs XLA)", "accel.kernels=off", ("accel.kernels=off",)),
 )
 
 
@@ -199,7 +195,12 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         _, probs_star, q_star = losses.double_dqn_target(q_next, logits[rows:], support)
         discount = jnp.full((rows,), cfg.loss.gamma, jnp.float32)
         projected = losses.project_target(
-            probs_star, reward, discount, net.v_min, net.v_max, cfg.loss.projection_impl
+            probs_star,
+            reward,
+            discount,
+            net.v_min,
+            net.v_max,
+            accel.kernels_for(cfg.accel).projection,
         )
         target = losses.label_smooth(projected, cfg.loss.label_smoothing)
         y = losses.scalar_target(reward, discount, q_star, net.v_min, net.v_max)
@@ -291,9 +292,9 @@ def run(quick: bool = False, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
             }
         )
     rows += _isolated(n_steps, repeats, cfg)
-    # The projection kernel's saving against XLA is not a part of the step (the isolated
-    # "losses" row holds the projection).
-    accounted = sum(r["us_per_step"] for r in rows[1:] if not r["component"].startswith("proj"))
+    # The kernels' saving against XLA is not a part of the step (the isolated "losses" row holds
+    # the projection).
+    accounted = sum(r["us_per_step"] for r in rows[1:] if not r["component"].startswith("GPU"))
     rows.append(
         {
             "component": "remainder (backward, guard, metrics, glue)",

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 
+from jdqn import accel
 from jdqn.bench.breakdown import (
     N_FEATURES,
     NON_CAUSAL,
@@ -77,19 +78,20 @@ def run(
 ) -> list[dict[str, Any]]:
     """One row per S: seconds per vmapped step, seed-steps per second, compile seconds."""
     rows = []
+    kernels = accel.kernels_for(cfg.accel)
     for n_seeds in seed_counts(quick, seeds):
         timing, n_steps = time_seeds(cfg, n_seeds, quick)
         step_s = timing["median_s"] / n_steps
         rows.append(
             {
                 "seeds": n_seeds,
-                # Which flat tail optim.update_impl gave this S (auto: Pallas from 16 on a GPU).
+                # Which flat tail and double-DQN pick accel.kernels gave this S (auto: the
+                # Pallas kernels from 16 learners on a GPU).
                 "update_impl": resolve_update_impl(
-                    cfg.optim.update_impl, jax.default_backend(), debug=False, learners=n_seeds
+                    kernels.tail, jax.default_backend(), debug=False, learners=n_seeds
                 ),
-                # Which double-DQN pick loss.pick_impl gave it (auto: the kernel from 16 on a GPU).
                 "pick_impl": resolve_pick_impl(
-                    cfg.loss.pick_impl, jax.default_backend(), learners=n_seeds
+                    kernels.pick, jax.default_backend(), learners=n_seeds
                 ),
                 "n_steps": n_steps,
                 "us_per_vmapped_step": 1e6 * step_s,

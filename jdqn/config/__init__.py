@@ -7,6 +7,7 @@ instances (``profiles``); only ``parse`` turns strings into values (for the CLI'
 from jdqn.config.parse import apply_overrides, config_from_dict
 from jdqn.config.profiles import DEFAULT, PROFILES, SMOKETEST, profile
 from jdqn.config.sections import (
+    AccelConfig,
     Config,
     DataConfig,
     EnvConfig,
@@ -23,6 +24,7 @@ __all__ = [
     "DEFAULT",
     "PROFILES",
     "SMOKETEST",
+    "AccelConfig",
     "Config",
     "DataConfig",
     "EnvConfig",

@@ -12,6 +12,7 @@ import typing
 from typing import Any, Literal
 
 from jdqn.config.sections import (
+    AccelConfig,
     Config,
     DataConfig,
     EnvConfig,
@@ -24,6 +25,11 @@ from jdqn.config.sections import (
     WalkForwardConfig,
 )
 
+# Keys that older config.json files hold and that no longer exist: they chose an implementation
+# per GPU kernel (now ``accel.kernels``), never the numbers, so a run written with them resumes
+# with the default choice.
+RETIRED_KEYS = {"loss": ("projection_impl", "pick_impl"), "optim": ("update_impl",)}
+
 
 def config_from_dict(raw: dict[str, Any]) -> Config:
     """Build a ``Config`` from a nested dict; unknown sections or keys raise ``ValueError``."""
@@ -31,6 +37,8 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     for f in dataclasses.fields(Config):
         section_cls: Any = f.default_factory  # a section dataclass, differs per field
         values = dict(raw.get(f.name, {}))
+        for key in RETIRED_KEYS.get(f.name, ()):
+            values.pop(key, None)
         _reject_unknown(section_cls, values, f.name)
         kwargs = {
             sf.name: _coerce(values[sf.name], sf.type, f"{f.name}.{sf.name}")
@@ -115,6 +123,7 @@ def _resolved_config_types() -> None:
         TrainConfig,
         WalkForwardConfig,
         OutputConfig,
+        AccelConfig,
     ):
         hints = _field_types(section_cls)
         for f in dataclasses.fields(section_cls):

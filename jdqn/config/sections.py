@@ -147,13 +147,6 @@ class LossConfig:
     causal_weight: float = 0.1
     non_causal_group: str = "calendar"
     q_clip: float = 1e4  # guard: max |Q| allowed
-    # C51 projection implementation (pallas_kernels.c51_project): auto = Pallas on GPU
-    projection_impl: Literal[
-        "auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"
-    ] = "auto"
-    # Double-DQN pick at s' (pallas_kernels.double_dqn): auto = the Pallas kernel on GPU
-    # (jdqn.learner.step.resolve_pick_impl), XLA's fusions elsewhere
-    pick_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
 
     def __post_init__(self) -> None:
         _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
@@ -178,17 +171,6 @@ class LossConfig:
         _require(self.causal_every >= 1, "loss.causal_every", "must be >= 1")
         _require(self.causal_weight >= 0, "loss.causal_weight", "must be >= 0")
         _require(self.q_clip > 0, "loss.q_clip", "must be > 0")
-        _require(
-            self.projection_impl
-            in ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
-            "loss.projection_impl",
-            "'auto', 'pallas', 'interpret', 'reference', 'xla_hat' or 'xla_scatter'",
-        )
-        _require(
-            self.pick_impl in ("auto", "pallas", "interpret", "xla"),
-            "loss.pick_impl",
-            "'auto', 'pallas', 'interpret' or 'xla'",
-        )
 
     def alpha_for_epoch(self, epoch: int) -> float:
         """C51 blend weight for 0-based ``epoch``; the last scheduled value repeats."""
@@ -223,18 +205,9 @@ class OptimConfig:
     adam_eps: float = 1e-8
     target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
     tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
-    # The step's flat tail (surgery reductions, Adam, target sync, guard select): auto = the
-    # Pallas kernels of pallas_kernels.flat_tail on a GPU for programs of 16 or more vmapped
-    # learners outside debug mode, XLA otherwise (jdqn.learner.step.resolve_update_impl).
-    update_impl: Literal["auto", "pallas", "interpret", "xla"] = "auto"
 
     def __post_init__(self) -> None:
         _require(self.learning_rate > 0, "optim.learning_rate", "must be > 0")
-        _require(
-            self.update_impl in ("auto", "pallas", "interpret", "xla"),
-            "optim.update_impl",
-            "'auto', 'pallas', 'interpret' or 'xla'",
-        )
         _require(self.adam_eps > 0, "optim.adam_eps", "must be > 0")
         _require(self.target_every >= 1, "optim.target_every", "must be >= 1")
         _require(0 <= self.tau <= 1, "optim.tau", "must be in [0, 1]")
@@ -316,6 +289,20 @@ class OutputConfig:
 
 
 @dataclass(frozen=True)
+class AccelConfig:
+    """GPU specialisations of the learner step (jdqn.accel; docs/design.md, "The speed seam").
+
+    They change speed only: the step computes the same numbers (to float32 rounding) either way."""
+
+    # auto = each Pallas kernel where it pays off (the C51 projection on a GPU; the double-DQN
+    # pick and the flat tail on a GPU from 16 vmapped learners on); off = plain XLA everywhere
+    kernels: Literal["auto", "off"] = "auto"
+
+    def __post_init__(self) -> None:
+        _require(self.kernels in ("auto", "off"), "accel.kernels", "'auto' or 'off'")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole run. Cross-section checks live here."""
 
@@ -328,6 +315,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     walkforward: WalkForwardConfig = field(default_factory=WalkForwardConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    accel: AccelConfig = field(default_factory=AccelConfig)
 
     def __post_init__(self) -> None:
         _require(

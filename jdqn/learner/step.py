@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jdqn import accel, losses, networks
 from jdqn import debug as debug_mode
-from jdqn import losses, networks
 from jdqn.config import Config
 from jdqn.donors import make_donors, n_donors_for
 from jdqn.learner.state import GuardRecord, Learner, LearnerMetrics, LearnerState
@@ -148,8 +148,9 @@ def make_learner(
     positions = jnp.asarray(cfg.env.positions, jnp.float32)  # [A]
     support = networks.atoms(net)  # [N]
     optimizer = optax.adam(cfg.optim.learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=cfg.optim.adam_eps)
+    kernels = accel.kernels_for(cfg.accel)
     update_impl = resolve_update_impl(
-        cfg.optim.update_impl, jax.default_backend(), debug=debug, learners=learners
+        kernels.tail, jax.default_backend(), debug=debug, learners=learners
     )
     fused_tail = update_impl != "xla"
     # With the Pallas tail the parameters and the target are stored as their leaves' segments
@@ -158,7 +159,7 @@ def make_learner(
     # kernel's: ~21 us for each net at 1,024 learners; BENCHMARKS.md, D5). On the H200 1,024
     # learners went from 1,258 to 1,148 us a step (-8.7 %, F5). XLA's tail keeps them flat: its
     # update is then a few passes over one vector (ParamLayout).
-    pick_impl = resolve_pick_impl(loss_cfg.pick_impl, jax.default_backend(), learners=learners)
+    pick_impl = resolve_pick_impl(kernels.pick, jax.default_backend(), learners=learners)
     pick_kernel: double_dqn.Impl = "interpret" if pick_impl == "interpret" else "pallas"
     tail_impl: flat_tail.Impl = "interpret" if update_impl == "interpret" else "pallas"
     adam_hyper = flat_tail.AdamHyper(
@@ -372,7 +373,7 @@ def make_learner(
                 discounts_k.reshape(-1),
                 net.v_min,
                 net.v_max,
-                impl=loss_cfg.projection_impl,
+                impl=kernels.projection,
             ).reshape(n_rows, n_heads, -1)  # [R, K, N]
         checks.distribution("projection", "projected_target", projected, 1e-4)
         target = jax.lax.stop_gradient(losses.label_smooth(projected, loss_cfg.label_smoothing))

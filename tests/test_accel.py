@@ -1,0 +1,47 @@
+"""jdqn.accel: the user's accel.kernels choice and the test override, as implementations."""
+
+import pytest
+
+from jdqn import accel
+from jdqn.config import SMOKETEST, apply_overrides
+
+
+def test_auto_leaves_each_piece_to_the_backend_and_off_is_plain_xla(monkeypatch):
+    monkeypatch.delenv(accel.KERNELS_ENV, raising=False)
+    assert accel.kernels_for(SMOKETEST.accel) == accel.Kernels("auto", "auto", "auto")
+    off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
+    assert accel.kernels_for(off) == accel.Kernels("reference", "xla", "xla")
+
+
+def test_the_test_override_replaces_the_pieces_it_names_and_restores_the_variable(monkeypatch):
+    monkeypatch.setenv(accel.KERNELS_ENV, "pick=xla")
+    off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
+    with accel.forced("tail=interpret, projection=interpret"):
+        assert accel.kernels_for(off) == accel.Kernels("interpret", "xla", "interpret")
+    assert accel.kernels_for(off) == accel.Kernels("reference", "xla", "xla")
+    with accel.forced(""):
+        assert accel.kernels_for(SMOKETEST.accel) == accel.Kernels("auto", "auto", "auto")
+
+
+@pytest.mark.parametrize("spec", ["tail", "tail=triton", "adam=pallas", "pick=reference"])
+def test_a_bad_override_names_the_variable_and_the_choices(spec, monkeypatch):
+    with (
+        pytest.raises(ValueError, match=f"{accel.KERNELS_ENV}=.*not PIECE=IMPL"),
+        accel.forced(spec),
+    ):
+        pass
+    monkeypatch.setenv(accel.KERNELS_ENV, spec)
+    with pytest.raises(ValueError, match="unset JDQN_KERNELS"):
+        accel.kernels_for(SMOKETEST.accel)
+
+
+def test_interpret_is_not_a_user_value_and_old_config_files_still_load():
+    with pytest.raises(ValueError, match="accel.kernels"):
+        apply_overrides(SMOKETEST, ["accel.kernels=interpret"])
+    with pytest.raises(ValueError, match="unknown key"):
+        apply_overrides(SMOKETEST, ["optim.update_impl=xla"])
+    old = SMOKETEST.to_dict()
+    old["loss"].update(projection_impl="auto", pick_impl="interpret")
+    old["optim"]["update_impl"] = "interpret"
+    del old["accel"]
+    assert type(SMOKETEST).from_dict(old) == SMOKETEST
