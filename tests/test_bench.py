@@ -65,10 +65,10 @@ def test_a_failing_section_is_recorded_and_the_others_still_run(monkeypatch) -> 
         raise RuntimeError("boom")
 
     monkeypatch.setitem(suite.SECTIONS, "seeds", broken)
-    monkeypatch.setitem(suite.SECTIONS, "breakdown", lambda q, c: {"rows": [{"x": 1.0}]})
-    out = suite.run_all(["seeds", "breakdown"], None, quick=True, echo=lambda _: None)
+    monkeypatch.setitem(suite.SECTIONS, "extra", lambda q, c: {"rows": [{"x": 1.0}]})
+    out = suite.run_all(["seeds", "extra"], None, quick=True, echo=lambda _: None)
     assert out["sections"]["seeds"]["error"] == "RuntimeError: boom"
-    assert out["sections"]["breakdown"]["rows"] == [{"x": 1.0}]
+    assert out["sections"]["extra"]["rows"] == [{"x": 1.0}]
     with pytest.raises(RuntimeError, match="boom"):
         suite.run_all(["seeds"], None, quick=True, echo=lambda _: None, keep_going=False)
 
