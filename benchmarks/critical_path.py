@@ -1,11 +1,11 @@
 """The in-scan learner step's critical path: the longest chain of kernels that must run one after
-another inside one scan iteration (issue 6).
+another inside one scan iteration.
 
 Under ``--xla_gpu_command_buffer_scheduling_mode=CONCURRENT`` (jdqn's default) an iteration is
 one CUDA graph whose kernels wait only for the kernels whose buffers they read, so independent
 kernels can run side by side. Whether an iteration then lasts as long as its deepest chain or as
 long as its kernel count takes is a measurement: on the H200 the time followed the count (~0.65
-us per kernel) and not the chain (BENCHMARKS.md, "Fourteenth session", X3-X5). This tool gives
+us per kernel) and not the chain. This tool gives
 both figures for a change. It reads the compiled program's optimised HLO, takes the body of the
 scan's while loop (the one with the largest known trip count) and counts, for every value, the
 longest chain of kernels that produce it. Kernels are the instructions that launch GPU work:

@@ -1,4 +1,4 @@
-"""Benchmark of the bar-data layer on the CPU: synthesis, features, folds + normalisation (issue 2).
+"""Benchmark of the bar-data layer on the CPU: synthesis, features, folds + normalisation.
 
 Each stage is timed separately with ``time.perf_counter``, best of ``repeats`` runs, on
 ``n_bars`` synthetic bars with the default data and walk-forward settings (a proportionally

@@ -1,5 +1,5 @@
 """The learner's scan program compiled for an H200 on a machine without a GPU: what XLA:GPU
-makes of a change (layouts, copies, kernels) before device time is spent timing it (issue 6).
+makes of a change (layouts, copies, kernels) before device time is spent timing it.
 
 XLA compiles for a GPU it does not have from a target description (JAX's deviceless AOT path,
 ``jax.experimental.topologies`` with a ``target_config``), given JAX's CUDA plugin. Layout
@@ -11,9 +11,9 @@ device for its compute capability, which a deviceless compile cannot answer: the
 Pallas's Triton lowering the H200's (a private JAX function,
 ``jax._src.pallas.triton.gpu_info.get_gpu_info``, replaced for this process only).
 
-It was checked against the H200 on the twenty-third session's programs: the copy that layout
+It was checked against the H200: the copy that layout
 assignment puts in front of the head's kernel-gradient GEMM on c07abfb, and the cotangent
-written twice on e06ac41, come out the same here (BENCHMARKS.md, E8).
+written twice on e06ac41, come out the same here.
 
     pip install --target DIR jax-cuda12-plugin==0.11.2 jax-cuda12-pjrt==0.11.2
     PYTHONPATH=.:DIR python -m benchmarks.deviceless [--seeds 1024] [--set KEY=VALUE ...]
@@ -21,8 +21,8 @@ written twice on e06ac41, come out the same here (BENCHMARKS.md, E8).
 
 Prints the scan body's kernels and longest chain (``benchmarks.critical_path``), the copies
 layout assignment added, and the program's dot instructions in the order layout assignment
-visits them (in E6's log the first of the head's two backward GEMMs in that order set the
-layout of the cotangent both read; BENCHMARKS.md). ``--out`` keeps the optimised HLO and the
+visits them (in one layout log the first of the head's two backward GEMMs in that order set the
+layout of the cotangent both read). ``--out`` keeps the optimised HLO and the
 HLO before and after layout assignment. ``--target-config`` takes a GPU's own description
 (``*.gpu_target_config.pbtxt`` in an ``--xla_dump_to`` directory written on that GPU); the
 built-in one is an H200's from its data sheet.
@@ -91,7 +91,7 @@ _DOT = re.compile(r"^\s*%([\w.\-]+) = (\w+\[[^\]]*\])\S* dot\(")
 
 def dots_in_order(hlo_text: str) -> list[tuple[str, str]]:
     """``(name, shape)`` of every dot in an HLO text, in the text's order: the computations'
-    post order, in which layout assignment added the dots' operand constraints in E6's log
+    post order, in which layout assignment added the dots' operand constraints in the layout log
     (and then propagated them from the earliest on)."""
     return [(m[1], m[2]) for line in hlo_text.splitlines() if (m := _DOT.match(line))]
 

@@ -1,4 +1,4 @@
-"""Per-kernel device profile of the in-scan learner step (issue 6): which kernels run, how long
+"""Per-kernel device profile of the in-scan learner step: which kernels run, how long
 each takes on the device, and which part of the step launched it.
 
 The step is one executable, so per-operation timers cannot see inside it; ``jax.profiler`` can.

@@ -11,9 +11,9 @@ logits read once, ``q_next``, ``probs*`` and ``q*`` written) at
 
     python -m benchmarks.pick [--learners 1024] [--repeats 50] [--sweep]
 
-``--sweep`` times the kernel at every launch of :data:`SWEEP` (how BENCHMARKS.md's A3 chose the
-default); without it, at the default launch only. Off a GPU the kernel runs in interpret mode,
-which only checks that the table is computed (its times mean nothing).
+``--sweep`` times the kernel at every launch of :data:`SWEEP` (how the
+default was chosen); without it, at the default launch only. Off a GPU the kernel runs in interpret
+mode, which only checks that the table is computed (its times mean nothing).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Benchmark of the C51 projection: Pallas kernel vs XLA hat kernel vs XLA scatter (issue 5).
+"""Benchmark of the C51 projection: Pallas kernel vs XLA hat kernel vs XLA scatter.
 
 Times ``pallas_kernels.c51_project`` for each implementation on device-resident inputs (probs
 from a softmax, rewards ~ N(0, range/8), discounts 0.99 with 10% terminal rows), as medians over
@@ -277,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rows = run(sizes=args.sizes, repeats=args.repeats, impls=IMPLS if on_gpu else IMPLS[1:])
     print(format_table(rows))
     if judged := goals(rows):
-        print("\ngoals (issue 5, kernel time):\n" + "\n".join(judged))
+        print("\ngoals (kernel time):\n" + "\n".join(judged))
     if args.tune:
         print()
         print(format_table(tune(sizes=args.tune_sizes, repeats=args.repeats)))

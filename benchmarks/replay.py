@@ -1,4 +1,4 @@
-"""Benchmark of prioritized replay: ``replay_sample`` and ``replay_update`` (issue 3).
+"""Benchmark of prioritized replay: ``replay_sample`` and ``replay_update``.
 
 A full buffer of ``capacity`` slots (random priorities, ``--features`` features per row) is
 sampled and updated through ``jax.jit``; each figure is the median over ``--repeats`` calls after a

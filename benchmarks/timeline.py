@@ -1,4 +1,4 @@
-"""Where a main command's time goes: worker processes with a timeline of their phases (issue 6).
+"""Where a main command's time goes: worker processes with a timeline of their phases.
 
 ``jdqn.bench.walkforward_run`` gives a start's totals; this gives its order. Each worker runs the
 README main command's work (smoketest profile, plots in worker processes, as ``jdqn walkforward``
@@ -6,8 +6,7 @@ does) in a fresh process, with the run's host-side steps wrapped in timers: the 
 run directory, the first device transfers, the stored programs' loads, each chunk's metrics and
 checkpoint, the judge, the writes' wait, the results. Every event carries the seconds since the
 parent started the process and the thread it ran on, so the interpreter's start, the imports,
-the waits on worker threads and the teardown after the last line each get a figure (BENCHMARKS.md,
-"Twelfth session", runs V1-V5).
+the waits on worker threads and the teardown after the last line each get a figure.
 
 The workers share one ``JDQN_CACHE_DIR`` (a temporary one unless the variable is set): the
 first of them is cold when the cache is empty, the others warm.

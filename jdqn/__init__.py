@@ -1,6 +1,6 @@
 """jdqn: a JAX/XLA trainer for a distributional (C51) DQN on ES 1-minute bars, judged walk-forward.
 
-Public API (DESIGN section 1): ``Config`` and its profiles, ``make_learner`` (the one pure learner
+Public API (docs/design.md §1): ``Config`` and its profiles, ``make_learner`` (the one pure learner
 step), ``make_train`` (epochs as scans). ``jdqn.walkforward.run_walkforward`` runs all folds x
 seeds into a run directory; ``jdqn.data``, ``jdqn.env``, ``jdqn.evaluate`` hold the rest.
 

@@ -1,7 +1,7 @@
 """Epoch-end checkpoints (orbax) that resume a killed run with bit-identical numbers.
 
 orbax is imported when a checkpoint is first read or written, not with this module: its import
-(with tensorstore's) takes 0.2-0.3 s of a warm start's GIL-bound start-up (BENCHMARKS.md, W1).
+(with tensorstore's) takes 0.2-0.3 s of a warm start's GIL-bound start-up on the H200.
 The walk-forward has the writer thread import it while the first chunk trains
 (``jdqn.report.BackgroundWrites.prefetch``), when the main thread waits on the device.
 """
@@ -61,8 +61,8 @@ class Checkpointer:
 
     A save copies the state to the host and returns; orbax writes that copy, and deletes the
     checkpoint it replaces, on its own threads while the next epoch trains. Written in place,
-    each epoch's save cost ~100-120 ms on the H200's host, more than a small epoch's device time
-    (BENCHMARKS.md, "U3"); written this way, a 50-epoch run's time beyond compile halved ("U4").
+    each epoch's save cost ~100-120 ms on the H200's host, more than a small epoch's device time;
+    written this way, a 50-epoch run's time beyond compile halved on the H200.
     orbax commits a step by renaming its temporary directory, so a run killed mid-write resumes
     from the step before; :meth:`close` waits for the writes.
     """

@@ -1,9 +1,9 @@
-"""Compiled programs kept on disk, so a warm start skips tracing and lowering too (issue 6).
+"""Compiled programs kept on disk, so a warm start skips tracing and lowering too.
 
 JAX's persistent compilation cache (``jdqn.walkforward.enable_compilation_cache``) skips XLA's
 backend compile, but it is keyed on the lowered program, so every process still traces the
 Python functions and lowers them to StableHLO before it can look the program up: on the H200 that
-was 2-3 s of a ~9 s warm walk-forward run (BENCHMARKS.md, "Seventh session"). Here the compiled
+was 2-3 s of a ~9 s warm walk-forward run. Here the compiled
 executable itself is stored (``jax.experimental.serialize_executable``) under a key computed
 without tracing: every input that can change the program is hashed, namely
 
@@ -63,7 +63,7 @@ def source_fingerprint() -> str:
 def _versions() -> str:
     # The modules' own __version__ (all are imported by jdqn already), not importlib.metadata:
     # parsing every installed distribution's metadata cost a warm start on the H200's machine
-    # ~0.25 s, per key (BENCHMARKS.md, "U6").
+    # ~0.25 s, per key.
     return ",".join(
         f"{name}={getattr(importlib.import_module(name), '__version__', '?')}"
         for name in _TRACED_LIBRARIES

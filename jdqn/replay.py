@@ -29,7 +29,7 @@ Cost (C = capacity, B = batch, F = features per row):
 
 Measured (``python -m benchmarks.replay``; jit, median of 50 calls, each ended by
 ``block_until_ready``; jax 0.11.2; the shared 2-core AMD EPYC dev CPU at load average ~12, so
-upper bounds; BENCHMARKS.md "## Prioritized replay (issue 3)"):
+upper bounds):
 
     capacity    batch  sample/call  update/call  sample+update in lax.scan
     256         64     223 us       77 us        14 us/step
@@ -169,7 +169,7 @@ def _first_positive_above(mass: jax.Array, cumulative: jax.Array, position: jax.
     hit = (mass > 0) & (cumulative > position[:, None])  # [B, n] bool
     # The first hit as a min over the hits' indices, not argmax: XLA's argmax is a (value,
     # index) reduction, 14 us per call where a min takes 2-3 at 1,024 learners on the H200
-    # (BENCHMARKS.md, C5). No hit (an empty buffer) gives 0, as argmax does.
+    # No hit (an empty buffer) gives 0, as argmax does.
     n = hit.shape[-1]
     first = jnp.min(jnp.where(hit, jnp.arange(n, dtype=jnp.int32), n), axis=-1)
     return jnp.where(first < n, first, 0).astype(jnp.int32)

@@ -45,14 +45,14 @@ class BackgroundWrites:
     CPU threads) could be evaluating the next fold. CSVs (and, without plot processes, plots) go
     to one worker thread, in submission order. With ``plot_processes`` > 0, plots go to that many
     worker processes instead: rendering is Python that holds the GIL, so on one thread the six
-    plots of the main command ran one after another (1.3 s after training ended on the H200, run
-    V2) and slowed the main thread meanwhile; processes draw them side by side on cores of their
-    own (:func:`plot_processes` says how many a machine can spare; the processes are started by
-    the first run that asks and serve the Python process's later runs). A plot is a pure function of
-    its arguments, so where it is drawn does not change the file. The processes are spawned (a
-    fork would copy JAX's threads mid-state), and spawn imports the caller's main module again
-    in each: ``jdqn.walkforward.run_walkforward`` asks for them only when told to (the ``jdqn``
-    command does; an unguarded script would run itself again).
+    plots of the main command ran one after another (1.3 s after training ended on the H200) and
+    slowed the main thread meanwhile; processes draw them side by side on cores of their own
+    (:func:`plot_processes` says how many a machine can spare; the processes are started by the
+    first run that asks and serve the Python process's later runs). A plot is a pure function of its
+    arguments, so where it is drawn does not change the file. The processes are spawned (a fork
+    would copy JAX's threads mid-state), and spawn imports the caller's main module again in each:
+    ``jdqn.walkforward.run_walkforward`` asks for them only when told to (the ``jdqn`` command does;
+    an unguarded script would run itself again).
 
     Leaving the ``with`` block waits for every write, also when the block raised, so nothing
     writes into a run directory after it is renamed or discarded; a failed write is re-raised
@@ -121,7 +121,7 @@ def plot_processes(cores: int) -> int:
     """Plot processes for a machine with ``cores`` usable cores: none below
     ``jdqn.background.MIN_CORES`` (there they would compete with XLA's threads for the cores,
     as the writer thread's plots compete for the GIL; on this project's 2-core boxes a process
-    made no difference, BENCHMARKS.md "This CPU after U6"), else up to :data:`PLOT_PROCESSES`
+    made no difference), else up to :data:`PLOT_PROCESSES`
     while two cores stay for the caller and XLA."""
     from jdqn.background import MIN_CORES
 
@@ -135,7 +135,7 @@ PLOT_PROCESSES = 3
 # Plot process pools by (processes, preload), started by the first run that asks and kept for the
 # Python process's later runs. Kept, not shut down after each run: releasing a pool joins its
 # processes, and their interpreter teardown then held up the end of the run by 0.2 s (this CPU
-# and the H200, run V4). They end with the Python process: concurrent.futures stops them at a
+# and the H200). They end with the Python process: concurrent.futures stops them at a
 # normal exit, and after `os._exit` each sees its parent gone and ends (_start_plot_process).
 _PLOT_POOLS: dict[tuple[int, tuple[str, ...]], ProcessPoolExecutor] = {}
 _PLOT_POOLS_LOCK = threading.Lock()

@@ -1,7 +1,7 @@
 """Walk-forward runs: every fold (and seed) trained, judged out of sample, written to a run dir.
 
 Rolling folds have equal lengths, so all folds x seeds are one vmapped program (one compile);
-expanding folds differ in length and run in sequence (DESIGN sections 7, 8, 11).
+expanding folds differ in length and run in sequence (docs/design.md §8, §9, §12).
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def enable_compilation_cache(cfg: Config) -> None:
     if not cfg.output.compilation_cache:
         return
     jax.config.update("jax_compilation_cache_dir", str(cache_root()))
-    # Cache every program, not only slow ones: the many small ones add up (measured on the H200,
-    # BENCHMARKS.md "Speed": warm compile 5.2 s -> 3.3 s).
+    # Cache every program, not only slow ones: the many small ones add up (on the H200 a warm
+    # start's compiles went from 5.2 s to 3.3 s).
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 

@@ -48,8 +48,7 @@ contiguous along the atoms. Triton then lays its threads along the rows and each
 atoms of a single row; left to itself it spreads every row over a warp, so each thread holds 8
 rows and does every per-row computation 8 times, with 16 full warp reductions. On the H200 at
 B = 262,144, N = 51 this layout ran 42 million warp instructions instead of 82 million (Nsight
-Compute), and the kernel takes 59 us instead of 98 us (BENCHMARKS.md, "C51 projection
-(issue 5)", "One row per thread").
+Compute), and the kernel takes 59 us instead of 98 us.
 
 The Pallas Triton backend is deprecated upstream from jax 0.11 (it still lowers and runs on the
 H200 with jax 0.11.2 and emits a ``DeprecationWarning`` at lowering); the pure-jnp paths need no
@@ -70,9 +69,9 @@ Impl = Literal["auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatt
 IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter")
 
 # Default Pallas launch: rows per program so that one block holds about this many padded atoms,
-# and the Triton warp count. Tuned on the H200 (BENCHMARKS.md, "C51 projection (issue 5)",
-# "One row per thread"): the best of 7 launches at N = 51 with rows laid along the threads
-# (59 us; the next best 72 us), as it was before at N = 51 and 201 with the earlier layout.
+# and the Triton warp count. Tuned on the H200 with one row per thread: the best of 7 launches at N
+# = 51 with rows laid along the threads (59 us; the next best 72 us), as it was before at N = 51 and
+# 201 with the earlier layout.
 DEFAULT_BLOCK_ELEMENTS = 512
 DEFAULT_NUM_WARPS = 2
 
@@ -174,7 +173,7 @@ def _c51_kernel(
     # The atom index for addressing the tile, times a 1 from memory: opaque to Triton's axis
     # analysis. A 1 the compiler can see through (min(grid size, 1) was tried) leaves the slow
     # layout, and deriving the target atoms below from this product made N = 101 and 201
-    # slower than before (BENCHMARKS.md, runs 10 and 11): only the addresses use it.
+    # slower than before: only the addresses use it.
     col_index = cols[:, None] * plgpu.load(one_ref.at[pl.ds(0, 1)])[None, :]  # [P, 1]
     col_index = jnp.broadcast_to(col_index, (n_pad, block_rows))  # [P, R]
     row_ok = rows < batch  # [R]

@@ -13,16 +13,16 @@ support ``z [N]``::
 
 In XLA this is a handful of fusions over the ``[R, K, A, N]`` logits of s' (the online Q, a*,
 the target softmax at a*), and XLA's Q of s' ran at a quarter of the H200's bandwidth: a
-softmax over 51 atoms per row with every row's reduction of its own (BENCHMARKS.md, Y8: 67.7 us
-at 1,024 vmapped learners; with the rest of the pick ~113 us, A1). Here one launch reads both
+softmax over 51 atoms per row with every row's reduction of its own (67.7 us
+at 1,024 vmapped learners; with the rest of the pick ~113 us). Here one launch reads both
 nets' logits once and writes ``q_next``, ``probs*`` and ``q*``. The biases are added in the
 kernel: the caller passes the head's GEMM results (the head evaluated with a zero bias, which
 XLA's algebraic simplifier removes) and the biases, so that ``GEMM + bias`` is not written out
 as an array of its own for the kernel to read.
 
-On the H200 the kernel takes 50.9 us of the 1,024-learner step (80 rows each; A5), where XLA's
-pick took 101 us in three kernels (A1). It made the step of 16 / 128 / 1,024 vmapped learners
-3.5 / 4.6 / 3.8 % faster and one learner's 4.9 % slower (BENCHMARKS.md, A3-A4), so
+On the H200 the kernel takes 50.9 us of the 1,024-learner step (80 rows each), where XLA's
+pick took 101 us in three kernels. It made the step of 16 / 128 / 1,024 vmapped learners
+3.5 / 4.6 / 3.8 % faster and one learner's 4.9 % slower, so
 ``loss.pick_impl=auto`` takes it from ``jdqn.learner.step.PICK_KERNEL_MIN_LEARNERS`` on.
 
 The learners of a ``vmap`` fold into the kernel's first grid axis (one launch for 1 learner or
@@ -48,7 +48,7 @@ from jax.experimental.pallas import triton as plgpu
 Impl = Literal["pallas", "interpret", "reference"]
 IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
 
-# Rows per program and Triton warps: the best of a sweep on the H200 (BENCHMARKS.md, A3).
+# Rows per program and Triton warps: the best of a sweep on the H200.
 DEFAULT_BLOCK_ROWS = 8
 DEFAULT_NUM_WARPS = 2
 
@@ -125,7 +125,7 @@ def _pick_kernel(
     tile's contiguity from Triton, so that it lays its threads along the rows and each thread
     holds one row's logits: every per-row reduction is then in-thread (as in
     ``pallas_kernels.c51_projection``, "Layout"). On the H200 at 1,024 learners of 80 rows this
-    layout took 50.6 us against 90.7 us for per-action [rows, 64] gathers (BENCHMARKS.md, A2)."""
+    layout took 50.6 us against 90.7 us for per-action [rows, 64] gathers."""
     learner, block = pl.program_id(0), pl.program_id(1)
     width = actions * atoms
     row = block * block_rows + jnp.arange(block_rows, dtype=jnp.int32)[None, :]  # [1, R]

@@ -8,7 +8,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # separate runs); they agree to float rounding only when both programs use the same GEMM
 # algorithms. jdqn's runtime default autotunes them (with a results cache, jdqn/xla_flags.py), and
 # on the H200 that moved jit-vs-eager gradient norms by 3e-5 and the vaccine cosine by 1e-4
-# (BENCHMARKS.md), so the tests turn the autotuner off. A level set in XLA_FLAGS wins; no-op on CPU.
+# so the tests turn the autotuner off. A level set in XLA_FLAGS wins; no-op on CPU.
 _flags = os.environ.get("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 if "--xla_gpu_autotune_level" not in _flags:
     _flags += " --xla_gpu_autotune_level=0"

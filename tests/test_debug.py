@@ -1,4 +1,4 @@
-"""Debug mode (issue 7): named runtime checks at every boundary, absent when off.
+"""Debug mode: named runtime checks at every boundary, absent when off.
 
 Three levels: the check primitives on hand-made values (message fields pinned by hand), the
 learner step with a non-finite value injected at each boundary (named by debug mode, halted by the

@@ -1,4 +1,4 @@
-"""End-to-end walk-forward runs (issue 4): the trained agent, outputs, reproducibility, resume."""
+"""End-to-end walk-forward runs: the trained agent, outputs, reproducibility, resume."""
 
 from __future__ import annotations
 
@@ -407,7 +407,7 @@ def test_only_the_latest_two_checkpoints_remain_once_closed(tmp_path):
 
 
 def test_orbax_is_imported_at_the_first_checkpoint_not_with_the_walk_forward(tmp_path):
-    """A warm start spends 0.2-0.3 s importing orbax (BENCHMARKS.md, W1): not before training.
+    """A warm start spends 0.2-0.3 s importing orbax: not before training.
     A fresh run's group asks for its latest step without orbax; the first save imports it."""
     script = (
         "import sys\n"

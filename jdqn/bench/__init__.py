@@ -1,1 +1,1 @@
-"""Micro-benchmarks of jdqn components (run on the GPU machine; never asserted in tests)."""
+"""``jdqn bench``: the jit-compiled benchmark (docs/design.md §15); never timed in tests."""

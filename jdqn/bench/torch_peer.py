@@ -424,7 +424,7 @@ def time_peer(peer: TorchPeer, n_steps: int, repeats: int, graph: bool) -> dict[
         torch.cuda.current_stream().wait_stream(side)
         captured = torch.cuda.CUDAGraph()
         # thread_local: CUDA calls from other threads of this process (JAX's runtime threads
-        # run here too) must not invalidate the capture, as one did on the H200 (run H).
+        # run here too) must not invalidate the capture, as one did on the H200.
         with torch.cuda.graph(captured, capture_error_mode="thread_local"):
             peer.step()
         run_one = captured.replay

@@ -1,4 +1,4 @@
-"""The learner's named state, metrics and function bundle (DESIGN sections 2 and 5)."""
+"""The learner's named state, metrics and function bundle (docs/design.md §3, §6)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class GuardRecord(NamedTuple):
 
 @flax.struct.dataclass
 class LearnerState:
-    """Everything the learner carries between steps (DESIGN section 2). Leaves gain a leading
+    """Everything the learner carries between steps (docs/design.md §3). Leaves gain a leading
     [S] axis under vmap over seeds/folds."""
 
     # Parameters, target, masks and Adam's moments are flat [n_params] float32 vectors in the
@@ -65,7 +65,7 @@ class LearnerState:
 
 
 class LearnerMetrics(NamedTuple):
-    """Per-step diagnostics, all [] float32 (DESIGN section 5, step 14)."""
+    """Per-step diagnostics, all [] float32 (docs/design.md §6, step 14)."""
 
     loss_mse: float | jax.Array  # IS-weighted mean scaled squared error (before alpha)
     loss_c51: float | jax.Array  # IS-weighted mean cross-entropy (before alpha)
@@ -101,7 +101,7 @@ def pack_metrics(record: Any) -> jax.Array:
     """A pytree of scalar metrics as one float32 vector ``[M]`` (leaf order).
 
     A ``lax.scan`` that returns a pytree of M scalars writes M separate one-element slices per
-    iteration, each its own GPU kernel (~1 us apiece on the H200, BENCHMARKS.md); the packed
+    iteration, each its own GPU kernel (~1 us apiece on the H200); the packed
     vector is one write. Bools and small ints round-trip exactly (float32 holds every integer up
     to 2^24), which :func:`unpack_metrics` relies on.
     """
