@@ -23,7 +23,7 @@ as an array of its own for the kernel to read.
 On the H200 the kernel takes 50.9 us of the 1,024-learner step (80 rows each), where XLA's
 pick took 101 us in three kernels. It made the step of 16 / 128 / 1,024 vmapped learners
 3.5 / 4.6 / 3.8 % faster and one learner's 4.9 % slower, so
-``loss.pick_impl=auto`` takes it from ``jdqn.learner.step.PICK_KERNEL_MIN_LEARNERS`` on.
+``accel.kernels=auto`` takes it from ``jdqn.learner.step.PICK_KERNEL_MIN_LEARNERS`` on.
 
 The learners of a ``vmap`` fold into the kernel's first grid axis (one launch for 1 learner or
 1,024); a program handles ``block_rows`` rows of one learner, a row per thread
