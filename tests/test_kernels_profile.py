@@ -87,23 +87,6 @@ def test_device_events_fall_back_to_host_thunks_without_a_gpu() -> None:
     assert len(kernels.device_events({"traceEvents": events})) == 1
 
 
-def test_profile_of_the_step_attributes_kernels_to_scopes(tmp_path) -> None:
-    """A fresh process with command buffers off (on the GPU the kernels are then not hidden in
-    CUDA graphs; on CPU the flag is a no-op) gives a per-scope table of the real step, and the
-    compiled HLO in which its kernels are defined."""
-    result = kernels.run_without_command_buffers(n_steps=2, hlo_path=tmp_path / "step.hlo")
-    hlo = (tmp_path / "step.hlo").read_text()
-    assert hlo.startswith("HloModule")
-    assert all(f"%{k['kernel']} = " in hlo for k in result["kernels"][:5])
-    assert not result["command_buffers"]
-    assert result["kernels_per_step"] > 10 and result["busy_us_per_step"] > 0
-    named = set(result["scopes"]) - {"other"}
-    # The forward, the backward pass and the optimizer are all seen as distinct parts.
-    assert {"online_forward", "backward", "adam", "per_sample"} <= named
-    table = kernels.table(result, top=5)
-    assert "kernels/step" in table and table.count("\n") > 10
-
-
 def test_no_command_buffers_flag_reruns_in_a_fresh_process(monkeypatch) -> None:
     seen = []
 
