@@ -128,7 +128,7 @@ def compile_deviceless(
     from jax._src.pallas.triton import gpu_info
     from jax.experimental import topologies
 
-    from jdqn import accel
+    from jdqn import kernel_choice
     from jdqn.bench.breakdown import scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
     from jdqn.learner import make_learner
@@ -148,10 +148,10 @@ def compile_deviceless(
 
     cfg = apply_overrides(SMOKETEST, list(overrides))
     # "auto" as on the GPU: this process's default backend is the CPU.
-    kernels = accel.kernels_for(cfg.accel)
+    kernels = kernel_choice.kernels_for(cfg.accel)
     update_impl = resolve_update_impl(kernels.tail, "gpu", debug=False, learners=n_seeds)
     pick_impl = resolve_pick_impl(kernels.pick, "gpu", learners=n_seeds)
-    with accel.forced(f"tail={update_impl},pick={pick_impl}"):
+    with kernel_choice.forced(f"tail={update_impl},pick={pick_impl}"):
         learner = make_learner(cfg, 15, (0, 1, 2), learners=n_seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), n_seeds)
     abstract = jax.eval_shape(jax.vmap(learner.init), keys)

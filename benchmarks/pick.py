@@ -50,8 +50,7 @@ def make_inputs(key: jax.Array, learners: int) -> tuple[jax.Array, ...]:
 
 
 def xla_pick(online, online_bias, target, target_bias, support) -> double_dqn.Pick:
-    """The learner step's XLA form of the pick (``JDQN_KERNELS=pick=xla``, ``jdqn.accel``), on
-    one learner."""
+    """The learner step's XLA form of the pick (``JDQN_KERNELS=pick=xla``), on one learner."""
     q_next = networks.q_values(online + online_bias, support)
     _, probs, q_star = losses.double_dqn_target(q_next, target + target_bias, support)
     return double_dqn.Pick(q_next, probs, q_star)

@@ -1,4 +1,4 @@
-"""Debug mode (docs/design.md §10): runtime value checks at component boundaries, named failures.
+"""Debug mode (docs/design.md §9): runtime value checks at component boundaries, named failures.
 
 In the traced program, :func:`boundaries` returns either :class:`Boundaries`, whose methods add
 ``jax.experimental.checkify`` checks (the functional form that ``chex.chexify`` is built on), or

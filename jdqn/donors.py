@@ -1,4 +1,4 @@
-"""Hindsight donor transitions for trading (docs/design.md §6, step 2).
+"""Hindsight donor transitions for trading (docs/design.md §5, step 2).
 
 Hindsight Experience Replay (Andrychowicz et al., NeurIPS 2017) relabels stored transitions with
 outcomes that were not pursued. In trading the relabelling is exact rather than a goal

@@ -1,4 +1,4 @@
-"""Pure-JAX single-contract futures trading environment (docs/design.md §4).
+"""Pure-JAX single-contract futures trading environment (docs/design.md §3).
 
 Functional, gymnax-style interface (``gymnax/environments/environment.py``): all state is an
 explicit :class:`EnvState`, all data and settings an explicit :class:`EnvParams`; ``reset`` and

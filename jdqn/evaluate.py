@@ -1,4 +1,4 @@
-"""Evaluation: policy rollouts over a test window, trading metrics, baselines (docs/design.md §9).
+"""Evaluation: policy rollouts over a test window, trading metrics, baselines (docs/design.md §8).
 
 A policy is a pure function ``policy(key, obs [F+1]) -> action [] int32``. :func:`rollout` runs it
 greedily-with-costs over one episode window inside one ``lax.scan`` (jit-able, vmappable over folds
@@ -292,7 +292,7 @@ def record_metrics(
 
 
 def baseline_policies(env_cfg: EnvConfig) -> dict[str, Policy]:
-    """The three reference policies of docs/design.md §9, by name."""
+    """The three reference policies of docs/design.md §8, by name."""
     return {
         "flat": flat_policy(env_cfg.positions),
         "buy_and_hold": buy_and_hold_policy(env_cfg.positions),

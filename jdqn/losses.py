@@ -1,4 +1,4 @@
-"""Loss parts of the learner step, each a small pure function in float32 (docs/design.md §6).
+"""Loss parts of the learner step, each a small pure function in float32 (docs/design.md §5).
 
 Per-element functions return one value per (row, head); weighting (IS weights, bootstrap masks)
 and reduction happen in the learner. Rank/dtype checks run at trace time and cost nothing.
@@ -24,7 +24,7 @@ def project_target(
     """Project the distribution of r + g Z onto the support (Bellemare et al., 2017). [B, N].
 
     Dispatches to ``pallas_kernels.c51_project`` (hat-kernel form; Pallas on GPU, pure jnp on
-    CPU); ``impl`` comes from ``accel.kernels`` (``jdqn.accel``).
+    CPU); ``impl`` comes from ``accel.kernels`` (``jdqn.kernel_choice``).
     """
     return pallas_kernels.c51_project(probs, rewards, discounts, v_min, v_max, impl=impl)
 
@@ -207,7 +207,7 @@ def causal_kl(log_p: jax.Array, logits_intervened: jax.Array) -> jax.Array:
 
     ``log_p`` is the observed pass's log-softmax, the fixed reference (the learner already has
     it for the C51 head); only the intervened pass is pulled toward it (the causal-intervention
-    penalty of docs/design.md §6, step 9). ``log_p`` gets no gradient.
+    penalty of docs/design.md §5, step 9). ``log_p`` gets no gradient.
 
     The gradient is written in closed form, d KL / d logits_intervened = M q - p with
     q = softmax(logits_intervened) and M = sum_i p_i summed in the forward (1 up to rounding).

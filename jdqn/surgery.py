@@ -1,6 +1,6 @@
 """Gradient surgery on flat float32 gradients: Gradient Vaccine and the down-only budget.
 
-docs/design.md §6, steps 7-8. The learner's gradients are flat (``jdqn.networks.ParamLayout``); it
+docs/design.md §5, steps 7-8. The learner's gradients are flat (``jdqn.networks.ParamLayout``); it
 calls :func:`gradient_surgery` on the ``[parts, P]`` array of the loss parts' gradients:
 the vaccine (when due) and both budgets in one pass (or, with the Pallas flat tail, only
 :func:`surgery_scalars` on the kernel's reductions), with the formulas of
@@ -215,7 +215,7 @@ def gradient_surgery(
     budget: float | jax.Array,
 ) -> SurgeryResult:
     """``gradient_vaccine`` (when ``vaccine_due``) then ``budget_clip`` on each part, from one
-    pass over the gradients: the same formulas, fused for the learner step (docs/design.md §6,
+    pass over the gradients: the same formulas, fused for the learner step (docs/design.md §5,
     steps 7-8; Wang et al., ICLR 2021; Pascanu et al., ICML 2013).
 
     ``grads`` is ``[parts, P]``: rows 0 and 1 are the MSE and C51 gradients, further rows (the

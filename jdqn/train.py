@@ -1,6 +1,6 @@
 """Training program: ``make_train(cfg, ...) -> TrainProgram``; one epoch = scans over iterations.
 
-One iteration (docs/design.md §8): epsilon-greedy action on every slice -> environment step of all
+One iteration (docs/design.md §7): epsilon-greedy action on every slice -> environment step of all
 slices in lock-step -> PER insert -> learner step(s). Iterations run inside ``lax.scan`` in chunks
 of ``cfg.train.chunk_iterations`` so the host can drive a progress bar and checkpoints between
 chunks; epoch, chunk and the alpha schedule enter as traced scalars, so the whole run compiles once.
@@ -203,7 +203,7 @@ class TrainProgram:
         )
 
     def evaluate(self, state: TrainState, fold: FoldData, key: jax.Array) -> Rollout:
-        """Greedy pass of the trained agent over a test window, with costs (docs/design.md §9)."""
+        """Greedy pass of the trained agent over a test window, with costs (docs/design.md §8)."""
         params = _env_params(self.cfg, fold)
 
         def q_fn(obs: jax.Array) -> jax.Array:
@@ -231,7 +231,7 @@ def learner_schedule(index: jax.Array, train: TrainConfig) -> tuple[jax.Array, j
     buffer holds ``min((i + 1) n_slices, capacity)``, which reaches ``batch_size`` exactly when
     ``(i + 1) n_slices`` does (the config requires ``replay.capacity >= train.batch_size``).
     From then on every ``train_every``-th iteration trains, ``updates_per_iteration`` learner
-    steps each (docs/design.md §8)."""
+    steps each (docs/design.md §7)."""
     every = train.train_every
     first = -(-train.batch_size // train.n_slices) - 1  # its insert fills the first batch
 

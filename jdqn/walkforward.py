@@ -1,7 +1,7 @@
 """Walk-forward runs: every fold (and seed) trained, judged out of sample, written to a run dir.
 
 Rolling folds have equal lengths, so all folds x seeds are one vmapped program (one compile);
-expanding folds differ in length and run in sequence (docs/design.md §8, §9, §12).
+expanding folds differ in length and run in sequence (docs/design.md §7, §8, §11).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """XLA flags jdqn sets before JAX starts its backend: fast and reproducible GPU programs
-(docs/design.md §11, §12).
+(docs/design.md §10, §11).
 
 XLA's GPU autotuner times candidate GEMM/fusion algorithms while compiling and keeps the fastest,
 and which one wins can vary from one compile to the next; algorithms differ in summation order,

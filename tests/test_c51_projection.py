@@ -48,7 +48,7 @@ def project_np(probs, rewards, discounts, v_min, v_max):
 
 
 def hat_np(probs, rewards, discounts, v_min, v_max):
-    """float64 hat-kernel form, straight from docs/design.md §7 (small inputs only)."""
+    """float64 hat-kernel form, straight from docs/design.md §6 (small inputs only)."""
     probs = np.asarray(probs, np.float64)
     n_atoms = probs.shape[1]
     atoms = np.linspace(v_min, v_max, n_atoms)

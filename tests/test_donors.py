@@ -15,7 +15,7 @@ SCALE = 0.5
 
 
 def reward64(positions, price_change, held, action, cost_points, scale):
-    """docs/design.md §4, float64: pos_new * dP - cost * |pos_new - pos_old|, times the scale."""
+    """docs/design.md §3, float64: pos_new * dP - cost * |pos_new - pos_old|, times the scale."""
     new = np.float64(positions[action])
     return scale * (new * np.float64(price_change) - cost_points * abs(new - np.float64(held)))
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from cuda_lowering import pallas_call_sizes
 
-from jdqn import accel, networks
+from jdqn import kernel_choice, networks
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.learner import GUARD_REASONS, LearnerMetrics, make_learner
 from jdqn.learner.step import (
@@ -47,7 +47,7 @@ SMALL = (
     "optim.target_every=3",
     "loss.grad_budget=1e-3",  # small enough to bind (Adam is scale-free, training still moves)
 )
-# Pieces forced through jdqn.accel's test override (a "kernels:" extra, not a config value):
+# Pieces forced through jdqn.kernel_choice's test override (a "kernels:" extra, not a config value):
 # the real kernels on a GPU, interpret mode on CPU.
 _KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"
 # The step's flat tail as kernels (pallas_kernels.flat_tail); "xla" is the optax/jnp path.
@@ -67,7 +67,7 @@ def _cfg(*extra: str):
 @functools.cache
 def _learner(*extra: str, debug: bool = False):
     forced = ",".join(e.removeprefix("kernels:") for e in extra if e.startswith("kernels:"))
-    with accel.forced(forced):
+    with kernel_choice.forced(forced):
         return make_learner(_cfg(*extra), N_FEATURES, NON_CAUSAL, debug=debug)
 
 

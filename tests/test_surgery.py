@@ -223,7 +223,7 @@ def test_budget_clip_jit_and_vmap_agree():
 
 
 def surgery_reference(g1, g2, phi_hat, beta, due, shares, budget):
-    """Steps 7-8 of docs/design.md §6 composed from the float64 references above."""
+    """Steps 7-8 of docs/design.md §5 composed from the float64 references above."""
     if due:
         v1, v2, new_phi_hat, applied = vaccine_reference(g1, g2, phi_hat, beta)
     else:

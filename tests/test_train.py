@@ -1,4 +1,4 @@
-"""jdqn.train: which iterations train the learner (docs/design.md §8: one learner step per
+"""jdqn.train: which iterations train the learner (docs/design.md §7: one learner step per
 iteration once the buffer holds a batch, every ``train.train_every`` iterations)."""
 
 from __future__ import annotations

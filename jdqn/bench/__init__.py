@@ -1,1 +1,1 @@
-"""``jdqn bench``: the jit-compiled benchmark (docs/design.md §15); never timed in tests."""
+"""``jdqn bench``: the jit-compiled benchmark (docs/design.md §14); never timed in tests."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from jdqn import accel
+from jdqn import kernel_choice
 from jdqn.bench.breakdown import (
     N_FEATURES,
     NON_CAUSAL,
@@ -78,7 +78,7 @@ def run(
 ) -> list[dict[str, Any]]:
     """One row per S: seconds per vmapped step, seed-steps per second, compile seconds."""
     rows = []
-    kernels = accel.kernels_for(cfg.accel)
+    kernels = kernel_choice.kernels_for(cfg.accel)
     for n_seeds in seed_counts(quick, seeds):
         timing, n_steps = time_seeds(cfg, n_seeds, quick)
         step_s = timing["median_s"] / n_steps

@@ -48,7 +48,7 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    """Trading environment: position grid, costs in ticks, reward scale (docs/design.md §4)."""
+    """Trading environment: position grid, costs in ticks, reward scale (docs/design.md §3)."""
 
     positions: tuple[float, ...] = (-1.0, 0.0, 1.0)  # action i -> target position (contracts)
     tick_size: float = 0.25  # index points per tick (ES)
@@ -80,7 +80,7 @@ class EnvConfig:
 
 @dataclass(frozen=True)
 class NetworkConfig:
-    """C51 MLP with spectral norm, pruning masks and ensemble heads (docs/design.md §5)."""
+    """C51 MLP with spectral norm, pruning masks and ensemble heads (docs/design.md §4)."""
 
     hidden: tuple[int, ...] = (64, 64)
     n_atoms: int = 51
@@ -131,7 +131,7 @@ class NetworkConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Blended MSE/C51 loss and gradient surgery (docs/design.md §6)."""
+    """Blended MSE/C51 loss and gradient surgery (docs/design.md §5)."""
 
     gamma: float = 0.9
     alpha_schedule: tuple[float, ...] = (0.0, 0.2)  # C51 weight per epoch; last value repeats
@@ -215,7 +215,7 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Lock-step slices, epochs, exploration (docs/design.md §4, §8)."""
+    """Lock-step slices, epochs, exploration (docs/design.md §3, §7)."""
 
     n_slices: int = 64
     batch_size: int = 64
@@ -252,7 +252,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class WalkForwardConfig:
-    """Fold layout over the bar series (docs/design.md §4, §8). Sizes in bars."""
+    """Fold layout over the bar series (docs/design.md §3, §7). Sizes in bars."""
 
     n_folds: int = 3
     mode: Literal["rolling", "expanding"] = "rolling"
@@ -290,7 +290,7 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class AccelConfig:
-    """GPU specialisations of the learner step (jdqn.accel; docs/design.md, "The speed seam").
+    """GPU specialisations of the learner step (jdqn.kernel_choice; docs/design.md §12).
 
     They change speed only: the step computes the same numbers (to float32 rounding) either way."""
 

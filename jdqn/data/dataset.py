@@ -1,6 +1,6 @@
 """Walk-forward arrays: bars -> past-only features -> folds -> per-fold train-normalised arrays.
 
-What the trainer and evaluator consume (docs/design.md §4). Features are computed once over
+What the trainer and evaluator consume (docs/design.md §3). Features are computed once over
 the whole series (each row uses only its own and earlier bars), then each fold's normaliser is fit
 on that fold's train rows only and applied to its train and test rows; so nothing in a fold's
 training inputs depends on its test window or later bars.

@@ -1,6 +1,6 @@
 """Past-only bar features and train-window normalisation.
 
-The feature row at bar ``t`` is a function of bars ``0..t`` only (docs/design.md §4: nothing from
+The feature row at bar ``t`` is a function of bars ``0..t`` only (docs/design.md §3: nothing from
 bar t+1 or later, ever). Trailing statistics during warm-up (``t`` smaller than a window) use the
 bars that exist: a ``h``-bar return at ``t < h`` is the return since bar 0, a trailing mean over
 ``W`` bars at ``t < W - 1`` is the mean over bars ``0..t``, and a statistic with no spread yet

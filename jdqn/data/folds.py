@@ -1,4 +1,4 @@
-"""Walk-forward fold layout: train window, purge gap, test window (docs/design.md §4, §8).
+"""Walk-forward fold layout: train window, purge gap, test window (docs/design.md §3, §7).
 
 Rolling mode: every fold has ``train_bars`` of training, ``purge_bars`` of gap and ``test_bars`` of
 test; fold k+1 is fold k shifted by ``test_bars``, so the test windows tile the end of the series

@@ -1,4 +1,4 @@
-"""The learner's named state, metrics and function bundle (docs/design.md §3, §6)."""
+"""The learner's named state, metrics and function bundle (docs/design.md §2, §5)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class GuardRecord(NamedTuple):
 
 @flax.struct.dataclass
 class LearnerState:
-    """Everything the learner carries between steps (docs/design.md §3). Leaves gain a leading
+    """Everything the learner carries between steps (docs/design.md §2). Leaves gain a leading
     [S] axis under vmap over seeds/folds."""
 
     # Parameters, target, masks and Adam's moments are flat [n_params] float32 vectors in the
@@ -65,7 +65,7 @@ class LearnerState:
 
 
 class LearnerMetrics(NamedTuple):
-    """Per-step diagnostics, all [] float32 (docs/design.md §6, step 14)."""
+    """Per-step diagnostics, all [] float32 (docs/design.md §5, step 14)."""
 
     loss_mse: float | jax.Array  # IS-weighted mean scaled squared error (before alpha)
     loss_c51: float | jax.Array  # IS-weighted mean cross-entropy (before alpha)

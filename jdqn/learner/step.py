@@ -30,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jdqn import accel, losses, networks
 from jdqn import debug as debug_mode
+from jdqn import kernel_choice, losses, networks
 from jdqn.config import Config
 from jdqn.donors import make_donors, n_donors_for
 from jdqn.learner.state import GuardRecord, Learner, LearnerMetrics, LearnerState
@@ -148,7 +148,7 @@ def make_learner(
     positions = jnp.asarray(cfg.env.positions, jnp.float32)  # [A]
     support = networks.atoms(net)  # [N]
     optimizer = optax.adam(cfg.optim.learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=cfg.optim.adam_eps)
-    kernels = accel.kernels_for(cfg.accel)
+    kernels = kernel_choice.kernels_for(cfg.accel)
     update_impl = resolve_update_impl(
         kernels.tail, jax.default_backend(), debug=debug, learners=learners
     )

@@ -1,38 +1,39 @@
-"""jdqn.accel: the user's accel.kernels choice and the test override, as implementations."""
+"""jdqn.kernel_choice: the user's accel.kernels choice and the test override, as implementations."""
 
 import pytest
 
-from jdqn import accel
+from jdqn import kernel_choice
 from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.kernel_choice import Kernels, kernels_for
 
 
 def test_auto_leaves_each_piece_to_the_backend_and_off_is_plain_xla(monkeypatch):
-    monkeypatch.delenv(accel.KERNELS_ENV, raising=False)
-    assert accel.kernels_for(SMOKETEST.accel) == accel.Kernels("auto", "auto", "auto")
+    monkeypatch.delenv(kernel_choice.KERNELS_ENV, raising=False)
+    assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto", "auto")
     off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
-    assert accel.kernels_for(off) == accel.Kernels("reference", "xla", "xla")
+    assert kernels_for(off) == Kernels("reference", "xla", "xla")
 
 
 def test_the_test_override_replaces_the_pieces_it_names_and_restores_the_variable(monkeypatch):
-    monkeypatch.setenv(accel.KERNELS_ENV, "pick=xla")
+    monkeypatch.setenv(kernel_choice.KERNELS_ENV, "pick=xla")
     off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
-    with accel.forced("tail=interpret, projection=interpret"):
-        assert accel.kernels_for(off) == accel.Kernels("interpret", "xla", "interpret")
-    assert accel.kernels_for(off) == accel.Kernels("reference", "xla", "xla")
-    with accel.forced(""):
-        assert accel.kernels_for(SMOKETEST.accel) == accel.Kernels("auto", "auto", "auto")
+    with kernel_choice.forced("tail=interpret, projection=interpret"):
+        assert kernels_for(off) == Kernels("interpret", "xla", "interpret")
+    assert kernels_for(off) == Kernels("reference", "xla", "xla")
+    with kernel_choice.forced(""):
+        assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto", "auto")
 
 
 @pytest.mark.parametrize("spec", ["tail", "tail=triton", "adam=pallas", "pick=reference"])
 def test_a_bad_override_names_the_variable_and_the_choices(spec, monkeypatch):
     with (
-        pytest.raises(ValueError, match=f"{accel.KERNELS_ENV}=.*not PIECE=IMPL"),
-        accel.forced(spec),
+        pytest.raises(ValueError, match=f"{kernel_choice.KERNELS_ENV}=.*not PIECE=IMPL"),
+        kernel_choice.forced(spec),
     ):
         pass
-    monkeypatch.setenv(accel.KERNELS_ENV, spec)
+    monkeypatch.setenv(kernel_choice.KERNELS_ENV, spec)
     with pytest.raises(ValueError, match="unset JDQN_KERNELS"):
-        accel.kernels_for(SMOKETEST.accel)
+        kernels_for(SMOKETEST.accel)
 
 
 def test_interpret_is_not_a_user_value_and_old_config_files_still_load():

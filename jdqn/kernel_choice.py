@@ -1,5 +1,4 @@
-"""Which implementation of each GPU-specialised piece the learner step runs (docs/design.md,
-"The speed seam").
+"""Which implementation of each GPU-specialised piece the learner step runs (docs/design.md §12).
 
 Users choose with the ``accel`` config section:
 
