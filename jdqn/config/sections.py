@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import zoneinfo
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +16,40 @@ from typing import Any, Literal
 def _require(ok: bool, field_name: str, message: str) -> None:
     if not ok:
         raise ValueError(f"{field_name}: {message}")
+
+
+COLUMN_ROLES = ("timestamp", "time", "date", "open", "high", "low", "close", "volume")
+
+
+def _check_column_map(items: tuple[str, ...]) -> None:
+    roles = []
+    for item in items:
+        role, sep, column = item.partition(":")
+        _require(
+            bool(sep) and role.strip() in COLUMN_ROLES and bool(column.strip()),
+            "data.columns",
+            f"{item!r} is not role:column with a role of {', '.join(COLUMN_ROLES)} "
+            "(e.g. data.columns=time:ts,close:last)",
+        )
+        roles.append(role.strip())
+    _require(len(set(roles)) == len(roles), "data.columns", f"a role repeats in {list(items)}")
+    _require(
+        not ("timestamp" in roles and "time" in roles),
+        "data.columns",
+        "give the bar time as timestamp or as time, not both",
+    )
+
+
+def _check_timezone(name: str | None, field_name: str) -> None:
+    if name is None:
+        return
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"{field_name}: unknown time zone {name!r}; use an IANA name such as UTC, "
+            "America/Chicago or Europe/London"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -28,8 +63,14 @@ class DataConfig:
     return_horizons: tuple[int, ...] = (1, 5, 15, 60)  # log-return lookbacks, in bars
     volume_window: int = 60  # bars in the trailing volume z-score window
     feature_clip: float = 5.0  # normalised features are clipped to +-feature_clip
+    # role:column pairs for headers the built-in names miss, e.g. time:ts,close:last (roles:
+    # timestamp or time, date, open, high, low, close, volume; date plus time = split columns)
+    columns: tuple[str, ...] = ()
+    timezone: str | None = None  # IANA zone of naive file timestamps; None = exchange time
 
     def __post_init__(self) -> None:
+        _check_column_map(self.columns)
+        _check_timezone(self.timezone, "data.timezone")
         _require(self.synthetic_bars >= 1_000, "data.synthetic_bars", "use at least 1000 bars")
         _require(
             len(self.return_horizons) > 0 and all(h >= 1 for h in self.return_horizons),
@@ -39,6 +80,12 @@ class DataConfig:
         _require(self.volume_window >= 2, "data.volume_window", "use a window of at least 2 bars")
         _require(self.feature_clip > 0, "data.feature_clip", "must be > 0")
         _require(self.signal_strength >= 0, "data.signal_strength", "must be >= 0")
+
+    @property
+    def column_map(self) -> dict[str, str]:
+        """``columns`` as role -> column name."""
+        pairs = (item.split(":", 1) for item in self.columns)
+        return {role.strip(): column.strip() for role, column in pairs}
 
     @property
     def lookback_bars(self) -> int:

@@ -77,7 +77,7 @@ def describe_source(cfg: DataConfig) -> str:
 def load_source(cfg: DataConfig) -> Bars:
     """Bars from ``cfg.path`` (validated) or, when it is None, the synthetic generator."""
     if cfg.path is not None:
-        return load_bars(cfg.path)
+        return load_bars(cfg.path, columns=cfg.column_map, timezone=cfg.timezone)
     return synthetic_bars(cfg.synthetic_bars, cfg.synthetic_seed, cfg.signal_strength)
 
 
