@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from jdqn.config import PROFILES, Config, apply_overrides, profile
+from jdqn.instruments import apply_instrument
 
 EXIT_USER_ERROR = 2
 EXIT_HALTED = 3
@@ -38,6 +39,11 @@ def _build_parser() -> argparse.ArgumentParser:
     wf = commands.add_parser("walkforward", help="train and judge the agent walk-forward")
     wf.add_argument("--data", help="bar file (CSV/Parquet); default: built-in synthetic ES bars")
     wf.add_argument("--profile", default="smoketest", choices=sorted(PROFILES))
+    wf.add_argument(
+        "--instrument",
+        help="instrument preset: tick size, point value, costs, calendar, reward scale, C51 "
+        "support (ES, NQ, CL, GC, ZN, 6E, EURUSD, BTCUSD; default: ES, the profiles' values)",
+    )
     wf.add_argument("--out", help="parent directory of the run directory (default: runs)")
     wf.add_argument("--folds", type=int, help="number of walk-forward folds")
     wf.add_argument("--epochs", type=int, help="training epochs per fold")
@@ -67,6 +73,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     check = data_commands.add_parser("check", help="load and validate a bar file")
     check.add_argument("path")
+    check.add_argument("--instrument", default="ES", help="preset whose calendar and scale apply")
 
     bench = commands.add_parser("bench", help="jit-compiled benchmarks; prints a table")
     bench.add_argument("--json", help="also write the results as JSON to this file")
@@ -96,18 +103,21 @@ def resolve_config(args: argparse.Namespace) -> Config:
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={value}")
-    return apply_overrides(profile(args.profile), overrides + list(args.overrides))
+    base = profile(args.profile)
+    if args.instrument is not None:
+        base = apply_instrument(base, args.instrument)
+    return apply_overrides(base, overrides + list(args.overrides))
 
 
 def _walkforward(args: argparse.Namespace) -> int:
     from jdqn.debug import DebugCheckFailed
     from jdqn.walkforward import UserError, run_walkforward
 
-    config_flags = ("data", "out", "folds", "epochs", "seeds", "seed", "name")
+    config_flags = ("data", "out", "folds", "epochs", "seeds", "seed", "name", "instrument")
     if args.resume and (args.overrides or any(getattr(args, f) is not None for f in config_flags)):
         print(
             "jdqn: error: --resume continues a run with its own config.json; fix: drop --data, "
-            "--out, --folds, --epochs, --seeds, --seed, --name and --set",
+            "--instrument, --out, --folds, --epochs, --seeds, --seed, --name and --set",
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
@@ -134,7 +144,8 @@ def _walkforward(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from jdqn.data import BarFileError, load_bars, synthetic_bars, write_bars
+    from jdqn.data import BarFileError, synthetic_bars, write_bars
+    from jdqn.instruments import describe_bar_file, instrument
 
     try:
         if args.data_command == "synth":
@@ -146,11 +157,7 @@ def _data(args: argparse.Namespace) -> int:
             write_bars(bars, args.out)
             print(f"wrote {len(bars):,} bars to {args.out}")
         else:
-            bars = load_bars(args.path)
-            print(
-                f"{args.path}: {len(bars):,} valid bars, "
-                f"{bars.timestamp[0]} .. {bars.timestamp[-1]}"
-            )
+            print(describe_bar_file(args.path, instrument(args.instrument)))
     except (BarFileError, ValueError, OSError) as error:
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 import zoneinfo
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -18,6 +19,10 @@ def _require(ok: bool, field_name: str, message: str) -> None:
         raise ValueError(f"{field_name}: {message}")
 
 
+# The names of jdqn.data.calendars.CALENDARS (a test keeps the two lists equal).
+_CALENDAR_NAMES = Literal[
+    "cme_equity", "cme_energy", "cme_metals", "cme_rates_fx", "fx_24x5", "crypto_24x7"
+]
 COLUMN_ROLES = ("timestamp", "time", "date", "open", "high", "low", "close", "volume")
 
 
@@ -67,10 +72,17 @@ class DataConfig:
     # timestamp or time, date, open, high, low, close, volume; date plus time = split columns)
     columns: tuple[str, ...] = ()
     timezone: str | None = None  # IANA zone of naive file timestamps; None = exchange time
+    # trading calendar (jdqn.data.calendars): the bars' clock, trading days, calendar features
+    calendar: _CALENDAR_NAMES = "cme_equity"
 
     def __post_init__(self) -> None:
         _check_column_map(self.columns)
         _check_timezone(self.timezone, "data.timezone")
+        _require(
+            self.calendar in typing.get_args(_CALENDAR_NAMES),
+            "data.calendar",
+            f"{self.calendar!r} is not one of {list(typing.get_args(_CALENDAR_NAMES))}",
+        )
         _require(self.synthetic_bars >= 1_000, "data.synthetic_bars", "use at least 1000 bars")
         _require(
             len(self.return_horizons) > 0 and all(h >= 1 for h in self.return_horizons),
@@ -97,6 +109,7 @@ class DataConfig:
 class EnvConfig:
     """Trading environment: position grid, costs in ticks, reward scale (DESIGN section 3)."""
 
+    instrument: str = "ES"  # name of the traded instrument (jdqn.instruments; a label otherwise)
     positions: tuple[float, ...] = (-1.0, 0.0, 1.0)  # action i -> target position (contracts)
     tick_size: float = 0.25  # index points per tick (ES)
     point_value_usd: float = 50.0  # dollars per index point (ES)
@@ -105,6 +118,7 @@ class EnvConfig:
     reward_scale: float = 1.0  # reward = points x reward_scale
 
     def __post_init__(self) -> None:
+        _require(bool(self.instrument.strip()), "env.instrument", "give a name, e.g. ES")
         _require(len(self.positions) >= 2, "env.positions", "give at least two positions")
         _require(
             len(set(self.positions)) == len(self.positions), "env.positions", "positions repeat"
