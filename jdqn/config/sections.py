@@ -62,8 +62,8 @@ class DataConfig:
     """Where bars come from and which features are computed from them."""
 
     path: str | None = None  # CSV/Parquet bar file; None = built-in synthetic ES bars
-    synthetic_bars: int = 60_000
-    synthetic_seed: int = 0
+    synthetic_bars: int = 60_000  # bars of the built-in synthetic ES series (when path is None)
+    synthetic_seed: int = 0  # seed of the synthetic bar generator
     signal_strength: float = 0.0  # planted predictable drift, in units of bar volatility
     return_horizons: tuple[int, ...] = (1, 5, 15, 60)  # log-return lookbacks, in bars
     volume_window: int = 60  # bars in the trailing volume z-score window
@@ -143,19 +143,20 @@ class EnvConfig:
 class NetworkConfig:
     """C51 MLP with spectral norm, pruning masks and ensemble heads (DESIGN section 4)."""
 
-    hidden: tuple[int, ...] = (64, 64)
-    n_atoms: int = 51
-    v_min: float = -240.0
-    v_max: float = 240.0
-    spectral_norm: bool = True
+    hidden: tuple[int, ...] = (64, 64)  # widths of the MLP torso's hidden layers
+    n_atoms: int = 51  # C51 atoms, evenly spaced on [v_min, v_max]
+    v_min: float = -240.0  # lower end of the C51 support, in reward units
+    v_max: float = 240.0  # upper end of the C51 support, in reward units
+    spectral_norm: bool = True  # spectral norm on hidden layers (Miyato et al., 2018)
     spectral_mode: Literal["clip", "divide"] = "clip"  # W/max(sigma,1) or W/sigma
-    n_heads: int = 1
+    n_heads: int = 1  # ensemble heads on one torso (acting uses their mean)
     bootstrap_prob: float = 1.0  # P(transition trains head k); 1.0 = no bootstrap
     lambda_div: float = 0.0  # ensemble diversity weight (only when n_heads > 1)
-    target_sparsity: float = 0.0
+    target_sparsity: float = 0.0  # final fraction of pruned weights
     prune_start: int = 0  # learner steps
-    prune_end: int = 1_000
-    prune_every: int = 100
+    prune_end: int = 1_000  # learner step where pruning reaches target_sparsity
+    prune_every: int = 100  # learner steps between mask updates
+    # matmul input dtype; losses stay float32
     matmul_dtype: Literal["float32", "bfloat16"] = "float32"
 
     def __post_init__(self) -> None:
@@ -194,19 +195,20 @@ class NetworkConfig:
 class LossConfig:
     """Blended MSE/C51 loss and gradient surgery (DESIGN section 5)."""
 
-    gamma: float = 0.9
+    gamma: float = 0.9  # discount factor
     alpha_schedule: tuple[float, ...] = (0.0, 0.2)  # C51 weight per epoch; last value repeats
-    label_smoothing: float = 0.01
+    label_smoothing: float = 0.01  # eps of (1 - eps) m + eps / N on the C51 target
     huber_delta: float | None = None  # None = squared error; else Huber on the scaled error
+    # hindsight donors: none, best action, all actions
     donor_mode: Literal["none", "best", "all"] = "best"
     donor_fraction: float = 0.25  # donors appended, as a fraction of the batch
-    gv_every: int = 10
+    gv_every: int = 10  # learner steps between gradient-vaccine steps
     gv_beta: float = 0.01  # EMA rate of phi_hat
     grad_budget: float = 10.0  # global-norm budget shared by the two loss parts
     budget_share_mse: float = 0.3  # share of the budget for MSE when alpha > 0
-    causal_every: int = 50
-    causal_weight: float = 0.1
-    non_causal_group: str = "calendar"
+    causal_every: int = 50  # learner steps between causal interventions
+    causal_weight: float = 0.1  # weight of the causal KL term
+    non_causal_group: str = "calendar"  # feature group the causal intervention permutes
     q_clip: float = 1e4  # guard: max |Q| allowed
     # C51 projection implementation (pallas_kernels.c51_project): auto = Pallas on GPU
     projection_impl: Literal[
@@ -260,10 +262,10 @@ class LossConfig:
 class ReplayConfig:
     """Proportional prioritized replay (Schaul et al., 2016)."""
 
-    capacity: int = 256
+    capacity: int = 256  # replay buffer size, transitions
     alpha: float = 0.6  # priority exponent
     beta_start: float = 0.4  # IS exponent, annealed linearly to 1 over the run
-    priority_eps: float = 1e-3
+    priority_eps: float = 1e-3  # added to |TD error| so no priority is 0
     priority_max: float = 1e3  # priorities are clipped to this
 
     def __post_init__(self) -> None:
@@ -280,8 +282,8 @@ class ReplayConfig:
 class OptimConfig:
     """Adam (Kingma & Ba, 2015) through optax."""
 
-    learning_rate: float = 1e-3
-    adam_eps: float = 1e-8
+    learning_rate: float = 1e-3  # Adam step size
+    adam_eps: float = 1e-8  # Adam epsilon
     target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
     tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
     # The step's flat tail (surgery reductions, Adam, target sync, guard select): auto = the
@@ -305,16 +307,16 @@ class OptimConfig:
 class TrainConfig:
     """Lock-step slices, epochs, exploration (DESIGN section 3 and 5)."""
 
-    n_slices: int = 64
-    batch_size: int = 64
-    epochs: int = 2
+    n_slices: int = 64  # train-window slices stepped in lock-step
+    batch_size: int = 64  # transitions sampled per learner step (before donors)
+    epochs: int = 2  # passes over each fold's train window
     train_every: int = 1  # iterations between learner updates
-    updates_per_iteration: int = 1
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.05
+    updates_per_iteration: int = 1  # learner steps per iteration
+    epsilon_start: float = 1.0  # exploration rate at the start
+    epsilon_end: float = 0.05  # exploration rate after the linear decay
     epsilon_decay_fraction: float = 0.5  # of all iterations
-    seeds: int = 1
-    seed: int = 0
+    seeds: int = 1  # seeds per fold (one vmapped program)
+    seed: int = 0  # base seed of every PRNG key
     chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)
 
     def __post_init__(self) -> None:
@@ -342,10 +344,11 @@ class TrainConfig:
 class WalkForwardConfig:
     """Fold layout over the bar series (DESIGN section 7). Sizes in bars."""
 
-    n_folds: int = 3
+    n_folds: int = 3  # walk-forward folds
+    # rolling: equal windows, vmapped; expanding: in sequence
     mode: Literal["rolling", "expanding"] = "rolling"
-    train_bars: int = 20_000
-    test_bars: int = 12_000
+    train_bars: int = 20_000  # bars per train window (the first one when expanding)
+    test_bars: int = 12_000  # bars per test window
     purge_bars: int = 1_380  # one full Globex session; must cover the feature lookback
 
     def __post_init__(self) -> None:
@@ -366,11 +369,11 @@ class WalkForwardConfig:
 class OutputConfig:
     """What a run writes."""
 
-    out_dir: str = "runs"
-    checkpoints: bool = True
-    tensorboard: bool = True
-    plots: bool = True
-    compilation_cache: bool = True
+    out_dir: str = "runs"  # parent directory of run directories
+    checkpoints: bool = True  # orbax checkpoints each epoch (for --resume)
+    tensorboard: bool = True  # TensorBoard event files
+    plots: bool = True  # PNG plots
+    compilation_cache: bool = True  # persist XLA executables across runs
 
     def __post_init__(self) -> None:
         _require(bool(self.out_dir), "output.out_dir", "give a directory")

@@ -42,6 +42,7 @@ class WalkForwardData:
     bars_per_year: float  # median bars per trading day x 252 (annualises Sharpe)
     source: str  # file path or "synthetic(seed=..., bars=..., signal=...)"
     normalisers: tuple[Normaliser, ...] = ()  # per fold, fit on its train rows
+    n_bars: int = 0  # bars in the whole series
 
     @property
     def n_features(self) -> int:
@@ -133,4 +134,5 @@ def prepare_walkforward(bars: Bars, cfg: Config, source: str = "") -> WalkForwar
         bars_per_year=bars_per_year(bars.timestamp, CALENDARS[cfg.data.calendar]),
         source=source or describe_source(cfg.data),
         normalisers=normalisers,
+        n_bars=len(bars),
     )
