@@ -93,6 +93,15 @@ def _build_parser() -> argparse.ArgumentParser:
     check = data_commands.add_parser("check", help="load and validate a bar file", parents=[common])
     check.add_argument("path")
     check.add_argument("--instrument", default="ES", help="preset whose calendar and scale apply")
+    check.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="data.FIELD=VALUE",
+        help="read the file as a run would, e.g. --set data.columns=time:ts "
+        "--set data.timezone=UTC",
+    )
 
     bench = commands.add_parser(
         "bench", help="jit-compiled benchmarks; prints a table", parents=[common]
@@ -172,7 +181,7 @@ def _walkforward(args: argparse.Namespace) -> int:
 
 def _data(args: argparse.Namespace) -> int:
     from jdqn.data import BarFileError, synthetic_bars, write_bars
-    from jdqn.instruments import describe_bar_file, instrument
+    from jdqn.instruments import data_settings, describe_bar_file, instrument
 
     try:
         if args.data_command == "synth":
@@ -184,7 +193,8 @@ def _data(args: argparse.Namespace) -> int:
             write_bars(bars, args.out)
             print(f"wrote {len(bars):,} bars to {args.out}")
         else:
-            print(describe_bar_file(args.path, instrument(args.instrument)))
+            preset = instrument(args.instrument)
+            print(describe_bar_file(args.path, preset, data_settings(args.overrides, preset)))
     except (BarFileError, ValueError, OSError) as error:
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jdqn.config import Config, apply_overrides
+from jdqn.config import Config, DataConfig, apply_overrides
 
 SUPPORT_IN_TYPICAL_MOVES = 240.0  # ES: +-240 points of support for a ~1 point typical move
 
@@ -158,14 +158,34 @@ def apply_instrument(cfg: Config, name: str) -> Config:
     return apply_overrides(cfg, instrument_overrides(name))
 
 
-def describe_bar_file(path: str | os.PathLike[str], preset: Instrument) -> str:
+def data_settings(overrides: list[str], preset: Instrument) -> DataConfig:
+    """The data section ``jdqn data check`` reads a file with: the preset's calendar, then
+    ``data.*`` overrides (other sections do not change how a file is read)."""
+    others = [item for item in overrides if not item.strip().startswith("data.")]
+    if others:
+        raise ValueError(
+            f"--set {others[0]}: data check reads only data.* keys; fix: drop it or use data.*"
+        )
+    cfg = apply_overrides(Config(), [f"data.calendar={preset.calendar}", *overrides])
+    return cfg.data
+
+
+def describe_bar_file(
+    path: str | os.PathLike[str], preset: Instrument, settings: DataConfig | None = None
+) -> str:
     """Two lines for ``jdqn data check``: the file's mean absolute 1-bar close change and the
     support the preset's rule would give it (the numbers a user-defined instrument needs), then
-    its bars and span."""
+    its bars and span. ``settings``: ``data.columns`` / ``data.timezone`` to read it with."""
     from jdqn.data import load_bars
     from jdqn.data.calendars import CALENDARS
 
-    bars = load_bars(path, exchange_timezone=CALENDARS[preset.calendar].timezone)
+    settings = settings if settings is not None else data_settings([], preset)
+    bars = load_bars(
+        path,
+        columns=settings.column_map,
+        timezone=settings.timezone,
+        exchange_timezone=CALENDARS[settings.calendar].timezone,
+    )
     move = float(np.mean(np.abs(np.diff(bars.close))))
     support = SUPPORT_IN_TYPICAL_MOVES * move * preset.reward_scale
     return (

@@ -157,3 +157,20 @@ def test_bars_load_in_the_calendar_clock(tmp_path):
     np.testing.assert_array_equal(
         chicago.timestamp, _stamps("2013-09-01T17:00", "2013-09-01T17:01")
     )
+
+
+def test_data_check_reads_with_data_settings(tmp_path, capsys):
+    path = tmp_path / "odd.csv"
+    path.write_text(
+        "ts,first,max,min,last_trade\n2013-09-01 22:00,1,2,1,1.5\n2013-09-01 22:01,1,2,1,1.25\n"
+    )
+    assert cli.main(["data", "check", str(path)]) == 2
+    assert "set data.columns=open:NAME" in capsys.readouterr().err
+    columns = "data.columns=time:ts,open:first,high:max,low:min,close:last_trade"
+    argv = ["data", "check", str(path), "--set", columns, "--set", "data.timezone=UTC"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.endswith(
+        ": 2 valid bars, 2013-09-01T17:00:00.000000000 .. 2013-09-01T17:01:00.000000000\n"
+    )
+    assert cli.main(["data", "check", str(path), "--set", "train.epochs=2"]) == 2
+    assert "reads only data.* keys" in capsys.readouterr().err

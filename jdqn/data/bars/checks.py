@@ -107,10 +107,13 @@ def newest_first(
     """
     step = np.diff(order_ns)
     forward = np.flatnonzero(step > 0) + 1
+    back = int(np.count_nonzero(step < 0))
+    if back < 2 or len(forward) > back:  # oldest first (the usual case) needs no DST look-up
+        return False
     if len(forward) and order_ns is local_ns:
         dst = _in_repeated_dst_hour(local_ns[forward - 1], local_ns[forward], exchange_timezone)
         forward = forward[~dst]
-    return len(forward) == 0 and int(np.count_nonzero(step < 0)) >= 2
+    return len(forward) == 0
 
 
 def check_order(

@@ -36,8 +36,9 @@ class BarFileError(ValueError):
     """A bar file that cannot be used, with a one-line message saying where and how to fix it.
 
     Format: ``"<file>: row <r>, column '<c>': <problem>; fix: <what to do>"``, where ``r`` is the
-    1-based data row (the header is not counted, so row r is line r + 1 of a CSV file) and the
-    row and column parts are left out when the problem is not specific to them.
+    1-based data row in file order (the header is not counted, so row r is line r + 1 of a CSV
+    file, plus any preamble lines above the header) and the row and column parts are left out
+    when the problem is not specific to them.
     """
 
     def __init__(
