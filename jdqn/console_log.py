@@ -31,4 +31,7 @@ def configure(verbose: int = 0, quiet: bool = False) -> logging.Logger:
         handler = _ConsoleHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         logger.addHandler(handler)
+    # Not also through the root logger, which libraries (absl, via JAX) give a handler of their
+    # own: every line would print twice.
+    logger.propagate = False
     return logger

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import re
 from pathlib import Path
 
@@ -114,7 +113,8 @@ def test_console_levels(capsys):
     console_log.configure(quiet=True).info("quiet")
     console_log.configure(verbose=1).debug("detail")
     assert capsys.readouterr().out == "detail\n"
-    assert sum(isinstance(h, logging.Handler) for h in logger.handlers) == 1
+    assert sum(type(h).__name__ == "_ConsoleHandler" for h in logger.handlers) == 1
+    assert not logger.propagate  # absl's root handler would print every line again
     console_log.configure()
 
 

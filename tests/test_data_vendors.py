@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +39,28 @@ def _message(path: Path, **kwargs) -> str:
     return message
 
 
-def test_cryptodatadownload_preamble_newest_first_unix_ms(tmp_path, caplog):
+@contextlib.contextmanager
+def _notices() -> Iterator[list[str]]:
+    """Messages of the loader's logger at INFO and above (the CLI's ``jdqn`` logger may not
+    propagate to pytest's root handler, so they are collected where they are logged)."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    logger, handler = logging.getLogger("jdqn.data"), Collect()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def test_cryptodatadownload_preamble_newest_first_unix_ms(tmp_path):
     ms = [(EPOCH_S + 60 * i) * 1000 for i in range(3)]
     text = (
         "https://www.CryptoDataDownload.com\n"
@@ -46,13 +69,13 @@ def test_cryptodatadownload_preamble_newest_first_unix_ms(tmp_path, caplog):
         f"{ms[1]},2013-09-01 22:01:00,BTC/USDT,1,2,1,1.25,6,60,2\n"
         f"{ms[0]},2013-09-01 22:00:00,BTC/USDT,1,2,1,1.5,5,50,1\n"
     )
-    with caplog.at_level(logging.INFO, logger="jdqn.data"):
+    with _notices() as messages:
         bars = load_bars(_write(tmp_path, "Binance_BTCUSDT_minute.csv", text))
     _assert_bars(bars)
     np.testing.assert_array_equal(bars.volume, [5, 6, 7])  # "Volume BTC", the base asset
-    notices = [r.getMessage() for r in caplog.records if "newest first" in r.getMessage()]
+    notices = [message for message in messages if "newest first" in message]
     assert len(notices) == 1 and "sorted oldest first" in notices[0]
-    assert any("skipped 1 line(s) before the header" in r.getMessage() for r in caplog.records)
+    assert any("skipped 1 line(s) before the header" in message for message in messages)
 
 
 def test_comment_preamble_and_gzip(tmp_path):
