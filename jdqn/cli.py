@@ -1,4 +1,4 @@
-"""Command line: ``jdqn walkforward | data synth | data check | bench``; parses, then calls the API.
+"""Command line: ``jdqn walkforward | data synth | data check | config keys | bench``; parses only.
 
 User errors (bad flags, impossible config, malformed bar file, missing path) print one line
 ``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.
@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from jdqn.config import PROFILES, Config, apply_overrides, profile
+from jdqn import console_log
+from jdqn.cli_extras import (
+    add_config_command,
+    add_version_flag,
+    base_config,
+    config_command,
+    console_flags,
+    resumed_config_text,
+)
+from jdqn.config import PROFILES, Config, apply_overrides
+from jdqn.instruments import apply_instrument
 
 EXIT_USER_ERROR = 2
 EXIT_HALTED = 3
@@ -32,12 +43,23 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="jdqn", description=__doc__.splitlines()[0])
+    common: Any = console_flags()  # a plain parent parser; add_parser's stub wants a _Parser
+    parser = _Parser(prog="jdqn", description=__doc__.splitlines()[0], parents=[common])
+    add_version_flag(parser)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    wf = commands.add_parser("walkforward", help="train and judge the agent walk-forward")
+    wf = commands.add_parser(
+        "walkforward", help="train and judge the agent walk-forward", parents=[common]
+    )
+    wf.add_argument("--config", help="rerun a saved config.json (flags and --set apply on top)")
+    wf.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
     wf.add_argument("--data", help="bar file (CSV/Parquet); default: built-in synthetic ES bars")
-    wf.add_argument("--profile", default="smoketest", choices=sorted(PROFILES))
+    wf.add_argument("--profile", choices=sorted(PROFILES), help="default: smoketest")
+    wf.add_argument(
+        "--instrument",
+        help="instrument preset: tick size, point value, costs, calendar, reward scale, C51 "
+        "support (ES, NQ, CL, GC, ZN, 6E, EURUSD, BTCUSD; default: ES, the profiles' values)",
+    )
     wf.add_argument("--out", help="parent directory of the run directory (default: runs)")
     wf.add_argument("--folds", type=int, help="number of walk-forward folds")
     wf.add_argument("--epochs", type=int, help="training epochs per fold")
@@ -56,19 +78,34 @@ def _build_parser() -> argparse.ArgumentParser:
     wf.add_argument("--no-progress", action="store_true", help="no progress bar")
     wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
 
-    data = commands.add_parser("data", help="bar-file tools")
+    add_config_command(commands, common)
+    data = commands.add_parser("data", help="bar-file tools", parents=[common])
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    synth = data_commands.add_parser("synth", help="write synthetic ES-like 1-minute bars")
+    synth = data_commands.add_parser(
+        "synth", help="write synthetic ES-like 1-minute bars", parents=[common]
+    )
     synth.add_argument("--bars", type=int, default=60_000)
     synth.add_argument("--out", required=True, help="output file (.csv or .parquet)")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument(
         "--signal", type=float, default=0.0, help="planted signal strength (0 = none)"
     )
-    check = data_commands.add_parser("check", help="load and validate a bar file")
+    check = data_commands.add_parser("check", help="load and validate a bar file", parents=[common])
     check.add_argument("path")
+    check.add_argument("--instrument", default="ES", help="preset whose calendar and scale apply")
+    check.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="data.FIELD=VALUE",
+        help="read the file as a run would, e.g. --set data.columns=time:ts "
+        "--set data.timezone=UTC",
+    )
 
-    bench = commands.add_parser("bench", help="jit-compiled benchmarks; prints a table")
+    bench = commands.add_parser(
+        "bench", help="jit-compiled benchmarks; prints a table", parents=[common]
+    )
     bench.add_argument("--json", help="also write the results as JSON to this file")
     bench.add_argument(
         "--only",
@@ -96,28 +133,37 @@ def resolve_config(args: argparse.Namespace) -> Config:
         value = getattr(args, flag)
         if value is not None:
             overrides.append(f"{key}={value}")
-    return apply_overrides(profile(args.profile), overrides + list(args.overrides))
+    base = base_config(args.config, args.profile)
+    if args.instrument is not None:
+        base = apply_instrument(base, args.instrument)
+    return apply_overrides(base, overrides + list(args.overrides))
 
 
 def _walkforward(args: argparse.Namespace) -> int:
     from jdqn.debug import DebugCheckFailed
     from jdqn.walkforward import UserError, run_walkforward
 
-    config_flags = ("data", "out", "folds", "epochs", "seeds", "seed", "name")
+    config_flags: tuple[str, ...] = ("config", "profile", "data", "instrument", "out", "folds")
+    config_flags += ("epochs", "seeds", "seed", "name")
     if args.resume and (args.overrides or any(getattr(args, f) is not None for f in config_flags)):
         print(
             "jdqn: error: --resume continues a run with its own config.json; fix: drop --data, "
-            "--out, --folds, --epochs, --seeds, --seed, --name and --set",
+            "--config, --profile, --instrument, --out, --folds, --epochs, --seeds, --seed, "
+            "--name and --set",
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
     try:
         cfg = None if args.resume else resolve_config(args)
+        if args.print_config:
+            print(cfg.to_json() if cfg is not None else resumed_config_text(args.resume))
+            return 0
         outcome = run_walkforward(
             cfg,
             resume=args.resume,
             debug=args.debug,
-            progress=not args.no_progress,
+            progress=not args.no_progress and not getattr(args, "quiet", False),
+            log=logging.getLogger(console_log.LOGGER_NAME).info,
             name=args.name,
             plot_processes=True,
         )
@@ -134,7 +180,8 @@ def _walkforward(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from jdqn.data import BarFileError, load_bars, synthetic_bars, write_bars
+    from jdqn.data import BarFileError, synthetic_bars, write_bars
+    from jdqn.instruments import data_settings, describe_bar_file, instrument
 
     try:
         if args.data_command == "synth":
@@ -146,11 +193,8 @@ def _data(args: argparse.Namespace) -> int:
             write_bars(bars, args.out)
             print(f"wrote {len(bars):,} bars to {args.out}")
         else:
-            bars = load_bars(args.path)
-            print(
-                f"{args.path}: {len(bars):,} valid bars, "
-                f"{bars.timestamp[0]} .. {bars.timestamp[-1]}"
-            )
+            preset = instrument(args.instrument)
+            print(describe_bar_file(args.path, preset, data_settings(args.overrides, preset)))
     except (BarFileError, ValueError, OSError) as error:
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -170,7 +214,13 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    handlers = {"walkforward": _walkforward, "data": _data, "bench": _bench}
+    console_log.configure(getattr(args, "verbose", 0), getattr(args, "quiet", False))
+    handlers = {
+        "walkforward": _walkforward,
+        "data": _data,
+        "bench": _bench,
+        "config": config_command,
+    }
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

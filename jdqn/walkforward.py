@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, report, rundir
+from jdqn import background, provenance, report, rundir
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
@@ -102,6 +102,7 @@ def run_walkforward(
     assert cfg is not None
     enable_compilation_cache(cfg)
     data = load_data(cfg)  # before any directory exists: bad input leaves nothing behind
+    made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
     try:
         if resume is None:
             # A Ctrl-C lands once `run` names the directory, so the clean-up below removes it.
@@ -147,6 +148,7 @@ def run_walkforward(
         "folds": fold_results,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
+        **made_by,
     }
     rundir.write_json(run.results_path, results)
     final = rundir.finalize(run)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import json
 import math
 import signal
@@ -82,6 +84,16 @@ def test_dqn_trains_on_the_real_es_sample(tmp_path):
     assert not outcome.halted
     assert [row["status"] for row in outcome.results["folds"]] == ["ok"] * 3
     _assert_outputs_complete(outcome.run_dir, outcome.results, 3)
+    # What made the run: schema, version, commit (this is a git checkout), the file's digest.
+    assert outcome.results["schema_version"] == 2
+    made_by = outcome.results["provenance"]
+    assert made_by["jdqn_version"] == importlib.metadata.version("jdqn")
+    assert made_by["git_commit"] is None or len(made_by["git_commit"]) == 40
+    assert made_by["data"] == {
+        "path": str(ES_SAMPLE),
+        "sha256": hashlib.sha256(ES_SAMPLE.read_bytes()).hexdigest(),
+        "bars": 2_264,
+    }
 
 
 @pytest.mark.slow

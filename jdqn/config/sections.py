@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
+import zoneinfo
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -17,19 +19,70 @@ def _require(ok: bool, field_name: str, message: str) -> None:
         raise ValueError(f"{field_name}: {message}")
 
 
+# The names of jdqn.data.calendars.CALENDARS (a test keeps the two lists equal).
+_CALENDAR_NAMES = Literal[
+    "cme_equity", "cme_energy", "cme_metals", "cme_rates_fx", "fx_24x5", "crypto_24x7"
+]
+COLUMN_ROLES = ("timestamp", "time", "date", "open", "high", "low", "close", "volume")
+
+
+def _check_column_map(items: tuple[str, ...]) -> None:
+    roles = []
+    for item in items:
+        role, sep, column = item.partition(":")
+        _require(
+            bool(sep) and role.strip() in COLUMN_ROLES and bool(column.strip()),
+            "data.columns",
+            f"{item!r} is not role:column with a role of {', '.join(COLUMN_ROLES)} "
+            "(e.g. data.columns=time:ts,close:last)",
+        )
+        roles.append(role.strip())
+    _require(len(set(roles)) == len(roles), "data.columns", f"a role repeats in {list(items)}")
+    _require(
+        not ("timestamp" in roles and "time" in roles),
+        "data.columns",
+        "give the bar time as timestamp or as time, not both",
+    )
+
+
+def _check_timezone(name: str | None, field_name: str) -> None:
+    if name is None:
+        return
+    try:
+        zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"{field_name}: unknown time zone {name!r}; use an IANA name such as UTC, "
+            "America/Chicago or Europe/London"
+        ) from None
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where bars come from and which features are computed from them."""
 
     path: str | None = None  # CSV/Parquet bar file; None = built-in synthetic ES bars
-    synthetic_bars: int = 60_000
-    synthetic_seed: int = 0
+    synthetic_bars: int = 60_000  # bars of the built-in synthetic ES series (when path is None)
+    synthetic_seed: int = 0  # seed of the synthetic bar generator
     signal_strength: float = 0.0  # planted predictable drift, in units of bar volatility
     return_horizons: tuple[int, ...] = (1, 5, 15, 60)  # log-return lookbacks, in bars
     volume_window: int = 60  # bars in the trailing volume z-score window
     feature_clip: float = 5.0  # normalised features are clipped to +-feature_clip
+    # role:column pairs for headers the built-in names miss, e.g. time:ts,close:last (roles:
+    # timestamp or time, date, open, high, low, close, volume; date plus time = split columns)
+    columns: tuple[str, ...] = ()
+    timezone: str | None = None  # IANA zone of naive file timestamps; None = exchange time
+    # trading calendar (jdqn.data.calendars): the bars' clock, trading days, calendar features
+    calendar: _CALENDAR_NAMES = "cme_equity"
 
     def __post_init__(self) -> None:
+        _check_column_map(self.columns)
+        _check_timezone(self.timezone, "data.timezone")
+        _require(
+            self.calendar in typing.get_args(_CALENDAR_NAMES),
+            "data.calendar",
+            f"{self.calendar!r} is not one of {list(typing.get_args(_CALENDAR_NAMES))}",
+        )
         _require(self.synthetic_bars >= 1_000, "data.synthetic_bars", "use at least 1000 bars")
         _require(
             len(self.return_horizons) > 0 and all(h >= 1 for h in self.return_horizons),
@@ -41,6 +94,12 @@ class DataConfig:
         _require(self.signal_strength >= 0, "data.signal_strength", "must be >= 0")
 
     @property
+    def column_map(self) -> dict[str, str]:
+        """``columns`` as role -> column name."""
+        pairs = (item.split(":", 1) for item in self.columns)
+        return {role.strip(): column.strip() for role, column in pairs}
+
+    @property
     def lookback_bars(self) -> int:
         """Bars of history a feature at t needs (purge gaps must be at least this)."""
         return max(max(self.return_horizons), self.volume_window)
@@ -50,6 +109,7 @@ class DataConfig:
 class EnvConfig:
     """Trading environment: position grid, costs in ticks, reward scale (docs/design.md §3)."""
 
+    instrument: str = "ES"  # name of the traded instrument (jdqn.instruments; a label otherwise)
     positions: tuple[float, ...] = (-1.0, 0.0, 1.0)  # action i -> target position (contracts)
     tick_size: float = 0.25  # index points per tick (ES)
     point_value_usd: float = 50.0  # dollars per index point (ES)
@@ -58,6 +118,7 @@ class EnvConfig:
     reward_scale: float = 1.0  # reward = points x reward_scale
 
     def __post_init__(self) -> None:
+        _require(bool(self.instrument.strip()), "env.instrument", "give a name, e.g. ES")
         _require(len(self.positions) >= 2, "env.positions", "give at least two positions")
         _require(
             len(set(self.positions)) == len(self.positions), "env.positions", "positions repeat"
@@ -82,19 +143,20 @@ class EnvConfig:
 class NetworkConfig:
     """C51 MLP with spectral norm, pruning masks and ensemble heads (docs/design.md §4)."""
 
-    hidden: tuple[int, ...] = (64, 64)
-    n_atoms: int = 51
-    v_min: float = -240.0
-    v_max: float = 240.0
-    spectral_norm: bool = True
+    hidden: tuple[int, ...] = (64, 64)  # widths of the MLP torso's hidden layers
+    n_atoms: int = 51  # C51 atoms, evenly spaced on [v_min, v_max]
+    v_min: float = -240.0  # lower end of the C51 support, in reward units
+    v_max: float = 240.0  # upper end of the C51 support, in reward units
+    spectral_norm: bool = True  # spectral norm on hidden layers (Miyato et al., 2018)
     spectral_mode: Literal["clip", "divide"] = "clip"  # W/max(sigma,1) or W/sigma
-    n_heads: int = 1
+    n_heads: int = 1  # ensemble heads on one torso (acting uses their mean)
     bootstrap_prob: float = 1.0  # P(transition trains head k); 1.0 = no bootstrap
     lambda_div: float = 0.0  # ensemble diversity weight (only when n_heads > 1)
-    target_sparsity: float = 0.0
+    target_sparsity: float = 0.0  # final fraction of pruned weights
     prune_start: int = 0  # learner steps
-    prune_end: int = 1_000
-    prune_every: int = 100
+    prune_end: int = 1_000  # learner step where pruning reaches target_sparsity
+    prune_every: int = 100  # learner steps between mask updates
+    # matmul input dtype; losses stay float32
     matmul_dtype: Literal["float32", "bfloat16"] = "float32"
 
     def __post_init__(self) -> None:
@@ -133,19 +195,20 @@ class NetworkConfig:
 class LossConfig:
     """Blended MSE/C51 loss and gradient surgery (docs/design.md §5)."""
 
-    gamma: float = 0.9
+    gamma: float = 0.9  # discount factor
     alpha_schedule: tuple[float, ...] = (0.0, 0.2)  # C51 weight per epoch; last value repeats
-    label_smoothing: float = 0.01
+    label_smoothing: float = 0.01  # eps of (1 - eps) m + eps / N on the C51 target
     huber_delta: float | None = None  # None = squared error; else Huber on the scaled error
+    # hindsight donors: none, best action, all actions
     donor_mode: Literal["none", "best", "all"] = "best"
     donor_fraction: float = 0.25  # donors appended, as a fraction of the batch
-    gv_every: int = 10
+    gv_every: int = 10  # learner steps between gradient-vaccine steps
     gv_beta: float = 0.01  # EMA rate of phi_hat
     grad_budget: float = 10.0  # global-norm budget shared by the two loss parts
     budget_share_mse: float = 0.3  # share of the budget for MSE when alpha > 0
-    causal_every: int = 50
-    causal_weight: float = 0.1
-    non_causal_group: str = "calendar"
+    causal_every: int = 50  # learner steps between causal interventions
+    causal_weight: float = 0.1  # weight of the causal KL term
+    non_causal_group: str = "calendar"  # feature group the causal intervention permutes
     q_clip: float = 1e4  # guard: max |Q| allowed
 
     def __post_init__(self) -> None:
@@ -181,10 +244,10 @@ class LossConfig:
 class ReplayConfig:
     """Proportional prioritized replay (Schaul et al., 2016)."""
 
-    capacity: int = 256
+    capacity: int = 256  # replay buffer size, transitions
     alpha: float = 0.6  # priority exponent
     beta_start: float = 0.4  # IS exponent, annealed linearly to 1 over the run
-    priority_eps: float = 1e-3
+    priority_eps: float = 1e-3  # added to |TD error| so no priority is 0
     priority_max: float = 1e3  # priorities are clipped to this
 
     def __post_init__(self) -> None:
@@ -201,8 +264,8 @@ class ReplayConfig:
 class OptimConfig:
     """Adam (Kingma & Ba, 2015) through optax."""
 
-    learning_rate: float = 1e-3
-    adam_eps: float = 1e-8
+    learning_rate: float = 1e-3  # Adam step size
+    adam_eps: float = 1e-8  # Adam epsilon
     target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
     tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
 
@@ -217,16 +280,16 @@ class OptimConfig:
 class TrainConfig:
     """Lock-step slices, epochs, exploration (docs/design.md §3, §7)."""
 
-    n_slices: int = 64
-    batch_size: int = 64
-    epochs: int = 2
+    n_slices: int = 64  # train-window slices stepped in lock-step
+    batch_size: int = 64  # transitions sampled per learner step (before donors)
+    epochs: int = 2  # passes over each fold's train window
     train_every: int = 1  # iterations between learner updates
-    updates_per_iteration: int = 1
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.05
+    updates_per_iteration: int = 1  # learner steps per iteration
+    epsilon_start: float = 1.0  # exploration rate at the start
+    epsilon_end: float = 0.05  # exploration rate after the linear decay
     epsilon_decay_fraction: float = 0.5  # of all iterations
-    seeds: int = 1
-    seed: int = 0
+    seeds: int = 1  # seeds per fold (one vmapped program)
+    seed: int = 0  # base seed of every PRNG key
     chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)
 
     def __post_init__(self) -> None:
@@ -254,10 +317,11 @@ class TrainConfig:
 class WalkForwardConfig:
     """Fold layout over the bar series (docs/design.md §3, §7). Sizes in bars."""
 
-    n_folds: int = 3
+    n_folds: int = 3  # walk-forward folds
+    # rolling: equal windows, vmapped; expanding: in sequence
     mode: Literal["rolling", "expanding"] = "rolling"
-    train_bars: int = 20_000
-    test_bars: int = 12_000
+    train_bars: int = 20_000  # bars per train window (the first one when expanding)
+    test_bars: int = 12_000  # bars per test window
     purge_bars: int = 1_380  # one full Globex session; must cover the feature lookback
 
     def __post_init__(self) -> None:
@@ -278,11 +342,11 @@ class WalkForwardConfig:
 class OutputConfig:
     """What a run writes."""
 
-    out_dir: str = "runs"
-    checkpoints: bool = True
-    tensorboard: bool = True
-    plots: bool = True
-    compilation_cache: bool = True
+    out_dir: str = "runs"  # parent directory of run directories
+    checkpoints: bool = True  # orbax checkpoints each epoch (for --resume)
+    tensorboard: bool = True  # TensorBoard event files
+    plots: bool = True  # PNG plots
+    compilation_cache: bool = True  # persist XLA executables across runs
 
     def __post_init__(self) -> None:
         _require(bool(self.out_dir), "output.out_dir", "give a directory")

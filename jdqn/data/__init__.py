@@ -1,6 +1,8 @@
-"""Bar data: validated bar files, synthetic ES bars, past-only features, walk-forward folds."""
+"""Bar data: validated bar files, trading calendars, synthetic ES bars, past-only features,
+walk-forward folds."""
 
 from jdqn.data.bars import BarFileError, Bars, load_bars
+from jdqn.data.calendars import CALENDARS, TradingCalendar, calendar_features
 from jdqn.data.dataset import (
     FoldArrays,
     WalkForwardData,
@@ -22,6 +24,7 @@ from jdqn.data.folds import Fold, make_folds
 from jdqn.data.synth import SyntheticPath, synthetic_bars, synthetic_path, write_bars
 
 __all__ = [
+    "CALENDARS",
     "BarFileError",
     "Bars",
     "FeatureSet",
@@ -29,8 +32,10 @@ __all__ = [
     "FoldArrays",
     "Normaliser",
     "SyntheticPath",
+    "TradingCalendar",
     "WalkForwardData",
     "bars_per_year",
+    "calendar_features",
     "compute_features",
     "describe_source",
     "fit_normaliser",

@@ -16,12 +16,10 @@ import numpy as np
 
 from jdqn.config import Config, DataConfig
 from jdqn.data.bars import Bars, load_bars
+from jdqn.data.calendars import CALENDARS, DEFAULT_CALENDAR, TradingCalendar, trading_day
 from jdqn.data.features import Normaliser, compute_features, fit_normaliser, normalise
 from jdqn.data.folds import Fold, make_folds
 from jdqn.data.synth import synthetic_bars
-
-TRADING_DAYS_PER_YEAR = 252
-_SESSION_SHIFT = np.timedelta64(7, "h")  # 17:00 CT session open -> midnight of its trading day
 
 
 class FoldArrays(NamedTuple):
@@ -44,6 +42,7 @@ class WalkForwardData:
     bars_per_year: float  # median bars per trading day x 252 (annualises Sharpe)
     source: str  # file path or "synthetic(seed=..., bars=..., signal=...)"
     normalisers: tuple[Normaliser, ...] = ()  # per fold, fit on its train rows
+    n_bars: int = 0  # bars in the whole series
 
     @property
     def n_features(self) -> int:
@@ -77,20 +76,26 @@ def describe_source(cfg: DataConfig) -> str:
 def load_source(cfg: DataConfig) -> Bars:
     """Bars from ``cfg.path`` (validated) or, when it is None, the synthetic generator."""
     if cfg.path is not None:
-        return load_bars(cfg.path)
+        return load_bars(
+            cfg.path,
+            columns=cfg.column_map,
+            timezone=cfg.timezone,
+            exchange_timezone=CALENDARS[cfg.calendar].timezone,
+        )
     return synthetic_bars(cfg.synthetic_bars, cfg.synthetic_seed, cfg.signal_strength)
 
 
-def bars_per_year(timestamp: np.ndarray) -> float:
-    """Median bars per trading day x 252.
+def bars_per_year(
+    timestamp: np.ndarray, calendar: TradingCalendar = CALENDARS[DEFAULT_CALENDAR]
+) -> float:
+    """Median bars per trading day x the calendar's trading days per year (252 or 365).
 
-    A trading day is a Globex session: bars from 17:00 CT count toward the next calendar day, so
-    a full session is 1,380 bars and RTH-only data give 390. The median ignores partial first and
-    last days and holiday sessions once there are several days.
+    A trading day is the calendar's session: on CME Globex bars from 17:00 CT count toward the
+    next calendar day, so a full session is 1,380 bars and RTH-only data give 390. The median
+    ignores partial first and last days and holiday sessions once there are several days.
     """
-    trading_day = (timestamp.astype("datetime64[ns]") + _SESSION_SHIFT).astype("datetime64[D]")
-    _, counts = np.unique(trading_day, return_counts=True)
-    return float(np.median(counts)) * TRADING_DAYS_PER_YEAR
+    _, counts = np.unique(trading_day(timestamp, calendar), return_counts=True)
+    return float(np.median(counts)) * calendar.trading_days_per_year
 
 
 def split_folds(
@@ -126,7 +131,8 @@ def prepare_walkforward(bars: Bars, cfg: Config, source: str = "") -> WalkForwar
         train=train,
         test=test,
         test_timestamps=tuple(bars.timestamp[f.test_start : f.test_end] for f in folds),
-        bars_per_year=bars_per_year(bars.timestamp),
+        bars_per_year=bars_per_year(bars.timestamp, CALENDARS[cfg.data.calendar]),
         source=source or describe_source(cfg.data),
         normalisers=normalisers,
+        n_bars=len(bars),
     )

@@ -16,11 +16,13 @@ Groups (indices into the feature axis, in this order):
   ``realized_vol`` = trailing root-mean-square of 1-bar log returns over ``cfg.volume_window``.
 * ``volume``: ``volume_z`` = trailing z-score of ``log(1 + volume)`` over ``cfg.volume_window``
   bars (all zeros when the source has no volume).
-* ``calendar``: ``tod_sin``, ``tod_cos`` (time of day on a 24 h circle), ``session_progress``
-  (minutes since the 17:00 CT Globex open / 1380), ``rth_progress`` (minutes since the 08:30 CT
-  RTH open / 390 inside RTH, 0 outside), ``day_of_week`` (Monday 0 .. Friday 1, of the trading day:
-  an evening bar belongs to the next day's session), ``is_rth`` (1 inside 08:30-15:00 CT). This
-  is the group the learner's causal intervention treats as non-causal.
+* ``calendar``: the features of the instrument's trading calendar (``cfg.calendar``,
+  :mod:`jdqn.data.calendars`); for ES (``cme_equity``): ``tod_sin``, ``tod_cos`` (time of day on
+  a 24 h circle), ``session_progress`` (minutes since the 17:00 CT Globex open / 1380),
+  ``rth_progress`` (minutes since the 08:30 CT RTH open / 390 inside RTH, 0 outside),
+  ``day_of_week`` (Monday 0 .. Friday 1, of the trading day: an evening bar belongs to the next
+  day's session), ``is_rth`` (1 inside 08:30-15:00 CT); a 24/7 market has no session or RTH
+  features. This is the group the learner's causal intervention treats as non-causal.
 
 Normalisation (:func:`fit_normaliser`, :func:`normalise`) is a z-score with statistics of a train
 window only, clipped to +-``cfg.feature_clip``. All columns are z-scored, the bounded calendar
@@ -37,11 +39,8 @@ import pandas as pd
 
 from jdqn.config import DataConfig
 from jdqn.data.bars import Bars
+from jdqn.data.calendars import CALENDARS, calendar_features
 
-_RTH_OPEN, _RTH_CLOSE = 8 * 60 + 30, 15 * 60  # minutes after midnight CT
-_GLOBEX_OPEN = 17 * 60
-_SESSION_MINUTES = 1380
-_MINUTES_PER_DAY = 1440
 _MIN_STD = 1e-12  # below this a column is treated as constant
 _MIN_ZSCORE_STD = 1e-8  # trailing windows flatter than this have z-score 0
 
@@ -84,25 +83,6 @@ def _lagged_log_return(log_close: np.ndarray, horizon: int) -> np.ndarray:
     return log_close - lagged[: len(log_close)]
 
 
-def _calendar(timestamp: np.ndarray) -> dict[str, np.ndarray]:
-    minutes = timestamp.astype("datetime64[m]").astype(np.int64)
-    minute_of_day = minutes % _MINUTES_PER_DAY
-    angle = 2.0 * np.pi * minute_of_day / _MINUTES_PER_DAY
-    rth = (minute_of_day >= _RTH_OPEN) & (minute_of_day < _RTH_CLOSE)
-    # Trading day: bars from 17:00 belong to the next day's session (shift by 7 h).
-    trading_day = (minutes + (_MINUTES_PER_DAY - _GLOBEX_OPEN)) // _MINUTES_PER_DAY
-    weekday = (trading_day + 3) % 7  # 1970-01-01 was a Thursday; Monday = 0
-    since_globex_open = (minute_of_day - _GLOBEX_OPEN) % _MINUTES_PER_DAY
-    return {
-        "tod_sin": np.sin(angle),
-        "tod_cos": np.cos(angle),
-        "session_progress": since_globex_open / _SESSION_MINUTES,
-        "rth_progress": np.where(rth, (minute_of_day - _RTH_OPEN) / (_RTH_CLOSE - _RTH_OPEN), 0.0),
-        "day_of_week": weekday / 4.0,
-        "is_rth": rth.astype(np.float64),
-    }
-
-
 def compute_features(bars: Bars, cfg: DataConfig) -> FeatureSet:
     """Past-only features of ``bars`` (groups and warm-up rules: module docstring)."""
     window = cfg.volume_window
@@ -133,7 +113,7 @@ def compute_features(bars: Bars, cfg: DataConfig) -> FeatureSet:
         "returns": returns,
         "range": range_group,
         "volume": {"volume_z": volume_z},
-        "calendar": _calendar(bars.timestamp),
+        "calendar": calendar_features(bars.timestamp, CALENDARS[cfg.calendar]),
     }
     names: list[str] = []
     columns: list[np.ndarray] = []

@@ -1,0 +1,183 @@
+"""Checks of a bar series' values and order, and the newest-first files that are turned round."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pandas as pd
+
+from jdqn.data.bars.core import EXCHANGE_TZ, BarFileError, first_row, more_rows
+from jdqn.data.bars.timestamps import missing_mask
+
+_PRICE_COLUMNS = ("open", "high", "low", "close")
+_LISTED_ROWS = 5  # rows named in a duplicate message before "and N more"
+
+
+def numeric(raw: pd.Series, path: str | os.PathLike[str], column: str) -> np.ndarray:
+    """A column as float64 [T]; missing, NaN, non-numeric and infinite values are errors."""
+    if pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_bool_dtype(raw):
+        values = raw.to_numpy(np.float64, na_value=np.nan)
+    else:
+        values = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64, na_value=np.nan)
+        non_numeric = np.isnan(values) & ~missing_mask(raw)
+        text = raw.astype("string").str.strip().astype(object).astype(str)
+        non_numeric &= ~text.str.lower().isin(("nan", "-nan", "+nan")).to_numpy()
+        if non_numeric.any():
+            row, more = first_row(non_numeric)
+            raise BarFileError(
+                path,
+                f"'{text.iloc[row - 1]}' is not a number{more}",
+                "write plain decimal numbers such as 1640.25 (no thousands separators or units)",
+                row,
+                column,
+            )
+    if np.isnan(values).any():
+        row, more = first_row(np.isnan(values))
+        raise BarFileError(
+            path, f"value is missing or NaN{more}", "fill in or delete the bar", row, column
+        )
+    if np.isinf(values).any():
+        row, more = first_row(np.isinf(values))
+        raise BarFileError(
+            path, f"value is infinite{more}", "replace it with the real value", row, column
+        )
+    return values.copy()  # pandas hands out read-only views
+
+
+def check_values(
+    prices: dict[str, np.ndarray],
+    volume: np.ndarray,
+    columns: dict[str, str],
+    path: str | os.PathLike[str],
+) -> None:
+    for name in _PRICE_COLUMNS:
+        bad = prices[name] <= 0
+        if bad.any():
+            row, more = first_row(bad)
+            raise BarFileError(
+                path,
+                f"price {prices[name][row - 1]:g} is not positive{more}",
+                "prices must be > 0 index points; correct or drop the bar",
+                row,
+                columns[name],
+            )
+    high, low = prices["high"], prices["low"]
+    bad = high < low
+    if bad.any():
+        row, more = first_row(bad)
+        raise BarFileError(
+            path,
+            f"high {high[row - 1]:g} is below low {low[row - 1]:g}{more}",
+            "check that the high and low columns are not swapped",
+            row,
+            columns["high"],
+        )
+    for name in ("open", "close"):
+        value = prices[name]
+        bad = (value < low) | (value > high)
+        if bad.any():
+            row, more = first_row(bad)
+            raise BarFileError(
+                path,
+                f"{name} {value[row - 1]:g} is outside the bar's range "
+                f"[low {low[row - 1]:g}, high {high[row - 1]:g}]{more}",
+                f"correct the bar so low <= {name} <= high",
+                row,
+                columns[name],
+            )
+    bad = volume < 0
+    if bad.any():
+        row, more = first_row(bad)
+        raise BarFileError(
+            path,
+            f"volume {volume[row - 1]:g} is negative{more}",
+            "volume must be >= 0 contracts",
+            row,
+            columns["volume"],
+        )
+
+
+def newest_first(
+    local_ns: np.ndarray, order_ns: np.ndarray, exchange_timezone: str = EXCHANGE_TZ
+) -> bool:
+    """True when the file lists the newest bar first: at least two steps back in time and none
+    forward (naive exchange time steps forward once when it enters the repeated autumn DST hour
+    from its second pass; that step does not count). Duplicates are left to :func:`check_order`.
+    """
+    step = np.diff(order_ns)
+    forward = np.flatnonzero(step > 0) + 1
+    back = int(np.count_nonzero(step < 0))
+    if back < 2 or len(forward) > back:  # oldest first (the usual case) needs no DST look-up
+        return False
+    if len(forward) and order_ns is local_ns:
+        dst = _in_repeated_dst_hour(local_ns[forward - 1], local_ns[forward], exchange_timezone)
+        forward = forward[~dst]
+    return len(forward) == 0
+
+
+def check_order(
+    local_ns: np.ndarray,
+    order_ns: np.ndarray,
+    rows: np.ndarray,
+    column: str,
+    path: str | os.PathLike[str],
+    exchange_timezone: str = EXCHANGE_TZ,
+) -> None:
+    """Timestamps strictly increase (naive exchange time may repeat the autumn DST hour).
+
+    ``rows`` [T] are the 1-based file rows of the bars (descending for a newest-first file), so
+    a message names the rows a user finds in the file: every duplicate, or the span of rows that
+    overlaps earlier ones (two downloads joined end to end).
+    """
+    step = np.diff(order_ns)
+    bad = np.flatnonzero(step <= 0) + 1  # 0-based index of the later bar
+    if len(bad) and order_ns is local_ns:
+        bad = bad[~_in_repeated_dst_hour(local_ns[bad - 1], local_ns[bad], exchange_timezone)]
+    if len(bad) == 0:
+        return
+    i = int(bad[0])
+    stamp, previous = str(pd.Timestamp(int(local_ns[i]))), str(pd.Timestamp(int(local_ns[i - 1])))
+    if step[i - 1] == 0:
+        others = [int(rows[k]) for k in bad[1:] if step[k - 1] == 0]
+        listed = ", ".join(str(r) for r in others[:_LISTED_ROWS])
+        if len(others) > _LISTED_ROWS:
+            listed += f" and {len(others) - _LISTED_ROWS} more"
+        raise BarFileError(
+            path,
+            f"duplicate timestamp {stamp} (same as row {rows[i - 1]})"
+            + (f"; more duplicates at rows {listed}" if others else ""),
+            "keep one bar per timestamp",
+            int(rows[i]),
+            column,
+        )
+    start = int(np.searchsorted(order_ns[:i], order_ns[i], side="left"))  # first overlapped bar
+    after = np.flatnonzero(order_ns[i:] > order_ns[i - 1])
+    end = i + int(after[0]) - 1 if len(after) else len(order_ns) - 1  # last overlapping bar
+    raise BarFileError(
+        path,
+        f"timestamp {stamp} is earlier than row {rows[i - 1]} ({previous}): timestamps decrease; "
+        f"the stretch {_span(rows[i], rows[end])} overlaps {_span(rows[start], rows[i - 1])}"
+        f"{more_rows(len(bad) - 1)}",
+        "sort the bars by time, oldest first, and drop the repeated stretch",
+        int(rows[i]),
+        column,
+    )
+
+
+def _span(a: int, b: int) -> str:
+    low, high = sorted((int(a), int(b)))
+    return f"row {low}" if low == high else f"rows {low}-{high}"
+
+
+def _in_repeated_dst_hour(earlier_ns: np.ndarray, later_ns: np.ndarray, zone: str) -> np.ndarray:
+    """True where both naive local times fall in the hour that repeats when DST ends."""
+
+    def ambiguous(values_ns: np.ndarray) -> np.ndarray:
+        index = pd.DatetimeIndex(values_ns.astype("datetime64[ns]"))
+        n = len(index)
+        summer = index.tz_localize(zone, ambiguous=np.ones(n, bool), nonexistent="NaT")
+        winter = index.tz_localize(zone, ambiguous=np.zeros(n, bool), nonexistent="NaT")
+        return (summer != winter) & ~summer.isna()
+
+    return ambiguous(earlier_ns) & ambiguous(later_ns)

@@ -1,0 +1,78 @@
+"""``load_bars``: read, map, parse and validate a bar file."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+import numpy as np
+
+from jdqn.data.bars.checks import check_order, check_values, newest_first, numeric
+from jdqn.data.bars.columns import check_one_symbol, fixed_point_scale, map_columns
+from jdqn.data.bars.core import EXCHANGE_TZ, BarFileError, Bars
+from jdqn.data.bars.reading import read_frame
+from jdqn.data.bars.timestamps import parse_bar_times
+
+_PRICE_COLUMNS = ("open", "high", "low", "close")
+logger = logging.getLogger("jdqn.data")
+
+
+def load_bars(
+    path: str | os.PathLike[str],
+    min_bars: int = 2,
+    *,
+    columns: Mapping[str, str] | None = None,
+    timezone: str | None = None,
+    exchange_timezone: str = EXCHANGE_TZ,
+) -> Bars:
+    """Read, map, parse and validate a bar file; raise :class:`BarFileError` on any defect.
+
+    ``columns``: role -> column name for headers no alias covers (``data.columns``).
+    ``timezone``: the zone of naive timestamps in the file (``data.timezone``); None means they
+    are exchange time already (or UTC where the header says so). ``exchange_timezone``: the
+    clock the bars come out in (the instrument's trading calendar). A newest-first file is
+    turned round, with a one-line notice on the ``jdqn.data`` logger.
+    """
+    frame, layout = read_frame(path)
+    if layout is not None and layout.header_line:
+        logger.info("%s: skipped %d line(s) before the header", path, layout.header_line)
+    check_one_symbol(frame, path)
+    mapped = map_columns(frame, path, columns)
+    local_ns, order_ns = parse_bar_times(frame, mapped, path, timezone, exchange_timezone)
+    scale = fixed_point_scale(frame, mapped)
+    prices = {
+        name: numeric(frame[mapped.prices[name]], path, mapped.prices[name]) * scale
+        for name in _PRICE_COLUMNS
+    }
+    has_volume = "volume" in mapped.prices
+    volume = (
+        numeric(frame[mapped.prices["volume"]], path, mapped.prices["volume"])
+        if has_volume
+        else np.zeros(len(frame), np.float64)
+    )
+    check_values(prices, volume, mapped.prices, path)
+    rows = np.arange(1, len(frame) + 1)
+    if newest_first(local_ns, order_ns, exchange_timezone):
+        logger.warning("%s: bars are newest first; sorted oldest first", path)
+        flip = slice(None, None, -1)
+        same = order_ns is local_ns
+        local_ns, rows, volume = local_ns[flip], rows[flip], volume[flip]
+        order_ns = local_ns if same else order_ns[flip]
+        prices = {name: values[flip] for name, values in prices.items()}
+    check_order(local_ns, order_ns, rows, mapped.timestamp_name, path, exchange_timezone)
+    if len(frame) < min_bars:
+        raise BarFileError(
+            path,
+            f"the file has {len(frame)} bar(s) but at least {min_bars} are needed",
+            "supply a longer bar file",
+        )
+    return Bars(
+        timestamp=local_ns.astype("datetime64[ns]"),
+        open=np.ascontiguousarray(prices["open"]),
+        high=np.ascontiguousarray(prices["high"]),
+        low=np.ascontiguousarray(prices["low"]),
+        close=np.ascontiguousarray(prices["close"]),
+        volume=np.ascontiguousarray(volume),
+        has_volume=has_volume,
+    )

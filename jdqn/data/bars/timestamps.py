@@ -1,0 +1,237 @@
+"""Bar times: the timestamp forms vendors write, unix epochs and time zones.
+
+Forms tried: ISO 8601 (with or without a UTC offset), US slashes, compact ``YYYYMMDD[ HHMM[SS]]``,
+dotted ``YYYY.MM.DD`` (MetaTrader) and ``DD.MM.YYYY`` (Dukascopy), split date and time columns
+(digit-only times ``830`` / ``170000`` get their colons back) and unix epochs in s, ms, us or ns,
+told apart by magnitude. Epochs and offsets are instants (UTC); naive times are wall-clock times.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pandas as pd
+
+from jdqn.data.bars.columns import ColumnMap
+from jdqn.data.bars.core import BarFileError, first_row
+
+# Naive timestamp formats tried in order; the first that parses every row wins. Day-first slash
+# dates (DD/MM/YYYY) are deliberately absent: they are ambiguous with the US form for days <= 12.
+_NAIVE_FORMATS = (
+    "ISO8601",
+    "%m/%d/%Y %H:%M:%S",
+    "%m/%d/%Y %H:%M",
+    "%m/%d/%Y %H:%M:%S.%f",
+    "%m/%d/%Y %I:%M:%S %p",
+    "%m/%d/%Y %I:%M %p",
+    "%Y%m%d %H%M%S",
+    "%Y%m%d %H%M",
+    "%Y%m%d %H:%M:%S",
+    "%Y%m%d %H:%M",
+    "%Y/%m/%d %H:%M:%S",
+    "%Y/%m/%d %H:%M",
+    "%Y.%m.%d %H:%M:%S",
+    "%Y.%m.%d %H:%M",
+    "%d.%m.%Y %H:%M:%S.%f",
+    "%d.%m.%Y %H:%M:%S",
+    "%d.%m.%Y %H:%M",
+    "%m/%d/%Y",
+)
+# Digit-only timestamps: compact calendar forms by length, anything else is a unix epoch.
+_COMPACT_FORMATS = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
+_AWARE_SUFFIX = re.compile(r"(?:Z|[+-]\d{2}:?\d{2})$", re.IGNORECASE)
+_TIMESTAMP_FIX = (
+    "write timestamps as 'YYYY-MM-DD HH:MM:SS' (exchange time) or ISO 8601 with a UTC offset, "
+    "or as unix epoch seconds"
+)
+
+
+def missing_mask(raw: pd.Series) -> np.ndarray:
+    missing = raw.isna().to_numpy().copy()
+    if not pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_datetime64_any_dtype(raw):
+        missing |= raw.astype("string").str.strip().fillna("").eq("").to_numpy()
+    return missing
+
+
+def parse_bar_times(
+    frame: pd.DataFrame,
+    columns: ColumnMap,
+    path: str | os.PathLike[str],
+    timezone: str | None,
+    exchange_timezone: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(naive exchange-time ns [T] int64, ordering key ns [T] int64: the UTC instant when known).
+
+    Aware timestamps (UTC offsets, epochs, aware Parquet columns) are converted to
+    ``exchange_timezone``. Naive ones are in ``timezone`` (``data.timezone``), in UTC when the
+    header says so (``Gmt time``), and otherwise already in exchange time.
+    """
+    name = columns.timestamp_name
+    if len(columns.timestamp) == 2:
+        for part in columns.timestamp:
+            missing = missing_mask(frame[part])
+            if missing.any():
+                row, more = first_row(missing)
+                raise BarFileError(
+                    path, f"timestamp is missing{more}", "fill in or delete the row", row, part
+                )
+        date, time = (frame[c] for c in columns.timestamp)
+        raw = _as_date_text(date) + " " + _as_time_text(time)
+    else:
+        raw = frame[columns.timestamp[0]]
+    missing = missing_mask(raw)
+    if missing.any():
+        row, more = first_row(missing)
+        raise BarFileError(
+            path, f"timestamp is missing{more}", "fill in or delete the row", row, name
+        )
+    parsed = _parse_timestamps(raw, path, name)  # tz-aware UTC or naive
+    source = timezone or ("UTC" if columns.utc else None)
+    if parsed.dt.tz is None and source is not None and source != exchange_timezone:
+        parsed = _localise(parsed, source, path, name)
+    if parsed.dt.tz is not None:
+        order = parsed.dt.tz_convert("UTC").dt.tz_localize(None).astype("datetime64[ns]")
+        local = parsed.dt.tz_convert(exchange_timezone).dt.tz_localize(None)
+        local_ns = local.astype("datetime64[ns]").to_numpy().view(np.int64)
+        return local_ns, order.to_numpy().view(np.int64)
+    local_ns = parsed.astype("datetime64[ns]").to_numpy().view(np.int64)
+    return local_ns, local_ns
+
+
+def _localise(parsed: pd.Series, zone: str, path: str | os.PathLike[str], column: str) -> pd.Series:
+    """Naive times read as wall-clock times of ``zone`` (the repeated DST hour by row order)."""
+    try:
+        return parsed.dt.tz_localize(zone, ambiguous="infer", nonexistent="raise")
+    except Exception as error:  # pytz/zoneinfo raise several types for impossible local times
+        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise BarFileError(
+            path,
+            f"timestamps are not valid wall-clock times in data.timezone={zone} ({detail})",
+            "check data.timezone, or write the timestamps in UTC or with a UTC offset",
+            column=column,
+        ) from None
+
+
+def _as_date_text(raw: pd.Series) -> pd.Series:
+    if pd.api.types.is_datetime64_any_dtype(raw):
+        return raw.dt.strftime("%Y-%m-%d")
+    if pd.api.types.is_numeric_dtype(raw):
+        return raw.astype(np.int64).astype(str)
+    return raw.astype("string").str.strip().astype(object)
+
+
+def _as_time_text(raw: pd.Series) -> pd.Series:
+    """Time-of-day as text; digit-only times (HHMM, HHMMSS, leading zeros lost) get colons."""
+    text = (
+        raw.astype(np.int64).astype(str)
+        if pd.api.types.is_numeric_dtype(raw)
+        else raw.astype("string").str.strip().astype(object).astype(str)
+    )
+    digits = text.str.fullmatch(r"\d{1,6}")
+    if digits.all():
+        width = 6 if text.astype(np.int64).max() > 2359 else 4
+        text = text.str.zfill(width)
+        text = (
+            text.str.slice(0, 2)
+            + ":"
+            + text.str.slice(2, 4)
+            + ((":" + text.str.slice(4, 6)) if width == 6 else "")
+        )
+    return text
+
+
+def _parse_timestamps(raw: pd.Series, path: str | os.PathLike[str], column: str) -> pd.Series:
+    if pd.api.types.is_datetime64_any_dtype(raw):
+        return raw.reset_index(drop=True)
+    if pd.api.types.is_bool_dtype(raw):
+        raise BarFileError(path, "timestamps are true/false values", _TIMESTAMP_FIX, 1, column)
+    if pd.api.types.is_numeric_dtype(raw):
+        values = raw.to_numpy()
+        return _parse_digits(
+            values if values.dtype.kind in "iu" else values.astype(np.float64), path, column
+        )
+    text = raw.astype("string").str.strip().astype(object).astype(str).reset_index(drop=True)
+    if text.str.fullmatch(r"\d+").all():
+        exact = bool(text.str.len().max() <= 18)  # int64 holds 18 digits
+        numbers = text.astype(np.int64 if exact else np.float64).to_numpy()
+        return _parse_digits(numbers, path, column)
+    aware = text.str.contains(_AWARE_SUFFIX).to_numpy()
+    if aware.any() and not aware.all():
+        row, more = first_row(aware != aware[0])
+        raise BarFileError(
+            path,
+            f"timestamp '{text.iloc[row - 1]}' mixes forms with and without a UTC offset{more}",
+            "give every timestamp a UTC offset, or none (exchange time)",
+            row,
+            column,
+        )
+    if aware.all():
+        parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
+        return _require_parsed(parsed, text, path, column)
+    best: pd.Series | None = None
+    first = pd.Series(text.iloc[:1])
+    for fmt in _NAIVE_FORMATS:
+        if pd.to_datetime(first, format=fmt, errors="coerce").isna().iloc[0]:
+            continue
+        parsed = pd.to_datetime(text, format=fmt, errors="coerce")
+        if not parsed.isna().any():
+            return parsed
+        if best is None or parsed.isna().sum() < best.isna().sum():
+            best = parsed
+    return _require_parsed(best, text, path, column)
+
+
+def _require_parsed(
+    parsed: pd.Series | None, text: pd.Series, path: str | os.PathLike[str], column: str
+) -> pd.Series:
+    bad = np.ones(len(text), bool) if parsed is None else parsed.isna().to_numpy()
+    if bad.any():
+        row, more = first_row(bad)
+        raise BarFileError(
+            path,
+            f"cannot parse timestamp '{text.iloc[row - 1]}'{more}",
+            _TIMESTAMP_FIX,
+            row,
+            column,
+        )
+    assert parsed is not None
+    return parsed
+
+
+def _parse_digits(values: np.ndarray, path: str | os.PathLike[str], column: str) -> pd.Series:
+    """Digit-only timestamps: YYYYMMDD[HHMM[SS]] by length, else a unix epoch whose unit (s, ms,
+    us or ns) follows from its magnitude: seconds up to 1e11 (year 5138), ms up to 1e14, us up to
+    1e17, ns beyond. Integers stay int64 so that ns epochs keep their last digits."""
+    whole = values.dtype.kind in "iu" or bool(np.all(values == np.floor(values)))
+    if whole:
+        integers = values.astype(np.int64)
+        digits = np.char.str_len(np.abs(integers).astype(str))
+        fmt = _COMPACT_FORMATS.get(int(digits[0])) if np.all(digits == digits[0]) else None
+        if fmt is not None:
+            text = pd.Series(integers.astype(str))
+            parsed = pd.to_datetime(text, format=fmt, errors="coerce")
+            if not parsed.isna().any():
+                return parsed
+        values = integers
+    magnitude = float(np.max(np.abs(values)))
+    unit = (
+        "s"
+        if magnitude < 1e11
+        else "ms"
+        if magnitude < 1e14
+        else "us"
+        if magnitude < 1e17
+        else "ns"
+    )
+    try:
+        return pd.Series(pd.to_datetime(values, unit=unit, utc=True))
+    except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
+        raise BarFileError(
+            path,
+            f"numeric timestamps (e.g. {values[0]:.0f}) are not a date or unix epoch",
+            _TIMESTAMP_FIX,
+            1,
+            column,
+        ) from None

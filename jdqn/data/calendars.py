@@ -1,0 +1,126 @@
+"""Trading calendars: which clock bars are kept in, when a trading day starts, and which
+calendar/session features exist for an instrument.
+
+A calendar's times are wall-clock times of its ``timezone``; bars loaded for an instrument are in
+that zone (:func:`jdqn.data.load_bars`'s ``exchange_timezone``). The trading day starts at
+``day_open`` (a bar at or after it belongs to the next calendar day's session, as on CME Globex,
+where Sunday 17:00 CT opens Monday's session). Features (:func:`calendar_features`):
+
+* ``tod_sin``, ``tod_cos``: time of day on a 24 h circle (every calendar);
+* ``session_progress``: minutes since ``day_open`` / ``session_minutes`` (calendars with a daily
+  session: not a 24/7 market, whose "day" is only a date);
+* ``rth_progress``, ``is_rth``: position inside, and membership of, the day's main trading hours
+  ``[rth_open, rth_close)`` (calendars that have them);
+* ``day_of_week``: weekday of the trading day, Monday 0 .. last trading weekday 1.
+
+Hours: CME Group product pages (Globex Sunday-Friday 17:00-16:00 CT; the "regular" hours below
+are the former pit / day-session hours CME still publishes for settlement); spot FX trades from
+Sunday 17:00 to Friday 17:00 New York, its busiest hours being the London/New York overlap;
+crypto exchanges trade around the clock and date days in UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_MINUTES_PER_DAY = 1440
+
+
+def _minute(clock: str) -> int:
+    hours, minutes = clock.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+@dataclass(frozen=True)
+class TradingCalendar:
+    """One market's clock; times are minutes after local midnight."""
+
+    name: str
+    timezone: str  # IANA zone of the bars' naive timestamps
+    day_open: int  # the trading day starts here (the previous calendar day's evening if > rth)
+    session_minutes: int  # length of the daily session (1440 = no daily break)
+    rth_open: int | None  # main trading hours, or None when the market has none
+    rth_close: int | None
+    trading_days_per_week: int  # 5 (Monday-Friday sessions) or 7
+    trading_days_per_year: int  # annualises Sharpe: 252 or 365
+
+    @property
+    def has_session(self) -> bool:
+        return self.trading_days_per_week < 7
+
+    @property
+    def has_rth(self) -> bool:
+        return self.rth_open is not None
+
+
+def _cme(name: str, rth_open: str, rth_close: str) -> TradingCalendar:
+    return TradingCalendar(
+        name=name,
+        timezone="America/Chicago",
+        day_open=_minute("17:00"),
+        session_minutes=1380,  # 17:00-16:00 CT, one hour's maintenance break
+        rth_open=_minute(rth_open),
+        rth_close=_minute(rth_close),
+        trading_days_per_week=5,
+        trading_days_per_year=252,
+    )
+
+
+CALENDARS: dict[str, TradingCalendar] = {
+    calendar.name: calendar
+    for calendar in (
+        _cme("cme_equity", "08:30", "15:00"),  # ES, NQ: NYSE hours 09:30-16:00 ET
+        _cme("cme_energy", "08:00", "13:30"),  # CL: NYMEX day session
+        _cme("cme_metals", "07:20", "12:30"),  # GC: COMEX day session
+        _cme("cme_rates_fx", "07:20", "14:00"),  # ZN (CBOT) and 6E (CME FX) day sessions
+        TradingCalendar(
+            name="fx_24x5",
+            timezone="America/New_York",
+            day_open=_minute("17:00"),  # the FX value date rolls at 17:00 New York
+            session_minutes=1440,
+            rth_open=_minute("08:00"),  # London/New York overlap
+            rth_close=_minute("12:00"),
+            trading_days_per_week=5,
+            trading_days_per_year=252,
+        ),
+        TradingCalendar(
+            name="crypto_24x7",
+            timezone="UTC",
+            day_open=0,
+            session_minutes=1440,
+            rth_open=None,
+            rth_close=None,
+            trading_days_per_week=7,
+            trading_days_per_year=365,
+        ),
+    )
+}
+DEFAULT_CALENDAR = "cme_equity"
+
+
+def trading_day(timestamp: np.ndarray, calendar: TradingCalendar) -> np.ndarray:
+    """[T] int64 day number (days since 1970-01-01) of each bar's trading day."""
+    minutes = timestamp.astype("datetime64[m]").astype(np.int64)
+    return (minutes + (_MINUTES_PER_DAY - calendar.day_open) % _MINUTES_PER_DAY) // _MINUTES_PER_DAY
+
+
+def calendar_features(timestamp: np.ndarray, calendar: TradingCalendar) -> dict[str, np.ndarray]:
+    """The calendar's features of naive local ``timestamp`` [T] (module docstring), each [T]."""
+    minutes = timestamp.astype("datetime64[m]").astype(np.int64)
+    minute_of_day = minutes % _MINUTES_PER_DAY
+    angle = 2.0 * np.pi * minute_of_day / _MINUTES_PER_DAY
+    features = {"tod_sin": np.sin(angle), "tod_cos": np.cos(angle)}
+    if calendar.has_session:
+        since_open = (minute_of_day - calendar.day_open) % _MINUTES_PER_DAY
+        features["session_progress"] = since_open / calendar.session_minutes
+    if calendar.rth_open is not None and calendar.rth_close is not None:
+        rth = (minute_of_day >= calendar.rth_open) & (minute_of_day < calendar.rth_close)
+        length = calendar.rth_close - calendar.rth_open
+        features["rth_progress"] = np.where(rth, (minute_of_day - calendar.rth_open) / length, 0.0)
+    weekday = (trading_day(timestamp, calendar) + 3) % 7  # 1970-01-01 was a Thursday; Monday 0
+    features["day_of_week"] = weekday / (calendar.trading_days_per_week - 1)
+    if calendar.rth_open is not None and calendar.rth_close is not None:
+        features["is_rth"] = rth.astype(np.float64)
+    return features

@@ -1,0 +1,176 @@
+"""Instrument presets and trading calendars: contract specs, costs, support rule, overrides,
+calendar features by hand, and the CLI's --instrument."""
+
+from __future__ import annotations
+
+import typing
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jdqn import cli
+from jdqn.config import DEFAULT, SMOKETEST, DataConfig
+from jdqn.config.sections import _CALENDAR_NAMES
+from jdqn.data import bars_per_year, compute_features, load_source, synthetic_bars
+from jdqn.data.calendars import CALENDARS, calendar_features
+from jdqn.instruments import INSTRUMENTS, apply_instrument, instrument, instrument_overrides
+
+ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
+# Dollar value of one tick per position unit, from the exchanges' contract specifications.
+TICK_DOLLARS = {
+    "ES": 12.50,
+    "NQ": 5.00,
+    "CL": 10.00,
+    "GC": 10.00,
+    "ZN": 15.625,
+    "6E": 6.25,
+    "EURUSD": 1.00,
+    "BTCUSD": 0.01,
+}
+
+
+def test_the_table_holds_the_required_instruments_with_their_contract_specs():
+    assert set(INSTRUMENTS) == set(TICK_DOLLARS)
+    for name, preset in INSTRUMENTS.items():
+        assert preset.tick_size * preset.point_value_usd == pytest.approx(TICK_DOLLARS[name])
+        assert preset.calendar in CALENDARS
+    futures = ("ES", "NQ", "CL", "GC", "ZN", "6E")
+    for name in futures:  # $2.50 commission per side, expressed in ticks
+        preset = INSTRUMENTS[name]
+        dollars = preset.commission_ticks * preset.tick_size * preset.point_value_usd
+        assert dollars == pytest.approx(2.50, abs=0.01)
+    assert INSTRUMENTS["ZN"].tick_size == 1 / 64 and INSTRUMENTS["6E"].tick_size == 0.00005
+
+
+def test_support_rule_by_hand():
+    # v_max = 240 x typical 1-minute move x reward scale
+    assert INSTRUMENTS["ES"].v_max == 240.0  # 240 x 1 point x 1
+    assert INSTRUMENTS["CL"].v_max == 960.0  # 240 x $0.04 x 100 (cents)
+    assert INSTRUMENTS["ZN"].v_max == 307.2  # 240 x 0.02 x 64 (ticks)
+    assert INSTRUMENTS["EURUSD"].v_max == 192.0  # 240 x 0.00008 x 10,000 (pips)
+
+
+def test_es_preset_is_what_the_profiles_already_hold():
+    assert apply_instrument(SMOKETEST, "ES") == SMOKETEST
+    assert apply_instrument(DEFAULT, "es") == DEFAULT
+
+
+@pytest.mark.parametrize("name", list(INSTRUMENTS))
+def test_each_preset_resolves_and_builds_its_features(name):
+    cfg = apply_instrument(SMOKETEST, name)
+    preset = INSTRUMENTS[name]
+    assert cfg.env.instrument == name and cfg.env.tick_size == preset.tick_size
+    assert cfg.env.point_value_usd == preset.point_value_usd
+    assert cfg.env.cost_points == pytest.approx(
+        (preset.slippage_ticks + preset.commission_ticks) * preset.tick_size
+    )
+    assert (cfg.network.v_min, cfg.network.v_max) == (-preset.v_max, preset.v_max)
+    assert cfg.data.calendar == preset.calendar and cfg.env.reward_scale == preset.reward_scale
+    features = compute_features(synthetic_bars(1_000, seed=1), cfg.data)
+    assert np.isfinite(features.values).all()
+    assert features.names[features.groups["calendar"][0]] == "tod_sin"
+
+
+def test_unknown_instrument_names_the_presets():
+    with pytest.raises(ValueError, match="unknown instrument 'XX'; presets: ES, NQ"):
+        instrument("XX")
+
+
+def test_cli_instrument_then_set_overrides(tmp_path, capsys):
+    args = cli._build_parser().parse_args(
+        ["walkforward", "--instrument", "CL", "--set", "env.slippage_ticks=2"]
+    )
+    cfg = cli.resolve_config(args)
+    assert cfg.env.instrument == "CL" and cfg.env.tick_size == 0.01
+    assert cfg.env.slippage_ticks == 2.0 and cfg.network.v_max == 960.0
+    assert cli.main(["walkforward", "--instrument", "XX", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jdqn: error: unknown instrument 'XX'") and err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []
+    assert instrument_overrides("GC")[-1] == "data.calendar=cme_metals"
+
+
+def test_data_check_reports_the_typical_move(capsys):
+    assert cli.main(["data", "check", str(ES_SAMPLE), "--instrument", "ES"]) == 0
+    first, second = capsys.readouterr().out.splitlines()
+    moves = np.abs(np.diff(load_source(DataConfig(path=str(ES_SAMPLE))).close))
+    assert f"mean |1-bar close change| {moves.mean():.6g} points" in first
+    assert f"network.v_max={240 * moves.mean():.4g} (preset: 240)" in first
+    assert second.endswith(
+        ": 2,264 valid bars, 2013-09-01T17:00:00.000000000 .. 2013-09-03T13:51:00.000000000"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Calendars
+
+
+def test_calendar_names_match_the_config_literal():
+    assert set(typing.get_args(_CALENDAR_NAMES)) == set(CALENDARS)
+
+
+def _stamps(*values: str) -> np.ndarray:
+    return np.array(values, "datetime64[ns]")
+
+
+def test_crypto_calendar_by_hand():
+    # 2013-09-01 was a Sunday: weekday 6 of 0..6 -> 1.0; Monday 00:00 UTC -> 0.
+    stamps = _stamps("2013-09-01T06:00", "2013-09-02T00:00")
+    features = calendar_features(stamps, CALENDARS["crypto_24x7"])
+    assert list(features) == ["tod_sin", "tod_cos", "day_of_week"]
+    np.testing.assert_allclose(features["tod_sin"], [1.0, 0.0], atol=1e-12)  # 06:00 = quarter day
+    np.testing.assert_array_equal(features["day_of_week"], [1.0, 0.0])
+
+
+def test_fx_calendar_by_hand():
+    # Sunday 17:00 New York opens Monday's FX day; 08:00-12:00 is the London/New York overlap.
+    stamps = _stamps("2013-09-01T17:00", "2013-09-02T05:00", "2013-09-02T09:00", "2013-09-02T12:00")
+    features = calendar_features(stamps, CALENDARS["fx_24x5"])
+    np.testing.assert_allclose(features["session_progress"], [0.0, 0.5, 16 / 24, 19 / 24])
+    np.testing.assert_array_equal(features["day_of_week"], [0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(features["is_rth"], [0, 0, 1, 0])
+    np.testing.assert_allclose(features["rth_progress"], [0, 0, 0.25, 0])
+
+
+def test_cme_day_sessions_by_hand():
+    stamps = _stamps("2013-09-03T08:00", "2013-09-03T10:45", "2013-09-03T13:30")
+    energy = calendar_features(stamps, CALENDARS["cme_energy"])  # CL 08:00-13:30 CT
+    np.testing.assert_array_equal(energy["is_rth"], [1, 1, 0])
+    np.testing.assert_allclose(energy["rth_progress"], [0, 165 / 330, 0])
+    np.testing.assert_allclose(energy["session_progress"], [900 / 1380, 1065 / 1380, 1230 / 1380])
+
+
+def test_bars_per_year_follows_the_calendar():
+    stamps = np.arange(
+        np.datetime64("2013-09-01T00:00"), np.datetime64("2013-09-03T00:00"), np.timedelta64(1, "m")
+    ).astype("datetime64[ns]")
+    assert bars_per_year(stamps, CALENDARS["crypto_24x7"]) == 1440 * 365
+
+
+def test_bars_load_in_the_calendar_clock(tmp_path):
+    path = tmp_path / "btc.csv"
+    path.write_text("timestamp,o,h,l,c\n1378072800,1,2,1,1.5\n1378072860,1,2,1,1.5\n")
+    utc = load_source(DataConfig(path=str(path), calendar="crypto_24x7"))
+    np.testing.assert_array_equal(utc.timestamp, _stamps("2013-09-01T22:00", "2013-09-01T22:01"))
+    chicago = load_source(DataConfig(path=str(path)))
+    np.testing.assert_array_equal(
+        chicago.timestamp, _stamps("2013-09-01T17:00", "2013-09-01T17:01")
+    )
+
+
+def test_data_check_reads_with_data_settings(tmp_path, capsys):
+    path = tmp_path / "odd.csv"
+    path.write_text(
+        "ts,first,max,min,last_trade\n2013-09-01 22:00,1,2,1,1.5\n2013-09-01 22:01,1,2,1,1.25\n"
+    )
+    assert cli.main(["data", "check", str(path)]) == 2
+    assert "set data.columns=open:NAME" in capsys.readouterr().err
+    columns = "data.columns=time:ts,open:first,high:max,low:min,close:last_trade"
+    argv = ["data", "check", str(path), "--set", columns, "--set", "data.timezone=UTC"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().out.endswith(
+        ": 2 valid bars, 2013-09-01T17:00:00.000000000 .. 2013-09-01T17:01:00.000000000\n"
+    )
+    assert cli.main(["data", "check", str(path), "--set", "train.epochs=2"]) == 2
+    assert "reads only data.* keys" in capsys.readouterr().err
