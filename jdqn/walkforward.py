@@ -20,7 +20,12 @@ import numpy as np
 
 from jdqn import background, report, rundir
 from jdqn import debug as debug_mode
-from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
+from jdqn.checkpoint import (
+    ORBAX,
+    Checkpointer,
+    CheckpointLayoutError,
+    NoIntactCheckpointError,
+)
 from jdqn.config import Config
 from jdqn.data import (
     FoldArrays,
@@ -129,7 +134,7 @@ def run_walkforward(
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
         raise
-    except CheckpointLayoutError:
+    except (CheckpointLayoutError, NoIntactCheckpointError):
         raise  # resuming again cannot help (the error says to start again); the directory stays
     except BaseException:
         if run is None:
@@ -410,7 +415,7 @@ def _train_group(
     start_epoch, halted_epoch = 0, {}
     param_layout = program.learner.layout.record()  # saved with, and checked against, each one
     if checkpoints is not None and checkpoints.latest_step() is not None:
-        state, meta = checkpoints.restore(state)
+        state, meta, _ = checkpoints.restore_intact(state, log)
         check_param_layout(meta, param_layout, run.checkpoint_dir / f"group{group_index}")
         start_epoch = int(meta["epochs_done"])
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
