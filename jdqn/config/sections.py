@@ -330,6 +330,9 @@ class Config:
     output: OutputConfig = field(default_factory=OutputConfig)
 
     def __post_init__(self) -> None:
+        from jdqn.config.limits import check_numbers  # finite, float32 and int32 ranges
+
+        check_numbers(self)
         _require(
             self.walkforward.purge_bars >= self.data.lookback_bars,
             "walkforward.purge_bars",
