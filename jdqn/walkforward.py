@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, report, rundir
+from jdqn import background, memory, report, rundir
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import (
     ORBAX,
@@ -106,7 +106,11 @@ def run_walkforward(
             ) from None
     assert cfg is not None
     enable_compilation_cache(cfg)
-    data = load_data(cfg)  # before any directory exists: bad input leaves nothing behind
+    # Before any memory is taken and any directory exists: a request too large, or bad input,
+    # leaves nothing behind (the second check, with the data's own feature count).
+    memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
+    data = load_data(cfg)
+    memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
     try:
         if resume is None:
             # A Ctrl-C lands once `run` names the directory, so the clean-up below removes it.

@@ -62,7 +62,7 @@ def _check_value(name: str, value: Any, float_field: bool) -> None:
         low = 0 if name in SEED_FIELDS else -INT32_MAX
         if not low <= value <= INT32_MAX:
             raise ValueError(
-                f"{name}: {value} is outside [{low}, {INT32_MAX:,}] (the program counts in "
+                f"{name}: {value} is outside [{low:,}, {INT32_MAX:,}] (the program counts in "
                 "int32); fix: give a smaller value"
             )
 
