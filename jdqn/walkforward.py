@@ -92,12 +92,46 @@ def run_walkforward(
     (``report.plot_processes``; the ``jdqn`` command does). They are started with
     multiprocessing's spawn, which imports the caller's main module again in each: a script
     that turns this on must keep its top-level code under ``if __name__ == "__main__":``."""
+    claimed: list[rundir.RunDir] = []  # the run directory this call locks, unlocked at its end
+    try:
+        return _run_walkforward(
+            cfg,
+            claimed,
+            resume=resume,
+            debug=debug,
+            progress=progress,
+            name=name,
+            log=log,
+            plot_processes=plot_processes,
+        )
+    finally:
+        for locked in claimed:
+            rundir.unlock(locked)
+
+
+def _run_walkforward(
+    cfg: Config | None,
+    claimed: list[rundir.RunDir],
+    *,
+    resume: str | os.PathLike[str] | None,
+    debug: bool,
+    progress: bool,
+    name: str | None,
+    log: Callable[[str], None],
+    plot_processes: bool,
+) -> WalkForwardOutcome:
     run: rundir.RunDir | None = None
+    if name is not None:
+        try:
+            rundir.check_name(name)
+        except ValueError as error:
+            raise UserError(str(error)) from None
     if resume is not None:
         try:
             run = rundir.open_incomplete_run_dir(resume)
         except ValueError as error:
             raise UserError(str(error)) from None
+        claimed.append(run)
         try:
             cfg = Config.from_json(run.config_path.read_text())
         except (OSError, ValueError) as error:
@@ -119,6 +153,7 @@ def run_walkforward(
                     run = rundir.new_run_dir(cfg.output.out_dir, name)
                 except (ValueError, OSError) as error:
                     raise UserError(str(error)) from None
+                claimed.append(run)
                 run.config_path.write_text(cfg.to_json() + "\n")
         assert run is not None
         log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
