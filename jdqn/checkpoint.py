@@ -122,9 +122,12 @@ class Checkpointer:
             "meta_sha256": meta_digest(meta),
         }
         rundir.write_json(self.manifest_path(step), record)
-        for old in self._manifests.glob("*.json"):  # orbax keeps the latest two steps
-            if old.stem.isdigit() and int(old.stem) < step - 1:
-                old.unlink(missing_ok=True)
+
+    def _prune_manifests(self) -> None:
+        """Drop the manifests of steps orbax has deleted (it keeps the latest two)."""
+        for manifest in self._manifests.glob("*.json"):
+            if not (self._directory / manifest.stem).exists():
+                manifest.unlink(missing_ok=True)
 
     def _wait_for_manifest(self) -> None:
         if self._hashing is not None:
@@ -252,3 +255,4 @@ class Checkpointer:
             return  # nothing was read or written
         self._manager_.wait_until_finished()
         self._manager_.close()
+        self._prune_manifests()

@@ -175,26 +175,36 @@ def unlock(run: RunDir) -> None:
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT) for the block and deliver it once the block is done.
+    """Hold back Ctrl-C (SIGINT), and SIGTERM where Python handles it (``jdqn.termination``),
+    for the block and deliver them once the block is done.
 
     Creating a run directory and removing one are short, but a Ctrl-C that lands between the
     ``mkdir`` and the code that would clean up after it, or half-way through that clean-up,
     leaves a ``.incomplete`` directory that nothing will remove (seen in CI: a second Ctrl-C
     interrupted the removal of the first one's directory). Only the main thread receives
     signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is None  # a handler not set from Python: leave it be
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    held = [
+        signum
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        # A handler not set from Python (None), or the default or ignore action: leave it be.
+        if callable(signal.getsignal(signum))
+        and signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN)
+    ]
     received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    previous = {
+        signum: signal.signal(signum, lambda number, _frame: received.append(number))
+        for signum in held
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)  # to the handler that was there before
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for number in dict.fromkeys(received):
+            signal.raise_signal(number)  # to the handler that was there before
 
 
 def finalize(run: RunDir) -> Path:

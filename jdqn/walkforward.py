@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, memory, report, rundir
+from jdqn import background, memory, report, rundir, termination
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import (
     ORBAX,
@@ -94,16 +94,17 @@ def run_walkforward(
     that turns this on must keep its top-level code under ``if __name__ == "__main__":``."""
     claimed: list[rundir.RunDir] = []  # the run directory this call locks, unlocked at its end
     try:
-        return _run_walkforward(
-            cfg,
-            claimed,
-            resume=resume,
-            debug=debug,
-            progress=progress,
-            name=name,
-            log=log,
-            plot_processes=plot_processes,
-        )
+        with termination.sigterm_raises():  # SIGTERM stops the run as Ctrl-C does
+            return _run_walkforward(
+                cfg,
+                claimed,
+                resume=resume,
+                debug=debug,
+                progress=progress,
+                name=name,
+                log=log,
+                plot_processes=plot_processes,
+            )
     finally:
         for locked in claimed:
             rundir.unlock(locked)
@@ -447,19 +448,36 @@ def _train_group(
     log: Callable[[str], None],
 ) -> tuple[TrainState, dict[int, int]]:
     """Every epoch of a group from its initial (or last checkpointed) state, checkpointed per
-    epoch; returns the trained state and the epoch at which each halted run halted."""
+    epoch and at a SIGTERM's chunk boundary (steps count chunks done); returns the trained
+    state and the epoch at which each halted run halted."""
     checkpoints = (
         Checkpointer(run.checkpoint_dir / f"group{group_index}") if cfg.output.checkpoints else None
     )
-    start_epoch, halted_epoch = 0, {}
+    start_epoch, start_chunk, halted_epoch = 0, 0, {}
     param_layout = program.learner.layout.record()  # saved with, and checked against, each one
     if checkpoints is not None and checkpoints.latest_step() is not None:
         state, meta, _ = checkpoints.restore_intact(state, log)
         check_param_layout(meta, param_layout, run.checkpoint_dir / f"group{group_index}")
         start_epoch = int(meta["epochs_done"])
+        start_chunk = int(meta.get("chunks_done", 0))  # > 0: saved mid-epoch, at a SIGTERM
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
-        log(f"jdqn: resumed group {group_index} after epoch {start_epoch}")
-    metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch, writes)
+        within = f", chunk {start_chunk} of epoch {start_epoch + 1}" if start_chunk else ""
+        log(f"jdqn: resumed group {group_index} after epoch {start_epoch}{within}")
+    metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch, writes, start_chunk)
+
+    def checkpoint(epochs_done: int, chunks_done: int) -> None:
+        # Numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends.
+        assert checkpoints is not None
+        meta = {
+            "epochs_done": epochs_done,
+            "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
+            "param_layout": param_layout,
+        }
+        if chunks_done:
+            meta["chunks_done"] = chunks_done
+        step = epochs_done * program.chunks_per_epoch + chunks_done
+        checkpoints.save(step, state, meta)
+
     # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
     later_imports = [
         module
@@ -470,7 +488,7 @@ def _train_group(
         if needed
     ]
 
-    total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch
+    total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch - start_chunk
     bar = _progress_bar(
         total,
         progress,
@@ -480,37 +498,40 @@ def _train_group(
     )
     completed = False
     try:
-        for epoch in range(start_epoch, cfg.train.epochs):
-            for chunk in range(program.chunks_per_epoch):
-                result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
-                if epoch == start_epoch and chunk == 0:
-                    # The chunk is queued and this thread now waits on the device: the writer
-                    # thread imports what the metrics and the checkpoint need meanwhile.
-                    writes.prefetch(later_imports)
-                error, (state, chunk_metrics) = result if debug else (None, result)
-                summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
-                if error is not None:  # fetched once per chunk, with the chunk's metrics
-                    debug_mode.raise_if_failed(
-                        error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
-                    )
-                halted = np.asarray(state.learner.guard.halted)
-                for r in np.flatnonzero(halted):
-                    halted_epoch.setdefault(int(r), epoch)
-                if bar is not None:
-                    bar.set_postfix(
-                        {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary}, refresh=False
-                    )
-                    bar.update(1)
-            if checkpoints is not None:
-                checkpoints.save(
-                    epoch + 1,
-                    state,
-                    {
-                        "epochs_done": epoch + 1,
-                        "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
-                        "param_layout": param_layout,
-                    },
-                )
+        # A SIGTERM lets the chunk on the device end; its state is checkpointed, then the run
+        # stops as for a Ctrl-C (jdqn.termination).
+        with termination.ChunkBoundaries() as boundaries:
+            for epoch in range(start_epoch, cfg.train.epochs):
+                first_chunk = start_chunk if epoch == start_epoch else 0
+                for chunk in range(first_chunk, program.chunks_per_epoch):
+                    result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
+                    if epoch == start_epoch and chunk == first_chunk:
+                        # The chunk is queued and this thread now waits on the device: the
+                        # writer thread imports what the metrics and the checkpoint need.
+                        writes.prefetch(later_imports)
+                    error, (state, chunk_metrics) = result if debug else (None, result)
+                    summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
+                    if error is not None:  # fetched once per chunk, with the chunk's metrics
+                        debug_mode.raise_if_failed(
+                            error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
+                        )
+                    halted = np.asarray(state.learner.guard.halted)
+                    for r in np.flatnonzero(halted):
+                        halted_epoch.setdefault(int(r), epoch)
+                    if bar is not None:
+                        bar.set_postfix(
+                            {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary},
+                            refresh=False,
+                        )
+                        bar.update(1)
+                    if boundaries.requested and chunk + 1 < program.chunks_per_epoch:
+                        if checkpoints is not None:
+                            checkpoint(epoch, chunk + 1)
+                        raise termination.Terminated
+                if checkpoints is not None:
+                    checkpoint(epoch + 1, 0)
+                if boundaries.requested:
+                    raise termination.Terminated
         completed = True
     finally:  # also on failure: no thread or file left open behind the one-line error
         if bar is not None:

@@ -112,3 +112,20 @@ def test_tampered_metadata_and_a_missing_manifest_are_refused(saved):
     checkpointer.close()
     assert "\n" not in str(caught.value)
     assert "metadata does not match" in lines[0] and "no readable checksum manifest" in lines[1]
+
+
+def test_the_manifests_of_the_kept_steps_remain_and_only_those(tmp_path):
+    """Steps need not be consecutive (a SIGTERM's checkpoint sits between epoch ends)."""
+    checkpointer = Checkpointer(tmp_path / "group0")
+    for step in (4, 6, 8, 9):
+        checkpointer.save(step, _state(step), {"epochs_done": step})
+    checkpointer.close()
+    assert sorted(p.name for p in (tmp_path / "sha256" / "group0").iterdir()) == [
+        "8.json",
+        "9.json",
+    ]
+    reopened = Checkpointer(tmp_path / "group0")
+    _, _, step = reopened.restore_intact(_state(0), log=print)
+    assert step == 9
+    reopened.restore(_state(0), 8)
+    reopened.close()
