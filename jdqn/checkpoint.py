@@ -1,5 +1,12 @@
 """Epoch-end checkpoints (orbax) that resume a killed run with bit-identical numbers.
 
+Each checkpoint has a manifest beside it (``sha256/<group>/<step>.json``): the SHA-256 of the
+state's arrays (path, dtype, shape and bytes of every leaf) and of its metadata, taken from the
+host copy that is saved. A restore recomputes both from what it read and refuses a checkpoint
+whose digests differ, that cannot be read, or that has no manifest: orbax reads flipped bytes
+in a data file without complaint. :meth:`Checkpointer.restore_intact` then falls back to the
+newest checkpoint that verifies.
+
 orbax is imported when a checkpoint is first read or written, not with this module: its import
 (with tensorstore's) takes 0.2-0.3 s of a warm start's GIL-bound start-up on the H200.
 The walk-forward has the writer thread import it while the first chunk trains
@@ -8,7 +15,13 @@ The walk-forward has the writer thread import it while the first chunk trains
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import importlib
+import json
+import threading
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,6 +29,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jdqn import rundir
 
 ORBAX = "orbax.checkpoint"  # the module, for callers that import it ahead of use
 
@@ -56,6 +71,30 @@ class CheckpointLayoutError(ValueError):
     """A checkpoint whose state tree does not match the state this jdqn builds."""
 
 
+class CheckpointCorruptError(ValueError):
+    """A checkpoint that cannot be read, has no manifest, or whose digests do not match it."""
+
+
+class NoIntactCheckpointError(ValueError):
+    """Every checkpoint of a run failed verification: there is nothing to resume from."""
+
+
+def state_digest(host: Any) -> str:
+    """SHA-256 over every leaf of a storable host tree: its tree path, dtype, shape and bytes."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(host)[0]:
+        array = np.ascontiguousarray(np.asarray(leaf))
+        header = f"{jax.tree_util.keystr(path)}|{array.dtype.str}|{array.shape}\n"
+        digest.update(header.encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
+
+
+def meta_digest(meta: dict[str, Any]) -> str:
+    """SHA-256 of the metadata as canonical JSON (what orbax's JsonSave writes, re-read)."""
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
 class Checkpointer:
     """Saves ``(state, meta)`` at epoch ends; keeps the latest two.
 
@@ -70,6 +109,30 @@ class Checkpointer:
     def __init__(self, directory: Path) -> None:
         self._directory = directory
         self._manager_: Any = None  # orbax's CheckpointManager, made at first use
+        self._manifests = directory.parent / "sha256" / directory.name
+        self._hashing: threading.Thread | None = None  # the last save's manifest writer
+
+    def manifest_path(self, step: int) -> Path:
+        return self._manifests / f"{step}.json"
+
+    def _write_manifest(self, step: int, host: Any, meta: dict[str, Any]) -> None:
+        record = {
+            "step": step,
+            "state_sha256": state_digest(host),
+            "meta_sha256": meta_digest(meta),
+        }
+        rundir.write_json(self.manifest_path(step), record)
+
+    def _prune_manifests(self) -> None:
+        """Drop the manifests of steps orbax has deleted (it keeps the latest two)."""
+        for manifest in self._manifests.glob("*.json"):
+            if not (self._directory / manifest.stem).exists():
+                manifest.unlink(missing_ok=True)
+
+    def _wait_for_manifest(self) -> None:
+        if self._hashing is not None:
+            self._hashing.join()
+            self._hashing = None
 
     @property
     def _manager(self) -> Any:
@@ -91,6 +154,14 @@ class Checkpointer:
             # The guard keeps non-finite values out of the state; this is the last line of defence
             # so that a checkpoint can never hold one.
             raise RuntimeError("refusing to checkpoint a state with non-finite values")
+        # The digests are taken on a thread (hashlib releases the GIL) while the next epoch
+        # trains, like orbax's write; a run killed before its manifest exists resumes from the
+        # checkpoint before, which has one.
+        self._wait_for_manifest()
+        self._hashing = threading.Thread(
+            target=self._write_manifest, args=(step, host, meta), name="jdqn-checkpoint-digest"
+        )
+        self._hashing.start()
         self._manager.save(
             step,
             args=ocp.args.Composite(
@@ -106,12 +177,19 @@ class Checkpointer:
         return self._manager.latest_step()
 
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
-        """Restore into the structure of ``like`` (e.g. a freshly initialised state)."""
+        """Restore into the structure of ``like`` (e.g. a freshly initialised state), verified
+        against the step's manifest (:class:`CheckpointCorruptError` when it fails)."""
         ocp = _ocp()
         self._manager.wait_until_finished()  # a save of this process may still be writing
+        self._wait_for_manifest()
         step = self._manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError("no checkpoint to resume from")
+        where = f"checkpoint {self._directory / str(step)}"
+        try:
+            manifest = json.loads(self.manifest_path(step).read_text())
+        except (OSError, ValueError):
+            raise CheckpointCorruptError(f"{where} has no readable checksum manifest") from None
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_storable(like))
         try:
             restored = self._manager.restore(
@@ -120,19 +198,61 @@ class Checkpointer:
                     state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
                 ),
             )
-        except ValueError as error:
-            if "tree structures do not match" not in str(error):
-                raise
-            # orbax's own message lists every mismatching leaf over many lines.
-            raise CheckpointLayoutError(
-                f"checkpoint {self._directory} (step {step}) holds a state of another layout "
-                "(written by another jdqn version or config); fix: start the run again"
-            ) from None
-        return _from_storable(restored.state, like), dict(restored.meta)
+        except Exception as error:  # whatever orbax fails on, the checkpoint is damaged
+            if isinstance(error, ValueError) and "tree structures do not match" in str(error):
+                # orbax's own message lists every mismatching leaf over many lines.
+                raise CheckpointLayoutError(
+                    f"checkpoint {self._directory} (step {step}) holds a state of another layout "
+                    "(written by another jdqn version or config); fix: start the run again"
+                ) from None
+            first_line = (str(error).strip().splitlines() or [""])[0][:160]
+            reason = f"{type(error).__name__}: {first_line}"
+            del error
+            # orbax leaves the failed read's tensorstore handles for the collector, which warns
+            # about each one (ResourceWarning) wherever it next runs: collect them here, quietly.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                gc.collect()
+            raise CheckpointCorruptError(f"{where} cannot be read ({reason})") from None
+        host_state = jax.device_get(restored.state)
+        meta = dict(restored.meta)
+        if manifest.get("state_sha256") != state_digest(host_state):
+            raise CheckpointCorruptError(f"{where}: its arrays do not match their SHA-256")
+        if manifest.get("meta_sha256") != meta_digest(meta):
+            raise CheckpointCorruptError(f"{where}: its metadata does not match its SHA-256")
+        return _from_storable(restored.state, like), meta
+
+    def restore_intact(
+        self, like: Any, log: Callable[[str], None]
+    ) -> tuple[Any, dict[str, Any], int]:
+        """The newest checkpoint that verifies, as ``(state, meta, step)``; each newer one that
+        does not is refused in one line and deleted (so that training writes its step again).
+        :class:`NoIntactCheckpointError` when none verifies."""
+        self._manager.wait_until_finished()
+        refused: list[int] = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            try:
+                state, meta = self.restore(like, step)
+            except CheckpointCorruptError as error:
+                log(f"jdqn: refused {error}")
+                refused.append(step)
+                continue
+            for bad in refused:
+                self._manager.delete(bad)
+                self.manifest_path(bad).unlink(missing_ok=True)
+            if refused:
+                log(f"jdqn: resuming from the previous intact checkpoint, step {step}")
+            return state, meta, step
+        raise NoIntactCheckpointError(
+            f"{self._directory}: no checkpoint passes verification (steps "
+            f"{', '.join(map(str, refused)) or 'none'}); fix: start the run again"
+        )
 
     def close(self) -> None:
         """Wait for the pending write and deletion, then release orbax's threads."""
+        self._wait_for_manifest()
         if self._manager_ is None:
             return  # nothing was read or written
         self._manager_.wait_until_finished()
         self._manager_.close()
+        self._prune_manifests()

@@ -33,6 +33,7 @@ EXIT_USER_ERROR = 2
 EXIT_HALTED = 3
 EXIT_DEBUG_FAILURE = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM (jdqn.termination: the run stops as for a Ctrl-C)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -221,8 +222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": _bench,
         "config": config_command,
     }
+    from jdqn.termination import Terminated
+
     try:
         return handlers[args.command](args)
+    except Terminated:  # SIGTERM: handled as Ctrl-C, with its own status
+        print("jdqn: terminated", file=sys.stderr)
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         # A walk-forward run has already removed its directory (nothing to resume) or printed
         # the --resume command; no traceback for a Ctrl-C.
@@ -265,7 +271,7 @@ def console() -> int:
     except KeyboardInterrupt:  # a second Ctrl-C inside main's own handler
         print("jdqn: interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
-    if code in _FINISHED or code == EXIT_INTERRUPTED:
+    if code in _FINISHED or code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
         end_process(code)
     return code
 

@@ -35,17 +35,19 @@ class MetricsLog:
         group_index: int,
         start_epoch: int,
         writes: report.BackgroundWrites,
+        start_chunk: int = 0,
     ) -> None:
         self._run, self._cfg, self._run_ids, self._writes = run, cfg, run_ids, writes
         self._rows: dict[int, list[dict[str, Any]]] = {r: [] for r in range(len(run_ids))}
         self._path = run.metrics_path
         kept = []
-        if self._path.exists():  # resume: keep what earlier (checkpointed) epochs wrote
+        if self._path.exists():  # resume: keep what earlier (checkpointed) chunks wrote
             for line in self._path.read_text().splitlines():
                 row = json.loads(line)
-                if row["group"] != group_index or row["epoch"] < start_epoch:
+                earlier = (row["epoch"], row["chunk"]) < (start_epoch, start_chunk)
+                if row["group"] != group_index or earlier:
                     kept.append(line)
-                if row["group"] == group_index and row["epoch"] < start_epoch:
+                if row["group"] == group_index and earlier:
                     self._rows[row["run"]].append(row)
         self._path.write_text("".join(line + "\n" for line in kept))
         self._group = group_index

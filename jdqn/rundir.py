@@ -3,11 +3,16 @@
 A run writes everything into ``<out>/<name>.incomplete/``. Only after the last file is written is
 the directory renamed to ``<out>/<name>/``, so a directory without the suffix always holds a whole
 run. A killed run leaves its ``.incomplete`` directory (with its checkpoints) for ``--resume``.
+
+A name is one path component. A directory is created with an exclusive ``mkdir`` (two processes
+that pick the same name get two directories, never an error), and is locked (``fcntl.flock`` on
+its ``.lock`` file) while a process writes it: a second process that resumes it is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -15,21 +20,55 @@ import signal
 import tempfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 INCOMPLETE_SUFFIX = ".incomplete"
 COMPLETE_MARKER = "results.json"
+LOCK_FILE = ".lock"
+
+
+class RunLock:
+    """An exclusive ``flock`` on a run directory's lock file, held until :meth:`release` (or the
+    process's end: the kernel drops it with the descriptor, so a killed run leaves no stale
+    lock). The file holds the owner's pid, for the message that refuses a second process."""
+
+    def __init__(self, directory: Path) -> None:
+        path = directory / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ValueError(
+                f"{directory}: in use by another jdqn process (pid {owner}); fix: wait for it "
+                "to end, or stop it first"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 @dataclass(frozen=True)
 class RunDir:
-    """Paths of one run. ``path`` is where files are written now (``.incomplete`` until done)."""
+    """Paths of one run. ``path`` is where files are written now (``.incomplete`` until done);
+    ``lock`` is this process's lock on it (released by :func:`finalize`, :func:`discard` or
+    :func:`unlock`)."""
 
     path: Path
     final_path: Path
+    lock: RunLock | None = field(default=None, compare=False, repr=False)
 
     @property
     def config_path(self) -> Path:
@@ -60,69 +99,128 @@ class RunDir:
         return self.path / "tensorboard"
 
 
+def check_name(name: str) -> None:
+    """A run name is one path component of its own: no separator, no leading dot (nor ``.`` or
+    ``..``), no ``.incomplete`` suffix (which marks an unfinished run)."""
+    problem = None
+    if not name or name.strip() != name:
+        problem = "is empty or has surrounding spaces"
+    elif "/" in name or (os.altsep and os.altsep in name) or "\0" in name:
+        problem = "is not a single path component"
+    elif name.startswith("."):
+        problem = "starts with a dot"
+    elif name.endswith(INCOMPLETE_SUFFIX):
+        problem = f"ends with {INCOMPLETE_SUFFIX}, which marks unfinished runs"
+    if problem is not None:
+        raise ValueError(
+            f"--name {name!r}: {problem}; fix: a plain name such as es-2024 (--out says where)"
+        )
+
+
 def new_run_dir(out_dir: str | os.PathLike[str], name: str | None = None) -> RunDir:
-    """Create ``<out_dir>/<name>.incomplete`` (name defaults to a UTC timestamp)."""
+    """Create and lock ``<out_dir>/<name>.incomplete`` (name defaults to a UTC timestamp); a name
+    taken (complete or not) gets the first free ``-N`` suffix."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a directory; fix: choose another --out")
+    if name is not None:
+        check_name(name)
     stamp = name or datetime.now(UTC).strftime("run-%Y%m%d-%H%M%S")
-    final = out / stamp
-    suffix = 1
-    while final.exists() or final.with_name(final.name + INCOMPLETE_SUFFIX).exists():
-        final = out / f"{stamp}-{suffix}"
-        suffix += 1
-    path = final.with_name(final.name + INCOMPLETE_SUFFIX)
-    path.mkdir(parents=True)
-    return RunDir(path=path, final_path=final)
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix in range(100_000):
+        final = out / (stamp if suffix == 0 else f"{stamp}-{suffix}")
+        path = final.with_name(final.name + INCOMPLETE_SUFFIX)
+        if final.exists():
+            continue
+        try:
+            path.mkdir()  # exclusive: of two processes, one gets the name
+        except FileExistsError:
+            continue
+        # A run of this name renames its .incomplete directory to the final one, so a final
+        # directory made before our mkdir is seen now: give the name back.
+        if final.exists():
+            path.rmdir()
+            continue
+        return RunDir(path=path, final_path=final, lock=RunLock(path))
+    raise ValueError(f"--out {out}: no free run name from {stamp}; fix: choose another --name")
 
 
 def open_incomplete_run_dir(path: str | os.PathLike[str]) -> RunDir:
-    """Reopen a killed run's ``.incomplete`` directory for ``--resume``."""
+    """Reopen and lock a killed run's ``.incomplete`` directory for ``--resume``."""
     p = Path(path)
     if not p.is_dir():
         raise ValueError(f"--resume {p}: no such directory; fix: pass the run's .incomplete dir")
     if p.name.endswith(INCOMPLETE_SUFFIX):
-        return RunDir(path=p, final_path=p.with_name(p.name[: -len(INCOMPLETE_SUFFIX)]))
+        final = p.with_name(p.name[: -len(INCOMPLETE_SUFFIX)])
+        if final.exists():
+            raise ValueError(
+                f"--resume {p}: {final} already exists, so the resumed run could not be renamed "
+                f"to it; fix: move {final} away first"
+            )
+        lock = RunLock(p)
+        if not p.is_dir():  # completed by the process that held the lock just now
+            lock.release()
+            raise ValueError(f"--resume {p}: the run was just completed; nothing to resume")
+        return RunDir(path=p, final_path=final, lock=lock)
     if (p / COMPLETE_MARKER).exists():
         raise ValueError(f"--resume {p}: this run is already complete; nothing to resume")
     raise ValueError(f"--resume {p}: not a run directory; fix: pass the run's .incomplete dir")
 
 
+def unlock(run: RunDir) -> None:
+    """Release this process's lock on ``run`` (if it holds one)."""
+    if run.lock is not None:
+        run.lock.release()
+
+
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT) for the block and deliver it once the block is done.
+    """Hold back Ctrl-C (SIGINT), and SIGTERM where Python handles it (``jdqn.termination``),
+    for the block and deliver them once the block is done.
 
     Creating a run directory and removing one are short, but a Ctrl-C that lands between the
     ``mkdir`` and the code that would clean up after it, or half-way through that clean-up,
     leaves a ``.incomplete`` directory that nothing will remove (seen in CI: a second Ctrl-C
     interrupted the removal of the first one's directory). Only the main thread receives
     signals; elsewhere this does nothing."""
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is None  # a handler not set from Python: leave it be
-    ):
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    held = [
+        signum
+        for signum in (signal.SIGINT, signal.SIGTERM)
+        # A handler not set from Python (None), or the default or ignore action: leave it be.
+        if callable(signal.getsignal(signum))
+        and signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN)
+    ]
     received: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, _frame: received.append(signum))
+    previous = {
+        signum: signal.signal(signum, lambda number, _frame: received.append(number))
+        for signum in held
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            signal.raise_signal(signal.SIGINT)  # to the handler that was there before
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for number in dict.fromkeys(received):
+            signal.raise_signal(number)  # to the handler that was there before
 
 
 def finalize(run: RunDir) -> Path:
     """Rename the finished run into place; the last step of every successful run."""
     if run.path == run.final_path:
         return run.final_path
-    os.replace(run.path, run.final_path)
+    os.rename(run.path, run.final_path)  # refuses a final directory that holds files
+    (run.final_path / LOCK_FILE).unlink(missing_ok=True)
+    unlock(run)
     return run.final_path
 
 
 def discard(run: RunDir) -> None:
     """Remove a run directory that holds nothing worth resuming."""
     shutil.rmtree(run.path, ignore_errors=True)
+    unlock(run)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

@@ -18,9 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, provenance, report, rundir
+from jdqn import background, memory, provenance, report, rundir, termination
 from jdqn import debug as debug_mode
-from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
+from jdqn.checkpoint import (
+    ORBAX,
+    Checkpointer,
+    CheckpointLayoutError,
+    NoIntactCheckpointError,
+)
 from jdqn.config import Config
 from jdqn.data import (
     FoldArrays,
@@ -87,12 +92,47 @@ def run_walkforward(
     (``report.plot_processes``; the ``jdqn`` command does). They are started with
     multiprocessing's spawn, which imports the caller's main module again in each: a script
     that turns this on must keep its top-level code under ``if __name__ == "__main__":``."""
+    claimed: list[rundir.RunDir] = []  # the run directory this call locks, unlocked at its end
+    try:
+        with termination.sigterm_raises():  # SIGTERM stops the run as Ctrl-C does
+            return _run_walkforward(
+                cfg,
+                claimed,
+                resume=resume,
+                debug=debug,
+                progress=progress,
+                name=name,
+                log=log,
+                plot_processes=plot_processes,
+            )
+    finally:
+        for locked in claimed:
+            rundir.unlock(locked)
+
+
+def _run_walkforward(
+    cfg: Config | None,
+    claimed: list[rundir.RunDir],
+    *,
+    resume: str | os.PathLike[str] | None,
+    debug: bool,
+    progress: bool,
+    name: str | None,
+    log: Callable[[str], None],
+    plot_processes: bool,
+) -> WalkForwardOutcome:
     run: rundir.RunDir | None = None
+    if name is not None:
+        try:
+            rundir.check_name(name)
+        except ValueError as error:
+            raise UserError(str(error)) from None
     if resume is not None:
         try:
             run = rundir.open_incomplete_run_dir(resume)
         except ValueError as error:
             raise UserError(str(error)) from None
+        claimed.append(run)
         try:
             cfg = Config.from_json(run.config_path.read_text())
         except (OSError, ValueError) as error:
@@ -101,7 +141,11 @@ def run_walkforward(
             ) from None
     assert cfg is not None
     enable_compilation_cache(cfg)
-    data = load_data(cfg)  # before any directory exists: bad input leaves nothing behind
+    # Before any memory is taken and any directory exists: a request too large, or bad input,
+    # leaves nothing behind (the second check, with the data's own feature count).
+    memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
+    data = load_data(cfg)
+    memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
     made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
     try:
         if resume is None:
@@ -111,6 +155,7 @@ def run_walkforward(
                     run = rundir.new_run_dir(cfg.output.out_dir, name)
                 except (ValueError, OSError) as error:
                     raise UserError(str(error)) from None
+                claimed.append(run)
                 run.config_path.write_text(cfg.to_json() + "\n")
         assert run is not None
         log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
@@ -130,7 +175,7 @@ def run_walkforward(
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
         raise
-    except CheckpointLayoutError:
+    except (CheckpointLayoutError, NoIntactCheckpointError):
         raise  # resuming again cannot help (the error says to start again); the directory stays
     except BaseException:
         if run is None:
@@ -405,19 +450,36 @@ def _train_group(
     log: Callable[[str], None],
 ) -> tuple[TrainState, dict[int, int]]:
     """Every epoch of a group from its initial (or last checkpointed) state, checkpointed per
-    epoch; returns the trained state and the epoch at which each halted run halted."""
+    epoch and at a SIGTERM's chunk boundary (steps count chunks done); returns the trained
+    state and the epoch at which each halted run halted."""
     checkpoints = (
         Checkpointer(run.checkpoint_dir / f"group{group_index}") if cfg.output.checkpoints else None
     )
-    start_epoch, halted_epoch = 0, {}
+    start_epoch, start_chunk, halted_epoch = 0, 0, {}
     param_layout = program.learner.layout.record()  # saved with, and checked against, each one
     if checkpoints is not None and checkpoints.latest_step() is not None:
-        state, meta = checkpoints.restore(state)
+        state, meta, _ = checkpoints.restore_intact(state, log)
         check_param_layout(meta, param_layout, run.checkpoint_dir / f"group{group_index}")
         start_epoch = int(meta["epochs_done"])
+        start_chunk = int(meta.get("chunks_done", 0))  # > 0: saved mid-epoch, at a SIGTERM
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
-        log(f"jdqn: resumed group {group_index} after epoch {start_epoch}")
-    metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch, writes)
+        within = f", chunk {start_chunk} of epoch {start_epoch + 1}" if start_chunk else ""
+        log(f"jdqn: resumed group {group_index} after epoch {start_epoch}{within}")
+    metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch, writes, start_chunk)
+
+    def checkpoint(epochs_done: int, chunks_done: int) -> None:
+        # Numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends.
+        assert checkpoints is not None
+        meta = {
+            "epochs_done": epochs_done,
+            "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
+            "param_layout": param_layout,
+        }
+        if chunks_done:
+            meta["chunks_done"] = chunks_done
+        step = epochs_done * program.chunks_per_epoch + chunks_done
+        checkpoints.save(step, state, meta)
+
     # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
     later_imports = [
         module
@@ -428,7 +490,7 @@ def _train_group(
         if needed
     ]
 
-    total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch
+    total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch - start_chunk
     bar = _progress_bar(
         total,
         progress,
@@ -438,37 +500,40 @@ def _train_group(
     )
     completed = False
     try:
-        for epoch in range(start_epoch, cfg.train.epochs):
-            for chunk in range(program.chunks_per_epoch):
-                result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
-                if epoch == start_epoch and chunk == 0:
-                    # The chunk is queued and this thread now waits on the device: the writer
-                    # thread imports what the metrics and the checkpoint need meanwhile.
-                    writes.prefetch(later_imports)
-                error, (state, chunk_metrics) = result if debug else (None, result)
-                summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
-                if error is not None:  # fetched once per chunk, with the chunk's metrics
-                    debug_mode.raise_if_failed(
-                        error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
-                    )
-                halted = np.asarray(state.learner.guard.halted)
-                for r in np.flatnonzero(halted):
-                    halted_epoch.setdefault(int(r), epoch)
-                if bar is not None:
-                    bar.set_postfix(
-                        {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary}, refresh=False
-                    )
-                    bar.update(1)
-            if checkpoints is not None:
-                checkpoints.save(
-                    epoch + 1,
-                    state,
-                    {
-                        "epochs_done": epoch + 1,
-                        "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
-                        "param_layout": param_layout,
-                    },
-                )
+        # A SIGTERM lets the chunk on the device end; its state is checkpointed, then the run
+        # stops as for a Ctrl-C (jdqn.termination).
+        with termination.ChunkBoundaries() as boundaries:
+            for epoch in range(start_epoch, cfg.train.epochs):
+                first_chunk = start_chunk if epoch == start_epoch else 0
+                for chunk in range(first_chunk, program.chunks_per_epoch):
+                    result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
+                    if epoch == start_epoch and chunk == first_chunk:
+                        # The chunk is queued and this thread now waits on the device: the
+                        # writer thread imports what the metrics and the checkpoint need.
+                        writes.prefetch(later_imports)
+                    error, (state, chunk_metrics) = result if debug else (None, result)
+                    summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
+                    if error is not None:  # fetched once per chunk, with the chunk's metrics
+                        debug_mode.raise_if_failed(
+                            error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
+                        )
+                    halted = np.asarray(state.learner.guard.halted)
+                    for r in np.flatnonzero(halted):
+                        halted_epoch.setdefault(int(r), epoch)
+                    if bar is not None:
+                        bar.set_postfix(
+                            {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary},
+                            refresh=False,
+                        )
+                        bar.update(1)
+                    if boundaries.requested and chunk + 1 < program.chunks_per_epoch:
+                        if checkpoints is not None:
+                            checkpoint(epoch, chunk + 1)
+                        raise termination.Terminated
+                if checkpoints is not None:
+                    checkpoint(epoch + 1, 0)
+                if boundaries.requested:
+                    raise termination.Terminated
         completed = True
     finally:  # also on failure: no thread or file left open behind the one-line error
         if bar is not None:

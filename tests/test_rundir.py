@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
 
 from jdqn import rundir, walkforward
+from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import SMOKETEST, apply_overrides
 
 
@@ -84,3 +87,103 @@ def test_a_second_ctrl_c_during_the_clean_up_does_not_stop_it(tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         walkforward.run_walkforward(_cfg(tmp_path), progress=False, log=lambda _: None)
     assert not list((tmp_path / "runs").iterdir())
+
+
+# --- names, locks and atomic creation ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("../escape", "single path component"),
+        ("/abs/path", "single path component"),
+        ("a/b", "single path component"),
+        ("x.incomplete", "ends with .incomplete"),
+        (".hidden", "starts with a dot"),
+        ("..", "starts with a dot"),
+        ("", "is empty"),
+    ],
+)
+def test_a_run_name_is_one_plain_path_component(tmp_path, capsys, name, problem):
+    with pytest.raises(ValueError, match=problem):
+        rundir.check_name(name)
+    out = tmp_path / "runs"
+    code = main(["walkforward", "--name", name, "--out", str(out), "--no-progress"])
+    assert code == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("jdqn: error: --name") and problem in err
+    assert list(tmp_path.iterdir()) == []  # nothing beside --out either
+
+
+def test_names_that_are_taken_get_the_next_free_suffix_and_the_directory_is_locked(tmp_path):
+    first = rundir.new_run_dir(tmp_path, "r")
+    (tmp_path / "r-1").mkdir()  # a complete run of the next name
+    second = rundir.new_run_dir(tmp_path, "r")
+    assert (first.path.name, second.path.name) == ("r.incomplete", "r-2.incomplete")
+    with pytest.raises(ValueError, match=r"in use by another jdqn process \(pid \d+\)"):
+        rundir.open_incomplete_run_dir(first.path)
+    rundir.unlock(first)
+    reopened = rundir.open_incomplete_run_dir(first.path)
+    assert reopened.final_path == tmp_path / "r"
+    assert rundir.finalize(reopened) == tmp_path / "r"
+    assert not (tmp_path / "r" / rundir.LOCK_FILE).exists()
+    rundir.discard(second)
+
+
+_CREATE_MANY = """
+import sys
+from jdqn import rundir
+for _ in range(int(sys.argv[2])):
+    rundir.finalize(rundir.new_run_dir(sys.argv[1], "r"))
+"""
+
+
+def test_two_processes_creating_runs_of_one_name_never_collide(tmp_path):
+    """Tight pairs raced into FileExistsError before creation was one exclusive mkdir."""
+    n = 60
+    command = [sys.executable, "-c", _CREATE_MANY, str(tmp_path), str(n)]
+    children = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [child.communicate(timeout=120)[1] for child in children]
+    assert [child.returncode for child in children] == [0, 0], errors
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert len(names) == 2 * n and not [name for name in names if "incomplete" in name]
+
+
+_HOLD_LOCK = """
+import sys, time
+from jdqn import rundir
+run = rundir.open_incomplete_run_dir(sys.argv[1])
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_second_process_resuming_a_locked_run_is_refused_in_one_line(tmp_path, capsys):
+    run = rundir.new_run_dir(tmp_path, "r")
+    run.config_path.write_text(_cfg(tmp_path).to_json())
+    rundir.unlock(run)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_LOCK, str(run.path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        code = main(["walkforward", "--resume", str(run.path), "--no-progress"])
+        err = capsys.readouterr().err
+        assert code == EXIT_USER_ERROR and err.count("\n") == 1
+        assert f"in use by another jdqn process (pid {holder.pid})" in err
+    finally:
+        holder.send_signal(signal.SIGKILL)  # the kernel drops a killed process's lock
+        holder.wait(timeout=60)
+    assert run.config_path.exists()
+    rundir.unlock(rundir.open_incomplete_run_dir(run.path))
+
+
+def test_resuming_r_incomplete_when_r_exists_is_refused_up_front(tmp_path, capsys):
+    run = rundir.new_run_dir(tmp_path, "r")
+    rundir.unlock(run)
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "results.json").write_text("{}")
+    code = main(["walkforward", "--resume", str(run.path), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USER_ERROR and err.count("\n") == 1
+    assert f"{tmp_path / 'r'} already exists" in err and "fix: move" in err

@@ -300,7 +300,7 @@ def test_killed_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     incomplete = killed / "k.incomplete"
     deadline = time.time() + 600
     # Kill mid-epoch, after the first epoch's checkpoint exists.
-    while time.time() < deadline and not list(incomplete.glob("checkpoints/group0/1")):
+    while time.time() < deadline and not list(incomplete.glob("checkpoints/group0/[0-9]*")):
         time.sleep(0.05)
     time.sleep(0.1)
     proc.send_signal(signal.SIGKILL)

@@ -11,6 +11,7 @@ import types
 import typing
 from typing import Any, Literal
 
+from jdqn.config.limits import check_section
 from jdqn.config.sections import (
     AccelConfig,
     Config,
@@ -45,6 +46,7 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
             for sf in dataclasses.fields(section_cls)
             if sf.name in values
         }
+        check_section(f.name, section_cls, kwargs)  # finite, in range: before its own checks
         sections[f.name] = section_cls(**kwargs)
     unknown = set(raw) - set(sections)
     if unknown:
@@ -86,7 +88,7 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
         return value
     if origin is tuple:
         if isinstance(value, str):
-            value = json.loads(value) if value.strip().startswith("[") else value.split(",")
+            value = _json_list(value, name) if value.strip().startswith("[") else value.split(",")
         if not isinstance(value, list | tuple):
             raise ValueError(f"{name}: expected a list, e.g. [64, 64]; got {value!r}")
         return tuple(_coerce(v, args[0], name) for v in value)
@@ -109,6 +111,15 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
     if annotation is str:
         return str(value)
     return value
+
+
+def _json_list(text: str, name: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValueError(
+            f"{name}: {text!r} is not a JSON list; fix: write it like [64, 64]"
+        ) from None
 
 
 def _resolved_config_types() -> None:

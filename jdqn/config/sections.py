@@ -382,6 +382,9 @@ class Config:
     accel: AccelConfig = field(default_factory=AccelConfig)
 
     def __post_init__(self) -> None:
+        from jdqn.config.limits import check_numbers  # finite, float32 and int32 ranges
+
+        check_numbers(self)
         _require(
             self.walkforward.purge_bars >= self.data.lookback_bars,
             "walkforward.purge_bars",

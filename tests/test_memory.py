@@ -1,0 +1,106 @@
+"""The size estimate (jdqn.memory) against the real arrays, and requests that cannot fit refused
+in one line before any memory is taken."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_cli import _assert_one_line_error
+
+from jdqn import memory, networks
+from jdqn.cli import EXIT_USER_ERROR, main
+from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.data import compute_features, synthetic_bars
+from jdqn.train import FoldData, make_train
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("horizons", ["[1, 5, 15, 60]", "[1, 2]"])
+def test_the_feature_count_is_the_features_module_s(horizons):
+    cfg = apply_overrides(SMOKETEST, [f"data.return_horizons={horizons}"])
+    features = compute_features(synthetic_bars(2_000, seed=0), cfg.data)
+    assert memory.n_features(cfg.data) == features.values.shape[1]
+
+
+@pytest.mark.parametrize("overrides", [[], ["network.hidden=[32, 16, 8]", "network.n_heads=3"]])
+def test_the_parameter_count_is_the_network_s(overrides):
+    cfg = apply_overrides(SMOKETEST, overrides)
+    assert memory.n_params(cfg, 16) == networks.param_layout(cfg, 16).size
+
+
+def _nbytes(tree) -> int:
+    return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize(
+    "overrides", [[], ["replay.capacity=2048", "network.hidden=[128, 128]", "train.n_slices=8"]]
+)
+def test_the_state_estimate_matches_the_initialised_state(overrides):
+    """The learner states part against the bytes of the state ``init`` builds (shapes only)."""
+    cfg = apply_overrides(SMOKETEST, overrides)
+    n_features = memory.n_features(cfg.data)
+    program = make_train(cfg, n_features, 512, (0,))
+    fold = FoldData(jnp.zeros((512, n_features)), jnp.ones((512,)))
+    shapes = jax.eval_shape(program.init, jax.random.PRNGKey(0), fold)
+    actual = _nbytes(shapes)
+    estimated = memory.estimate(cfg, n_learners=3, n_bars=None).device[
+        "learner states (params, Adam, replay buffers)"
+    ]
+    assert estimated / 3 == pytest.approx(actual, rel=0.02)
+
+
+def test_a_request_that_fits_passes_and_one_that_does_not_names_estimate_limit_and_fix():
+    need = memory.MemoryEstimate(host={"bar series and features": 5 * GIB}, device={})
+    memory.check_fits(need, memory.MemoryLimits(host_bytes=8 * GIB, device_bytes=None))
+    with pytest.raises(memory.RequestTooLarge) as caught:
+        memory.check_fits(need, memory.MemoryLimits(host_bytes=6 * GIB, device_bytes=None))
+    message = str(caught.value)
+    assert message == (
+        "this run needs about 5.0 GiB of host (the CPU device's arrays included) memory "
+        "(bar series and features: 5.0 GiB), more than the 4.8 GiB usable of 6.0 GiB; "
+        "fix: fewer data.synthetic_bars or a shorter bar file"
+    )
+    on_gpu = memory.MemoryLimits(host_bytes=64 * GIB, device_bytes=4 * GIB)
+    states = memory.MemoryEstimate(device={"fold arrays": 1, "learner step working set": 4 * GIB})
+    with pytest.raises(memory.RequestTooLarge, match=r"of device memory \(learner step working"):
+        memory.check_fits(states, on_gpu)
+
+
+def test_the_estimate_grows_with_what_the_request_asks_for():
+    base = memory.estimate(SMOKETEST, n_learners=3, n_bars=60_000)
+    seeds = memory.estimate(SMOKETEST, n_learners=300_000, n_bars=60_000)
+    assert seeds.device_bytes > 90_000 * base.device_bytes / 1_000
+    assert memory.learners(apply_overrides(SMOKETEST, ["train.seeds=7"])) == 21
+    expanding = apply_overrides(SMOKETEST, ["train.seeds=7", "walkforward.mode=expanding"])
+    assert memory.learners(expanding) == 7
+    assert base.host["bar series and features"] == 60_000 * (144 + 12 * 15)
+    assert np.isfinite(float(base.host_bytes))
+
+
+@pytest.mark.parametrize(
+    ("argv", "part"),
+    [
+        (["--seeds", "100000"], "fix: fewer --seeds"),
+        (["--set", "network.hidden=[100000,100000]"], "learner states"),
+        (["--set", "data.synthetic_bars=1e9"], "bar series and features"),
+        (["--set", "data.synthetic_bars=1e10"], "outside [-2,147,483,647, 2,147,483,647]"),
+    ],
+)
+def test_the_cli_refuses_what_cannot_fit_in_one_line_and_leaves_nothing(
+    tmp_path, capsys, monkeypatch, argv, part
+):
+    """On a machine of 16 GiB (the limits are the test's, so the result is the same anywhere)."""
+    monkeypatch.setattr(memory, "limits", lambda: memory.MemoryLimits(16 * GIB, None))
+    out = tmp_path / "runs"
+    code = main(["walkforward", *argv, "--out", str(out), "--no-progress"])
+    assert code == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    _assert_one_line_error(err, part)
+    assert "fix: " in err
+    assert part.startswith("outside") or "usable of 16.0 GiB" in err
+    assert not out.exists()
