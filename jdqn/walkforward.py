@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, report, rundir
+from jdqn import background, policy, report, rundir
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
@@ -370,9 +370,13 @@ def _run_group(
         )
         evaluate_all = compiling_evaluate.result()
         rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation, test))
-        return _judge_group(
+        rows = _judge_group(
             cfg, data, state, rollouts, run_ids, run, writes, halted_epoch, baselines.result()
         )
+        policy.save_run_policies(
+            run.path, cfg, data, program.learner.layout, state.learner, run_ids, rows
+        )
+        return rows
 
 
 def _abstract(tree: Any) -> Any:

@@ -44,6 +44,7 @@ class WalkForwardData:
     bars_per_year: float  # median bars per trading day x 252 (annualises Sharpe)
     source: str  # file path or "synthetic(seed=..., bars=..., signal=...)"
     normalisers: tuple[Normaliser, ...] = ()  # per fold, fit on its train rows
+    has_volume: bool = True  # the bars have volume (else the volume feature is all zeros)
 
     @property
     def n_features(self) -> int:
@@ -129,4 +130,5 @@ def prepare_walkforward(bars: Bars, cfg: Config, source: str = "") -> WalkForwar
         bars_per_year=bars_per_year(bars.timestamp),
         source=source or describe_source(cfg.data),
         normalisers=normalisers,
+        has_volume=bars.has_volume,
     )

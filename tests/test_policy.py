@@ -1,0 +1,196 @@
+"""Saved policies (issue 35): bundles in the run directory, ``load_policy``, ``act`` and ``q``
+reproduce the walk-forward's greedy test-window actions; ``jdqn evaluate`` on the run's own test
+window reproduces its results."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from es_sample import ES_SAMPLE
+
+import jdqn
+from jdqn import policy as policy_module
+from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.data import load_bars
+from jdqn.networks import param_layout
+from jdqn.policy import PolicyError, load_policy, saved_policies
+from jdqn.walkforward import run_walkforward
+
+# Two rolling folds of 300 train / 60 purge / 150 test bars of the real ES sample, two seeds, a
+# network small enough to compile fast.
+TINY_RUN = [
+    f"data.path={ES_SAMPLE}",
+    "walkforward.n_folds=2",
+    "walkforward.train_bars=300",
+    "walkforward.test_bars=150",
+    "walkforward.purge_bars=60",
+    "train.n_slices=8",
+    "train.batch_size=8",
+    "replay.capacity=16",
+    "train.epochs=1",
+    "train.seeds=2",
+    "network.hidden=[8]",
+    "network.n_atoms=11",
+    "network.v_min=-10",
+    "network.v_max=10",
+    "loss.projection_impl=reference",
+    "output.tensorboard=false",
+    "output.checkpoints=false",
+    "output.compilation_cache=false",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    cfg = apply_overrides(SMOKETEST, [f"output.out_dir={out}", *TINY_RUN])
+    outcome = run_walkforward(cfg, progress=False, name="tiny", log=lambda _: None)
+    assert not outcome.halted
+    return outcome
+
+
+def _curve(run_dir: Path, fold: int, seed: int) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "curves" / f"fold{fold}_seed{seed}_equity.csv")
+
+
+def test_every_run_saves_a_bundle_in_the_documented_format(tiny_run):
+    run_dir = tiny_run.run_dir
+    assert saved_policies(run_dir) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    bundle = run_dir / "policies" / "fold1_seed0"
+    meta = json.loads((bundle / "policy.json").read_text())
+    assert (meta["format"], meta["version"], meta["fold"], meta["seed"]) == ("jdqn-policy", 1, 1, 0)
+    row = tiny_run.results["folds"][2]
+    assert meta["window"] == row["window"]
+    assert meta["config"] == tiny_run.results["config"]
+    assert meta["instrument"]["tick_size"] == 0.25 and meta["instrument"]["bar_seconds"] == 60
+    assert meta["features"]["lookback_bars"] == 60 and "ret_60" in meta["features"]["names"]
+    cfg = jdqn.Config.from_dict(meta["config"])
+    n_features = len(meta["features"]["names"])
+    layout = param_layout(cfg, n_features + 1)
+    assert meta["param_layout"] == layout.record()
+    with np.load(bundle / "arrays.npz") as arrays:
+        assert arrays["params/torso_0/kernel"].shape == (n_features + 1, 8)
+        assert arrays["params/head/kernel"].shape == (3 * 11, 8)  # [out, in]
+        assert arrays["masks/head/bias"].shape == (3 * 11,)
+        assert arrays["sn_u/torso_0"].shape == (8,)
+        assert arrays["normaliser/mean"].shape == (n_features,)
+        assert np.all(arrays["normaliser/std"] > 0)
+        # The seeds trained apart: their parameters differ.
+        other = np.load(run_dir / "policies" / "fold1_seed1" / "arrays.npz")
+        assert not np.array_equal(arrays["params/torso_0/kernel"], other["params/torso_0/kernel"])
+    assert not list((run_dir / "policies").glob(".*"))  # no staging directory left
+
+
+def test_act_reproduces_the_walk_forward_test_actions(tiny_run):
+    bars = load_bars(ES_SAMPLE)
+    for row in tiny_run.results["folds"]:
+        policy = load_policy(tiny_run.run_dir, row["fold"], row["seed"])
+        start, end = row["window"]["test"]
+        positions = policy.act(bars, start=start)
+        assert positions.shape == (len(bars),)
+        assert np.all(np.isnan(positions[:start]))
+        expected = _curve(tiny_run.run_dir, row["fold"], row["seed"])["agent_position"]
+        np.testing.assert_array_equal(positions[start : end - 1], expected.to_numpy())
+        assert set(np.unique(positions[start:])) <= {-1.0, 0.0, 1.0}
+
+
+def test_act_on_the_test_window_with_only_its_warm_up_before_it(tiny_run):
+    """Features need only the lookback: the window's own bars plus the warm-up act the same."""
+    frame = pd.read_csv(ES_SAMPLE)
+    row = tiny_run.results["folds"][1]  # fold 0, seed 1
+    policy = load_policy(tiny_run.run_dir, 0, 1)
+    start, end = row["window"]["test"]
+    positions = policy.act(frame.iloc[start - policy.warmup_bars : end])
+    assert np.all(np.isnan(positions[: policy.warmup_bars]))
+    expected = _curve(tiny_run.run_dir, 0, 1)["agent_position"].to_numpy()
+    np.testing.assert_array_equal(positions[policy.warmup_bars : -1], expected)
+    # The last bar gets a decision too (the position to take now).
+    assert not np.isnan(positions[-1])
+
+
+def test_the_readme_example_runs_as_written(tiny_run, tmp_path, monkeypatch):
+    """The README's three lines, verbatim but for the paths."""
+    frame = pd.read_csv(ES_SAMPLE).iloc[-400:]
+    frame.to_csv(tmp_path / "new_bars.csv", index=False)
+    (tmp_path / "runs").symlink_to(tiny_run.run_dir.parent)
+    monkeypatch.chdir(tmp_path)
+    example = (
+        "import jdqn, pandas as pd\n"
+        'policy = jdqn.load_policy("runs/tiny")  # the last fold, seed 0\n'
+        'positions = policy.act(pd.read_csv("new_bars.csv"))  # contracts per bar\n'
+    )
+    scope: dict = {}
+    exec(example, scope)
+    positions = scope["positions"]
+    assert scope["policy"].fold == 1 and scope["policy"].seed == 0
+    assert positions.shape == (400,) and np.all(np.isnan(positions[:60]))
+    assert np.all(np.isin(positions[60:], [-1.0, 0.0, 1.0]))
+
+
+def test_q_gives_the_distributions_act_chose_from(tiny_run):
+    policy = load_policy(tiny_run.run_dir)
+    frame = pd.read_csv(ES_SAMPLE).iloc[-200:]
+    frame = frame.set_index(pd.to_datetime(frame.pop("timestamp")))  # a DatetimeIndex works too
+    positions = policy.act(frame)
+    probs = policy.q(frame)
+    warm = policy.warmup_bars
+    assert probs.shape == (200, 3, 11)
+    assert np.all(np.isnan(probs[:warm]))
+    np.testing.assert_allclose(probs[warm:].sum(-1), 1.0, atol=1e-5)
+    expected = probs[warm:] @ policy.atoms  # [T, A]
+    picked = policy.positions[np.argmax(expected, axis=-1)]
+    margin = np.sort(expected, -1)[:, -1] - np.sort(expected, -1)[:, -2]
+    clear = margin > 1e-5  # away from float32 ties
+    np.testing.assert_array_equal(picked[clear], positions[warm:][clear])
+
+
+def test_load_policy_errors_name_the_fix(tiny_run, tmp_path):
+    with pytest.raises(PolicyError, match="no such run directory"):
+        load_policy(tmp_path / "nope")
+    with pytest.raises(PolicyError, match="no saved policies"):
+        load_policy(tmp_path)
+    with pytest.raises(PolicyError, match="fold 0 seed 0, fold 0 seed 1, fold 1 seed 0"):
+        load_policy(tiny_run.run_dir, fold=2)
+    with pytest.raises(PolicyError, match="start 500 is outside the 100 bars"):
+        load_policy(tiny_run.run_dir).act(pd.read_csv(ES_SAMPLE).iloc[:100], start=500)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda f: f.iloc[::5], "300 s apart, the policy's training bars 60 s"),
+        (lambda f: f.assign(**{c: f[c] * 4 for c in ("open", "high", "low", "close")}), "another"),
+        (
+            lambda f: f.assign(**{c: f[c] + 0.1 for c in ("open", "high", "low", "close")}),
+            "off the policy's tick grid of 0.25",
+        ),
+        (lambda f: f.drop(columns="volume"), "the bars have no volume"),
+    ],
+)
+def test_bars_of_another_instrument_or_features_are_refused(tiny_run, change, message):
+    frame = pd.read_csv(ES_SAMPLE).iloc[-500:]
+    with pytest.raises(PolicyError, match=message):
+        load_policy(tiny_run.run_dir).act(change(frame))
+
+
+def test_a_failed_save_leaves_no_bundle_and_no_staging_directory(tiny_run, tmp_path, monkeypatch):
+    policy = load_policy(tiny_run.run_dir)
+
+    def failing(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(policy_module.np, "savez", failing)
+    with pytest.raises(OSError, match="disk full"):
+        policy_module.save_policy(
+            tmp_path,
+            fold=0,
+            seed=0,
+            network=policy.network,
+            normaliser=policy.normaliser,
+            meta={},
+        )
+    assert list((tmp_path / "policies").iterdir()) == []
