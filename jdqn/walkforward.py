@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, policy, report, rundir
+from jdqn import background, policy, report, rundir, stats
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
@@ -121,10 +121,13 @@ def run_walkforward(
             if cfg.output.plots and plot_processes
             else 0
         )
+        series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
         with report.BackgroundWrites(preload, plot_processes=processes) as writes:
             fold_results = _run_all_folds(
-                cfg, data, run, writes, debug=debug, progress=progress, log=log
+                cfg, data, run, writes, series, debug=debug, progress=progress, log=log
             )
+        summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
+        report.write_stitched(run.path, series, cfg.output.plots)
     except debug_mode.DebugCheckFailed as failure:
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -145,6 +148,7 @@ def run_walkforward(
         "source": data.source,
         "bars_per_year": data.bars_per_year,
         "folds": fold_results,
+        "summary": summary,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
     }
@@ -152,6 +156,7 @@ def run_walkforward(
     final = rundir.finalize(run)
     halted = [r for r in fold_results if r["status"] != "ok"]
     log(report.summary_table(fold_results))
+    log(report.summary_text(summary))
     plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
     log(f"jdqn: results in {final / 'results.json'}{plots}")
     for row in halted:
@@ -164,6 +169,7 @@ def _run_all_folds(
     data: WalkForwardData,
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
+    series: list[stats.RunSeries],
     *,
     debug: bool,
     progress: bool,
@@ -184,6 +190,7 @@ def _run_all_folds(
             fold_ids,
             run,
             writes,
+            series,
             group_index=group_index,
             non_causal=non_causal,
             debug=debug,
@@ -246,6 +253,7 @@ def _run_group(
     fold_ids: list[int],
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
+    series: list[stats.RunSeries],
     *,
     group_index: int,
     non_causal: tuple[int, ...],
@@ -371,7 +379,16 @@ def _run_group(
         evaluate_all = compiling_evaluate.result()
         rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation, test))
         rows = _judge_group(
-            cfg, data, state, rollouts, run_ids, run, writes, halted_epoch, baselines.result()
+            cfg,
+            data,
+            state,
+            rollouts,
+            run_ids,
+            run,
+            writes,
+            halted_epoch,
+            baselines.result(),
+            series,
         )
         policy.save_run_policies(
             run.path, cfg, data, program.learner.layout, state.learner, run_ids, rows
@@ -543,9 +560,11 @@ def _judge_group(
     writes: report.BackgroundWrites,
     halted_epoch: dict[int, int],
     baselines_by_fold: dict[int, dict[str, Any]],
+    series: list[stats.RunSeries],
 ) -> list[dict[str, Any]]:
     """Each run's result row from its test-window rollout, with its fold's baselines; the
-    equity CSVs and plots are handed to the writer thread."""
+    equity CSVs and plots are handed to the writer thread; each run's per-bar net PnL is added
+    to ``series``."""
     guard = jax.device_get(state.learner.guard)
     rows: list[dict[str, Any]] = []
     for r, (fold, seed) in enumerate(run_ids):
@@ -554,6 +573,7 @@ def _judge_group(
         baselines = baselines_by_fold[fold]
         positions = np.asarray(rollouts.positions[r])
         net = np.asarray(rollouts.net_points[r])
+        realised_at = timestamps[1 : len(net) + 1]  # interval t's PnL lands at bar t+1
         if bool(guard.halted[r]):
             reason = GUARD_REASONS[int(guard.reason[r])]
             status = (
@@ -570,6 +590,10 @@ def _judge_group(
                 gross_points=np.asarray(rollouts.pnl_points[r]),
                 cost_points=np.asarray(rollouts.cost_points[r]),
             )
+            agent = stats.with_daily_sharpe(agent, net, realised_at)
+        baseline_nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
+        agent_net = None if agent is None else net
+        series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
         curves = {"agent": equity_curve(net)} | {
             name: equity_curve(np.asarray(b["rollout"].net_points)) for name, b in baselines.items()
         }
@@ -598,7 +622,10 @@ def _judge_group(
                     "test_time": [str(timestamps[0]), str(timestamps[-1])],
                 },
                 "agent": agent,
-                "baselines": {name: b["metrics"] for name, b in baselines.items()},
+                "baselines": {
+                    name: stats.with_daily_sharpe(b["metrics"], baseline_nets[name], realised_at)
+                    for name, b in baselines.items()
+                },
                 "training": {
                     "learner_steps": int(np.asarray(state.learner.step)[r]),
                     "iterations": int(np.asarray(state.iteration)[r]),

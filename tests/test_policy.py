@@ -14,6 +14,7 @@ from es_sample import ES_SAMPLE
 
 import jdqn
 from jdqn import policy as policy_module
+from jdqn import report
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.data import load_bars
 from jdqn.networks import param_layout
@@ -194,3 +195,31 @@ def test_a_failed_save_leaves_no_bundle_and_no_staging_directory(tiny_run, tmp_p
             meta={},
         )
     assert list((tmp_path / "policies").iterdir()) == []
+
+
+def test_results_carry_the_summary_across_seeds_and_the_stitched_curve(tiny_run):
+    results, run_dir = tiny_run.results, tiny_run.run_dir
+    summary = results["summary"]
+    nets = [row["agent"]["net_pnl_usd"] for row in results["folds"]]
+    overall = summary["overall"]["agent"]["net_pnl_usd"]
+    assert overall["median"] == pytest.approx(np.median(nets)) and overall["n"] == 4
+    assert overall["median_ci"][0] <= overall["median"] <= overall["median_ci"][1]
+    fold1 = [row["agent"]["sharpe_daily"] for row in results["folds"] if row["fold"] == 1]
+    assert summary["folds"]["1"]["agent"]["sharpe_daily"]["iqm"] == pytest.approx(np.mean(fold1))
+    flat = summary["overall"]["agent_minus"]["flat"]["net_pnl_usd"]
+    assert flat["median"] == pytest.approx(np.median(nets))  # the flat baseline earns nothing
+    dsr = summary["overall"]["deflated_sharpe"]
+    assert 0.0 <= dsr["dsr"] <= 1.0 and dsr["n_trials"] == 2 and dsr["n_bars"] == 2 * 149
+    assert all("sharpe_daily" in b for row in results["folds"] for b in row["baselines"].values())
+
+    stitched = pd.read_csv(run_dir / "curves" / "stitched_equity.csv")
+    assert len(stitched) == 2 * 149
+    for seed in (0, 1):
+        total = sum(r["agent"]["net_pnl_points"] for r in results["folds"] if r["seed"] == seed)
+        assert stitched[f"seed{seed}_equity_points"].iloc[-1] == pytest.approx(total)
+    both = stitched[["seed0_equity_points", "seed1_equity_points"]].to_numpy()
+    np.testing.assert_allclose(stitched["agent_median_equity_points"], both.mean(axis=1))
+    assert {"flat_equity_points", "buy_and_hold_equity_points"} <= set(stitched)
+    assert (run_dir / "plots" / "stitched_equity.png").stat().st_size > 1000
+    table = report.summary_text(summary)
+    assert "deflated Sharpe" in table and "agent - random $" in table and "fold 1" in table
