@@ -1,4 +1,4 @@
-"""Command line: ``jdqn walkforward | data synth | data check | bench``; parses, then calls the API.
+"""Command line: ``jdqn walkforward | evaluate | data synth | data check | bench`` -> the API.
 
 User errors (bad flags, impossible config, malformed bar file, missing path) print one line
 ``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.
@@ -55,6 +55,14 @@ def _build_parser() -> argparse.ArgumentParser:
     wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
     wf.add_argument("--no-progress", action="store_true", help="no progress bar")
     wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
+
+    ev = commands.add_parser(
+        "evaluate", help="judge a run's saved policies on new bars, as a walk-forward test window"
+    )
+    ev.add_argument("run_dir", metavar="RUN_DIR", help="a finished walk-forward run directory")
+    ev.add_argument("--data", required=True, help="bar file (CSV/Parquet) to judge them on")
+    ev.add_argument("--fold", type=int, help="whose policies (default: the run's last fold)")
+    ev.add_argument("--out", help="parent of the output directory (default: RUN_DIR/evaluations)")
 
     data = commands.add_parser("data", help="bar-file tools")
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
@@ -133,6 +141,17 @@ def _walkforward(args: argparse.Namespace) -> int:
     return EXIT_HALTED if outcome.halted else 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from jdqn.evaluate_saved import evaluate_saved
+
+    try:
+        evaluate_saved(args.run_dir, args.data, fold=args.fold, out=args.out)
+    except (ValueError, OSError) as error:  # PolicyError and BarFileError included: one line
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from jdqn.data import BarFileError, load_bars, synthetic_bars, write_bars
 
@@ -170,7 +189,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
-    handlers = {"walkforward": _walkforward, "data": _data, "bench": _bench}
+    handlers = {
+        "walkforward": _walkforward,
+        "evaluate": _evaluate,
+        "data": _data,
+        "bench": _bench,
+    }
     try:
         return handlers[args.command](args)
     except KeyboardInterrupt:

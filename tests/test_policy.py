@@ -5,6 +5,7 @@ window reproduces its results."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +16,10 @@ from es_sample import ES_SAMPLE
 import jdqn
 from jdqn import policy as policy_module
 from jdqn import report
+from jdqn.cli import main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.data import load_bars
+from jdqn.evaluate_saved import evaluate_saved
 from jdqn.networks import param_layout
 from jdqn.policy import PolicyError, load_policy, saved_policies
 from jdqn.walkforward import run_walkforward
@@ -223,3 +226,68 @@ def test_results_carry_the_summary_across_seeds_and_the_stitched_curve(tiny_run)
     assert (run_dir / "plots" / "stitched_equity.png").stat().st_size > 1000
     table = report.summary_text(summary)
     assert "deflated Sharpe" in table and "agent - random $" in table and "fold 1" in table
+
+
+def _test_window_file(run_dir: Path, results: dict, fold: int, path: Path) -> Path:
+    """The bars of a fold's test window with the features' warm-up before them."""
+    start, end = next(r for r in results["folds"] if r["fold"] == fold)["window"]["test"]
+    warmup = load_policy(run_dir, fold).warmup_bars
+    pd.read_csv(ES_SAMPLE).iloc[start - warmup : end].to_csv(path, index=False)
+    return path
+
+
+def test_evaluate_on_the_runs_own_test_window_gives_back_its_results(tiny_run, tmp_path, capsys):
+    results, run_dir = tiny_run.results, tiny_run.run_dir
+    bars = _test_window_file(run_dir, results, 1, tmp_path / "fold1.csv")
+    assert main(["evaluate", str(run_dir), "--data", str(bars), "--out", str(tmp_path / "ev")]) == 0
+    assert "deflated Sharpe" in capsys.readouterr().out
+    (out_dir,) = (tmp_path / "ev").iterdir()
+    evaluated = json.loads((out_dir / "results.json").read_text())
+    expected = [r for r in results["folds"] if r["fold"] == 1]  # no --fold: the last fold
+    assert [(r["fold"], r["seed"]) for r in evaluated["folds"]] == [(1, 0), (1, 1)]
+    for mine, theirs in zip(evaluated["folds"], expected, strict=True):
+        assert mine["agent"] == theirs["agent"]
+        assert mine["baselines"] == theirs["baselines"]  # the random one keyed as the run's
+        assert mine["window"]["test_time"] == theirs["window"]["test_time"]
+    assert evaluated["summary"]["folds"]["1"] == results["summary"]["folds"]["1"]
+    for name in ("curves/fold1_seed1_equity.csv", "curves/stitched_equity.csv"):
+        assert (out_dir / name).is_file()
+    assert (out_dir / "plots" / "fold1_seed0_equity.png").stat().st_size > 1000
+    own = _curve(run_dir, 1, 1)
+    pd.testing.assert_frame_equal(pd.read_csv(out_dir / "curves" / "fold1_seed1_equity.csv"), own)
+
+    # An earlier fold through the API: its policies, its window, its numbers.
+    bars = _test_window_file(run_dir, results, 0, tmp_path / "fold0.csv")
+    outcome = evaluate_saved(run_dir, bars, fold=0, out=tmp_path, plots=False, log=lambda _: None)
+    assert [r["agent"] for r in outcome.results["folds"]] == [
+        r["agent"] for r in results["folds"] if r["fold"] == 0
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--fold", "5"], "no policy for fold 5 seed 0 .* fix: pick one of: fold 0 seed 0"),
+        (["--every-fifth-bar"], "the bars are 300 s apart, the policy's training bars 60 s"),
+        (["--short"], "61 bars, but the policies need 60 bars of feature warm-up"),
+        (["--no-run"], "no such run directory"),
+    ],
+)
+def test_evaluate_refuses_bad_input_in_one_line_and_writes_nothing(
+    tiny_run, tmp_path, capsys, argv, message
+):
+    frame = pd.read_csv(ES_SAMPLE).iloc[-400:]
+    if "--every-fifth-bar" in argv:
+        frame = frame.iloc[::5]
+    if "--short" in argv:
+        frame = frame.iloc[:61]
+    frame.to_csv(tmp_path / "bars.csv", index=False)
+    run_dir = tmp_path / "missing" if "--no-run" in argv else tiny_run.run_dir
+    flags = [a for a in argv if a.startswith("--fold") or a.isdigit()]
+    out = tmp_path / "ev"
+    command = ["evaluate", str(run_dir), "--data", str(tmp_path / "bars.csv"), "--out", str(out)]
+    assert main([*command, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jdqn: error: ") and err.count("\n") == 1
+    assert re.search(message, err)
+    assert not out.exists()
