@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -268,9 +269,11 @@ def save_run_policies(
     learner: Any,
     run_ids: list[tuple[int, int]],
     rows: list[dict[str, Any]],
+    submit: Callable[..., None] | None = None,
 ) -> None:
     """A bundle for each run of a group (learner state leaves [R, ...], run r = ``run_ids[r]``)
-    whose row says it trained to its end."""
+    whose row says it trained to its end; each written by ``submit(save_policy, ...)`` (a
+    writer thread's queue) or, without it, now."""
     stored = jax.device_get(learner.params)  # [R, n_params], or its leaves' segments [R, n_k]
     flat = np.concatenate(stored, axis=-1) if isinstance(stored, tuple) else np.asarray(stored)
     masks = np.asarray(jax.device_get(learner.masks))
@@ -306,7 +309,8 @@ def save_run_policies(
             masks=layout.unravel(masks[r]),
             sn_u={name: u[r] for name, u in sn_u.items()},
         )
-        save_policy(
+        save = functools.partial(
+            save_policy,
             run_dir,
             fold=fold,
             seed=seed,
@@ -314,6 +318,10 @@ def save_run_policies(
             normaliser=data.normalisers[fold],
             meta={**common, "window": row["window"], "instrument": instrument},
         )
+        if submit is None:
+            save()
+        else:
+            submit(save)
 
 
 def bundle_dir(run_dir: str | os.PathLike[str], fold: int, seed: int) -> Path:

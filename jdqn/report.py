@@ -414,10 +414,16 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def write_stitched(run_path: Path, series: Sequence[RunSeries], plots: bool) -> None:
+def write_stitched(
+    run_path: Path,
+    series: Sequence[RunSeries],
+    plots: bool,
+    writes: BackgroundWrites | None = None,
+) -> None:
     """The folds' test windows end to end (``curves/stitched_equity.csv`` and its plot): the
     seeds' median equity with their 10-90 % band, each seed's and each baseline's, for the seeds
-    that trained every fold to its end (none: nothing is written)."""
+    that trained every fold to its end (none: nothing is written). With ``writes`` the files are
+    queued there, else written now."""
     from jdqn.stats import equity_band, stitch  # here: the plot processes import this module
 
     stitched = stitch(series, sorted({s.fold for s in series}))
@@ -426,14 +432,25 @@ def write_stitched(run_path: Path, series: Sequence[RunSeries], plots: bool) -> 
     band = equity_band(stitched.agent)
     baselines = {name: np.cumsum(net) for name, net in stitched.baselines.items()}
     seeds = dict(zip(stitched.seeds, np.cumsum(stitched.agent, axis=-1), strict=True))
-    write_stitched_csv(
-        run_path / "curves" / "stitched_equity.csv", stitched.realised_at, band, seeds, baselines
+    csv_args = (
+        run_path / "curves" / "stitched_equity.csv",
+        stitched.realised_at,
+        band,
+        seeds,
+        baselines,
     )
-    if plots:
-        plot_stitched(
-            run_path / "plots" / "stitched_equity.png",
-            stitched.realised_at,
-            band,
-            baselines,
-            f"out-of-sample equity, {len(stitched.seeds)} seed(s), test windows end to end",
-        )
+    plot_args = (
+        run_path / "plots" / "stitched_equity.png",
+        stitched.realised_at,
+        band,
+        baselines,
+        f"out-of-sample equity, {len(stitched.seeds)} seed(s), test windows end to end",
+    )
+    if writes is None:
+        write_stitched_csv(*csv_args)
+        if plots:
+            plot_stitched(*plot_args)
+    else:
+        writes.submit(write_stitched_csv, *csv_args)
+        if plots:
+            writes.submit_plot(plot_stitched, *plot_args)

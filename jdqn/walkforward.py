@@ -126,8 +126,8 @@ def run_walkforward(
             fold_results = _run_all_folds(
                 cfg, data, run, writes, series, debug=debug, progress=progress, log=log
             )
+            report.write_stitched(run.path, series, cfg.output.plots, writes)
         summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
-        report.write_stitched(run.path, series, cfg.output.plots)
     except debug_mode.DebugCheckFailed as failure:
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -391,7 +391,7 @@ def _run_group(
             series,
         )
         policy.save_run_policies(
-            run.path, cfg, data, program.learner.layout, state.learner, run_ids, rows
+            run.path, cfg, data, program.learner.layout, state.learner, run_ids, rows, writes.submit
         )
         return rows
 

@@ -159,6 +159,18 @@ def test_summary_per_fold_and_overall_leaves_halted_runs_out():
     assert summary["bootstrap_seed"] == 11 and summary["confidence"] == 0.95
 
 
+def test_a_summary_of_halted_runs_only_has_no_estimates():
+    rows = [_row(f, 0, None, flat=0.0) for f in (0, 1)]
+    summary = stats.summarise(rows, [_series(f, 0, None) for f in (0, 1)], seed=0, reps=10)
+    assert summary["overall"]["n_halted"] == 2 and summary["overall"]["n_runs"] == 0
+    assert summary["overall"]["agent"]["sharpe"]["median"] is None
+    assert summary["folds"]["0"]["deflated_sharpe"]["dsr"] is None
+    assert stats.stitch([_series(0, 0, None)], [0]).seeds == []
+    from jdqn import report
+
+    assert "net $" in report.summary_text(summary)
+
+
 def test_stitch_puts_the_test_windows_end_to_end_with_the_seeds_band():
     series = [_series(f, s, np.full(4, float(s + f))) for f in (1, 0) for s in range(3)]
     stitched = stats.stitch(series, [0, 1])
