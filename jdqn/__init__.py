@@ -1,8 +1,9 @@
 """jdqn: a JAX/XLA trainer for a distributional (C51) DQN on ES 1-minute bars, judged walk-forward.
 
 Public API (docs/design.md §1): ``Config`` and its profiles, ``make_learner`` (the one pure learner
-step), ``make_train`` (epochs as scans). ``jdqn.walkforward.run_walkforward`` runs all folds x
-seeds into a run directory; ``jdqn.data``, ``jdqn.env``, ``jdqn.evaluate`` hold the rest.
+step), ``make_train`` (epochs as scans), ``load_policy`` (a run's saved policies, ``jdqn.policy``).
+``jdqn.walkforward.run_walkforward`` runs all folds x seeds into a run directory; ``jdqn.data``,
+``jdqn.env``, ``jdqn.evaluate`` hold the rest.
 
 The learner and training names are imported on first use (PEP 562), so ``import jdqn`` and the
 modules that need no JAX (``jdqn.config``, ``jdqn.report``) stay light: the plot processes of a
@@ -23,6 +24,7 @@ from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile  # 
 
 if TYPE_CHECKING:
     from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner
+    from jdqn.policy import Policy, load_policy
     from jdqn.train import TrainProgram, TrainState, make_train
 
 # Public name -> the module that defines it, imported when the name is first read.
@@ -31,6 +33,8 @@ _LAZY = {
     "LearnerMetrics": "jdqn.learner",
     "LearnerState": "jdqn.learner",
     "make_learner": "jdqn.learner",
+    "Policy": "jdqn.policy",
+    "load_policy": "jdqn.policy",
     "TrainProgram": "jdqn.train",
     "TrainState": "jdqn.train",
     "make_train": "jdqn.train",
@@ -50,9 +54,11 @@ __all__ = [
     "Learner",
     "LearnerMetrics",
     "LearnerState",
+    "Policy",
     "TrainProgram",
     "TrainState",
     "apply_overrides",
+    "load_policy",
     "make_learner",
     "make_train",
     "profile",

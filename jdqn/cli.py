@@ -1,4 +1,5 @@
-"""Command line: ``jdqn walkforward | data synth | data check | config keys | bench``; parses only.
+"""Command line: ``jdqn walkforward | evaluate | data synth | data check | config keys | bench``;
+parses only.
 
 User errors (bad flags, impossible config, malformed bar file, missing path) print one line
 ``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.
@@ -80,6 +81,16 @@ def _build_parser() -> argparse.ArgumentParser:
     wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
 
     add_config_command(commands, common)
+    ev = commands.add_parser(
+        "evaluate",
+        parents=[common],
+        help="judge a run's saved policies on new bars, as a walk-forward test window",
+    )
+    ev.add_argument("run_dir", metavar="RUN_DIR", help="a finished walk-forward run directory")
+    ev.add_argument("--data", required=True, help="bar file (CSV/Parquet) to judge them on")
+    ev.add_argument("--fold", type=int, help="whose policies (default: the run's last fold)")
+    ev.add_argument("--out", help="parent of the output directory (default: RUN_DIR/evaluations)")
+
     data = commands.add_parser("data", help="bar-file tools", parents=[common])
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     synth = data_commands.add_parser(
@@ -180,6 +191,17 @@ def _walkforward(args: argparse.Namespace) -> int:
     return EXIT_HALTED if outcome.halted else 0
 
 
+def _evaluate(args: argparse.Namespace) -> int:
+    from jdqn.evaluate_saved import evaluate_saved
+
+    try:
+        evaluate_saved(args.run_dir, args.data, fold=args.fold, out=args.out)
+    except (ValueError, OSError) as error:  # PolicyError and BarFileError included: one line
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return 0
+
+
 def _data(args: argparse.Namespace) -> int:
     from jdqn.data import BarFileError, synthetic_bars, write_bars
     from jdqn.instruments import data_settings, describe_bar_file, instrument
@@ -218,6 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console_log.configure(getattr(args, "verbose", 0), getattr(args, "quiet", False))
     handlers = {
         "walkforward": _walkforward,
+        "evaluate": _evaluate,
         "data": _data,
         "bench": _bench,
         "config": config_command,

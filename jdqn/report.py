@@ -23,6 +23,8 @@ import pyarrow.csv as pa_csv
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from jdqn.stats import RunSeries
+
 # matplotlib's object API, not pyplot: no global figure state, no GUI backend (savefig renders
 # with Agg), and each figure is freed with its last reference. It is imported where a plot is
 # drawn, by the writer thread or the plot processes (0.55 s of import on this CPU, none for runs
@@ -305,3 +307,150 @@ def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
             f"{_fmt(base['random']['net_pnl_usd'], ',.0f'):>10}"
         )
     return "\n".join(lines)
+
+
+def write_stitched_csv(
+    path: Path,
+    realised_at: np.ndarray,
+    band: Mapping[str, np.ndarray],
+    seeds: Mapping[int, np.ndarray],
+    baselines: Mapping[str, np.ndarray],
+) -> None:
+    """The out-of-sample equity (points) of the folds' test windows end to end, one row per bar
+    interval at the bar where its PnL lands: the seeds' band (``agent_p10``, ``agent_median``,
+    ``agent_p90``), each seed's curve and each baseline's."""
+    stamps = np.asarray(realised_at, "datetime64[ns]")
+    if np.all(stamps.astype(np.int64) % 10**9 == 0):
+        stamps = stamps.astype("datetime64[s]")
+    columns = {"timestamp": pa.array(stamps)}
+    columns |= {f"agent_{k}_equity_points": pa.array(np.asarray(v)) for k, v in band.items()}
+    columns |= {f"seed{s}_equity_points": pa.array(np.asarray(v)) for s, v in seeds.items()}
+    columns |= {f"{k}_equity_points": pa.array(np.asarray(v)) for k, v in baselines.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as handle:
+        handle.write((",".join(columns) + "\n").encode())
+        options = pa_csv.WriteOptions(include_header=False, quoting_style="none")
+        pa_csv.write_csv(pa.table(columns), handle, options)
+
+
+def plot_stitched(
+    path: Path,
+    realised_at: np.ndarray,
+    band: Mapping[str, np.ndarray],
+    baselines: Mapping[str, np.ndarray],
+    title: str,
+) -> None:
+    """The stitched out-of-sample equity: the seeds' median with their 10-90 % band, and the
+    baselines. Bars are plotted by their index (the windows' gaps closed), dates as ticks."""
+    fig = _figure(figsize=(10, 4.5))
+    ax = fig.subplots()
+    x = np.arange(len(realised_at))
+    ax.fill_between(x, band["p10"], band["p90"], alpha=0.25, label="agent, seeds 10-90 %")
+    ax.plot(x, band["median"], linewidth=1.6, label="agent, median of seeds")
+    for name, curve in baselines.items():
+        ax.plot(x, curve, linewidth=1.0, label=name)
+    ax.axhline(0.0, color="grey", linewidth=0.5)
+    ticks = np.linspace(0, max(len(x) - 1, 0), num=min(6, len(x))).astype(int)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(realised_at[i])[:16] for i in ticks], fontsize=7)
+    ax.set_title(title)
+    ax.set_ylabel("net PnL (index points, after costs)")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.12)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+# The summary's metrics as the table names them, with their number formats.
+_SUMMARY_LABELS = {
+    "net_pnl_usd": ("net $", ",.0f"),
+    "sharpe": ("Sharpe (bars)", ".2f"),
+    "sharpe_daily": ("Sharpe (daily)", ".2f"),
+    "max_drawdown_usd": ("max drawdown $", ",.0f"),
+    "turnover": ("turnover", ",.0f"),
+}
+
+
+def _estimate(entry: Mapping[str, Any], key: str, spec: str) -> str:
+    if entry.get(key) is None:
+        return "-"
+    low, high = entry[f"{key}_ci"]
+    return f"{format(entry[key], spec)} [{format(low, spec)}, {format(high, spec)}]"
+
+
+def summary_text(summary: Mapping[str, Any]) -> str:
+    """Console table of results.json's ``summary``: per scope (all folds, then each fold) the
+    agent's median and IQM with their 95 % intervals, the agent minus each baseline in net $,
+    and the best seed's deflated Sharpe ratio."""
+    header = f"{'scope':<7} {'metric':<22} {'median [95% CI]':>34} {'IQM [95% CI]':>34}"
+    lines = [
+        "across seeds: median and interquartile mean, stratified bootstrap 95% CIs "
+        "(strata = folds)",
+        header,
+        "-" * len(header),
+    ]
+    scopes = [("all", summary["overall"])] + [
+        (f"fold {k}", block) for k, block in summary["folds"].items()
+    ]
+    for scope, block in scopes:
+        for metric, (label, spec) in _SUMMARY_LABELS.items():
+            entry = block["agent"][metric]
+            lines.append(
+                f"{scope:<7} {label:<22} {_estimate(entry, 'median', spec):>34} "
+                f"{_estimate(entry, 'iqm', spec):>34}"
+            )
+        for name, metrics in block["agent_minus"].items():
+            entry = metrics["net_pnl_usd"]
+            lines.append(
+                f"{scope:<7} {'agent - ' + name + ' $':<22} "
+                f"{_estimate(entry, 'median', ',.0f'):>34} {_estimate(entry, 'iqm', ',.0f'):>34}"
+            )
+        dsr = block["deflated_sharpe"]
+        if dsr.get("dsr") is not None:
+            lines.append(
+                f"{scope:<7} {'deflated Sharpe':<22} {dsr['dsr']:>34.3f}   (best seed "
+                f"{dsr['best_seed']} of {dsr['n_trials']}, {block['n_halted']} halted)"
+            )
+    return "\n".join(lines)
+
+
+def write_stitched(
+    run_path: Path,
+    series: Sequence[RunSeries],
+    plots: bool,
+    writes: BackgroundWrites | None = None,
+) -> None:
+    """The folds' test windows end to end (``curves/stitched_equity.csv`` and its plot): the
+    seeds' median equity with their 10-90 % band, each seed's and each baseline's, for the seeds
+    that trained every fold to its end (none: nothing is written). With ``writes`` the files are
+    queued there, else written now."""
+    from jdqn.stats import equity_band, stitch  # here: the plot processes import this module
+
+    stitched = stitch(series, sorted({s.fold for s in series}))
+    if not stitched.seeds:
+        return
+    band = equity_band(stitched.agent)
+    baselines = {name: np.cumsum(net) for name, net in stitched.baselines.items()}
+    seeds = dict(zip(stitched.seeds, np.cumsum(stitched.agent, axis=-1), strict=True))
+    csv_args = (
+        run_path / "curves" / "stitched_equity.csv",
+        stitched.realised_at,
+        band,
+        seeds,
+        baselines,
+    )
+    plot_args = (
+        run_path / "plots" / "stitched_equity.png",
+        stitched.realised_at,
+        band,
+        baselines,
+        f"out-of-sample equity, {len(stitched.seeds)} seed(s), test windows end to end",
+    )
+    if writes is None:
+        write_stitched_csv(*csv_args)
+        if plots:
+            plot_stitched(*plot_args)
+    else:
+        writes.submit(write_stitched_csv, *csv_args)
+        if plots:
+            writes.submit_plot(plot_stitched, *plot_args)

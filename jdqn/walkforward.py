@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, memory, provenance, report, rundir, termination
+from jdqn import background, memory, policy, provenance, report, rundir, stats, termination
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import (
     ORBAX,
@@ -167,10 +167,13 @@ def _run_walkforward(
             if cfg.output.plots and plot_processes
             else 0
         )
+        series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
         with report.BackgroundWrites(preload, plot_processes=processes) as writes:
             fold_results = _run_all_folds(
-                cfg, data, run, writes, debug=debug, progress=progress, log=log
+                cfg, data, run, writes, series, debug=debug, progress=progress, log=log
             )
+            report.write_stitched(run.path, series, cfg.output.plots, writes)
+        summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
     except debug_mode.DebugCheckFailed as failure:
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -191,6 +194,7 @@ def _run_walkforward(
         "source": data.source,
         "bars_per_year": data.bars_per_year,
         "folds": fold_results,
+        "summary": summary,
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         **made_by,
@@ -199,6 +203,7 @@ def _run_walkforward(
     final = rundir.finalize(run)
     halted = [r for r in fold_results if r["status"] != "ok"]
     log(report.summary_table(fold_results))
+    log(report.summary_text(summary))
     plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
     log(f"jdqn: results in {final / 'results.json'}{plots}")
     for row in halted:
@@ -211,6 +216,7 @@ def _run_all_folds(
     data: WalkForwardData,
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
+    series: list[stats.RunSeries],
     *,
     debug: bool,
     progress: bool,
@@ -231,6 +237,7 @@ def _run_all_folds(
             fold_ids,
             run,
             writes,
+            series,
             group_index=group_index,
             non_causal=non_causal,
             debug=debug,
@@ -293,6 +300,7 @@ def _run_group(
     fold_ids: list[int],
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
+    series: list[stats.RunSeries],
     *,
     group_index: int,
     non_causal: tuple[int, ...],
@@ -417,9 +425,22 @@ def _run_group(
         )
         evaluate_all = compiling_evaluate.result()
         rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation, test))
-        return _judge_group(
-            cfg, data, state, rollouts, run_ids, run, writes, halted_epoch, baselines.result()
+        rows = _judge_group(
+            cfg,
+            data,
+            state,
+            rollouts,
+            run_ids,
+            run,
+            writes,
+            halted_epoch,
+            baselines.result(),
+            series,
         )
+        policy.save_run_policies(
+            run.path, cfg, data, program.learner.layout, state.learner, run_ids, rows, writes.submit
+        )
+        return rows
 
 
 def _abstract(tree: Any) -> Any:
@@ -606,9 +627,11 @@ def _judge_group(
     writes: report.BackgroundWrites,
     halted_epoch: dict[int, int],
     baselines_by_fold: dict[int, dict[str, Any]],
+    series: list[stats.RunSeries],
 ) -> list[dict[str, Any]]:
     """Each run's result row from its test-window rollout, with its fold's baselines; the
-    equity CSVs and plots are handed to the writer thread."""
+    equity CSVs and plots are handed to the writer thread; each run's per-bar net PnL is added
+    to ``series``."""
     guard = jax.device_get(state.learner.guard)
     rows: list[dict[str, Any]] = []
     for r, (fold, seed) in enumerate(run_ids):
@@ -617,6 +640,7 @@ def _judge_group(
         baselines = baselines_by_fold[fold]
         positions = np.asarray(rollouts.positions[r])
         net = np.asarray(rollouts.net_points[r])
+        realised_at = timestamps[1 : len(net) + 1]  # interval t's PnL lands at bar t+1
         if bool(guard.halted[r]):
             reason = GUARD_REASONS[int(guard.reason[r])]
             status = (
@@ -633,6 +657,10 @@ def _judge_group(
                 gross_points=np.asarray(rollouts.pnl_points[r]),
                 cost_points=np.asarray(rollouts.cost_points[r]),
             )
+            agent = stats.with_daily_sharpe(agent, net, realised_at)
+        baseline_nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
+        agent_net = None if agent is None else net
+        series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
         curves = {"agent": equity_curve(net)} | {
             name: equity_curve(np.asarray(b["rollout"].net_points)) for name, b in baselines.items()
         }
@@ -661,7 +689,10 @@ def _judge_group(
                     "test_time": [str(timestamps[0]), str(timestamps[-1])],
                 },
                 "agent": agent,
-                "baselines": {name: b["metrics"] for name, b in baselines.items()},
+                "baselines": {
+                    name: stats.with_daily_sharpe(b["metrics"], baseline_nets[name], realised_at)
+                    for name, b in baselines.items()
+                },
                 "training": {
                     "learner_steps": int(np.asarray(state.learner.step)[r]),
                     "iterations": int(np.asarray(state.iteration)[r]),

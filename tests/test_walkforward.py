@@ -554,4 +554,4 @@ def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path
     for name in ("command", "script"):
         results = json.loads((tmp_path / name / "results.json").read_text())
         plots = sorted(p.name for p in (tmp_path / name / "plots").iterdir())
-        assert len(plots) == 2 * len(results["folds"]), plots
+        assert len(plots) == 2 * len(results["folds"]) + 1, plots  # + the stitched curve

@@ -43,6 +43,7 @@ class WalkForwardData:
     source: str  # file path or "synthetic(seed=..., bars=..., signal=...)"
     normalisers: tuple[Normaliser, ...] = ()  # per fold, fit on its train rows
     n_bars: int = 0  # bars in the whole series
+    has_volume: bool = True  # the bars have volume (else the volume feature is all zeros)
 
     @property
     def n_features(self) -> int:
@@ -135,4 +136,5 @@ def prepare_walkforward(bars: Bars, cfg: Config, source: str = "") -> WalkForwar
         source=source or describe_source(cfg.data),
         normalisers=normalisers,
         n_bars=len(bars),
+        has_volume=bars.has_volume,
     )

@@ -1,0 +1,293 @@
+"""Saved policies (issue 35): bundles in the run directory, ``load_policy``, ``act`` and ``q``
+reproduce the walk-forward's greedy test-window actions; ``jdqn evaluate`` on the run's own test
+window reproduces its results."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from es_sample import ES_SAMPLE
+
+import jdqn
+from jdqn import policy as policy_module
+from jdqn import report
+from jdqn.cli import main
+from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.data import load_bars
+from jdqn.evaluate_saved import evaluate_saved
+from jdqn.networks import param_layout
+from jdqn.policy import PolicyError, load_policy, saved_policies
+from jdqn.walkforward import run_walkforward
+
+# Two rolling folds of 300 train / 60 purge / 150 test bars of the real ES sample, two seeds, a
+# network small enough to compile fast.
+TINY_RUN = [
+    f"data.path={ES_SAMPLE}",
+    "walkforward.n_folds=2",
+    "walkforward.train_bars=300",
+    "walkforward.test_bars=150",
+    "walkforward.purge_bars=60",
+    "train.n_slices=8",
+    "train.batch_size=8",
+    "replay.capacity=16",
+    "train.epochs=1",
+    "train.seeds=2",
+    "network.hidden=[8]",
+    "network.n_atoms=11",
+    "network.v_min=-10",
+    "network.v_max=10",
+    "loss.projection_impl=reference",
+    "output.tensorboard=false",
+    "output.checkpoints=false",
+    "output.compilation_cache=false",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs")
+    cfg = apply_overrides(SMOKETEST, [f"output.out_dir={out}", *TINY_RUN])
+    outcome = run_walkforward(cfg, progress=False, name="tiny", log=lambda _: None)
+    assert not outcome.halted
+    return outcome
+
+
+def _curve(run_dir: Path, fold: int, seed: int) -> pd.DataFrame:
+    return pd.read_csv(run_dir / "curves" / f"fold{fold}_seed{seed}_equity.csv")
+
+
+def test_every_run_saves_a_bundle_in_the_documented_format(tiny_run):
+    run_dir = tiny_run.run_dir
+    assert saved_policies(run_dir) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    bundle = run_dir / "policies" / "fold1_seed0"
+    meta = json.loads((bundle / "policy.json").read_text())
+    assert (meta["format"], meta["version"], meta["fold"], meta["seed"]) == ("jdqn-policy", 1, 1, 0)
+    row = tiny_run.results["folds"][2]
+    assert meta["window"] == row["window"]
+    assert meta["config"] == tiny_run.results["config"]
+    assert meta["instrument"]["tick_size"] == 0.25 and meta["instrument"]["bar_seconds"] == 60
+    assert meta["features"]["lookback_bars"] == 60 and "ret_60" in meta["features"]["names"]
+    cfg = jdqn.Config.from_dict(meta["config"])
+    n_features = len(meta["features"]["names"])
+    layout = param_layout(cfg, n_features + 1)
+    assert meta["param_layout"] == layout.record()
+    with np.load(bundle / "arrays.npz") as arrays:
+        assert arrays["params/torso_0/kernel"].shape == (n_features + 1, 8)
+        assert arrays["params/head/kernel"].shape == (3 * 11, 8)  # [out, in]
+        assert arrays["masks/head/bias"].shape == (3 * 11,)
+        assert arrays["sn_u/torso_0"].shape == (8,)
+        assert arrays["normaliser/mean"].shape == (n_features,)
+        assert np.all(arrays["normaliser/std"] > 0)
+        # The seeds trained apart: their parameters differ.
+        other = np.load(run_dir / "policies" / "fold1_seed1" / "arrays.npz")
+        assert not np.array_equal(arrays["params/torso_0/kernel"], other["params/torso_0/kernel"])
+    assert not list((run_dir / "policies").glob(".*"))  # no staging directory left
+
+
+def test_act_reproduces_the_walk_forward_test_actions(tiny_run):
+    bars = load_bars(ES_SAMPLE)
+    for row in tiny_run.results["folds"]:
+        policy = load_policy(tiny_run.run_dir, row["fold"], row["seed"])
+        start, end = row["window"]["test"]
+        positions = policy.act(bars, start=start)
+        assert positions.shape == (len(bars),)
+        assert np.all(np.isnan(positions[:start]))
+        expected = _curve(tiny_run.run_dir, row["fold"], row["seed"])["agent_position"]
+        np.testing.assert_array_equal(positions[start : end - 1], expected.to_numpy())
+        assert set(np.unique(positions[start:])) <= {-1.0, 0.0, 1.0}
+
+
+def test_act_on_the_test_window_with_only_its_warm_up_before_it(tiny_run):
+    """Features need only the lookback: the window's own bars plus the warm-up act the same."""
+    frame = pd.read_csv(ES_SAMPLE)
+    row = tiny_run.results["folds"][1]  # fold 0, seed 1
+    policy = load_policy(tiny_run.run_dir, 0, 1)
+    start, end = row["window"]["test"]
+    positions = policy.act(frame.iloc[start - policy.warmup_bars : end])
+    assert np.all(np.isnan(positions[: policy.warmup_bars]))
+    expected = _curve(tiny_run.run_dir, 0, 1)["agent_position"].to_numpy()
+    np.testing.assert_array_equal(positions[policy.warmup_bars : -1], expected)
+    # The last bar gets a decision too (the position to take now).
+    assert not np.isnan(positions[-1])
+
+
+def test_the_readme_example_runs_as_written(tiny_run, tmp_path, monkeypatch):
+    """The README's three lines, verbatim but for the paths."""
+    frame = pd.read_csv(ES_SAMPLE).iloc[-400:]
+    frame.to_csv(tmp_path / "new_bars.csv", index=False)
+    (tmp_path / "runs").symlink_to(tiny_run.run_dir.parent)
+    monkeypatch.chdir(tmp_path)
+    example = (
+        "import jdqn, pandas as pd\n"
+        'policy = jdqn.load_policy("runs/tiny")  # the last fold, seed 0\n'
+        'positions = policy.act(pd.read_csv("new_bars.csv"))  # contracts per bar\n'
+    )
+    scope: dict = {}
+    exec(example, scope)
+    positions = scope["positions"]
+    assert scope["policy"].fold == 1 and scope["policy"].seed == 0
+    assert positions.shape == (400,) and np.all(np.isnan(positions[:60]))
+    assert np.all(np.isin(positions[60:], [-1.0, 0.0, 1.0]))
+
+
+def test_q_gives_the_distributions_act_chose_from(tiny_run):
+    policy = load_policy(tiny_run.run_dir)
+    frame = pd.read_csv(ES_SAMPLE).iloc[-200:]
+    frame = frame.set_index(pd.to_datetime(frame.pop("timestamp")))  # a DatetimeIndex works too
+    positions = policy.act(frame)
+    probs = policy.q(frame)
+    warm = policy.warmup_bars
+    assert probs.shape == (200, 3, 11)
+    assert np.all(np.isnan(probs[:warm]))
+    np.testing.assert_allclose(probs[warm:].sum(-1), 1.0, atol=1e-5)
+    expected = probs[warm:] @ policy.atoms  # [T, A]
+    picked = policy.positions[np.argmax(expected, axis=-1)]
+    margin = np.sort(expected, -1)[:, -1] - np.sort(expected, -1)[:, -2]
+    clear = margin > 1e-5  # away from float32 ties
+    np.testing.assert_array_equal(picked[clear], positions[warm:][clear])
+
+
+def test_load_policy_errors_name_the_fix(tiny_run, tmp_path):
+    with pytest.raises(PolicyError, match="no such run directory"):
+        load_policy(tmp_path / "nope")
+    with pytest.raises(PolicyError, match="no saved policies"):
+        load_policy(tmp_path)
+    with pytest.raises(PolicyError, match="fold 0 seed 0, fold 0 seed 1, fold 1 seed 0"):
+        load_policy(tiny_run.run_dir, fold=2)
+    with pytest.raises(PolicyError, match="start 500 is outside the 100 bars"):
+        load_policy(tiny_run.run_dir).act(pd.read_csv(ES_SAMPLE).iloc[:100], start=500)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda f: f.iloc[::5], "300 s apart, the policy's training bars 60 s"),
+        (lambda f: f.assign(**{c: f[c] * 4 for c in ("open", "high", "low", "close")}), "another"),
+        (
+            lambda f: f.assign(**{c: f[c] + 0.1 for c in ("open", "high", "low", "close")}),
+            "off the policy's tick grid of 0.25",
+        ),
+        (lambda f: f.drop(columns="volume"), "the bars have no volume"),
+    ],
+)
+def test_bars_of_another_instrument_or_features_are_refused(tiny_run, change, message):
+    frame = pd.read_csv(ES_SAMPLE).iloc[-500:]
+    with pytest.raises(PolicyError, match=message):
+        load_policy(tiny_run.run_dir).act(change(frame))
+
+
+def test_a_failed_save_leaves_no_bundle_and_no_staging_directory(tiny_run, tmp_path, monkeypatch):
+    policy = load_policy(tiny_run.run_dir)
+
+    def failing(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(policy_module.np, "savez", failing)
+    with pytest.raises(OSError, match="disk full"):
+        policy_module.save_policy(
+            tmp_path,
+            fold=0,
+            seed=0,
+            network=policy.network,
+            normaliser=policy.normaliser,
+            meta={},
+        )
+    assert list((tmp_path / "policies").iterdir()) == []
+
+
+def test_results_carry_the_summary_across_seeds_and_the_stitched_curve(tiny_run):
+    results, run_dir = tiny_run.results, tiny_run.run_dir
+    summary = results["summary"]
+    nets = [row["agent"]["net_pnl_usd"] for row in results["folds"]]
+    overall = summary["overall"]["agent"]["net_pnl_usd"]
+    assert overall["median"] == pytest.approx(np.median(nets)) and overall["n"] == 4
+    assert overall["median_ci"][0] <= overall["median"] <= overall["median_ci"][1]
+    fold1 = [row["agent"]["sharpe_daily"] for row in results["folds"] if row["fold"] == 1]
+    assert summary["folds"]["1"]["agent"]["sharpe_daily"]["iqm"] == pytest.approx(np.mean(fold1))
+    flat = summary["overall"]["agent_minus"]["flat"]["net_pnl_usd"]
+    assert flat["median"] == pytest.approx(np.median(nets))  # the flat baseline earns nothing
+    dsr = summary["overall"]["deflated_sharpe"]
+    assert 0.0 <= dsr["dsr"] <= 1.0 and dsr["n_trials"] == 2 and dsr["n_bars"] == 2 * 149
+    assert all("sharpe_daily" in b for row in results["folds"] for b in row["baselines"].values())
+
+    stitched = pd.read_csv(run_dir / "curves" / "stitched_equity.csv")
+    assert len(stitched) == 2 * 149
+    for seed in (0, 1):
+        total = sum(r["agent"]["net_pnl_points"] for r in results["folds"] if r["seed"] == seed)
+        assert stitched[f"seed{seed}_equity_points"].iloc[-1] == pytest.approx(total)
+    both = stitched[["seed0_equity_points", "seed1_equity_points"]].to_numpy()
+    np.testing.assert_allclose(stitched["agent_median_equity_points"], both.mean(axis=1))
+    assert {"flat_equity_points", "buy_and_hold_equity_points"} <= set(stitched)
+    assert (run_dir / "plots" / "stitched_equity.png").stat().st_size > 1000
+    table = report.summary_text(summary)
+    assert "deflated Sharpe" in table and "agent - random $" in table and "fold 1" in table
+
+
+def _test_window_file(run_dir: Path, results: dict, fold: int, path: Path) -> Path:
+    """The bars of a fold's test window with the features' warm-up before them."""
+    start, end = next(r for r in results["folds"] if r["fold"] == fold)["window"]["test"]
+    warmup = load_policy(run_dir, fold).warmup_bars
+    pd.read_csv(ES_SAMPLE).iloc[start - warmup : end].to_csv(path, index=False)
+    return path
+
+
+def test_evaluate_on_the_runs_own_test_window_gives_back_its_results(tiny_run, tmp_path, capsys):
+    results, run_dir = tiny_run.results, tiny_run.run_dir
+    bars = _test_window_file(run_dir, results, 1, tmp_path / "fold1.csv")
+    assert main(["evaluate", str(run_dir), "--data", str(bars), "--out", str(tmp_path / "ev")]) == 0
+    assert "deflated Sharpe" in capsys.readouterr().out
+    (out_dir,) = (tmp_path / "ev").iterdir()
+    evaluated = json.loads((out_dir / "results.json").read_text())
+    expected = [r for r in results["folds"] if r["fold"] == 1]  # no --fold: the last fold
+    assert [(r["fold"], r["seed"]) for r in evaluated["folds"]] == [(1, 0), (1, 1)]
+    for mine, theirs in zip(evaluated["folds"], expected, strict=True):
+        assert mine["agent"] == theirs["agent"]
+        assert mine["baselines"] == theirs["baselines"]  # the random one keyed as the run's
+        assert mine["window"]["test_time"] == theirs["window"]["test_time"]
+    assert evaluated["summary"]["folds"]["1"] == results["summary"]["folds"]["1"]
+    for name in ("curves/fold1_seed1_equity.csv", "curves/stitched_equity.csv"):
+        assert (out_dir / name).is_file()
+    assert (out_dir / "plots" / "fold1_seed0_equity.png").stat().st_size > 1000
+    own = _curve(run_dir, 1, 1)
+    pd.testing.assert_frame_equal(pd.read_csv(out_dir / "curves" / "fold1_seed1_equity.csv"), own)
+
+    # An earlier fold through the API: its policies, its window, its numbers.
+    bars = _test_window_file(run_dir, results, 0, tmp_path / "fold0.csv")
+    outcome = evaluate_saved(run_dir, bars, fold=0, out=tmp_path, plots=False, log=lambda _: None)
+    assert [r["agent"] for r in outcome.results["folds"]] == [
+        r["agent"] for r in results["folds"] if r["fold"] == 0
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--fold", "5"], "no policy for fold 5 seed 0 .* fix: pick one of: fold 0 seed 0"),
+        (["--every-fifth-bar"], "the bars are 300 s apart, the policy's training bars 60 s"),
+        (["--short"], "61 bars, but the policies need 60 bars of feature warm-up"),
+        (["--no-run"], "no such run directory"),
+    ],
+)
+def test_evaluate_refuses_bad_input_in_one_line_and_writes_nothing(
+    tiny_run, tmp_path, capsys, argv, message
+):
+    frame = pd.read_csv(ES_SAMPLE).iloc[-400:]
+    if "--every-fifth-bar" in argv:
+        frame = frame.iloc[::5]
+    if "--short" in argv:
+        frame = frame.iloc[:61]
+    frame.to_csv(tmp_path / "bars.csv", index=False)
+    run_dir = tmp_path / "missing" if "--no-run" in argv else tiny_run.run_dir
+    flags = [a for a in argv if a.startswith("--fold") or a.isdigit()]
+    out = tmp_path / "ev"
+    command = ["evaluate", str(run_dir), "--data", str(tmp_path / "bars.csv"), "--out", str(out)]
+    assert main([*command, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jdqn: error: ") and err.count("\n") == 1
+    assert re.search(message, err)
+    assert not out.exists()

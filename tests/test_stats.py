@@ -1,0 +1,182 @@
+"""jdqn.stats against hand-computed cases and independent references (scipy, exact enumeration
+of the bootstrap, the deflated Sharpe paper's worked example)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import scipy.stats
+
+from jdqn import stats
+
+
+def test_iqm_is_scipys_quarter_trimmed_mean():
+    assert stats.iqm(np.array([7.0, 1, 100, 3, 2, 5, 4, 6])) == pytest.approx(4.5)  # [3, 4, 5, 6]
+    rng = np.random.default_rng(0)
+    for n in range(1, 14):
+        x = rng.standard_t(3, size=n)
+        assert stats.iqm(x) == pytest.approx(scipy.stats.trim_mean(x, 0.25), rel=1e-12)
+    batch = rng.normal(size=(5, 9))
+    np.testing.assert_allclose(stats.iqm(batch), scipy.stats.trim_mean(batch, 0.25, axis=1))
+
+
+def _exact_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    order = np.argsort(values)
+    cdf = np.cumsum(weights[order])
+    return float(values[order][np.searchsorted(cdf, q - 1e-12)])
+
+
+@pytest.mark.parametrize("name", ["median", "iqm"])
+def test_bootstrap_interval_matches_exact_enumeration_of_the_stratified_resamples(name):
+    """Strata of 3 and 4 values: all 3^3 x 4^4 equally likely resamples, enumerated."""
+    strata = [np.array([0.0, 1.0, 5.0]), np.array([-2.0, 2.0, 3.0, 10.0])]
+    statistic = {"median": stats.median, "iqm": stats.iqm}[name]
+    exact = np.array(
+        [
+            statistic(np.array(a + b))
+            for a in itertools.product(strata[0], repeat=3)
+            for b in itertools.product(strata[1], repeat=4)
+        ]
+    )
+    weights = np.full(exact.size, 1.0 / exact.size)
+    boot = stats.bootstrap_distribution(strata, lambda x: statistic(x), reps=40_000, seed=3)
+    assert boot.mean() == pytest.approx(exact.mean(), abs=4 * exact.std() / math.sqrt(40_000))
+    low, high = stats.percentile_interval(boot)
+    assert _exact_quantile(exact, weights, 0.015) <= low <= _exact_quantile(exact, weights, 0.035)
+    assert _exact_quantile(exact, weights, 0.965) <= high <= _exact_quantile(exact, weights, 0.985)
+
+
+def test_resamples_stay_inside_their_strata():
+    """Three zeros and two ones: any resample within strata has median 0 (pooled ones not)."""
+    result = stats.aggregate([np.zeros(3), np.ones(2)], reps=500, seed=0)
+    assert result["median"] == 0.0 and result["median_ci"] == [0.0, 0.0]
+    assert result["iqm"] == pytest.approx(1 / 3) and result["n"] == 5
+    constant = stats.aggregate([np.full(4, 2.5)], reps=100, seed=0)
+    assert constant["iqm_ci"] == [2.5, 2.5] and constant["median_ci"] == [2.5, 2.5]
+
+
+def test_the_bootstrap_is_reproducible_from_its_seed():
+    strata = [np.array([1.0, 4.0, 2.0, 0.5, 3.0]), np.array([8.0, -1.0, 2.2, 7.0])]
+    assert stats.aggregate(strata, seed=7) == stats.aggregate(strata, seed=7)
+    assert stats.aggregate(strata, seed=7)["iqm_ci"] != stats.aggregate(strata, seed=8)["iqm_ci"]
+    empty = stats.aggregate([np.zeros(0)])
+    assert empty["n"] == 0 and empty["median"] is None
+
+
+def test_daily_sharpe_sums_each_trading_day_from_the_1700_open():
+    stamps = np.array(
+        ["2020-01-06T10:00", "2020-01-06T18:00", "2020-01-07T09:00", "2020-01-08T09:00"],
+        "datetime64[ns]",
+    )
+    daily = np.array([1.0, 2.0 + 3.0, 4.0])  # the 18:00 bar belongs to Tuesday's session
+    expected = daily.mean() / daily.std(ddof=1) * math.sqrt(252)
+    got = stats.daily_sharpe(np.array([1.0, 2.0, 3.0, 4.0]), stamps)
+    assert got == pytest.approx(expected, rel=1e-12)
+    assert stats.daily_sharpe(np.ones(2), stamps[:2] + np.timedelta64(1, "h")) == 0.0  # one day
+
+
+def test_deflated_sharpe_reproduces_the_papers_worked_example():
+    """Bailey & Lopez de Prado (2014), section 4: 100 trials whose annualised Sharpe ratios vary
+    with variance 1/2, the best annualised 2.5 over 1,250 daily returns with skewness -3 and
+    kurtosis 10: SR_0 = 0.1132 per day and DSR = 0.9004."""
+    benchmark = stats.expected_max_sharpe(100, 0.5 / 250)
+    assert benchmark == pytest.approx(0.1132, abs=1e-4)
+    dsr = stats.probabilistic_sharpe(2.5 / math.sqrt(250), benchmark, 1250, -3.0, 10.0)
+    assert dsr == pytest.approx(0.9004, abs=5e-4)
+    assert stats.expected_max_sharpe(1, 0.5) == 0.0
+
+
+def test_deflated_sharpe_of_trials_against_scipy():
+    rng = np.random.default_rng(1)
+    trials = [rng.standard_t(4, size=500) * 0.5 + mu for mu in (0.0, 0.05, 0.12, 0.02)]
+    result = stats.deflated_sharpe(trials)
+    sharpes = np.array([t.mean() / t.std(ddof=1) for t in trials])
+    best = trials[2]
+    assert result["best_trial"] == 2 == int(np.argmax(sharpes))
+    v = sharpes.var(ddof=1)
+    norm = scipy.stats.norm
+    sr0 = math.sqrt(v) * (
+        (1 - np.euler_gamma) * norm.ppf(1 - 1 / 4) + np.euler_gamma * norm.ppf(1 - 1 / (4 * math.e))
+    )
+    skew, kurt = scipy.stats.skew(best), scipy.stats.kurtosis(best, fisher=False)
+    z = (
+        (sharpes[2] - sr0)
+        * math.sqrt(499)
+        / math.sqrt(1 - skew * sharpes[2] + (kurt - 1) / 4 * sharpes[2] ** 2)
+    )
+    assert result["benchmark_sharpe_per_bar"] == pytest.approx(sr0, rel=1e-9)
+    assert (result["skew"], result["kurtosis"]) == pytest.approx((skew, kurt), rel=1e-9)
+    assert result["dsr"] == pytest.approx(norm.cdf(z), rel=1e-9)
+    # One trial: nothing to deflate for, the probabilistic Sharpe ratio against 0.
+    alone = stats.deflated_sharpe(trials[2:3])
+    assert alone["benchmark_sharpe_per_bar"] == 0.0 and alone["dsr"] > result["dsr"]
+
+
+def _row(fold: int, seed: int, net: float | None, flat: float) -> dict:
+    metrics = lambda x: {m: x for m in stats.SUMMARY_METRICS}
+    return {
+        "fold": fold,
+        "seed": seed,
+        "agent": None if net is None else metrics(net),
+        "baselines": {"flat": metrics(flat)},
+    }
+
+
+def _series(fold: int, seed: int, net: np.ndarray | None) -> stats.RunSeries:
+    stamps = np.datetime64("2020-01-06T09:00") + np.arange(4) * np.timedelta64(1, "m")
+    stamps += np.timedelta64(fold * 4, "m")
+    return stats.RunSeries(fold, seed, net, {"flat": np.zeros(4)}, stamps)
+
+
+def test_summary_per_fold_and_overall_leaves_halted_runs_out():
+    values = {(0, 0): 1.0, (0, 1): 3.0, (0, 2): None, (1, 0): -2.0, (1, 1): 6.0, (1, 2): 0.0}
+    rows = [_row(f, s, v, flat=0.5 * f) for (f, s), v in values.items()]
+    rng = np.random.default_rng(0)
+    series = [
+        _series(f, s, None if v is None else rng.normal(size=4) + 0.1 * s)
+        for (f, s), v in values.items()
+    ]
+    summary = stats.summarise(rows, series, seed=11, reps=300)
+    overall = summary["overall"]
+    assert (overall["n_runs"], overall["n_halted"]) == (5, 1)
+    net = overall["agent"]["net_pnl_usd"]
+    assert net["median"] == 1.0 and net["iqm"] == pytest.approx(stats.iqm([1, 3, -2, 6, 0]))
+    assert net == stats.aggregate(
+        [np.array([1.0, 3.0]), np.array([-2.0, 6.0, 0.0])], reps=300, seed=11
+    )
+    minus = overall["agent_minus"]["flat"]["sharpe"]
+    assert minus == stats.aggregate(
+        [np.array([1.0, 3.0]), np.array([-2.5, 5.5, -0.5])], reps=300, seed=11
+    )
+    fold1 = summary["folds"]["1"]
+    assert fold1["n_runs"] == 3 and fold1["agent"]["turnover"]["median"] == 0.0
+    # Seed 2 halted in fold 0: the stitched series (and the deflated Sharpe) have seeds 0 and 1.
+    assert overall["deflated_sharpe"]["n_trials"] == 2 and overall["deflated_sharpe"]["n_bars"] == 8
+    assert fold1["deflated_sharpe"]["n_trials"] == 3
+    assert summary["bootstrap_seed"] == 11 and summary["confidence"] == 0.95
+
+
+def test_a_summary_of_halted_runs_only_has_no_estimates():
+    rows = [_row(f, 0, None, flat=0.0) for f in (0, 1)]
+    summary = stats.summarise(rows, [_series(f, 0, None) for f in (0, 1)], seed=0, reps=10)
+    assert summary["overall"]["n_halted"] == 2 and summary["overall"]["n_runs"] == 0
+    assert summary["overall"]["agent"]["sharpe"]["median"] is None
+    assert summary["folds"]["0"]["deflated_sharpe"]["dsr"] is None
+    assert stats.stitch([_series(0, 0, None)], [0]).seeds == []
+    from jdqn import report
+
+    assert "net $" in report.summary_text(summary)
+
+
+def test_stitch_puts_the_test_windows_end_to_end_with_the_seeds_band():
+    series = [_series(f, s, np.full(4, float(s + f))) for f in (1, 0) for s in range(3)]
+    stitched = stats.stitch(series, [0, 1])
+    assert stitched.seeds == [0, 1, 2] and stitched.agent.shape == (3, 8)
+    np.testing.assert_array_equal(stitched.agent[1], [1, 1, 1, 1, 2, 2, 2, 2])
+    assert np.all(np.diff(stitched.realised_at.astype(np.int64)) > 0)
+    band = stats.equity_band(stitched.agent)
+    np.testing.assert_allclose(band["median"], np.cumsum(stitched.agent[1]))
+    np.testing.assert_allclose(band["p10"], np.percentile(np.cumsum(stitched.agent, 1), 10, 0))
