@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdqn import background, report, rundir
+from jdqn import baselines as baselines_module
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
@@ -334,6 +335,7 @@ def _run_group(
             np.asarray(keys.baselines),
             data.bars_per_year,
         )
+        extras = overlap.submit(_extra_baselines, cfg, data, fold_ids)
         init_args = (keys.training, local_fold, train)
         init_all = (
             stored_init
@@ -370,9 +372,10 @@ def _run_group(
         )
         evaluate_all = compiling_evaluate.result()
         rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation, test))
-        return _judge_group(
-            cfg, data, state, rollouts, run_ids, run, writes, halted_epoch, baselines.result()
-        )
+        by_fold = {
+            fold: baselines.result()[fold] | extras.result()[fold] for fold in baselines.result()
+        }
+        return _judge_group(cfg, data, state, rollouts, run_ids, run, writes, halted_epoch, by_fold)
 
 
 def _abstract(tree: Any) -> Any:
@@ -527,6 +530,26 @@ def _baselines(
         )
         for j, fold in enumerate(folds)
     }
+
+
+def _extra_baselines(
+    cfg: Config, data: WalkForwardData, fold_ids: list[int]
+) -> dict[int, dict[str, Any]]:
+    """Each fold's momentum, MACD, ridge and (synthetic data) oracle baselines, tuned on its
+    train window (``jdqn.baselines``), on the host."""
+    extras = {}
+    for fold in fold_ids:
+        window = data.folds[fold]
+        extras[fold] = baselines_module.extra_baselines(
+            cfg,
+            data.train[fold].features,
+            data.train[fold].close,
+            data.test[fold].features,
+            data.test[fold].close,
+            baselines_module.oracle_signal(cfg, window.test_start, window.test_end),
+            bars_per_year=data.bars_per_year,
+        )
+    return extras
 
 
 def _judge_group(
