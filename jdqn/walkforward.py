@@ -6,6 +6,7 @@ expanding folds differ in length and run in sequence (DESIGN sections 7, 8, 11).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -31,7 +32,7 @@ from jdqn.data import (
     prepare_walkforward,
     stack_folds,
 )
-from jdqn.env import make_params
+from jdqn.env import make_params, volatility_reward_scale
 from jdqn.evaluate import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.executables import ExecutableCache
 from jdqn.learner import GUARD_REASONS
@@ -103,6 +104,7 @@ def run_walkforward(
     assert cfg is not None
     enable_compilation_cache(cfg)
     data = load_data(cfg)  # before any directory exists: bad input leaves nothing behind
+    cfg = resolve_reward_unit(cfg, data)
     try:
         if resume is None:
             # A Ctrl-C lands once `run` names the directory, so the clean-up below removes it.
@@ -158,6 +160,16 @@ def run_walkforward(
     for row in halted:
         log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
     return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
+
+
+def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
+    """The config with ``env.reward_unit`` resolved to points (``env.volatility_reward_scale``)
+    from the first fold's train window, which precedes every test window."""
+    try:
+        env_cfg = volatility_reward_scale(cfg.env, data.train[0].close)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    return dataclasses.replace(cfg, env=env_cfg)
 
 
 def _run_all_folds(

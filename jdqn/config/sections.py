@@ -56,6 +56,10 @@ class EnvConfig:
     slippage_ticks: float = 1.0  # per side
     commission_ticks: float = 0.2  # per side (about $2.50 on ES)
     reward_scale: float = 1.0  # reward = points x reward_scale
+    # "train_volatility": rewards in units of the per-bar price-change RMS of the first fold's
+    # train window (the walk-forward resolves reward_scale = reward_scale / RMS before training),
+    # so that a support like +-10 resolves the return distribution whatever the price level.
+    reward_unit: Literal["points", "train_volatility"] = "points"
 
     def __post_init__(self) -> None:
         _require(len(self.positions) >= 2, "env.positions", "give at least two positions")
@@ -67,6 +71,11 @@ class EnvConfig:
         _require(self.slippage_ticks >= 0, "env.slippage_ticks", "must be >= 0")
         _require(self.commission_ticks >= 0, "env.commission_ticks", "must be >= 0")
         _require(self.reward_scale > 0, "env.reward_scale", "must be > 0")
+        _require(
+            self.reward_unit in ("points", "train_volatility"),
+            "env.reward_unit",
+            "'points' or 'train_volatility'",
+        )
 
     @property
     def n_actions(self) -> int:
@@ -252,6 +261,9 @@ class TrainConfig:
     epsilon_start: float = 1.0
     epsilon_end: float = 0.05
     epsilon_decay_fraction: float = 0.5  # of all iterations
+    # A slice's end is a time limit, not a terminal state (the position and the market go on):
+    # True bootstraps from the next bar's value there (Pardo et al., 2018), False discounts by 0.
+    bootstrap_slice_ends: bool = False
     seeds: int = 1
     seed: int = 0
     chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)
