@@ -156,6 +156,7 @@ def run(
     seeds: int | None = None,
     overrides: Sequence[str] = (),
     echo: Callable[[str], None] = lambda _: None,
+    on_case: Callable[[list[dict[str, Any]]], None] = lambda _: None,
 ) -> list[dict[str, Any]]:
     """Score ``cases`` (all, or the small set) of ``cfg`` with ``overrides``; one row each."""
     chosen = list(cases or (SMALL_CASES if small else CASES))
@@ -170,6 +171,7 @@ def run(
         row = {"case": case, "seeds": n_seeds, "wall_s": time.perf_counter() - start}
         rows.append(row | score(fold_rows))
         echo(format_table(rows[-1:]))
+        on_case(rows)  # a sweep cut short keeps the cases it finished
     return rows
 
 
@@ -221,6 +223,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from jdqn.config import profile
 
+    def write(rows: list[dict[str, Any]]) -> None:
+        for row in rows:
+            row["label"], row["overrides"] = args.label, args.set
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1, default=float) + "\n")
+
     rows = run(
         args.small,
         profile(args.profile),
@@ -228,12 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds=args.seeds,
         overrides=args.set,
         echo=print,
+        on_case=write,
     )
-    for row in rows:
-        row["label"], row["overrides"] = args.label, args.set
     print(f"\n{args.label} {args.set}\n{format_table(rows)}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1, default=float) + "\n")
     return 0
 
 
