@@ -1,7 +1,7 @@
 """Run the learning scorecard for several labelled override sets in parallel processes.
 
 ``python scripts/learning_sweep.py SWEEP.json OUT_DIR [--processes N]``: SWEEP.json maps a label to
-``{"set": [...overrides], "cases": "a,b", "seeds": N}``; each label runs
+``{"set": [...overrides], "cases": "a,b", "seeds": N, "profile": P}``; each label runs
 ``python -m jdqn.bench.learning`` in its own process (GPU memory shared: no preallocation) and
 writes OUT_DIR/<label>.json and .log; OUT_DIR/sweep.json gathers every finished label.
 """
@@ -36,6 +36,7 @@ def main() -> int:
             command = [sys.executable, "-m", "jdqn.bench.learning", "--label", label]
             command += ["--json", str(out / f"{label}.json"), "--cases", spec["cases"]]
             command += ["--seeds", str(spec.get("seeds", 4))]
+            command += ["--profile", spec.get("profile", "default")]
             for item in spec.get("set", []):
                 command += ["--set", item]
             log = open(out / f"{label}.log", "w")  # noqa: SIM115  # closed with the process
