@@ -151,11 +151,17 @@ class LossConfig:
     gv_every: int = 10
     gv_beta: float = 0.01  # EMA rate of phi_hat
     grad_budget: float = 10.0  # global-norm budget shared by the two loss parts
-    budget_share_mse: float = 0.3  # share of the budget for MSE when alpha > 0
+    # "alpha": the budget splits (1 - alpha, alpha) between MSE and C51, as the loss blends;
+    # "fixed": budget_share_mse / 1 - budget_share_mse whenever alpha > 0 (the seed's split)
+    budget_split: Literal["alpha", "fixed"] = "alpha"
+    budget_share_mse: float = 0.3  # share of the budget for MSE when alpha > 0 (split "fixed")
     causal_every: int = 50
     causal_weight: float = 0.1
     non_causal_group: str = "calendar"
     q_clip: float = 1e4  # guard: max |Q| allowed
+    # guard: mean projected target mass on the two edge atoms above which the fold stops (the
+    # support no longer holds the returns); Q within one atom of an edge stops it too
+    edge_mass_limit: float = 0.5
     # C51 projection implementation (pallas_kernels.c51_project): auto = Pallas on GPU
     projection_impl: Literal[
         "auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"
@@ -187,6 +193,8 @@ class LossConfig:
         _require(self.causal_every >= 1, "loss.causal_every", "must be >= 1")
         _require(self.causal_weight >= 0, "loss.causal_weight", "must be >= 0")
         _require(self.q_clip > 0, "loss.q_clip", "must be > 0")
+        _require(self.budget_split in ("alpha", "fixed"), "loss.budget_split", "'alpha' or 'fixed'")
+        _require(0 < self.edge_mass_limit <= 1, "loss.edge_mass_limit", "must be in (0, 1]")
         _require(
             self.projection_impl
             in ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
