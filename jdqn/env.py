@@ -19,6 +19,7 @@ vmaps :func:`step` over them with the price/feature arrays shared (not copied) a
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, cast
 
 import flax.struct
@@ -158,6 +159,25 @@ def step(
     )
     info = {"transition": transition, "pnl_points": pnl_points, "cost_points": cost_points}
     return _observe(state_out, params), state_out, reward, done, info
+
+
+def volatility_reward_scale(env_cfg: EnvConfig, train_close: np.ndarray) -> EnvConfig:
+    """``env_cfg`` with rewards in units of the per-bar price-change RMS of ``train_close`` (when
+    ``reward_unit`` is "train_volatility"; else unchanged). The result has ``reward_unit``
+    "points" and ``reward_scale / RMS``, so resolving twice changes nothing. Bellemare et al.
+    (2017) fit their support to rewards clipped to +-1; this puts a bar's reward on that scale."""
+    if env_cfg.reward_unit != "train_volatility":
+        return env_cfg
+    change = np.diff(np.asarray(train_close, np.float64))
+    rms = float(np.sqrt(np.mean(change**2))) if change.size else 0.0
+    if not np.isfinite(rms) or rms <= 0:
+        raise ValueError(
+            "env.reward_unit: the train window's close never changes, so it has no volatility "
+            "unit; fix: use env.reward_unit=points"
+        )
+    return dataclasses.replace(
+        env_cfg, reward_unit="points", reward_scale=env_cfg.reward_scale / rms
+    )
 
 
 def slice_params(params: EnvParams, n_slices: int) -> EnvParams:

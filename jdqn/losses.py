@@ -246,3 +246,19 @@ causal_kl.defvjp(_causal_kl_fwd, _causal_kl_bwd)
 def edge_mass(target: jax.Array) -> jax.Array:
     """Mass on the two edge atoms of a projected target, [..., N] -> [...] (support too narrow?)."""
     return target[..., 0] + target[..., -1]
+
+
+def support_collapse(
+    q: jax.Array, target: jax.Array, v_min: float, v_max: float, n_atoms: int, mass_limit: float
+) -> tuple[jax.Array, jax.Array]:
+    """What signals a collapsing C51 learner before anything is non-finite: (Q pinned at the
+    support's edge, edge mass above ``mass_limit``), two [] bools.
+
+    Q is a convex combination of the atoms, so it can never leave [v_min, v_max]; a Q within one
+    atom spacing of an edge means the distribution has piled onto that atom (a learner diverging
+    towards the seed's -1e30 reaches it first). ``target`` [..., N] is the projected target: a
+    mean mass above ``mass_limit`` on the two edge atoms means the returns do not fit the support
+    (rewards far outside it are clipped onto the edges and the distribution carries nothing)."""
+    delta_z = (v_max - v_min) / (n_atoms - 1)
+    pinned = (jnp.max(q) > v_max - delta_z) | (jnp.min(q) < v_min + delta_z)
+    return pinned, jnp.mean(edge_mass(target)) > mass_limit

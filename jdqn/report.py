@@ -288,11 +288,21 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+# jdqn.baselines' rules, forecaster and (synthetic data) oracle: "-" where a run has none.
+_EXTRA_COLUMNS = (
+    ("momentum", "tsmom $"),
+    ("macd", "macd $"),
+    ("ridge", "ridge $"),
+    ("oracle", "oracle $"),
+)
+
+
 def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
     """Console table: one line per (fold, seed) with agent and baseline net PnL and Sharpe."""
     header = (
         f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'sharpe':>7} {'trades':>6}"
         f"  {'flat $':>8} {'b&h $':>10} {'random $':>10}"
+        + "".join(f" {label:>10}" for _, label in _EXTRA_COLUMNS)
     )
     lines = [header, "-" * len(header)]
     for row in fold_results:
@@ -305,6 +315,10 @@ def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
             f"{_fmt(base['flat']['net_pnl_usd'], ',.0f'):>8} "
             f"{_fmt(base['buy_and_hold']['net_pnl_usd'], ',.0f'):>10} "
             f"{_fmt(base['random']['net_pnl_usd'], ',.0f'):>10}"
+            + "".join(
+                f" {_fmt((base.get(name) or {}).get('net_pnl_usd'), ',.0f'):>10}"
+                for name, _ in _EXTRA_COLUMNS
+            )
         )
     return "\n".join(lines)
 

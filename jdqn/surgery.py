@@ -106,6 +106,19 @@ def _budget_scale(norm: jax.Array, limit: jax.Array) -> jax.Array:
     return jnp.minimum(scale, 1.0).astype(jnp.float32)
 
 
+def budget_shares(
+    alpha: jax.Array | float, split: str, share_mse: float
+) -> tuple[jax.Array, jax.Array]:
+    """The budget's (MSE, C51) shares at blend weight ``alpha``: ``(1 - alpha, alpha)`` when
+    ``split`` is "alpha" (the budget splits as the loss does, so clipping never reweights the
+    blend), else the fixed ``(share_mse, 1 - share_mse)`` while C51 is on and ``(1, 0)`` off."""
+    alpha = jnp.asarray(alpha, jnp.float32)
+    if split == "alpha":
+        return 1.0 - alpha, alpha
+    c51_on = alpha > 0
+    return jnp.where(c51_on, share_mse, 1.0), jnp.where(c51_on, 1.0 - share_mse, 0.0)
+
+
 def budget_clip(
     g: jax.Array, share: float | jax.Array, budget: float | jax.Array
 ) -> tuple[jax.Array, jax.Array]:

@@ -152,7 +152,11 @@ class TrainProgram:
         _, env_state, reward, _, info = trading_env.step_slices(
             step_key, state.env, actions, params
         )
-        learner_state = self.learner.insert(state.learner, info["transition"])
+        transition = info["transition"]
+        if cfg.train.bootstrap_slice_ends:
+            # The next bar's features are real (t+1 < end), so the bootstrap is well defined.
+            transition = transition._replace(done=jnp.zeros_like(transition.done))
+        learner_state = self.learner.insert(state.learner, transition)
 
         beta = cfg.replay.beta_start + (1.0 - cfg.replay.beta_start) * progress
         # From the unbatched index, not the (batched) replay size: the learner gets its step

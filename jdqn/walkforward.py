@@ -6,6 +6,7 @@ expanding folds differ in length and run in sequence (docs/design.md §7, §8, �
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdqn import background, memory, policy, provenance, report, rundir, stats, termination
+from jdqn import baselines as baselines_module
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import (
     ORBAX,
@@ -35,7 +37,7 @@ from jdqn.data import (
     prepare_walkforward,
     stack_folds,
 )
-from jdqn.env import make_params
+from jdqn.env import make_params, volatility_reward_scale
 from jdqn.evaluate import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.executables import ExecutableCache
 from jdqn.learner import GUARD_REASONS
@@ -146,6 +148,7 @@ def _run_walkforward(
     memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
     data = load_data(cfg)
     memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
+    cfg = resolve_reward_unit(cfg, data)
     made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
     try:
         if resume is None:
@@ -209,6 +212,16 @@ def _run_walkforward(
     for row in halted:
         log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
     return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
+
+
+def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
+    """The config with ``env.reward_unit`` resolved to points (``env.volatility_reward_scale``)
+    from the first fold's train window, which precedes every test window."""
+    try:
+        env_cfg = volatility_reward_scale(cfg.env, data.train[0].close)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    return dataclasses.replace(cfg, env=env_cfg)
 
 
 def _run_all_folds(
@@ -389,6 +402,7 @@ def _run_group(
             np.asarray(keys.baselines),
             data.bars_per_year,
         )
+        extras = overlap.submit(_extra_baselines, cfg, data, fold_ids)
         init_args = (keys.training, local_fold, train)
         init_all = (
             stored_init
@@ -425,6 +439,9 @@ def _run_group(
         )
         evaluate_all = compiling_evaluate.result()
         rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation, test))
+        by_fold = {
+            fold: baselines.result()[fold] | extras.result()[fold] for fold in baselines.result()
+        }
         rows = _judge_group(
             cfg,
             data,
@@ -434,7 +451,7 @@ def _run_group(
             run,
             writes,
             halted_epoch,
-            baselines.result(),
+            by_fold,
             series,
         )
         policy.save_run_policies(
@@ -615,6 +632,26 @@ def _baselines(
         )
         for j, fold in enumerate(folds)
     }
+
+
+def _extra_baselines(
+    cfg: Config, data: WalkForwardData, fold_ids: list[int]
+) -> dict[int, dict[str, Any]]:
+    """Each fold's momentum, MACD, ridge and (synthetic data) oracle baselines, tuned on its
+    train window (``jdqn.baselines``), on the host."""
+    extras = {}
+    for fold in fold_ids:
+        window = data.folds[fold]
+        extras[fold] = baselines_module.extra_baselines(
+            cfg,
+            data.train[fold].features,
+            data.train[fold].close,
+            data.test[fold].features,
+            data.test[fold].close,
+            baselines_module.oracle_signal(cfg, window.test_start, window.test_end),
+            bars_per_year=data.bars_per_year,
+        )
+    return extras
 
 
 def _judge_group(

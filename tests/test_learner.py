@@ -149,8 +149,47 @@ def test_mse_only_phase_has_no_c51_gradient_and_budget_is_down_only():
     np.testing.assert_allclose(float(metrics.grad_norm_mse_after), budget, rtol=1e-4)
     for _ in range(3):
         state, metrics = step(state, jnp.float32(0.2), jnp.float32(0.4))
-        assert float(metrics.grad_norm_mse_after) <= 0.3 * budget * (1 + 1e-4)
-        assert float(metrics.grad_norm_c51_after) <= 0.7 * budget * (1 + 1e-4)
+        # The split follows the blend: MSE 0.8, C51 0.2 of the budget.
+        assert float(metrics.grad_norm_mse_after) <= 0.8 * budget * (1 + 1e-4)
+        assert float(metrics.grad_norm_c51_after) <= 0.2 * budget * (1 + 1e-4)
+
+
+@pytest.mark.parametrize(("split", "shares"), [("alpha", (0.5, 0.5)), ("fixed", (0.3, 0.7))])
+def test_the_budget_binds_and_splits_as_the_loss_blends(split, shares):
+    """A budget far below both parts' norms: each part leaves the step at exactly its share of
+    the budget, (1 - alpha, alpha) by default, the seed's fixed 0.3 / 0.7 when asked."""
+    extra = ("loss.grad_budget=1e-7", "loss.gv_every=1000", f"loss.budget_split={split}")
+    state = _filled(_learner(*extra))
+    state, metrics = _jit_step(*extra)(state, jnp.float32(0.5), jnp.float32(0.4))
+    assert float(metrics.grad_norm_mse) > 1e-6 and float(metrics.grad_norm_c51) > 1e-6
+    after = (float(metrics.grad_norm_mse_after), float(metrics.grad_norm_c51_after))
+    np.testing.assert_allclose(after, np.array(shares) * 1e-7, rtol=1e-3)
+
+
+def test_the_guard_stops_a_fold_whose_returns_leave_the_support():
+    """Default guard settings: price changes of ~1e4 points put every projected target on the
+    edge atoms; the guard halts with "edge_mass" and keeps the parameters."""
+    step = _jit_step()
+    state = _learner().init(jax.random.PRNGKey(0))
+    state = _learner().insert(state, _transitions(jax.random.PRNGKey(3), 32, price_scale=1e4))
+    before = _copy(state)
+    state, metrics = step(state, jnp.float32(0.2), jnp.float32(0.4))
+    assert bool(state.guard.halted) and GUARD_REASONS[int(state.guard.reason)] == "edge_mass"
+    assert float(metrics.edge_mass) > _cfg().loss.edge_mass_limit
+    _assert_trees_equal(state.params, before.params)
+
+
+def test_support_collapse_flags_q_at_an_edge_and_edge_mass():
+    from jdqn.losses import support_collapse
+
+    target = jnp.zeros((2, 11)).at[:, 5].set(1.0)
+    pinned, heavy = support_collapse(jnp.array([0.0, 15.9]), target, -20.0, 20.0, 11, 0.5)
+    assert not bool(pinned) and not bool(heavy)  # 15.9 < 20 - 4 (one atom)
+    pinned, _ = support_collapse(jnp.array([-16.1, 0.0]), target, -20.0, 20.0, 11, 0.5)
+    assert bool(pinned)
+    edges = jnp.zeros((2, 11)).at[0, 0].set(1.0).at[1, 10].set(0.2).at[1, 5].set(0.8)
+    assert bool(support_collapse(jnp.zeros(2), edges, -20.0, 20.0, 11, 0.5)[1])  # mean 0.6
+    assert not bool(support_collapse(jnp.zeros(2), edges, -20.0, 20.0, 11, 0.7)[1])
 
 
 def test_spectral_u_advances_once_per_step_from_online_weights_only():

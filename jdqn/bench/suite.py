@@ -9,6 +9,8 @@ Sections (run in this order; ``--only NAME`` picks some):
 - ``breakdown``: where the step's time goes (variants with one component off, differenced).
 - ``torch_peer``: the same step in PyTorch, eager and CUDA-graph captured (when torch imports);
   the jdqn/peer ratios use jdqn's numbers measured in the same run.
+- ``learning``: the learning scorecard (``jdqn.bench.learning``): the default profile's agent
+  against the baselines on a martingale, planted edges, a cost sweep and the ES sample.
 
 Absolute times depend on the machine; the ratios (jdqn vs the peer, in-scan vs per call) are the
 figures to compare across runs. Research probes (kernel lists, the critical path, deviceless
@@ -93,6 +95,12 @@ def _fmt_peer(result: dict[str, Any], jdqn_rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _learning(quick: bool, cfg: Config) -> dict[str, Any]:
+    from jdqn.bench import learning
+
+    return learning.section(quick, cfg)
+
+
 def _fmt_rows(rows: list[dict[str, Any]]) -> str:
     """Generic markdown table of flat rows (numbers to 4 significant digits)."""
     if not rows:
@@ -110,7 +118,11 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "walkforward": _walkforward,
     "breakdown": _breakdown,
     "torch_peer": _torch_peer,
+    "learning": _learning,
 }
+
+
+OPT_IN = ("learning",)
 
 
 def _format(name: str, result: dict[str, Any], results: dict[str, Any]) -> str:
@@ -174,7 +186,8 @@ def run_all(
         raise ValueError(
             f"bench --only {unknown[0]!r}: unknown section; valid sections: {list(SECTIONS)}"
         )
-    chosen = [s for s in SECTIONS if not sections or s in sections]
+    # The scorecard trains many walk-forwards: it runs when asked for (--only learning).
+    chosen = [s for s in SECTIONS if s in sections or (not sections and s not in OPT_IN)]
     if "torch_peer" in chosen and "learner_step" not in chosen:
         chosen.insert(0, "learner_step")  # the peer's ratios need jdqn measured in this run
     cfg = cfg or SMOKETEST

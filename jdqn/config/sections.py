@@ -116,6 +116,10 @@ class EnvConfig:
     slippage_ticks: float = 1.0  # per side
     commission_ticks: float = 0.2  # per side (about $2.50 on ES)
     reward_scale: float = 1.0  # reward = points x reward_scale
+    # "train_volatility": rewards in units of the per-bar price-change RMS of the first fold's
+    # train window (the walk-forward resolves reward_scale = reward_scale / RMS before training),
+    # so that a support like +-10 resolves the return distribution whatever the price level.
+    reward_unit: Literal["points", "train_volatility"] = "points"
 
     def __post_init__(self) -> None:
         _require(bool(self.instrument.strip()), "env.instrument", "give a name, e.g. ES")
@@ -128,6 +132,11 @@ class EnvConfig:
         _require(self.slippage_ticks >= 0, "env.slippage_ticks", "must be >= 0")
         _require(self.commission_ticks >= 0, "env.commission_ticks", "must be >= 0")
         _require(self.reward_scale > 0, "env.reward_scale", "must be > 0")
+        _require(
+            self.reward_unit in ("points", "train_volatility"),
+            "env.reward_unit",
+            "'points' or 'train_volatility'",
+        )
 
     @property
     def n_actions(self) -> int:
@@ -205,11 +214,17 @@ class LossConfig:
     gv_every: int = 10  # learner steps between gradient-vaccine steps
     gv_beta: float = 0.01  # EMA rate of phi_hat
     grad_budget: float = 10.0  # global-norm budget shared by the two loss parts
-    budget_share_mse: float = 0.3  # share of the budget for MSE when alpha > 0
+    # "alpha": the budget splits (1 - alpha, alpha) between MSE and C51, as the loss blends;
+    # "fixed": budget_share_mse / 1 - budget_share_mse whenever alpha > 0 (the seed's split)
+    budget_split: Literal["alpha", "fixed"] = "alpha"
+    budget_share_mse: float = 0.3  # share of the budget for MSE when alpha > 0 (split "fixed")
     causal_every: int = 50  # learner steps between causal interventions
     causal_weight: float = 0.1  # weight of the causal KL term
     non_causal_group: str = "calendar"  # feature group the causal intervention permutes
     q_clip: float = 1e4  # guard: max |Q| allowed
+    # guard: mean projected target mass on the two edge atoms above which the fold stops (the
+    # support no longer holds the returns); Q within one atom of an edge stops it too
+    edge_mass_limit: float = 0.5
 
     def __post_init__(self) -> None:
         _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
@@ -234,6 +249,8 @@ class LossConfig:
         _require(self.causal_every >= 1, "loss.causal_every", "must be >= 1")
         _require(self.causal_weight >= 0, "loss.causal_weight", "must be >= 0")
         _require(self.q_clip > 0, "loss.q_clip", "must be > 0")
+        _require(self.budget_split in ("alpha", "fixed"), "loss.budget_split", "'alpha' or 'fixed'")
+        _require(0 < self.edge_mass_limit <= 1, "loss.edge_mass_limit", "must be in (0, 1]")
 
     def alpha_for_epoch(self, epoch: int) -> float:
         """C51 blend weight for 0-based ``epoch``; the last scheduled value repeats."""
@@ -288,6 +305,9 @@ class TrainConfig:
     epsilon_start: float = 1.0  # exploration rate at the start
     epsilon_end: float = 0.05  # exploration rate after the linear decay
     epsilon_decay_fraction: float = 0.5  # of all iterations
+    # A slice's end is a time limit, not a terminal state (the position and the market go on):
+    # True bootstraps from the next bar's value there (Pardo et al., 2018), False discounts by 0.
+    bootstrap_slice_ends: bool = False
     seeds: int = 1  # seeds per fold (one vmapped program)
     seed: int = 0  # base seed of every PRNG key
     chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)

@@ -25,6 +25,8 @@ GUARD_REASONS: tuple[str, ...] = (
     "q_nonfinite",  # an online or target Q value is non-finite
     "q_clip",  # max |Q| > loss.q_clip
     "priorities",  # a new PER priority is non-finite before sanitising
+    "q_edge",  # a Q value within one atom of the support's edge (jdqn.losses.support_collapse)
+    "edge_mass",  # mean projected target mass on the edge atoms > loss.edge_mass_limit
 )
 
 

@@ -42,7 +42,7 @@ from jdqn.replay import (
     replay_serials,
     replay_update,
 )
-from jdqn.surgery import SurgeryResult, SurgeryScalars, gradient_surgery
+from jdqn.surgery import SurgeryResult, SurgeryScalars, budget_shares, gradient_surgery
 from jdqn.surgery import surgery_scalars as gradient_surgery_scalars
 from jdqn.transition import Transition, example_transition, observation
 from pallas_kernels import double_dqn, flat_tail
@@ -529,19 +529,25 @@ def make_learner(
             q_bad = ~_all_finite((q, q_next, q_star))
             clip_bad = ~(q_abs_max <= loss_cfg.q_clip)
             priorities_bad = ~_all_finite(td)
+            net_cfg = cfg.network
+            q_edge_bad, edge_mass_bad = losses.support_collapse(
+                q,
+                projected,
+                net_cfg.v_min,
+                net_cfg.v_max,
+                net_cfg.n_atoms,
+                loss_cfg.edge_mass_limit,
+            )
 
-        # 7-8. Gradient vaccine every gv_every steps, then the down-only budget (C51 gets no
-        # share while it is off); 10-11: Adam on the sum, masks, target sync (Polyak when tau >
-        # 0, else a hard copy every target_every steps); 13: kept only if the guard passes.
-        c51_on = alpha > 0
+        # 7-8. Gradient vaccine every gv_every steps, then the down-only budget (split as the
+        # loss blends: C51 gets no share while it is off); 10-11: Adam on the sum, masks,
+        # target sync (Polyak when tau > 0, else a hard copy every target_every steps); 13:
+        # kept only if the guard passes.
         surgery_args = (
             state.phi_hat,
             loss_cfg.gv_beta,
             schedule % loss_cfg.gv_every == 0,
-            (
-                jnp.where(c51_on, loss_cfg.budget_share_mse, 1.0),
-                jnp.where(c51_on, 1.0 - loss_cfg.budget_share_mse, 0.0),
-            ),
+            budget_shares(alpha, loss_cfg.budget_split, loss_cfg.budget_share_mse),
             loss_cfg.grad_budget,
         )
         next_step = state.step + 1
@@ -562,7 +568,13 @@ def make_learner(
             # max |g| is NaN exactly when a part's gradient is non-finite (flat_tail.gram).
             parts_finite = _all_finite(row_max)
             pre_ok = ~state.guard.halted & ~(
-                batch_bad | loss_bad | q_bad | clip_bad | priorities_bad
+                batch_bad
+                | loss_bad
+                | q_bad
+                | clip_bad
+                | priorities_bad
+                | q_edge_bad
+                | edge_mass_bad
             )
             with jax.named_scope("adam"):
                 tail = flat_tail.adam_select(
@@ -648,6 +660,8 @@ def make_learner(
                 q_bad,
                 clip_bad,
                 priorities_bad,
+                q_edge_bad,
+                edge_mass_bad,
             ]
         )  # [len(GUARD_REASONS) - 1] bool
         failed = jnp.any(failures)
