@@ -55,6 +55,12 @@ def _build_parser() -> argparse.ArgumentParser:
     wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
     wf.add_argument("--no-progress", action="store_true", help="no progress bar")
     wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
+    wf.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="local devices that share the learners (default: all of them)",
+    )
 
     data = commands.add_parser("data", help="bar-file tools")
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
@@ -120,6 +126,7 @@ def _walkforward(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             name=args.name,
             plot_processes=True,
+            devices=args.devices,
         )
     except UserError as error:
         print(f"jdqn: error: {error}", file=sys.stderr)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, report, rundir
+from jdqn import background, placement, report, rundir
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
@@ -80,13 +80,16 @@ def run_walkforward(
     name: str | None = None,
     log: Callable[[str], None] = print,
     plot_processes: bool = False,
+    devices: int | None = None,
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
     ``plot_processes``: draw the plots in worker processes where the machine has cores to spare
     (``report.plot_processes``; the ``jdqn`` command does). They are started with
     multiprocessing's spawn, which imports the caller's main module again in each: a script
-    that turns this on must keep its top-level code under ``if __name__ == "__main__":``."""
+    that turns this on must keep its top-level code under ``if __name__ == "__main__":``.
+
+    ``devices``: how many local devices share the learners (default: all; ``jdqn.placement``)."""
     run: rundir.RunDir | None = None
     if resume is not None:
         try:
@@ -102,6 +105,7 @@ def run_walkforward(
     assert cfg is not None
     enable_compilation_cache(cfg)
     data = load_data(cfg)  # before any directory exists: bad input leaves nothing behind
+    layout = _layout(cfg, data, devices, debug, run)  # so is a request that cannot run
     try:
         if resume is None:
             # A Ctrl-C lands once `run` names the directory, so the clean-up below removes it.
@@ -111,8 +115,10 @@ def run_walkforward(
                 except (ValueError, OSError) as error:
                     raise UserError(str(error)) from None
                 run.config_path.write_text(cfg.to_json() + "\n")
+                layout.record(run)
         assert run is not None
         log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+        layout.announce(log)
         log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
         # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
         preload = report.PLOT_MODULES if cfg.output.plots else ()
@@ -123,7 +129,7 @@ def run_walkforward(
         )
         with report.BackgroundWrites(preload, plot_processes=processes) as writes:
             fold_results = _run_all_folds(
-                cfg, data, run, writes, debug=debug, progress=progress, log=log
+                cfg, data, run, writes, layout, debug=debug, progress=progress, log=log
             )
     except debug_mode.DebugCheckFailed as failure:
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
@@ -164,24 +170,22 @@ def _run_all_folds(
     data: WalkForwardData,
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
+    layout: placement.RunLayout,
     *,
     debug: bool,
     progress: bool,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    n_folds = len(data.folds)
-    groups = (
-        [list(range(n_folds))]
-        if cfg.walkforward.mode == "rolling"
-        else [[k] for k in range(n_folds)]
-    )
     non_causal = tuple(data.feature_groups.get(cfg.loss.non_causal_group, ()))
     rows: list[dict[str, Any]] = []
-    for group_index, fold_ids in enumerate(groups):
+    # A group whose learners do not fit at once runs in waves, each a group of its own.
+    for group_index, (fold_ids, runs) in enumerate(layout.groups(_fold_groups(cfg, data))):
         rows += _run_group(
             cfg,
             data,
             fold_ids,
+            runs,
+            layout.devices,
             run,
             writes,
             group_index=group_index,
@@ -191,6 +195,33 @@ def _run_all_folds(
             log=log,
         )
     return rows
+
+
+def _fold_groups(cfg: Config, data: WalkForwardData) -> list[list[int]]:
+    """Folds trained together: all of them (rolling windows, one vmapped program) or one at a
+    time (expanding windows differ in length)."""
+    n_folds = len(data.folds)
+    return (
+        [list(range(n_folds))]
+        if cfg.walkforward.mode == "rolling"
+        else [[k] for k in range(n_folds)]
+    )
+
+
+def _layout(
+    cfg: Config,
+    data: WalkForwardData,
+    devices: int | None,
+    debug: bool,
+    run: rundir.RunDir | None,
+) -> placement.RunLayout:
+    """Devices and waves of the run (a resumed run keeps the waves it started with)."""
+    try:
+        return placement.run_layout(
+            cfg, data, _fold_groups(cfg, data), devices, debug=debug, resumed=run
+        )
+    except placement.PlacementError as error:
+        raise UserError(str(error)) from None
 
 
 class RunKeys(NamedTuple):
@@ -244,6 +275,8 @@ def _run_group(
     cfg: Config,
     data: WalkForwardData,
     fold_ids: list[int],
+    run_ids: list[tuple[int, int]],
+    devices: tuple[Any, ...],
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
     *,
@@ -253,9 +286,10 @@ def _run_group(
     progress: bool,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """Train all (fold, seed) runs of one group as one vmapped program, then evaluate them."""
-    seeds = cfg.train.seeds
-    train = _stack([data.train[k] for k in fold_ids])
+    """Train the (fold, seed) runs ``run_ids`` of folds ``fold_ids`` as one vmapped program,
+    sharded over ``devices`` (``jdqn.placement``), then evaluate them."""
+    place = placement.Placement(devices[: len(run_ids)], len(run_ids))  # no idle device
+    train = place.shared(_stack([data.train[k] for k in fold_ids]))
     test = _stack([data.test[k] for k in fold_ids])
     program = make_train(
         cfg,
@@ -263,11 +297,10 @@ def _run_group(
         train.features.shape[1],
         non_causal,
         debug=debug,
-        learners=len(fold_ids) * seeds,
+        learners=place.per_device,  # what each device's kernels see
     )
-    # Run r trains fold fold_ids[r // seeds] with seed r % seeds.
-    local_fold = jnp.repeat(jnp.arange(len(fold_ids)), seeds)
-    run_ids = [(fold_ids[i // seeds], i % seeds) for i in range(len(fold_ids) * seeds)]
+    # Run r trains fold run_ids[r][0] with seed run_ids[r][1]; the padding repeats the last.
+    local_fold = place.learner_arrays(np.asarray([fold_ids.index(f) for f, _ in run_ids], np.int32))
     run_folds = np.asarray([f for f, _ in run_ids], np.int32)
     run_seeds = np.asarray([s for _, s in run_ids], np.int32)
 
@@ -287,8 +320,10 @@ def _run_group(
     def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
         return program.evaluate(s, _take(data, i), key)
 
-    init_all_program = jax.jit(jax.vmap(init_run, (0, 0, None)))
-    key_type = jax.eval_shape(functools.partial(run_keys, cfg.train.seed), run_folds, run_seeds)
+    init_all_program = place.vmap(init_run, (0, 0, None))
+    key_type = place.padded_type(
+        jax.eval_shape(functools.partial(run_keys, cfg.train.seed), run_folds, run_seeds)
+    )
     init_types = (key_type.training, local_fold, train)
     # A warm start's stored init program; its output type is the state's (no tracing).
     stored_init = executables.load("init_run", *init_types, context=context)
@@ -304,11 +339,10 @@ def _run_group(
         )
         return compile_program(
             "run_chunk",
-            jax.jit(
-                # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
-                jax.vmap(
-                    debug_mode.checked(run_chunk) if debug else run_chunk, (0, 0, None, None, None)
-                ),
+            # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
+            place.vmap(
+                debug_mode.checked(run_chunk) if debug else run_chunk,
+                (0, 0, None, None, None),
                 donate_argnums=0,
             ),
             state_type,
@@ -323,7 +357,7 @@ def _run_group(
         # init program and the evaluation program's compile (none of which it needs) run
         # (jdqn.background).
         compiling_chunk = overlap.submit(compile_chunk)
-        keys = run_keys(cfg.train.seed, run_folds, run_seeds)
+        keys = place.learner_arrays(run_keys(cfg.train.seed, run_folds, run_seeds))
         baselines = overlap.submit(
             _baselines,
             cfg,
@@ -346,11 +380,11 @@ def _run_group(
         compiling_evaluate = overlap.submit(
             compile_program,
             "evaluate_run",
-            jax.jit(jax.vmap(evaluate_run, (0, 0, 0, None))),
+            place.vmap(evaluate_run, (0, 0, 0, None)),
             _abstract(state),
             local_fold,
             keys.evaluation,
-            test,
+            place.shared(test),
         )
         state, halted_epoch = _train_group(
             cfg,
@@ -361,6 +395,7 @@ def _run_group(
             run,
             writes,
             compiling_chunk.result(),
+            place,
             group_index=group_index,
             fold_ids=fold_ids,
             run_ids=run_ids,
@@ -369,7 +404,9 @@ def _run_group(
             log=log,
         )
         evaluate_all = compiling_evaluate.result()
-        rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation, test))
+        rollouts = jax.device_get(
+            evaluate_all(state, local_fold, keys.evaluation, place.shared(test))
+        )
         return _judge_group(
             cfg, data, state, rollouts, run_ids, run, writes, halted_epoch, baselines.result()
         )
@@ -394,6 +431,7 @@ def _train_group(
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
     chunk_all: Callable[..., Any],
+    place: placement.Placement,
     *,
     group_index: int,
     fold_ids: list[int],
@@ -410,7 +448,8 @@ def _train_group(
     start_epoch, halted_epoch = 0, {}
     param_layout = program.learner.layout.record()  # saved with, and checked against, each one
     if checkpoints is not None and checkpoints.latest_step() is not None:
-        state, meta = checkpoints.restore(state)
+        restored, meta = checkpoints.restore(place.real(state))  # stored without the padding
+        state = place.learner_arrays(restored)
         check_param_layout(meta, param_layout, run.checkpoint_dir / f"group{group_index}")
         start_epoch = int(meta["epochs_done"])
         halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
@@ -449,7 +488,7 @@ def _train_group(
                     debug_mode.raise_if_failed(
                         error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
                     )
-                halted = np.asarray(state.learner.guard.halted)
+                halted = np.asarray(state.learner.guard.halted)[: len(run_ids)]
                 for r in np.flatnonzero(halted):
                     halted_epoch.setdefault(int(r), epoch)
                 if bar is not None:
@@ -460,7 +499,7 @@ def _train_group(
             if checkpoints is not None:
                 checkpoints.save(
                     epoch + 1,
-                    state,
+                    place.real(state),
                     {
                         "epochs_done": epoch + 1,
                         "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
