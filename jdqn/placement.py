@@ -134,7 +134,7 @@ class Placement:
     def real(self, tree: Any) -> Any:
         """The real learners of ``[padded, ...]`` arrays (on the host when sharded, which is also
         the form a checkpoint stores: it restores onto any device count)."""
-        if self.mesh is None:
+        if len(self.devices) == 1:
             return tree
         return jax.tree.map(lambda x: np.asarray(x)[: self.learners], tree)
 
@@ -164,29 +164,35 @@ def param_count(cfg: Config, n_features: int) -> int:
     return torso + cfg.network.hidden[-1] * head_out + head_out
 
 
+def estimate_state_bytes(cfg: Config, n_features: int) -> int:
+    """One learner's carried state in bytes (replay buffer, params, target, masks, Adam's
+    moments, spectral-norm vectors, slices, scalars), from the config."""
+    f32 = 4
+    capacity = cfg.replay.capacity
+    transition = 2 * n_features + 5  # features, next features and 5 scalars (jdqn.transition)
+    replay = capacity * (transition + 1) * f32 + 16  # a priority per slot; 4 scalars
+    vectors = 5 * param_count(cfg, n_features) * f32  # params, target, masks, mu, nu
+    torso_u = sum(cfg.network.hidden) * f32
+    slices = cfg.train.n_slices * 2 * f32  # each slice's bar and position
+    scalars = 4 * 16  # step, keys, guard, phi_hat, Adam's count, tail bounds, iteration
+    return replay + vectors + torso_u + slices + scalars
+
+
 def estimate_learner_bytes(cfg: Config, n_features: int) -> int:
-    """One learner's device memory in bytes, from the config: its carried state (exact: replay
-    buffer, params, target, masks, Adam moments, slices) plus the working set of a learner
-    step and of a chunk's metrics (an estimate, generous)."""
+    """One learner's device memory in bytes, from the config: its carried state
+    (:func:`estimate_state_bytes`) plus the working set of a learner step and of a chunk's
+    metrics (generous: the rows of the batch and its donors through three forward passes and
+    their backward pass, the [N, N] hat projection per row and head, the loss parts' gradients
+    with the surgery's and Adam's temporaries)."""
     f32 = 4
     n_params = param_count(cfg, n_features)
-    capacity = cfg.replay.capacity
-    transition = 2 * n_features + 5  # features, next features, 5 scalars (jdqn.transition)
-    replay = capacity * (transition + 1) * f32  # and a priority per slot
-    vectors = 5 * n_params * f32  # params, target, masks, Adam's mu and nu
-    torso_u = sum(cfg.network.hidden) * f32
-    slices = cfg.train.n_slices * 4 * f32  # env state per slice
-    state = replay + vectors + torso_u + slices + 256  # scalars, keys, guard, tail bounds
-    # The step: rows of the batch and its donors through three forward passes (online at s and
-    # s', target at s') and their backward pass, the [N, N] hat projection per row and head,
-    # and the loss parts' gradients with the surgery's and Adam's temporaries.
     rows = math.ceil(cfg.train.batch_size * (1 + cfg.loss.donor_fraction))
     head_out = cfg.network.n_heads * cfg.env.n_actions * cfg.network.n_atoms
     per_row = 6 * (n_features + 1 + sum(cfg.network.hidden) + head_out)
     per_row += cfg.network.n_heads * cfg.network.n_atoms**2
     step = (rows * per_row + 12 * n_params) * f32
-    metrics = min(cfg.train.chunk_iterations, 10**6) * (len(LearnerMetrics._fields) + 4) * f32
-    return state + step + metrics
+    metrics = cfg.train.chunk_iterations * (len(LearnerMetrics._fields) + 4) * f32
+    return estimate_state_bytes(cfg, n_features) + step + metrics
 
 
 def free_bytes(device: Any) -> int:
@@ -264,6 +270,8 @@ def plan_waves(
     waves = math.ceil(learners / (per_device * len(devices)))
     # Equal waves (the last one padded at most to a multiple of the devices): one program.
     size = math.ceil(math.ceil(learners / waves) / len(devices)) * len(devices)
+    if waves == 1:
+        size = learners
     return WavePlan(wave_size=size, learner_bytes=each, per_device_limit=per_device, limit=limit)
 
 
