@@ -79,6 +79,12 @@ def _build_parser() -> argparse.ArgumentParser:
     wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
     wf.add_argument("--no-progress", action="store_true", help="no progress bar")
     wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
+    wf.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="local devices that share the learners (default: all of them)",
+    )
 
     add_config_command(commands, common)
     ev = commands.add_parser(
@@ -178,6 +184,7 @@ def _walkforward(args: argparse.Namespace) -> int:
             log=logging.getLogger(console_log.LOGGER_NAME).info,
             name=args.name,
             plot_processes=True,
+            devices=args.devices,
         )
     except UserError as error:
         print(f"jdqn: error: {error}", file=sys.stderr)

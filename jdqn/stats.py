@@ -18,8 +18,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jdqn.data.dataset import TRADING_DAYS_PER_YEAR
-
 # Metrics summarised across seeds (keys of ``jdqn.evaluate.metrics``, plus ``sharpe_daily``).
 SUMMARY_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", "turnover")
 BOOTSTRAP_REPS = 2_000
@@ -118,12 +116,12 @@ def trading_days(realised_at: np.ndarray) -> np.ndarray:
     return (np.asarray(realised_at, "datetime64[ns]") + _SESSION_SHIFT).astype("datetime64[D]")
 
 
-def daily_sharpe(net: np.ndarray, realised_at: np.ndarray) -> float:
+def daily_sharpe(net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0) -> float:
     """Sharpe ratio of the daily net PnL (per-bar PnL summed per trading day, days with a bar),
     annualised by sqrt(252); 0 when there are fewer than two days or no spread."""
     _, day = np.unique(trading_days(realised_at), return_inverse=True)
     daily = np.bincount(day, weights=np.asarray(net, np.float64))
-    return per_bar_sharpe(daily) * math.sqrt(TRADING_DAYS_PER_YEAR) if daily.size >= 2 else 0.0
+    return per_bar_sharpe(daily) * math.sqrt(days_per_year) if daily.size >= 2 else 0.0
 
 
 def expected_max_sharpe(n_trials: int, variance: float) -> float:
@@ -182,9 +180,14 @@ def deflated_sharpe(returns_by_trial: Sequence[np.ndarray]) -> dict[str, Any]:
 # --- the summary of a run ---------------------------------------------------------------------
 
 
-def with_daily_sharpe(metrics: Mapping[str, Any], net: np.ndarray, realised_at: np.ndarray):
+def with_daily_sharpe(
+    metrics: Mapping[str, Any],
+    net: np.ndarray,
+    realised_at: np.ndarray,
+    days_per_year: float = 252.0,
+):
     """``metrics`` with ``sharpe_daily`` (:func:`daily_sharpe`) added."""
-    return {**metrics, "sharpe_daily": daily_sharpe(net, realised_at)}
+    return {**metrics, "sharpe_daily": daily_sharpe(net, realised_at, days_per_year)}
 
 
 def summarise(

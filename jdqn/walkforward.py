@@ -19,7 +19,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, memory, policy, provenance, report, rundir, stats, termination
+from jdqn import (
+    background,
+    memory,
+    placement,
+    policy,
+    provenance,
+    report,
+    rundir,
+    stats,
+    termination,
+)
 from jdqn import baselines as baselines_module
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import (
@@ -30,6 +40,7 @@ from jdqn.checkpoint import (
 )
 from jdqn.config import Config
 from jdqn.data import (
+    CALENDARS,
     FoldArrays,
     WalkForwardData,
     describe_source,
@@ -87,13 +98,16 @@ def run_walkforward(
     name: str | None = None,
     log: Callable[[str], None] = print,
     plot_processes: bool = False,
+    devices: int | None = None,
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
     ``plot_processes``: draw the plots in worker processes where the machine has cores to spare
     (``report.plot_processes``; the ``jdqn`` command does). They are started with
     multiprocessing's spawn, which imports the caller's main module again in each: a script
-    that turns this on must keep its top-level code under ``if __name__ == "__main__":``."""
+    that turns this on must keep its top-level code under ``if __name__ == "__main__":``.
+
+    ``devices``: how many local devices share the learners (default: all; ``jdqn.placement``)."""
     claimed: list[rundir.RunDir] = []  # the run directory this call locks, unlocked at its end
     try:
         with termination.sigterm_raises():  # SIGTERM stops the run as Ctrl-C does
@@ -106,6 +120,7 @@ def run_walkforward(
                 name=name,
                 log=log,
                 plot_processes=plot_processes,
+                devices=devices,
             )
     finally:
         for locked in claimed:
@@ -122,6 +137,7 @@ def _run_walkforward(
     name: str | None,
     log: Callable[[str], None],
     plot_processes: bool,
+    devices: int | None,
 ) -> WalkForwardOutcome:
     run: rundir.RunDir | None = None
     if name is not None:
@@ -150,6 +166,7 @@ def _run_walkforward(
     memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
     cfg = resolve_reward_unit(cfg, data)
     made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
+    layout = _layout(cfg, data, devices, debug, run)  # so is a request that cannot run
     try:
         if resume is None:
             # A Ctrl-C lands once `run` names the directory, so the clean-up below removes it.
@@ -160,8 +177,10 @@ def _run_walkforward(
                     raise UserError(str(error)) from None
                 claimed.append(run)
                 run.config_path.write_text(cfg.to_json() + "\n")
+                layout.record(run)
         assert run is not None
         log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+        layout.announce(log)
         log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
         # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
         preload = report.PLOT_MODULES if cfg.output.plots else ()
@@ -173,7 +192,7 @@ def _run_walkforward(
         series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
         with report.BackgroundWrites(preload, plot_processes=processes) as writes:
             fold_results = _run_all_folds(
-                cfg, data, run, writes, series, debug=debug, progress=progress, log=log
+                cfg, data, run, writes, layout, series, debug=debug, progress=progress, log=log
             )
             report.write_stitched(run.path, series, cfg.output.plots, writes)
         summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
@@ -229,25 +248,23 @@ def _run_all_folds(
     data: WalkForwardData,
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
+    layout: placement.RunLayout,
     series: list[stats.RunSeries],
     *,
     debug: bool,
     progress: bool,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    n_folds = len(data.folds)
-    groups = (
-        [list(range(n_folds))]
-        if cfg.walkforward.mode == "rolling"
-        else [[k] for k in range(n_folds)]
-    )
     non_causal = tuple(data.feature_groups.get(cfg.loss.non_causal_group, ()))
     rows: list[dict[str, Any]] = []
-    for group_index, fold_ids in enumerate(groups):
+    # A group whose learners do not fit at once runs in waves, each a group of its own.
+    for group_index, (fold_ids, runs) in enumerate(layout.groups(_fold_groups(cfg, data))):
         rows += _run_group(
             cfg,
             data,
             fold_ids,
+            runs,
+            layout.devices,
             run,
             writes,
             series,
@@ -258,6 +275,33 @@ def _run_all_folds(
             log=log,
         )
     return rows
+
+
+def _fold_groups(cfg: Config, data: WalkForwardData) -> list[list[int]]:
+    """Folds trained together: all of them (rolling windows, one vmapped program) or one at a
+    time (expanding windows differ in length)."""
+    n_folds = len(data.folds)
+    return (
+        [list(range(n_folds))]
+        if cfg.walkforward.mode == "rolling"
+        else [[k] for k in range(n_folds)]
+    )
+
+
+def _layout(
+    cfg: Config,
+    data: WalkForwardData,
+    devices: int | None,
+    debug: bool,
+    run: rundir.RunDir | None,
+) -> placement.RunLayout:
+    """Devices and waves of the run (a resumed run keeps the waves it started with)."""
+    try:
+        return placement.run_layout(
+            cfg, data, _fold_groups(cfg, data), devices, debug=debug, resumed=run
+        )
+    except placement.PlacementError as error:
+        raise UserError(str(error)) from None
 
 
 class RunKeys(NamedTuple):
@@ -311,6 +355,8 @@ def _run_group(
     cfg: Config,
     data: WalkForwardData,
     fold_ids: list[int],
+    run_ids: list[tuple[int, int]],
+    devices: tuple[Any, ...],
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
     series: list[stats.RunSeries],
@@ -321,9 +367,10 @@ def _run_group(
     progress: bool,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
-    """Train all (fold, seed) runs of one group as one vmapped program, then evaluate them."""
-    seeds = cfg.train.seeds
-    train = _stack([data.train[k] for k in fold_ids])
+    """Train the (fold, seed) runs ``run_ids`` of folds ``fold_ids`` as one vmapped program,
+    sharded over ``devices`` (``jdqn.placement``), then evaluate them."""
+    place = placement.Placement(devices[: len(run_ids)], len(run_ids))  # no idle device
+    train = place.shared(_stack([data.train[k] for k in fold_ids]))
     test = _stack([data.test[k] for k in fold_ids])
     program = make_train(
         cfg,
@@ -331,11 +378,10 @@ def _run_group(
         train.features.shape[1],
         non_causal,
         debug=debug,
-        learners=len(fold_ids) * seeds,
+        learners=place.per_device,  # what each device's kernels see
     )
-    # Run r trains fold fold_ids[r // seeds] with seed r % seeds.
-    local_fold = jnp.repeat(jnp.arange(len(fold_ids)), seeds)
-    run_ids = [(fold_ids[i // seeds], i % seeds) for i in range(len(fold_ids) * seeds)]
+    # Run r trains fold run_ids[r][0] with seed run_ids[r][1]; the padding repeats the last.
+    local_fold = place.learner_arrays(np.asarray([fold_ids.index(f) for f, _ in run_ids], np.int32))
     run_folds = np.asarray([f for f, _ in run_ids], np.int32)
     run_seeds = np.asarray([s for _, s in run_ids], np.int32)
 
@@ -355,8 +401,10 @@ def _run_group(
     def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
         return program.evaluate(s, _take(data, i), key)
 
-    init_all_program = jax.jit(jax.vmap(init_run, (0, 0, None)))
-    key_type = jax.eval_shape(functools.partial(run_keys, cfg.train.seed), run_folds, run_seeds)
+    init_all_program = place.vmap(init_run, (0, 0, None))
+    key_type = place.padded_type(
+        jax.eval_shape(functools.partial(run_keys, cfg.train.seed), run_folds, run_seeds)
+    )
     init_types = (key_type.training, local_fold, train)
     # A warm start's stored init program; its output type is the state's (no tracing).
     stored_init = executables.load("init_run", *init_types, context=context)
@@ -372,11 +420,10 @@ def _run_group(
         )
         return compile_program(
             "run_chunk",
-            jax.jit(
-                # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
-                jax.vmap(
-                    debug_mode.checked(run_chunk) if debug else run_chunk, (0, 0, None, None, None)
-                ),
+            # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
+            place.vmap(
+                debug_mode.checked(run_chunk) if debug else run_chunk,
+                (0, 0, None, None, None),
                 donate_argnums=0,
             ),
             state_type,
@@ -391,7 +438,7 @@ def _run_group(
         # init program and the evaluation program's compile (none of which it needs) run
         # (jdqn.background).
         compiling_chunk = overlap.submit(compile_chunk)
-        keys = run_keys(cfg.train.seed, run_folds, run_seeds)
+        keys = place.learner_arrays(run_keys(cfg.train.seed, run_folds, run_seeds))
         baselines = overlap.submit(
             _baselines,
             cfg,
@@ -415,11 +462,11 @@ def _run_group(
         compiling_evaluate = overlap.submit(
             compile_program,
             "evaluate_run",
-            jax.jit(jax.vmap(evaluate_run, (0, 0, 0, None))),
+            place.vmap(evaluate_run, (0, 0, 0, None)),
             _abstract(state),
             local_fold,
             keys.evaluation,
-            test,
+            place.shared(test),
         )
         state, halted_epoch = _train_group(
             cfg,
@@ -430,6 +477,7 @@ def _run_group(
             run,
             writes,
             compiling_chunk.result(),
+            place,
             group_index=group_index,
             fold_ids=fold_ids,
             run_ids=run_ids,
@@ -438,7 +486,9 @@ def _run_group(
             log=log,
         )
         evaluate_all = compiling_evaluate.result()
-        rollouts = jax.device_get(evaluate_all(state, local_fold, keys.evaluation, test))
+        rollouts = jax.device_get(
+            evaluate_all(state, local_fold, keys.evaluation, place.shared(test))
+        )
         by_fold = {
             fold: baselines.result()[fold] | extras.result()[fold] for fold in baselines.result()
         }
@@ -479,6 +529,7 @@ def _train_group(
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
     chunk_all: Callable[..., Any],
+    place: placement.Placement,
     *,
     group_index: int,
     fold_ids: list[int],
@@ -496,7 +547,8 @@ def _train_group(
     start_epoch, start_chunk, halted_epoch = 0, 0, {}
     param_layout = program.learner.layout.record()  # saved with, and checked against, each one
     if checkpoints is not None and checkpoints.latest_step() is not None:
-        state, meta, _ = checkpoints.restore_intact(state, log)
+        restored, meta, _ = checkpoints.restore_intact(place.real(state), log)  # no padding
+        state = place.learner_arrays(restored)
         check_param_layout(meta, param_layout, run.checkpoint_dir / f"group{group_index}")
         start_epoch = int(meta["epochs_done"])
         start_chunk = int(meta.get("chunks_done", 0))  # > 0: saved mid-epoch, at a SIGTERM
@@ -516,7 +568,7 @@ def _train_group(
         if chunks_done:
             meta["chunks_done"] = chunks_done
         step = epochs_done * program.chunks_per_epoch + chunks_done
-        checkpoints.save(step, state, meta)
+        checkpoints.save(step, place.real(state), meta)  # stored without the padding
 
     # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
     later_imports = [
@@ -555,7 +607,7 @@ def _train_group(
                         debug_mode.raise_if_failed(
                             error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
                         )
-                    halted = np.asarray(state.learner.guard.halted)
+                    halted = np.asarray(state.learner.guard.halted)[: len(run_ids)]
                     for r in np.flatnonzero(halted):
                         halted_epoch.setdefault(int(r), epoch)
                     if bar is not None:
@@ -670,6 +722,7 @@ def _judge_group(
     equity CSVs and plots are handed to the writer thread; each run's per-bar net PnL is added
     to ``series``."""
     guard = jax.device_get(state.learner.guard)
+    days_per_year = CALENDARS[cfg.data.calendar].trading_days_per_year
     rows: list[dict[str, Any]] = []
     for r, (fold, seed) in enumerate(run_ids):
         fold_window = data.folds[fold]
@@ -694,7 +747,7 @@ def _judge_group(
                 gross_points=np.asarray(rollouts.pnl_points[r]),
                 cost_points=np.asarray(rollouts.cost_points[r]),
             )
-            agent = stats.with_daily_sharpe(agent, net, realised_at)
+            agent = stats.with_daily_sharpe(agent, net, realised_at, days_per_year)
         baseline_nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
         agent_net = None if agent is None else net
         series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
@@ -727,7 +780,9 @@ def _judge_group(
                 },
                 "agent": agent,
                 "baselines": {
-                    name: stats.with_daily_sharpe(b["metrics"], baseline_nets[name], realised_at)
+                    name: stats.with_daily_sharpe(
+                        b["metrics"], baseline_nets[name], realised_at, days_per_year
+                    )
                     for name, b in baselines.items()
                 },
                 "training": {

@@ -1,0 +1,360 @@
+"""Where the learners run: the learner axis (folds x seeds) over a one-axis device mesh, in
+waves when they do not fit (DESIGN section 11).
+
+The learners never talk to each other, so scaling out is placement, not a new algorithm: the
+learner axis is padded to a multiple of the device count (copies of the last learner, whose
+results are dropped) and sharded over a :class:`jax.sharding.Mesh` with one axis; each program
+is the vmapped function inside :func:`jax.shard_map`, so every device runs its own learners with
+their own replay buffers, and the Pallas kernels see the local learner count. The fold data are
+replicated. One device keeps the programs exactly as they were (plain ``vmap``, no mesh).
+
+Before anything compiles, :func:`plan_waves` compares an estimate of one learner's device memory
+(:func:`estimate_learner_bytes`, from the config) with the devices' free memory: learners that do
+not fit run in waves of equal size, one after another; a learner that cannot run at all (too big
+for one device, or past the flat tail's 2^31 int32 offsets) is a :class:`PlacementError`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jdqn import rundir
+from jdqn.config import Config
+from jdqn.data import WalkForwardData
+from jdqn.kernel_choice import kernels_for
+from jdqn.learner.state import LearnerMetrics
+from jdqn.learner.step import resolve_update_impl
+from pallas_kernels.flat_tail import BLOCK as FLAT_TAIL_BLOCK
+
+AXIS = "learners"
+# Part of a device's free memory the learners may fill: XLA's own buffers, fragmentation and
+# what the estimate leaves out need the rest.
+MEMORY_FRACTION = 0.8
+# The flat tail's int32 offsets: learners x loss parts x n_params + one block < 2^31
+# (pallas_kernels.flat_tail; the learner step hands it 3 parts).
+FLAT_TAIL_PARTS = 3
+INT32_OFFSETS = 2**31
+
+
+class PlacementError(ValueError):
+    """A request no placement can run (one line naming the limit and the fix)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """``learners`` vmapped runs on ``devices``: the learner axis padded to ``padded`` and
+    sharded, ``per_device`` learners on each device."""
+
+    devices: tuple[Any, ...]  # jax.Device, the mesh's one axis
+    learners: int  # real learners (folds x seeds of a wave); the padding is never reported
+
+    @property
+    def padded(self) -> int:
+        return math.ceil(self.learners / len(self.devices)) * len(self.devices)
+
+    @property
+    def per_device(self) -> int:
+        return self.padded // len(self.devices)
+
+    @property
+    def mesh(self) -> Mesh | None:
+        """None on one device: the programs stay plain ``jit(vmap(f))``."""
+        if len(self.devices) == 1:
+            return None
+        return Mesh(np.asarray(self.devices), (AXIS,))
+
+    def vmap(
+        self,
+        fn: Callable[..., Any],
+        in_axes: Sequence[int | None],
+        donate_argnums: int | tuple[int, ...] = (),
+    ) -> Any:
+        """``jax.jit(jax.vmap(fn, in_axes))``, with the mapped arguments and every output sharded
+        over the learner axis and the others replicated (``shard_map``: each device vmaps its
+        own learners)."""
+        vmapped = jax.vmap(fn, tuple(in_axes))
+        mesh = self.mesh
+        if mesh is None:
+            return jax.jit(vmapped, donate_argnums=donate_argnums)
+        specs = tuple(PartitionSpec(AXIS) if a == 0 else PartitionSpec() for a in in_axes)
+        return jax.jit(
+            # check_vma off: the learners use no collectives, and the step's conds mix values
+            # that vary over the devices with ones that do not (a fresh slice reset, say).
+            jax.shard_map(
+                vmapped,
+                mesh=mesh,
+                in_specs=specs,
+                out_specs=PartitionSpec(AXIS),
+                check_vma=False,
+            ),
+            in_shardings=tuple(NamedSharding(mesh, s) for s in specs),
+            out_shardings=NamedSharding(mesh, PartitionSpec(AXIS)),
+            donate_argnums=donate_argnums,
+        )
+
+    def pad(self, tree: Any) -> Any:
+        """Host arrays ``[learners, ...]`` -> ``[padded, ...]``, the last learner repeated."""
+        extra = self.padded - self.learners
+
+        def pad_leaf(x: Any) -> Any:
+            x = np.asarray(x)
+            return np.concatenate([x, np.repeat(x[-1:], extra, axis=0)]) if extra else x
+
+        return jax.tree.map(pad_leaf, tree)
+
+    def learner_arrays(self, tree: Any) -> Any:
+        """``[learners, ...]`` arrays padded and placed, each device holding its learners."""
+        mesh = self.mesh
+        if mesh is None:
+            return jax.tree.map(jnp.asarray, tree)
+        return jax.device_put(self.pad(tree), NamedSharding(mesh, PartitionSpec(AXIS)))
+
+    def padded_type(self, tree: Any) -> Any:
+        """The types (``jax.ShapeDtypeStruct``) of ``[learners, ...]`` arrays once padded."""
+        return jax.tree.map(
+            lambda t: jax.ShapeDtypeStruct((self.padded, *t.shape[1:]), t.dtype), tree
+        )
+
+    def shared(self, tree: Any) -> Any:
+        """Arrays every learner reads (the folds' data), on every device."""
+        mesh = self.mesh
+        if mesh is None:
+            return tree
+        return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))
+
+    def real(self, tree: Any) -> Any:
+        """The real learners of ``[padded, ...]`` arrays (on the host when sharded, which is also
+        the form a checkpoint stores: it restores onto any device count)."""
+        if len(self.devices) == 1:
+            return tree
+        return jax.tree.map(lambda x: np.asarray(x)[: self.learners], tree)
+
+
+def local_devices(requested: int | None) -> tuple[Any, ...]:
+    """The first ``requested`` local devices (default: all of them)."""
+    available = jax.local_devices()
+    if requested is None:
+        return tuple(available)
+    if not 1 <= requested <= len(available):
+        raise PlacementError(
+            f"--devices {requested}: this process sees {len(available)} "
+            f"{available[0].platform} device(s); fix: pass --devices 1 to {len(available)}"
+        )
+    return tuple(available[:requested])
+
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+def param_count(cfg: Config, n_features: int) -> int:
+    """Entries of one network's flat parameter vector (torso and every head): the observation
+    is the features plus the held position."""
+    widths = (n_features + 1, *cfg.network.hidden)
+    torso = sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
+    head_out = cfg.network.n_heads * cfg.env.n_actions * cfg.network.n_atoms
+    return torso + cfg.network.hidden[-1] * head_out + head_out
+
+
+def estimate_state_bytes(cfg: Config, n_features: int) -> int:
+    """One learner's carried state in bytes (replay buffer, params, target, masks, Adam's
+    moments, spectral-norm vectors, slices, scalars), from the config."""
+    f32 = 4
+    capacity = cfg.replay.capacity
+    transition = 2 * n_features + 5  # features, next features and 5 scalars (jdqn.transition)
+    replay = capacity * (transition + 1) * f32 + 16  # a priority per slot; 4 scalars
+    vectors = 5 * param_count(cfg, n_features) * f32  # params, target, masks, mu, nu
+    torso_u = sum(cfg.network.hidden) * f32
+    slices = cfg.train.n_slices * 2 * f32  # each slice's bar and position
+    scalars = 4 * 16  # step, keys, guard, phi_hat, Adam's count, tail bounds, iteration
+    return replay + vectors + torso_u + slices + scalars
+
+
+def estimate_learner_bytes(cfg: Config, n_features: int) -> int:
+    """One learner's device memory in bytes, from the config: its carried state
+    (:func:`estimate_state_bytes`) plus the working set of a learner step and of a chunk's
+    metrics (generous: the rows of the batch and its donors through three forward passes and
+    their backward pass, the [N, N] hat projection per row and head, the loss parts' gradients
+    with the surgery's and Adam's temporaries)."""
+    f32 = 4
+    n_params = param_count(cfg, n_features)
+    rows = math.ceil(cfg.train.batch_size * (1 + cfg.loss.donor_fraction))
+    head_out = cfg.network.n_heads * cfg.env.n_actions * cfg.network.n_atoms
+    per_row = 6 * (n_features + 1 + sum(cfg.network.hidden) + head_out)
+    per_row += cfg.network.n_heads * cfg.network.n_atoms**2
+    step = (rows * per_row + 12 * n_params) * f32
+    metrics = cfg.train.chunk_iterations * (len(LearnerMetrics._fields) + 4) * f32
+    return estimate_state_bytes(cfg, n_features) + step + metrics
+
+
+def free_bytes(device: Any) -> int:
+    """What ``device`` can still allocate: its allocator's limit less what is in use, or, where
+    the backend reports no memory stats (CPU), the host's available memory shared by its
+    devices of that platform."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and "bytes_limit" in stats:
+        return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+    sharing = sum(1 for d in jax.local_devices() if d.platform == device.platform)
+    return host_available_bytes() // max(sharing, 1)
+
+
+def host_available_bytes() -> int:
+    """MemAvailable of /proc/meminfo where there is one, else the free physical pages."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class WavePlan:
+    """How many learners run at once (a multiple of the device count) and the notice to print
+    when that is fewer than the group's."""
+
+    wave_size: int  # learners per wave, over all devices
+    learner_bytes: int
+    per_device_limit: int  # learners one device holds at once
+    limit: str  # what sets per_device_limit: "memory" or "the flat tail's int32 offsets"
+
+
+def plan_waves(
+    cfg: Config,
+    n_features: int,
+    learners: int,
+    devices: Sequence[Any],
+    shared_bytes: int,
+    *,
+    debug: bool = False,
+    free: Callable[[Any], int] | None = None,
+) -> WavePlan:
+    """Learners per wave for ``learners`` runs on ``devices`` (each also holding
+    ``shared_bytes`` of fold data), or a :class:`PlacementError` when even one cannot run."""
+    each = estimate_learner_bytes(cfg, n_features)
+    budget = min((free or free_bytes)(d) for d in devices)
+    room = int(budget * MEMORY_FRACTION) - shared_bytes
+    by_memory = max(room, 0) // each
+    if by_memory < 1:
+        raise PlacementError(
+            f"one learner needs about {_gb(each)} of device memory and a "
+            f"{devices[0].platform} device has {_gb(max(room, 0))} to spare (after "
+            f"{_gb(shared_bytes)} of fold data); fix: lower replay.capacity, train.batch_size "
+            "or network.hidden, or use a device with more memory"
+        )
+    per_device = min(by_memory, math.ceil(learners / len(devices)))
+    limit = "memory"
+    uses_tail = resolve_update_impl(
+        kernels_for(cfg.accel).tail, jax.default_backend(), debug=debug, learners=per_device
+    ) in ("pallas", "interpret")
+    n_params = param_count(cfg, n_features)
+    by_offsets = (INT32_OFFSETS - 1 - FLAT_TAIL_BLOCK) // (FLAT_TAIL_PARTS * n_params)
+    if uses_tail and per_device > by_offsets:
+        if by_offsets < 1:
+            raise PlacementError(
+                f"one learner's {n_params:,} parameters x {FLAT_TAIL_PARTS} loss parts exceed "
+                "the flat tail's int32 offsets (2^31); fix: set optim.update_impl=xla or shrink "
+                "network.hidden"
+            )
+        per_device, limit = by_offsets, "the flat tail's int32 offsets (2^31)"
+    waves = math.ceil(learners / (per_device * len(devices)))
+    # Equal waves (the last one padded at most to a multiple of the devices): one program.
+    size = math.ceil(math.ceil(learners / waves) / len(devices)) * len(devices)
+    if waves == 1:
+        size = learners
+    return WavePlan(wave_size=size, learner_bytes=each, per_device_limit=per_device, limit=limit)
+
+
+def waves(runs: Sequence[Any], wave_size: int) -> list[list[Any]]:
+    """``runs`` in consecutive waves of ``wave_size`` (the last may be smaller)."""
+    return [list(runs[i : i + wave_size]) for i in range(0, len(runs), wave_size)]
+
+
+def _gb(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
+
+
+# --- a run's layout ----------------------------------------------------------------------------
+
+WAVES_FILE = "waves.json"  # in the run directory, only when some group runs in waves
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """A walk-forward run's devices and, per group of folds, the learners run at once."""
+
+    devices: tuple[Any, ...]
+    wave_sizes: tuple[int, ...]  # per fold group; >= its learners when it runs at once
+    seeds: int
+    notices: tuple[str, ...]  # one line per group that runs in waves
+
+    def groups(self, fold_groups: Sequence[list[int]]) -> list[tuple[list[int], list[Any]]]:
+        """Each fold group's ``(fold_ids, [(fold, seed), ...])``, split into its waves; seed
+        numbering is global, so a wave's keys are those of the same run in one program."""
+        out = []
+        for fold_ids, size in zip(fold_groups, self.wave_sizes, strict=True):
+            runs = [(fold, seed) for fold in fold_ids for seed in range(self.seeds)]
+            out += [(fold_ids, wave) for wave in waves(runs, size)]
+        return out
+
+    def record(self, run: Any) -> None:
+        """Write the waves into the run directory, so that ``--resume`` runs the same ones."""
+        if self.notices:
+            rundir.write_json(run.path / WAVES_FILE, {"wave_sizes": list(self.wave_sizes)})
+
+    def announce(self, log: Callable[[str], None]) -> None:
+        for line in self.notices:
+            log(line)
+
+
+def run_layout(
+    cfg: Config,
+    data: WalkForwardData,
+    fold_groups: Sequence[list[int]],
+    devices: int | None,
+    *,
+    debug: bool = False,
+    resumed: Any = None,
+) -> RunLayout:
+    """The devices (``--devices``, default all local ones) and each group's waves; a resumed
+    run (``resumed``: its ``rundir.RunDir``) keeps the waves recorded when it started."""
+    chosen = local_devices(devices)
+    seeds = cfg.train.seeds
+    recorded = None
+    if resumed is not None and (resumed.path / WAVES_FILE).exists():
+        recorded = json.loads((resumed.path / WAVES_FILE).read_text())["wave_sizes"]
+    sizes, notices = [], []
+    for g, fold_ids in enumerate(fold_groups):
+        learners = len(fold_ids) * seeds
+        shared = sum(
+            a.features.nbytes + a.close.nbytes
+            for k in fold_ids
+            for a in (data.train[k], data.test[k])
+        )
+        if recorded is not None:
+            sizes.append(int(recorded[g]))
+            continue
+        if resumed is not None:
+            sizes.append(learners)  # started without waves
+            continue
+        plan = plan_waves(cfg, data.n_features, learners, chosen, shared, debug=debug)
+        sizes.append(plan.wave_size)
+        if plan.wave_size < learners:
+            n_waves = math.ceil(learners / plan.wave_size)
+            notices.append(
+                f"jdqn: {learners} learners do not fit at once ({_gb(plan.learner_bytes)} each, "
+                f"{plan.per_device_limit} per device by {plan.limit}): running {n_waves} waves "
+                f"of {plan.wave_size}"
+            )
+    return RunLayout(devices=chosen, wave_sizes=tuple(sizes), seeds=seeds, notices=tuple(notices))

@@ -1,0 +1,167 @@
+"""Learners over devices and in waves (jdqn.placement, issue 36): padding, the memory estimate,
+the wave plan, and a run sharded over 4 forced CPU devices against the one-device run."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from types import SimpleNamespace
+
+import jax
+import numpy as np
+import pytest
+from child import run_child
+from es_sample import ES_FOLDS, ES_SAMPLE
+from tiny_learner import TINY
+
+from jdqn import placement
+from jdqn.cli import EXIT_USER_ERROR, main
+from jdqn.config import DEFAULT, SMOKETEST, apply_overrides
+from jdqn.train import FoldData, make_train
+
+CPU = SimpleNamespace(platform="cpu")  # a stand-in device: the plan reads only its platform
+
+
+def test_padding_repeats_the_last_learner_and_is_dropped_again():
+    place = placement.Placement((CPU,) * 4, learners=6)
+    assert (place.padded, place.per_device) == (8, 2)
+    padded = place.pad({"x": np.arange(6) * 10, "y": np.ones((6, 2))})
+    assert padded["x"].tolist() == [0, 10, 20, 30, 40, 50, 50, 50]
+    assert padded["y"].shape == (8, 2)
+    assert place.real(padded)["x"].tolist() == [0, 10, 20, 30, 40, 50]
+    even = placement.Placement((CPU,) * 3, learners=6)
+    assert even.pad(np.arange(6)).tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        apply_overrides(SMOKETEST, TINY),
+        SMOKETEST,
+        DEFAULT,
+        apply_overrides(SMOKETEST, ["network.n_heads=3", "network.hidden=[32, 16, 8]"]),
+    ],
+)
+def test_the_state_estimate_is_the_traced_state_within_a_few_scalars(cfg):
+    n_features, bars = 7, 1000
+    program = make_train(cfg, n_features, bars)
+    fold = FoldData(
+        jax.ShapeDtypeStruct((bars, n_features), np.float32),
+        jax.ShapeDtypeStruct((bars,), np.float32),
+    )
+    state = jax.eval_shape(program.init, jax.random.PRNGKey(0), fold)
+    exact = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
+    estimate = placement.estimate_state_bytes(cfg, n_features)
+    assert exact <= estimate <= exact + 64
+    assert placement.estimate_learner_bytes(cfg, n_features) > estimate
+
+
+def _plan(learners, free_bytes, cfg=SMOKETEST, devices=4, shared=0):
+    return placement.plan_waves(
+        cfg, 7, learners, (CPU,) * devices, shared, free=lambda _: free_bytes
+    )
+
+
+def test_learners_that_fit_run_at_once_and_others_in_equal_waves():
+    each = placement.estimate_learner_bytes(SMOKETEST, 7)
+    assert _plan(6, 10**12).wave_size == 6
+    # Room for one learner per device (and a half): 6 learners on 4 devices run as 4 + 2.
+    tight = _plan(6, int(1.5 * each / placement.MEMORY_FRACTION))
+    assert (tight.wave_size, tight.per_device_limit, tight.limit) == (4, 1, "memory")
+    assert placement.waves(list(range(6)), tight.wave_size) == [[0, 1, 2, 3], [4, 5]]
+    # 10 learners, 2 per device on 2 devices: 3 waves, balanced to 4 each (the last padded).
+    assert _plan(10, int(2.5 * each / placement.MEMORY_FRACTION), devices=2).wave_size == 4
+    # Fold data every device holds come off the room first.
+    assert _plan(6, int(2.5 * each / placement.MEMORY_FRACTION)).wave_size == 6
+    assert _plan(6, int(2.5 * each / placement.MEMORY_FRACTION), shared=each).wave_size == 4
+    with pytest.raises(placement.PlacementError):
+        _plan(6, int(0.5 * each / placement.MEMORY_FRACTION))
+
+
+def test_a_learner_too_big_for_a_device_is_one_line_naming_the_fix():
+    with pytest.raises(placement.PlacementError) as error:
+        _plan(1, 10**6, cfg=DEFAULT)
+    message = str(error.value)
+    assert "one learner needs about" in message and "fix: lower replay.capacity" in message
+    assert "\n" not in message
+
+
+def test_the_flat_tails_int32_offsets_cap_the_learners_per_device():
+    wide = apply_overrides(SMOKETEST, ["optim.update_impl=interpret", "network.hidden=[4096]"])
+    n_params = placement.param_count(wide, 7)
+    per_device = (2**31 - 1 - 1024) // (3 * n_params)
+    plan = _plan(4 * per_device + 1, 10**15, cfg=wide)
+    assert plan.per_device_limit == per_device and "int32" in plan.limit
+    huge = apply_overrides(wide, ["network.hidden=[40000, 20000]"])
+    with pytest.raises(
+        placement.PlacementError, match="int32 offsets.*fix: set optim.update_impl=xla"
+    ):
+        _plan(1, 10**15, cfg=huge)
+
+
+def test_more_devices_than_the_process_has_is_a_one_line_error(tmp_path, capsys):
+    folds = [arg for item in ES_FOLDS for arg in ("--set", item)]
+    code = main(
+        ["walkforward", "--data", str(ES_SAMPLE), *folds, "--out", str(tmp_path), "--devices", "9"]
+    )
+    assert code == EXIT_USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("jdqn: error: --devices 9: this process sees 1 cpu device")
+    assert "fix: pass --devices 1 to 1" in err and "\n" not in err
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
+# The tiny learner on the real sample: 3 folds x 2 seeds = 6 learners, padded to 8 on 4 devices.
+_SHARDED_RUNS = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, "tests")
+    from es_sample import ES_FOLDS, ES_SAMPLE
+    from tiny_learner import TINY
+    from jdqn import placement
+    from jdqn.config import SMOKETEST, apply_overrides
+    from jdqn.walkforward import load_data, run_walkforward
+
+    out = sys.argv[1]
+    cfg = apply_overrides(SMOKETEST, [*ES_FOLDS, *TINY, f"data.path={ES_SAMPLE}",
+        f"output.out_dir={out}", "output.plots=false", "output.tensorboard=false",
+        "train.epochs=1", "train.seeds=2", "walkforward.train_bars=400",
+        "walkforward.test_bars=200"])
+    notices = []
+    for name, devices in (("one", 1), ("four", 4)):
+        run_walkforward(cfg, progress=False, name=name, log=lambda _: None, devices=devices)
+    # Room for one learner per device: waves of 4 and 2 (padded to 4) on the 4 devices.
+    data = load_data(cfg)
+    each = placement.estimate_learner_bytes(cfg, data.n_features)
+    shared = sum(a.features.nbytes + a.close.nbytes for a in (*data.train, *data.test))
+    placement.free_bytes = lambda _: int((1.5 * each + shared) / placement.MEMORY_FRACTION)
+    run_walkforward(cfg, progress=False, name="waves", log=notices.append, devices=4)
+    print(json.dumps(notices))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_run_sharded_over_four_devices_equals_the_one_device_run(tmp_path):
+    script = f"import sys; sys.argv = ['x', {str(tmp_path)!r}]\n" + _SHARDED_RUNS
+    env_code = "import os; os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'\n"
+    done = run_child(env_code + script, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {
+        name: json.loads((tmp_path / name / "results.json").read_text())
+        for name in ("one", "four", "waves")
+    }
+    assert len(results["one"]["folds"]) == 6
+    assert results["four"]["folds"] == results["one"]["folds"]
+    assert results["waves"]["folds"] == results["one"]["folds"]
+    # Bit for bit: every metric of every chunk of every learner.
+    assert (tmp_path / "four" / "metrics.jsonl").read_text() == (
+        tmp_path / "one" / "metrics.jsonl"
+    ).read_text()
+    notices = [line for line in json.loads(done.stdout.splitlines()[-1]) if "waves" in line]
+    assert len(notices) == 1 and "running 2 waves of 4" in notices[0]
+    assert json.loads((tmp_path / "waves" / "waves.json").read_text()) == {"wave_sizes": [4]}
+    assert sorted(p.name for p in (tmp_path / "waves" / "checkpoints").iterdir()) == [
+        "group0",
+        "group1",
+    ]
