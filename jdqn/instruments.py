@@ -153,9 +153,18 @@ def instrument_overrides(name: str) -> list[str]:
     ]
 
 
+# Set only where rewards are in the instrument's own unit: with env.reward_unit=train_volatility
+# a bar's reward is about +-1 whatever the instrument, and the profile's support already fits it.
+_POINT_UNIT_KEYS = ("env.reward_scale=", "network.v_min=", "network.v_max=")
+
+
 def apply_instrument(cfg: Config, name: str) -> Config:
-    """``cfg`` with the preset's values (validated once, like any override)."""
-    return apply_overrides(cfg, instrument_overrides(name))
+    """``cfg`` with the preset's values (validated once, like any override). Its reward scale and
+    support apply only where rewards are in points (``env.reward_unit=points``)."""
+    overrides = instrument_overrides(name)
+    if cfg.env.reward_unit != "points":
+        overrides = [item for item in overrides if not item.startswith(_POINT_UNIT_KEYS)]
+    return apply_overrides(cfg, overrides)
 
 
 def data_settings(overrides: list[str], preset: Instrument) -> DataConfig:
