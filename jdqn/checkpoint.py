@@ -111,11 +111,18 @@ class Checkpointer:
         self._manager_: Any = None  # orbax's CheckpointManager, made at first use
         self._manifests = directory.parent / "sha256" / directory.name
         self._hashing: threading.Thread | None = None  # the last save's manifest writer
+        self._hashing_error: BaseException | None = None  # raised again on this thread
 
     def manifest_path(self, step: int) -> Path:
         return self._manifests / f"{step}.json"
 
     def _write_manifest(self, step: int, host: Any, meta: dict[str, Any]) -> None:
+        try:
+            self._write_manifest_now(step, host, meta)
+        except BaseException as error:  # e.g. a full disk: reported by the thread that waits
+            self._hashing_error = error
+
+    def _write_manifest_now(self, step: int, host: Any, meta: dict[str, Any]) -> None:
         record = {
             "step": step,
             "state_sha256": state_digest(host),
@@ -133,6 +140,9 @@ class Checkpointer:
         if self._hashing is not None:
             self._hashing.join()
             self._hashing = None
+        if self._hashing_error is not None:
+            error, self._hashing_error = self._hashing_error, None
+            raise error
 
     @property
     def _manager(self) -> Any:
@@ -250,9 +260,10 @@ class Checkpointer:
 
     def close(self) -> None:
         """Wait for the pending write and deletion, then release orbax's threads."""
-        self._wait_for_manifest()
-        if self._manager_ is None:
-            return  # nothing was read or written
-        self._manager_.wait_until_finished()
-        self._manager_.close()
-        self._prune_manifests()
+        try:
+            self._wait_for_manifest()
+        finally:  # orbax's threads are ended even when the manifest could not be written
+            if self._manager_ is not None:  # else nothing was read or written
+                self._manager_.wait_until_finished()
+                self._manager_.close()
+                self._prune_manifests()

@@ -43,7 +43,10 @@ class MetricsLog:
         kept = []
         if self._path.exists():  # resume: keep what earlier (checkpointed) chunks wrote
             for line in self._path.read_text().splitlines():
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except ValueError:  # the last line, cut short by a kill or a full disk
+                    continue
                 earlier = (row["epoch"], row["chunk"]) < (start_epoch, start_chunk)
                 if row["group"] != group_index or earlier:
                     kept.append(line)

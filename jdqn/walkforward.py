@@ -21,6 +21,7 @@ import numpy as np
 
 from jdqn import (
     background,
+    faults,
     memory,
     placement,
     policy,
@@ -202,14 +203,16 @@ def _run_walkforward(
         raise
     except (CheckpointLayoutError, NoIntactCheckpointError):
         raise  # resuming again cannot help (the error says to start again); the directory stays
-    except BaseException:
+    except BaseException as error:
         if run is None:
             raise  # no directory was made
         with rundir.interrupts_deferred():  # a second Ctrl-C must not stop the clean-up half-way
-            if not any(run.checkpoint_dir.glob("group*/[0-9]*")):
+            resumable = any(run.checkpoint_dir.glob("group*/[0-9]*"))
+            if not resumable:
                 rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
-            else:
+            elif faults.io_problem(error) is None:  # a storage failure's line says it instead
                 log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
+        faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
         raise
     results = {
         "config": json.loads(cfg.to_json()),  # lists, as in results.json
@@ -221,8 +224,12 @@ def _run_walkforward(
         "backend": jax.default_backend(),
         **made_by,
     }
-    rundir.write_json(run.results_path, results)
-    final = rundir.finalize(run)
+    try:
+        rundir.write_json(run.results_path, results)
+        final = rundir.finalize(run)
+    except OSError as error:  # every epoch is checkpointed: a resume only judges again
+        faults.raise_as_user_error(error, run.path if cfg.output.checkpoints else None)
+        raise
     halted = [r for r in fold_results if r["status"] != "ok"]
     log(report.summary_table(fold_results))
     log(report.summary_text(summary))

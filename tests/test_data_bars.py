@@ -84,7 +84,9 @@ def test_not_utf8_text(tmp_path):
 
 
 def test_corrupt_gzip_and_parquet(tmp_path):
-    assert "cannot be read" in _message(_write(tmp_path, "bars.csv.gz", "not gzip"))
+    assert "compressed file is truncated or corrupt" in _message(
+        _write(tmp_path, "bars.csv.gz", "not gzip")
+    )
     assert "cannot be read as Parquet" in _message(_write(tmp_path, "bars.parquet", "not parquet"))
 
 

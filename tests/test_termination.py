@@ -56,9 +56,10 @@ def test_a_sigterm_while_a_run_directory_is_made_waits_for_it():
 
 # --- a whole run, in this process (one compile for all of them) -------------------------------
 
-# 1,000 train bars / 16 slices = 62 iterations per epoch: 4 chunks of 16.
+# 1,000 train bars / 16 slices = 62 iterations per epoch: 4 chunks of 16. One fold of the three.
 SMALL = [
     *ES_FOLDS,
+    "walkforward.n_folds=1",
     f"data.path={ES_SAMPLE}",
     "train.epochs=2",
     "train.chunk_iterations=16",
@@ -83,6 +84,7 @@ def _sigterm_at(monkeypatch, epoch: int, chunk: int) -> None:
     monkeypatch.setattr(MetricsLog, "add", add_then_signal)
 
 
+@pytest.mark.slow
 def test_a_sigterm_checkpoints_mid_epoch_and_resume_gives_the_uninterrupted_numbers(
     tmp_path, monkeypatch
 ):

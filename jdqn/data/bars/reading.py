@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -96,6 +97,14 @@ def read_frame(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, CsvLayout | 
     except UnicodeDecodeError:
         raise BarFileError(
             path, "is not UTF-8 text", "save the file as UTF-8 CSV (or use Parquet)"
+        ) from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:
+        # gzip's own errors: cut short (a partial download or copy), damaged, or not gzip.
+        detail = str(error).splitlines()[0].strip() if str(error) else type(error).__name__
+        raise BarFileError(
+            path,
+            f"compressed file is truncated or corrupt ({detail})",
+            "copy or download the file again (gzip -t checks it)",
         ) from None
     except pd.errors.EmptyDataError:
         raise BarFileError(path, "file is empty", "supply a file with a header and bars") from None
