@@ -290,3 +290,10 @@ def test_newest_first_duplicates_name_file_rows(tmp_path):
     assert "row 3, column 'timestamp': duplicate timestamp 2013-09-01 17:02:00 (same as row 4)" in (
         message
     )
+
+
+def test_config_roles_are_the_loaders_roles():
+    from jdqn.config.sections import COLUMN_ROLES
+    from jdqn.data.bars import USER_ROLES
+
+    assert COLUMN_ROLES == USER_ROLES
