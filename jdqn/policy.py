@@ -165,7 +165,9 @@ class Policy:
         positions, features, first = self._act(loaded, start)
         held = np.concatenate([[0.0], positions[first:-1]]).astype(np.float32)
         obs = np.concatenate([features[first:], held[:, None]], axis=1)
-        probs = np.asarray(_distributions(self.cfg, self.network, jnp.asarray(obs)))
+        rows = np.zeros((_bucket(len(obs)), obs.shape[1]), np.float32)  # one compile per bucket
+        rows[: len(obs)] = obs
+        probs = np.asarray(_distributions(self.cfg, self.network, jnp.asarray(rows)))[: len(obs)]
         out = np.full((len(loaded), *probs.shape[1:]), np.nan, np.float32)
         out[first:] = probs
         return out
@@ -173,7 +175,14 @@ class Policy:
     def evaluate(self, features: np.ndarray, close: np.ndarray) -> Rollout:
         """The walk-forward's greedy test-window pass over normalised ``features`` [T, F] and
         ``close`` [T], starting flat at row 0 (trimmed numpy record of T-1 actions)."""
-        params = env.make_params(features, close, self.cfg.env)
+        n_bars = len(close)
+        # Padded to a bucket length with the window's end as data: windows of nearby lengths
+        # (a live feed's growing bars) share one compiled pass. Steps past the end are zeroed
+        # and trimmed; the window's steps are computed as without the padding.
+        padding = _bucket(n_bars) - n_bars
+        features = np.concatenate([features, np.zeros((padding, features.shape[1]), np.float32)])
+        close = np.concatenate([close, np.full(padding, close[-1])])
+        params = env.make_params(features, close, self.cfg.env, start=0, end=n_bars)
         return trim(_greedy_rollout(self.cfg, self.network, params), params)
 
     def _act(self, bars: Bars, start: int | None) -> tuple[np.ndarray, np.ndarray, int]:
@@ -193,6 +202,15 @@ class Policy:
         positions = np.full(len(bars), np.nan)
         positions[first:] = record.positions
         return positions, features, first
+
+
+def _bucket(n: int) -> int:
+    """``n`` rounded up to 256 or to a multiple of 1/16-1/8 of it (under 12.5 % padding, a few
+    lengths per doubling)."""
+    if n <= 256:
+        return 256
+    step = 1 << (n.bit_length() - 4)
+    return -(-n // step) * step
 
 
 def _load(bars: pd.DataFrame | str | os.PathLike[str]) -> Bars:

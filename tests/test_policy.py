@@ -44,6 +44,7 @@ TINY_RUN = [
     "loss.projection_impl=reference",
     "output.tensorboard=false",
     "output.checkpoints=false",
+    "output.plots=false",  # drawn by the evaluate test (and the walk-forward tests)
     "output.compilation_cache=false",
 ]
 
@@ -223,7 +224,6 @@ def test_results_carry_the_summary_across_seeds_and_the_stitched_curve(tiny_run)
     both = stitched[["seed0_equity_points", "seed1_equity_points"]].to_numpy()
     np.testing.assert_allclose(stitched["agent_median_equity_points"], both.mean(axis=1))
     assert {"flat_equity_points", "buy_and_hold_equity_points"} <= set(stitched)
-    assert (run_dir / "plots" / "stitched_equity.png").stat().st_size > 1000
     table = report.summary_text(summary)
     assert "deflated Sharpe" in table and "agent - random $" in table and "fold 1" in table
 
@@ -252,7 +252,8 @@ def test_evaluate_on_the_runs_own_test_window_gives_back_its_results(tiny_run, t
     assert evaluated["summary"]["folds"]["1"] == results["summary"]["folds"]["1"]
     for name in ("curves/fold1_seed1_equity.csv", "curves/stitched_equity.csv"):
         assert (out_dir / name).is_file()
-    assert (out_dir / "plots" / "fold1_seed0_equity.png").stat().st_size > 1000
+    for name in ("fold1_seed0_equity.png", "stitched_equity.png"):
+        assert (out_dir / "plots" / name).stat().st_size > 1000
     own = _curve(run_dir, 1, 1)
     pd.testing.assert_frame_equal(pd.read_csv(out_dir / "curves" / "fold1_seed1_equity.csv"), own)
 
@@ -291,3 +292,15 @@ def test_evaluate_refuses_bad_input_in_one_line_and_writes_nothing(
     assert err.startswith("jdqn: error: ") and err.count("\n") == 1
     assert re.search(message, err)
     assert not out.exists()
+
+
+def test_a_growing_feed_acts_causally_and_compiles_once(tiny_run):
+    """The decision at a bar never changes when later bars arrive (past-only features, a
+    sequential pass), and bars arriving one at a time reuse one compiled pass."""
+    policy = load_policy(tiny_run.run_dir)
+    frame = pd.read_csv(ES_SAMPLE).iloc[-300:]
+    full = policy.act(frame)
+    compiled = policy_module._greedy_rollout._cache_size()
+    for n in (290, 291, 292, 297):
+        np.testing.assert_array_equal(policy.act(frame.iloc[:n]), full[:n])
+    assert policy_module._greedy_rollout._cache_size() == compiled
