@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import background, policy, report, rundir, stats
+from jdqn import background, policy_bundle, report, rundir, stats
 from jdqn import debug as debug_mode
 from jdqn.checkpoint import ORBAX, Checkpointer, CheckpointLayoutError
 from jdqn.config import Config
@@ -390,7 +390,7 @@ def _run_group(
             baselines.result(),
             series,
         )
-        policy.save_run_policies(
+        policy_bundle.save_run_policies(
             run.path, cfg, data, program.learner.layout, state.learner, run_ids, rows, writes.submit
         )
         return rows

@@ -17,7 +17,7 @@ from es_sample import ES_SAMPLE
 
 import jdqn
 from jdqn import policy as policy_module
-from jdqn import report
+from jdqn import policy_bundle, report
 from jdqn.cli import main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.data import load_bars, prepare_walkforward
@@ -190,9 +190,9 @@ def test_a_failed_save_leaves_no_bundle_and_no_staging_directory(tiny_run, tmp_p
     def failing(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(policy_module.np, "savez", failing)
+    monkeypatch.setattr(policy_bundle.np, "savez", failing)
     with pytest.raises(OSError, match="disk full"):
-        policy_module.save_policy(
+        policy_bundle.save_policy(
             tmp_path,
             fold=0,
             seed=0,
@@ -332,7 +332,7 @@ def test_bundles_from_leaf_segments_equal_those_from_flat_vectors_and_halted_run
         **{**vars(learner), "params": tuple(np.split(flat, layout.offsets[1:], axis=1))}
     )
     for name, state in (("flat", learner), ("segments", segments)):
-        policy_module.save_run_policies(
+        policy_bundle.save_run_policies(
             tmp_path / name, cfg, data, layout, state, [(1, 0), (1, 1)], rows
         )
         assert saved_policies(tmp_path / name) == [(1, 0)]
