@@ -208,7 +208,7 @@ def _load(bars: pd.DataFrame | str | os.PathLike[str]) -> Bars:
     if not isinstance(bars, pd.DataFrame):
         return load_bars(bars)
     frame = bars
-    if isinstance(frame.index, pd.DatetimeIndex):
+    if isinstance(frame.index, pd.DatetimeIndex) and "timestamp" not in frame.columns:
         frame = frame.rename_axis("timestamp").reset_index()
     with tempfile.TemporaryDirectory(prefix="jdqn-bars-") as tmp:
         path = Path(tmp) / "bars.parquet"
