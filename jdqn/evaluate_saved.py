@@ -145,13 +145,16 @@ def _baselines(
     folds, seeds = np.asarray([policy.fold], np.int32), np.asarray([0], np.int32)
     key = run_keys(cfg.train.seed, folds, seeds).baselines[0]
     params = make_params(features, close, cfg.env)
-    records = jax.jit(baseline_rollouts, static_argnums=2)(params, key, cfg.env)
+    records = _baseline_rollouts(params, key, cfg.env)
     return baseline_results(
         records,
         len(close) - 1,
         point_value_usd=cfg.env.point_value_usd,
         bars_per_year=bars_per_year,
     )
+
+
+_baseline_rollouts = jax.jit(baseline_rollouts, static_argnums=2)
 
 
 def _write_run(

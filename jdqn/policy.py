@@ -1,20 +1,7 @@
 """Saved policies: each trained (fold, seed) of a walk-forward run, kept and loaded again.
 
-A run saves one bundle per (fold, seed) that trained to its end (a halted run saves none) in
-``<run>/policies/fold<k>_seed<s>/``, written into a temporary directory and renamed into place:
-
-- ``arrays.npz``: ``params/<layer>/kernel``, ``params/<layer>/bias`` (the network's canonical
-  per-layer tree, :mod:`jdqn.networks`: torso kernels [in, out], the head's [out, in]),
-  ``masks/<layer>/...`` (the pruning masks, same shapes, {0, 1}), ``sn_u/<layer>`` (each torso
-  layer's spectral-norm vector [H_l]), ``normaliser/mean`` and ``normaliser/std`` ([F] float64,
-  the fold's train-window feature statistics). float32 unless said.
-- ``policy.json``: ``format`` ("jdqn-policy"), ``version``, ``fold``, ``seed``, ``window`` (the
-  fold's bar ranges and test-window times), ``config`` (the run's resolved config), ``features``
-  (names, groups, lookback and clip), ``instrument`` (tick size, point value, cost, position grid,
-  bar interval, median close and volume of the training bars), ``bars_per_year`` and
-  ``param_layout`` (:meth:`jdqn.networks.ParamLayout.record`).
-
-:func:`load_policy` returns a :class:`Policy`. Acting is the walk-forward's greedy pass
+Each run saves its trained policies as bundles (:mod:`jdqn.policy_bundle` documents the
+format). :func:`load_policy` returns a :class:`Policy`. Acting is the walk-forward's greedy pass
 (``TrainProgram.evaluate``): at each bar the network sees the bar's normalised features and the
 position held, takes argmax over the head-mean Q (ties: the lowest action) and holds that target
 position over the next bar, so the decision at one bar depends on those before it and runs as one
@@ -25,14 +12,11 @@ actions (tests/test_policy.py).
 from __future__ import annotations
 
 import functools
-import json
 import os
-import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -45,33 +29,39 @@ from jdqn.data import (
     BarFileError,
     Bars,
     Normaliser,
-    WalkForwardData,
     compute_features,
     load_bars,
     normalise,
 )
 from jdqn.evaluate import Rollout, greedy_policy, rollout, trim
+from jdqn.policy_bundle import (
+    Network,
+    PolicyError,
+    bundle_dir,
+    read_bundle,
+    save_policy,
+    save_run_policies,
+    saved_policies,
+)
 
-POLICIES = "policies"
-FORMAT = "jdqn-policy"
-VERSION = 1
+__all__ = [
+    "Network",
+    "Policy",
+    "PolicyError",
+    "bundle_dir",
+    "check_bars",
+    "head_mean_q",
+    "load_policy",
+    "save_policy",
+    "save_run_policies",
+    "saved_policies",
+]
+
 # New bars whose median close is this many times above or below the training bars' are taken for
 # another instrument (ES and NQ trade about 3.5x apart); the C51 support, costs and reward scale
 # are set in index points of the instrument trained on.
 PRICE_RATIO_LIMIT = 3.0
 _OFF_TICK_LIMIT = 0.01  # more closes than this fraction off the tick grid: another instrument
-
-
-class PolicyError(ValueError):
-    """A run without the asked-for policy, or bars a policy cannot judge: one line with the fix."""
-
-
-class Network(NamedTuple):
-    """A policy's network as the greedy pass reads it."""
-
-    params: networks.Params  # {layer: {"kernel", "bias"}} float32, the canonical tree
-    masks: networks.Params  # same tree, {0, 1} float32
-    sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32}
 
 
 def head_mean_q(cfg: Config, network: Network, obs: jax.Array) -> jax.Array:
@@ -165,7 +155,9 @@ class Policy:
         positions, features, first = self._act(loaded, start)
         held = np.concatenate([[0.0], positions[first:-1]]).astype(np.float32)
         obs = np.concatenate([features[first:], held[:, None]], axis=1)
-        probs = np.asarray(_distributions(self.cfg, self.network, jnp.asarray(obs)))
+        rows = np.zeros((_bucket(len(obs)), obs.shape[1]), np.float32)  # one compile per bucket
+        rows[: len(obs)] = obs
+        probs = np.asarray(_distributions(self.cfg, self.network, jnp.asarray(rows)))[: len(obs)]
         out = np.full((len(loaded), *probs.shape[1:]), np.nan, np.float32)
         out[first:] = probs
         return out
@@ -173,7 +165,14 @@ class Policy:
     def evaluate(self, features: np.ndarray, close: np.ndarray) -> Rollout:
         """The walk-forward's greedy test-window pass over normalised ``features`` [T, F] and
         ``close`` [T], starting flat at row 0 (trimmed numpy record of T-1 actions)."""
-        params = env.make_params(features, close, self.cfg.env)
+        n_bars = len(close)
+        # Padded to a bucket length with the window's end as data: windows of nearby lengths
+        # (a live feed's growing bars) share one compiled pass. Steps past the end are zeroed
+        # and trimmed; the window's steps are computed as without the padding.
+        padding = _bucket(n_bars) - n_bars
+        features = np.concatenate([features, np.zeros((padding, features.shape[1]), np.float32)])
+        close = np.concatenate([close, np.full(padding, close[-1])])
+        params = env.make_params(features, close, self.cfg.env, start=0, end=n_bars)
         return trim(_greedy_rollout(self.cfg, self.network, params), params)
 
     def _act(self, bars: Bars, start: int | None) -> tuple[np.ndarray, np.ndarray, int]:
@@ -195,12 +194,21 @@ class Policy:
         return positions, features, first
 
 
+def _bucket(n: int) -> int:
+    """``n`` rounded up to 256 or to a multiple of 1/16-1/8 of it (under 12.5 % padding, a few
+    lengths per doubling)."""
+    if n <= 256:
+        return 256
+    step = 1 << (n.bit_length() - 4)
+    return -(-n // step) * step
+
+
 def _load(bars: pd.DataFrame | str | os.PathLike[str]) -> Bars:
     """A DataFrame goes through the bar-file loader (one set of rules for files and frames)."""
     if not isinstance(bars, pd.DataFrame):
         return load_bars(bars)
     frame = bars
-    if isinstance(frame.index, pd.DatetimeIndex):
+    if isinstance(frame.index, pd.DatetimeIndex) and "timestamp" not in frame.columns:
         frame = frame.rename_axis("timestamp").reset_index()
     with tempfile.TemporaryDirectory(prefix="jdqn-bars-") as tmp:
         path = Path(tmp) / "bars.parquet"
@@ -258,167 +266,10 @@ def check_bars(meta: dict[str, Any], bars: Bars) -> None:
         )
 
 
-# --- saving and loading -------------------------------------------------------------------------
-
-
-def save_run_policies(
-    run_dir: Path,
-    cfg: Config,
-    data: WalkForwardData,
-    layout: networks.ParamLayout,
-    learner: Any,
-    run_ids: list[tuple[int, int]],
-    rows: list[dict[str, Any]],
-    submit: Callable[..., None] | None = None,
-) -> None:
-    """A bundle for each run of a group (learner state leaves [R, ...], run r = ``run_ids[r]``)
-    whose row says it trained to its end; each written by ``submit(save_policy, ...)`` (a
-    writer thread's queue) or, without it, now."""
-    stored = jax.device_get(learner.params)  # [R, n_params], or its leaves' segments [R, n_k]
-    flat = np.concatenate(stored, axis=-1) if isinstance(stored, tuple) else np.asarray(stored)
-    masks = np.asarray(jax.device_get(learner.masks))
-    sn_u = {name: np.asarray(u) for name, u in jax.device_get(learner.sn_u).items()}
-    common = {
-        "config": json.loads(cfg.to_json()),
-        "source": data.source,
-        "bars_per_year": data.bars_per_year,
-        "features": {
-            "names": list(data.feature_names),
-            "groups": {name: list(ids) for name, ids in data.feature_groups.items()},
-            "lookback_bars": cfg.data.lookback_bars,
-            "clip": cfg.data.feature_clip,
-        },
-        "param_layout": layout.record(),
-    }
-    stamps = [np.asarray(t, "datetime64[ns]").astype(np.int64) for t in data.test_timestamps]
-    bar_seconds = float(np.median(np.concatenate([np.diff(t) for t in stamps])) / 1e9)
-    for r, ((fold, seed), row) in enumerate(zip(run_ids, rows, strict=True)):
-        if row["status"] != "ok":
-            continue
-        instrument = {
-            "tick_size": cfg.env.tick_size,
-            "point_value_usd": cfg.env.point_value_usd,
-            "cost_points": cfg.env.cost_points,
-            "positions": list(cfg.env.positions),
-            "bar_seconds": bar_seconds,
-            "median_close": float(np.median(data.train[fold].close)),
-            "has_volume": data.has_volume,
-        }
-        network = Network(
-            params=layout.unravel(flat[r]),
-            masks=layout.unravel(masks[r]),
-            sn_u={name: u[r] for name, u in sn_u.items()},
-        )
-        save = functools.partial(
-            save_policy,
-            run_dir,
-            fold=fold,
-            seed=seed,
-            network=network,
-            normaliser=data.normalisers[fold],
-            meta={**common, "window": row["window"], "instrument": instrument},
-        )
-        if submit is None:
-            save()
-        else:
-            submit(save)
-
-
-def bundle_dir(run_dir: str | os.PathLike[str], fold: int, seed: int) -> Path:
-    return Path(run_dir) / POLICIES / f"fold{fold}_seed{seed}"
-
-
-def save_policy(
-    run_dir: Path,
-    *,
-    fold: int,
-    seed: int,
-    network: Network,
-    normaliser: Normaliser,
-    meta: dict[str, Any],
-) -> Path:
-    """Write one bundle (module docstring) atomically: a temporary directory renamed into place,
-    replacing a bundle of the same name (a resumed run judges its folds again)."""
-    arrays: dict[str, np.ndarray] = {}
-    for prefix, tree in (("params", network.params), ("masks", network.masks)):
-        for layer, leaves in tree.items():
-            for leaf, value in leaves.items():
-                arrays[f"{prefix}/{layer}/{leaf}"] = np.asarray(value, np.float32)
-    for layer, u in network.sn_u.items():
-        arrays[f"sn_u/{layer}"] = np.asarray(u, np.float32)
-    arrays["normaliser/mean"] = np.asarray(normaliser.mean, np.float64)
-    arrays["normaliser/std"] = np.asarray(normaliser.std, np.float64)
-    record = {"format": FORMAT, "version": VERSION, "fold": fold, "seed": seed, **meta}
-    final = bundle_dir(run_dir, fold, seed)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
-    try:
-        np.savez(staging / "arrays.npz", **arrays)  # type: ignore[arg-type]  # keyword arrays
-        text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n"
-        (staging / "policy.json").write_text(text)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return final
-
-
-def saved_policies(run_dir: str | os.PathLike[str]) -> list[tuple[int, int]]:
-    """(fold, seed) of every bundle in a run directory, sorted."""
-    found = []
-    for path in (Path(run_dir) / POLICIES).glob("fold*_seed*"):
-        fold, _, seed = path.name.removeprefix("fold").partition("_seed")
-        if fold.isdigit() and seed.isdigit() and (path / "policy.json").is_file():
-            found.append((int(fold), int(seed)))
-    return sorted(found)
-
-
 def load_policy(run_dir: str | os.PathLike[str], fold: int | None = None, seed: int = 0) -> Policy:
     """The policy of (``fold``, ``seed``) saved by a walk-forward run; ``fold`` None: the last
     fold (trained on the newest bars). Raises :class:`PolicyError` (one line) when it is not
     there."""
-    run = Path(run_dir)
-    if not run.is_dir():
-        raise PolicyError(f"{run}: no such run directory; fix: pass a walk-forward run directory")
-    saved = saved_policies(run)
-    if not saved:
-        raise PolicyError(
-            f"{run}: no saved policies (the run saved none: it predates saved policies or every "
-            "run of it halted); fix: train it again with this jdqn"
-        )
-    folds = sorted({f for f, _ in saved})
-    fold = folds[-1] if fold is None else int(fold)
-    if (fold, seed) not in saved:
-        listed = ", ".join(f"fold {f} seed {s}" for f, s in saved)
-        raise PolicyError(
-            f"{run}: no policy for fold {fold} seed {seed} (halted runs save none); "
-            f"fix: pick one of: {listed}"
-        )
-    path = bundle_dir(run, fold, seed)
-    meta = json.loads((path / "policy.json").read_text())
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise PolicyError(
-            f"{path}: a policy of format {meta.get('format')!r} version {meta.get('version')!r}, "
-            f"this jdqn reads {FORMAT!r} version {VERSION}; fix: use the jdqn that wrote it"
-        )
-    with np.load(path / "arrays.npz") as stored:
-        arrays = {name: stored[name] for name in stored.files}
-    tree: dict[str, dict[str, dict[str, np.ndarray]]] = {"params": {}, "masks": {}}
-    sn_u: dict[str, jax.Array] = {}
-    for name, value in arrays.items():
-        parts = name.split("/")
-        if parts[0] in tree:
-            tree[parts[0]].setdefault(parts[1], {})[parts[2]] = value
-        elif parts[0] == "sn_u":
-            sn_u[parts[1]] = jnp.asarray(value)
-    as_jax = lambda t: jax.tree.map(jnp.asarray, t)
-    return Policy(
-        cfg=Config.from_dict(meta["config"]),
-        fold=fold,
-        seed=seed,
-        network=Network(as_jax(tree["params"]), as_jax(tree["masks"]), sn_u),
-        normaliser=Normaliser(mean=arrays["normaliser/mean"], std=arrays["normaliser/std"]),
-        meta=meta,
-    )
+    fold, meta, network, normaliser = read_bundle(run_dir, fold, seed)
+    cfg = Config.from_dict(meta["config"])
+    return Policy(cfg, fold, seed, network, normaliser, meta)

@@ -378,8 +378,8 @@ def plot_stitched(
 # The summary's metrics as the table names them, with their number formats.
 _SUMMARY_LABELS = {
     "net_pnl_usd": ("net $", ",.0f"),
-    "sharpe": ("Sharpe (bars)", ".2f"),
-    "sharpe_daily": ("Sharpe (daily)", ".2f"),
+    "sharpe": ("Sharpe (per bar, ann.)", ".2f"),
+    "sharpe_daily": ("Sharpe (daily, ann.)", ".2f"),
     "max_drawdown_usd": ("max drawdown $", ",.0f"),
     "turnover": ("turnover", ",.0f"),
 }
@@ -403,9 +403,9 @@ def summary_text(summary: Mapping[str, Any]) -> str:
         header,
         "-" * len(header),
     ]
-    scopes = [("all", summary["overall"])] + [
-        (f"fold {k}", block) for k, block in summary["folds"].items()
-    ]
+    scopes = [("all", summary["overall"])]
+    if len(summary["folds"]) > 1:  # one fold: "all" is that fold
+        scopes += [(f"fold {k}", block) for k, block in summary["folds"].items()]
     for scope, block in scopes:
         for metric, (label, spec) in _SUMMARY_LABELS.items():
             entry = block["agent"][metric]

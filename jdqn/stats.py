@@ -116,12 +116,14 @@ def trading_days(realised_at: np.ndarray) -> np.ndarray:
     return (np.asarray(realised_at, "datetime64[ns]") + _SESSION_SHIFT).astype("datetime64[D]")
 
 
-def daily_sharpe(net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0) -> float:
+def daily_sharpe(
+    net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0
+) -> float | None:
     """Sharpe ratio of the daily net PnL (per-bar PnL summed per trading day, days with a bar),
-    annualised by sqrt(252); 0 when there are fewer than two days or no spread."""
+    annualised by sqrt(days_per_year); 0 without spread, None for fewer than two trading days."""
     _, day = np.unique(trading_days(realised_at), return_inverse=True)
     daily = np.bincount(day, weights=np.asarray(net, np.float64))
-    return per_bar_sharpe(daily) * math.sqrt(days_per_year) if daily.size >= 2 else 0.0
+    return per_bar_sharpe(daily) * math.sqrt(days_per_year) if daily.size >= 2 else None
 
 
 def expected_max_sharpe(n_trials: int, variance: float) -> float:
@@ -206,11 +208,16 @@ def summarise(
     baselines = sorted(rows[0]["baselines"]) if rows else []
 
     def strata(scoped: list[Mapping[str, Any]], fold_ids: list[int], metric: str, baseline=None):
-        """Per fold, each run's metric (minus its fold's ``baseline``'s when given)."""
-        value = lambda r: (
-            r["agent"][metric] - (0.0 if baseline is None else r["baselines"][baseline][metric])
-        )
-        return [np.array([value(r) for r in scoped if r["fold"] == f]) for f in fold_ids]
+        """Per fold, each run's metric (minus its fold's ``baseline``'s when given); runs
+        where either is None (a daily Sharpe ratio of one day) are left out."""
+
+        def value(r: Mapping[str, Any]) -> float | None:
+            other = 0.0 if baseline is None else r["baselines"][baseline][metric]
+            mine = r["agent"][metric]
+            return None if mine is None or other is None else mine - other
+
+        values = [[value(r) for r in scoped if r["fold"] == f] for f in fold_ids]
+        return [np.array([v for v in vs if v is not None], np.float64) for vs in values]
 
     def block(fold_ids: list[int]) -> dict[str, Any]:
         scoped = [r for r in ok if r["fold"] in fold_ids]

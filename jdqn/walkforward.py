@@ -24,7 +24,7 @@ from jdqn import (
     faults,
     memory,
     placement,
-    policy,
+    policy_bundle,
     provenance,
     report,
     rundir,
@@ -511,7 +511,7 @@ def _run_group(
             by_fold,
             series,
         )
-        policy.save_run_policies(
+        policy_bundle.save_run_policies(
             run.path, cfg, data, program.learner.layout, state.learner, run_ids, rows, writes.submit
         )
         return rows

@@ -75,7 +75,8 @@ def test_daily_sharpe_sums_each_trading_day_from_the_1700_open():
     expected = daily.mean() / daily.std(ddof=1) * math.sqrt(252)
     got = stats.daily_sharpe(np.array([1.0, 2.0, 3.0, 4.0]), stamps)
     assert got == pytest.approx(expected, rel=1e-12)
-    assert stats.daily_sharpe(np.ones(2), stamps[:2] + np.timedelta64(1, "h")) == 0.0  # one day
+    assert stats.daily_sharpe(np.ones(2), stamps[1:3]) is None  # both in Tuesday's session
+    assert stats.daily_sharpe(np.array([1.0, 1.0, 0.0, 1.0]), stamps) == 0.0  # 1 $ every day
 
 
 def test_deflated_sharpe_reproduces_the_papers_worked_example():
@@ -157,6 +158,16 @@ def test_summary_per_fold_and_overall_leaves_halted_runs_out():
     assert overall["deflated_sharpe"]["n_trials"] == 2 and overall["deflated_sharpe"]["n_bars"] == 8
     assert fold1["deflated_sharpe"]["n_trials"] == 3
     assert summary["bootstrap_seed"] == 11 and summary["confidence"] == 0.95
+
+
+def test_runs_without_a_daily_sharpe_ratio_are_left_out_of_its_estimates():
+    rows = [_row(0, s, float(s), flat=0.0) for s in range(3)]
+    rows[1]["agent"]["sharpe_daily"] = None  # a window of one trading day
+    rows[2]["baselines"]["flat"]["sharpe_daily"] = None
+    summary = stats.summarise(rows, [_series(0, s, np.ones(4)) for s in range(3)], seed=0, reps=20)
+    assert summary["overall"]["agent"]["sharpe_daily"]["n"] == 2
+    assert summary["overall"]["agent_minus"]["flat"]["sharpe_daily"]["n"] == 1
+    assert summary["overall"]["agent"]["sharpe"]["n"] == 3
 
 
 def test_a_summary_of_halted_runs_only_has_no_estimates():
