@@ -618,3 +618,30 @@ def test_the_static_metrics_record_matches_what_the_step_returns() -> None:
         jax.tree.leaves(traced), jax.tree.leaves(LEARNER_METRICS_RECORD), strict=True
     ):
         assert (got.shape, got.dtype) == (want.shape, want.dtype)
+
+
+def test_is_weights_and_donors_enter_the_loss(monkeypatch):
+    """The sampled rows' IS weights multiply their loss terms and the donors' rows add theirs:
+    with every IS weight set to w (the sampler patched to return w, through the step's beta
+    argument, so one compile serves every w), each loss part is D + w S with D > 0 (donors) and
+    S > 0 (sampled rows), exactly linear in w."""
+    from jdqn.learner import step as step_module
+
+    real = step_module.replay_sample
+
+    def constant_weights(replay, key, batch_size, alpha, beta):
+        indices, sampled, weights = real(replay, key, batch_size, alpha, beta)
+        return indices, sampled, jnp.full_like(weights, beta)
+
+    monkeypatch.setattr(step_module, "replay_sample", constant_weights)
+    cfg = _cfg("loss.donor_mode=all", "loss.donor_fraction=1.0")
+    learner = make_learner(cfg, N_FEATURES, NON_CAUSAL)
+    state = _filled(learner)
+    step = jax.jit(learner.step)
+    parts = {}
+    for w in (0.0, 0.5, 1.0):
+        _, metrics = step(_copy(state), jnp.float32(0.5), jnp.float32(w))
+        parts[w] = np.array([float(metrics.loss_mse), float(metrics.loss_c51)])
+    donors, sampled = parts[0.0], parts[1.0] - parts[0.0]
+    assert np.all(donors > 0) and np.all(sampled > 0)
+    np.testing.assert_allclose(parts[0.5], donors + 0.5 * sampled, rtol=1e-5)
