@@ -13,6 +13,7 @@ Sections (run in this order; ``--only NAME`` picks some):
 - ``torch_peer``: the same step in PyTorch, eager and CUDA-graph captured (when torch imports);
   the jdqn/peer ratios use jdqn's numbers measured in the same run.
 - ``projection``, ``replay``, ``data_pipeline``: the component benchmarks of their own modules.
+- ``scaling``: seed-steps per second on 1..N devices, weak and strong (``jdqn.bench.scaling``).
 
 Absolute times depend on the machine; the ratios (jdqn vs the peer, in-scan vs per call) are the
 figures to compare across runs.
@@ -31,7 +32,7 @@ from typing import Any
 
 import jax
 
-from jdqn.bench import breakdown, seeds, torch_peer, walkforward_run
+from jdqn.bench import breakdown, scaling, seeds, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, Config
 
 # Goals of issue 6 on the H200 (us, seed-steps/s, s).
@@ -167,6 +168,7 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "projection": _projection,
     "replay": _replay,
     "data_pipeline": _data_pipeline,
+    "scaling": scaling.section,
 }
 
 
