@@ -80,22 +80,28 @@ class Placement:
         donate_argnums: int | tuple[int, ...] = (),
     ) -> Any:
         """``jax.jit(jax.vmap(fn, in_axes))``, with the mapped arguments and every output sharded
-        over the learner axis and the others replicated (``shard_map``: each device vmaps its
-        own learners)."""
-        vmapped = jax.vmap(fn, tuple(in_axes))
+        over the learner axis and the others replicated: each device vmaps its own learners."""
+        mapped = tuple(a == 0 for a in in_axes)
+        return self.local(jax.vmap(fn, tuple(in_axes)), mapped, donate_argnums)
+
+    def local(
+        self,
+        fn: Callable[..., Any],
+        mapped: Sequence[bool],
+        donate_argnums: int | tuple[int, ...] = (),
+    ) -> Any:
+        """``jax.jit(fn)`` where ``fn`` takes and returns a batch of learners (leading axis) in
+        the arguments ``mapped`` says and in every output: on several devices each runs ``fn``
+        on its own learners (``shard_map``), so what ``fn`` sees is the local batch."""
         mesh = self.mesh
         if mesh is None:
-            return jax.jit(vmapped, donate_argnums=donate_argnums)
-        specs = tuple(PartitionSpec(AXIS) if a == 0 else PartitionSpec() for a in in_axes)
+            return jax.jit(fn, donate_argnums=donate_argnums)
+        specs = tuple(PartitionSpec(AXIS) if m else PartitionSpec() for m in mapped)
         return jax.jit(
             # check_vma off: the learners use no collectives, and the step's conds mix values
             # that vary over the devices with ones that do not (a fresh slice reset, say).
             jax.shard_map(
-                vmapped,
-                mesh=mesh,
-                in_specs=specs,
-                out_specs=PartitionSpec(AXIS),
-                check_vma=False,
+                fn, mesh=mesh, in_specs=specs, out_specs=PartitionSpec(AXIS), check_vma=False
             ),
             in_shardings=tuple(NamedSharding(mesh, s) for s in specs),
             out_shardings=NamedSharding(mesh, PartitionSpec(AXIS)),

@@ -11,6 +11,7 @@ Sections (run in this order; ``--only NAME`` picks some):
   the jdqn/peer ratios use jdqn's numbers measured in the same run.
 - ``learning``: the learning scorecard (``jdqn.bench.learning``): the default profile's agent
   against the baselines on a martingale, planted edges, a cost sweep and the ES sample.
+- ``scaling``: seed-steps per second on 1..N devices, weak and strong (``jdqn.bench.scaling``).
 
 Absolute times depend on the machine; the ratios (jdqn vs the peer, in-scan vs per call) are the
 figures to compare across runs. Research probes (kernel lists, the critical path, deviceless
@@ -30,7 +31,7 @@ from typing import Any
 
 import jax
 
-from jdqn.bench import breakdown, seeds, torch_peer, walkforward_run
+from jdqn.bench import breakdown, scaling, seeds, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, Config
 
 
@@ -119,6 +120,7 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "breakdown": _breakdown,
     "torch_peer": _torch_peer,
     "learning": _learning,
+    "scaling": scaling.section,
 }
 
 
