@@ -5,7 +5,8 @@ User errors (bad flags, impossible config, malformed bar file, missing path) pri
 ``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.
 A run whose folds the guard halted exits with status 3. A ``--debug`` run whose check failed
 prints one line naming component, tensor, fold, seed, epoch and step and exits with status 4
-(its ``.incomplete`` run directory holds ``debug_failure.json``).
+(its ``.incomplete`` run directory holds ``debug_failure.json``). Ctrl-C exits 130, SIGTERM
+143 (``jdqn.termination``); a full disk or another storage failure is a one-line error, status 2.
 """
 
 from __future__ import annotations
