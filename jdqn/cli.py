@@ -130,7 +130,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--only",
         action="append",
         default=[],
-        help="run only these sections (repeatable); default: all",
+        help="run only these sections (repeatable); default: all but learning (the scorecard)",
     )
     bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes")
     return parser

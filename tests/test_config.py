@@ -14,7 +14,24 @@ def test_profiles_have_the_documented_smoketest_shape():
     assert cfg.train.n_slices == 64 and cfg.train.epochs == 2
     assert cfg.walkforward.n_folds == 3
     assert cfg.loss.alpha_schedule == (0.0, 0.2)
-    assert (cfg.network.n_atoms, cfg.network.v_min, cfg.network.v_max) == (51, -240.0, 240.0)
+    assert (cfg.network.n_atoms, cfg.network.v_min, cfg.network.v_max) == (51, -10.0, 10.0)
+    assert cfg.env.reward_unit == "train_volatility" and cfg.train.bootstrap_slice_ends
+    assert (cfg.loss.donor_mode, cfg.loss.donor_fraction) == ("all", 2.0)
+
+
+def test_volatility_units_resolve_from_the_train_window():
+    """reward_scale / RMS of the per-bar price change; once resolved, resolving again is a no-op;
+    a window whose close never moves is refused with the fix."""
+    from jdqn.env import volatility_reward_scale
+
+    env = apply_overrides(SMOKETEST, ["env.reward_scale=2.0"]).env
+    close = [100.0, 101.0, 100.0, 102.0]  # changes 1, -1, 2: RMS sqrt(2)
+    resolved = volatility_reward_scale(env, close)
+    assert resolved.reward_unit == "points"
+    assert resolved.reward_scale == pytest.approx(2.0 / 2**0.5)
+    assert volatility_reward_scale(resolved, [1.0, 5.0]) == resolved
+    with pytest.raises(ValueError, match="env.reward_unit"):
+        volatility_reward_scale(env, [100.0, 100.0, 100.0])
 
 
 @pytest.mark.parametrize("cfg", [SMOKETEST, DEFAULT])
