@@ -395,7 +395,10 @@ def _run_group(
     # The programs take the folds' data as an argument (not a closure), so that a compiled
     # program depends only on what ``context`` and the arguments' types say (jdqn.executables).
     executables = _executable_cache(cfg, debug)
+    # The mesh is part of a program too (a stored one runs on the devices it was built for).
     context = _program_context(cfg, non_causal, debug)
+    if len(place.devices) > 1:
+        context += f"|devices={len(place.devices)}"
     compile_program = functools.partial(executables.compile, context=context)
 
     # Named functions: the compile events and the stored programs carry these names.

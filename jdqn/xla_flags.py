@@ -35,7 +35,15 @@ walk-forward run, and it left a second run on the same GPU a quarter of the memo
 allocator is the same (XLA's BFC allocator; it grows its pool and reuses it), so the training
 program's speed does not change.
 
-The flags are no-ops on CPU (the cache directory is still created at ``import jdqn``). A flag
+On CPU, XLA hands reductions to YNNPACK fusions whose summation order depends on the whole
+batch's size: a learner's sum of squares over its parameters came out differently in its last
+bit when it was one of 10 vmapped learners than when it was one of 2, so a run sharded over
+several devices (fewer learners in each program) drifted from the one-device run by float32
+rounding. jdqn turns those fusions off (``--xla_cpu_experimental_ynn_fusion_type=``, empty):
+XLA's own loops reduce each learner's row the same way at any learner count, and a sharded run
+equals the one-device run bit for bit (``jdqn.placement``).
+
+The GPU flags are no-ops on CPU (the cache directory is still created at ``import jdqn``). A flag
 the user already put in ``XLA_FLAGS`` wins (an explicit ``--xla_gpu_autotune_level=0`` restores
 the uncached, autotuning-free behaviour; ``--xla_gpu_command_buffer_scheduling_mode=LHS`` XLA's
 graph order; ``--xla_gpu_dot_merger_threshold_mb=32`` XLA's dot merging), and so does their
@@ -51,6 +59,7 @@ AUTOTUNE_CACHE_FLAG = "--xla_gpu_per_fusion_autotune_cache_dir"
 AUTOTUNE_LEVEL_FLAG = "--xla_gpu_autotune_level"
 SCHEDULING_FLAG = "--xla_gpu_command_buffer_scheduling_mode"
 DOT_MERGER_FLAG = "--xla_gpu_dot_merger_threshold_mb"
+CPU_YNN_FUSIONS_FLAG = "--xla_cpu_experimental_ynn_fusion_type"
 PREALLOCATE_VAR = "XLA_PYTHON_CLIENT_PREALLOCATE"
 
 
@@ -61,9 +70,14 @@ def cache_root() -> Path:
 
 
 def gpu_flags(autotune_dir: Path | None) -> tuple[str, ...]:
-    """The flags jdqn adds: CUDA graphs built from the kernels' buffer uses, no dot merging, and
-    the persistent per-fusion autotune cache in ``autotune_dir`` (none without a directory)."""
-    flags: tuple[str, ...] = (f"{SCHEDULING_FLAG}=CONCURRENT", f"{DOT_MERGER_FLAG}=0")
+    """The flags jdqn adds: CUDA graphs built from the kernels' buffer uses, no dot merging,
+    no YNNPACK fusions on CPU, and the persistent per-fusion autotune cache in ``autotune_dir``
+    (none without a directory)."""
+    flags: tuple[str, ...] = (
+        f"{SCHEDULING_FLAG}=CONCURRENT",
+        f"{DOT_MERGER_FLAG}=0",
+        f"{CPU_YNN_FUSIONS_FLAG}=",
+    )
     if autotune_dir is not None:
         flags += (f"{AUTOTUNE_CACHE_FLAG}={autotune_dir}",)
     return flags

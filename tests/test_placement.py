@@ -169,6 +169,9 @@ def _checkpointed_state(directory):
 
 @pytest.mark.slow
 def test_a_run_sharded_over_four_devices_equals_the_one_device_run(tmp_path):
+    """6 learners on 4 forced CPU devices (padded to 8) against one device, bit for bit; and
+    in waves of 4 (room made for one learner per device), killed after the first wave's first
+    epoch and resumed."""
     script = f"import sys; sys.argv = ['x', {str(tmp_path)!r}]\n" + _SHARDED_RUNS
     env_code = "import os; os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=4'\n"
     done = run_child(env_code + script, timeout=900)
@@ -187,20 +190,10 @@ def test_a_run_sharded_over_four_devices_equals_the_one_device_run(tmp_path):
     assert len(one) == len(four) and all(
         np.array_equal(a, b) for a, b in zip(one, four, strict=True)
     )
-    # The metrics: a chunk's means of the losses may round differently in their last bit
-    # (XLA:CPU reduces a [learners, rows] batch by blocks that depend on the learner count).
-    rows = [
-        [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-        for name in ("one", "four")
-    ]
-    assert len(rows[0]) == len(rows[1]) == 12
-    for a, b in zip(*rows, strict=True):
-        assert a.keys() == b.keys()
-        for key in a:
-            if isinstance(a[key], float):
-                assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-12), key
-            else:
-                assert a[key] == b[key], key
+    # And every metric of every chunk of every learner (jdqn.xla_flags: no YNNPACK fusions).
+    assert (tmp_path / "four" / "metrics.jsonl").read_text() == (
+        tmp_path / "one" / "metrics.jsonl"
+    ).read_text()
     notices = json.loads(done.stdout.splitlines()[-1])
     assert sum("running 2 waves of 4" in line for line in notices) == 1  # not again on resume
     assert sum("resumed group 0 after epoch 1" in line for line in notices) == 1

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from jdqn.xla_flags import (
     AUTOTUNE_CACHE_FLAG,
+    CPU_YNN_FUSIONS_FLAG,
     DOT_MERGER_FLAG,
     PREALLOCATE_VAR,
     SCHEDULING_FLAG,
@@ -17,29 +18,35 @@ from jdqn.xla_flags import (
 CACHE = Path("/cache/autotune")
 CONCURRENT = f"{SCHEDULING_FLAG}=CONCURRENT"
 NO_DOT_MERGE = f"{DOT_MERGER_FLAG}=0"
+NO_YNN = f"{CPU_YNN_FUSIONS_FLAG}="
 
 
 def test_the_graph_mode_dot_merging_and_autotune_cache_are_added_to_empty_and_other_flags():
     assert with_gpu_flags("", CACHE).split() == [
         CONCURRENT,
         NO_DOT_MERGE,
+        NO_YNN,
         f"{AUTOTUNE_CACHE_FLAG}=/cache/autotune",
     ]
     assert with_gpu_flags("--xla_force_host_platform_device_count=1", CACHE).split() == [
         "--xla_force_host_platform_device_count=1",
         CONCURRENT,
         NO_DOT_MERGE,
+        NO_YNN,
         f"{AUTOTUNE_CACHE_FLAG}=/cache/autotune",
     ]
     # Without a cache directory no autotune cache is added.
-    assert with_gpu_flags("", None) == f"{CONCURRENT} {NO_DOT_MERGE}"
+    assert with_gpu_flags("", None) == f"{CONCURRENT} {NO_DOT_MERGE} {NO_YNN}"
 
 
 def test_what_the_user_set_wins_and_nothing_is_added_twice():
     # An explicit autotune level (0 = no autotuning) is taken as is: no cache added.
     level = "--xla_gpu_autotune_level=0"
-    assert with_gpu_flags(level, CACHE).split() == [level, CONCURRENT, NO_DOT_MERGE]
-    own = f"{AUTOTUNE_CACHE_FLAG}=/elsewhere {SCHEDULING_FLAG}=LHS {DOT_MERGER_FLAG}=32"
+    assert with_gpu_flags(level, CACHE).split() == [level, CONCURRENT, NO_DOT_MERGE, NO_YNN]
+    own = (
+        f"{AUTOTUNE_CACHE_FLAG}=/elsewhere {SCHEDULING_FLAG}=LHS {DOT_MERGER_FLAG}=32 "
+        f"{CPU_YNN_FUSIONS_FLAG}=default"
+    )
     assert with_gpu_flags(own, CACHE) == own
     once = with_gpu_flags("", CACHE)
     assert with_gpu_flags(once, CACHE) == once
@@ -75,6 +82,7 @@ def test_importing_jdqn_sets_the_flags_before_any_backend_starts(tmp_path):
     assert flags.split() == [
         CONCURRENT,
         NO_DOT_MERGE,
+        NO_YNN,
         f"{AUTOTUNE_CACHE_FLAG}={tmp_path / 'autotune'}",
     ]
     assert (tmp_path / "autotune").is_dir()
@@ -86,7 +94,7 @@ def test_an_unwritable_cache_dir_adds_no_autotune_cache(tmp_path):
     blocker.write_text("not a directory")
     code = "import os, jdqn; print(repr(os.environ.get('XLA_FLAGS', '')))"
     result = _fresh_process(code, JDQN_CACHE_DIR=str(blocker / "cache"))
-    assert result.stdout.strip() == repr(f"{CONCURRENT} {NO_DOT_MERGE}")
+    assert result.stdout.strip() == repr(f"{CONCURRENT} {NO_DOT_MERGE} {NO_YNN}")
 
 
 def test_gpu_memory_is_taken_on_demand_unless_the_user_says_otherwise(tmp_path):
