@@ -202,3 +202,18 @@ def test_a_run_sharded_over_four_devices_equals_the_one_device_run(tmp_path):
         "group0",
         "group1",
     ]
+
+
+def test_the_scaling_section_counts_devices_and_measures_on_one():
+    from jdqn.bench import scaling
+
+    assert scaling.device_counts(1) == [1]
+    assert scaling.device_counts(4) == [1, 2, 4]
+    assert scaling.device_counts(6) == [1, 2, 4, 6]
+    rows = scaling.measure(apply_overrides(SMOKETEST, TINY), quick=True, max_devices=1)
+    assert [(r["scaling"], r["devices"], r["learners"]) for r in rows] == [
+        ("weak", 1, 2),
+        ("strong", 1, 2),
+    ]
+    assert all(r["seed_steps_per_s"] > 0 and r["efficiency"] == 1.0 for r in rows)
+    assert "| weak | 1 | 2 |" in scaling.format_table(rows)
