@@ -270,7 +270,7 @@ def plan_waves(
         if by_offsets < 1:
             raise PlacementError(
                 f"one learner's {n_params:,} parameters x {FLAT_TAIL_PARTS} loss parts exceed "
-                "the flat tail's int32 offsets (2^31); fix: set optim.update_impl=xla or shrink "
+                "the flat tail's int32 offsets (2^31); fix: set accel.kernels=off or shrink "
                 "network.hidden"
             )
         per_device, limit = by_offsets, "the flat tail's int32 offsets (2^31)"
