@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from jdqn.config.sections import (
     Config,
     DataConfig,
@@ -24,17 +22,13 @@ from jdqn.config.sections import (
 # support lost on every case (planted 0.3 median -$48K, 171 position changes per 1,000 bars);
 # these settings take 0.92 of the oracle on planted 0.3 and sit out a martingale.
 _VOLATILITY_UNITS = EnvConfig(reward_unit="train_volatility")
-_N_ATOMS, _V_MIN, _V_MAX = 51, -10.0, 10.0
-_DONOR_MODE: Literal["all"] = "all"
-_DONOR_FRACTION = 2.0
+_V_MIN, _V_MAX = -10.0, 10.0
 
 SMOKETEST = Config(
     data=DataConfig(),
     env=_VOLATILITY_UNITS,
-    network=NetworkConfig(hidden=(64, 64), n_atoms=_N_ATOMS, v_min=_V_MIN, v_max=_V_MAX),
-    loss=LossConfig(
-        alpha_schedule=(0.0, 0.2), donor_mode=_DONOR_MODE, donor_fraction=_DONOR_FRACTION
-    ),
+    network=NetworkConfig(hidden=(64, 64), n_atoms=51, v_min=_V_MIN, v_max=_V_MAX),
+    loss=LossConfig(alpha_schedule=(0.0, 0.2), donor_mode="all", donor_fraction=2.0),
     replay=ReplayConfig(capacity=256),
     train=TrainConfig(n_slices=64, batch_size=64, epochs=2, bootstrap_slice_ends=True),
     walkforward=WalkForwardConfig(n_folds=3),
@@ -45,11 +39,9 @@ DEFAULT = Config(
     # Five heads on a 64x64 torso: their mean acts, which halves the martingale's position
     # changes against one head of 256x256 and keeps the planted edge (the scorecard, 4 seeds).
     network=NetworkConfig(
-        hidden=(64, 64), n_heads=5, bootstrap_prob=0.8, n_atoms=_N_ATOMS, v_min=_V_MIN, v_max=_V_MAX
+        hidden=(64, 64), n_atoms=51, v_min=_V_MIN, v_max=_V_MAX, n_heads=5, bootstrap_prob=0.8
     ),
-    loss=LossConfig(
-        alpha_schedule=(0.0, 0.2, 0.5, 0.5), donor_mode=_DONOR_MODE, donor_fraction=_DONOR_FRACTION
-    ),
+    loss=LossConfig(alpha_schedule=(0.0, 0.2, 0.5, 0.5), donor_mode="all", donor_fraction=2.0),
     replay=ReplayConfig(capacity=100_000),
     train=TrainConfig(
         n_slices=64,
