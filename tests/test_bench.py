@@ -62,9 +62,8 @@ def test_quick_step_sections_write_well_formed_json(tmp_path) -> None:
         assert math.isfinite(row["us_per_step"]) and row["us_per_step"] > 0
     seeds = out["sections"]["seeds"]["rows"]
     assert [r["seeds"] for r in seeds] == [1, 16]
-    # On CPU every S uses the XLA tail and pick (the kernels are for a GPU's many learners).
+    # On CPU every S uses the XLA tail (the kernels are for a GPU's many learners).
     assert [r["update_impl"] for r in seeds] == ["xla", "xla"]
-    assert [r["pick_impl"] for r in seeds] == ["xla", "xla"]
     for r in seeds:  # seed-steps/s is S / (seconds per vmapped step), by definition
         assert r["seed_steps_per_s"] == pytest.approx(
             r["seeds"] / (1e-6 * r["us_per_vmapped_step"])
@@ -602,23 +601,3 @@ def test_fused_mlp_cli_refuses_a_cpu(capsys) -> None:
         fused_mlp.main(["--learners", "1"])
     assert exit_info.value.code == 2
     assert "run this on a GPU" in capsys.readouterr().err
-
-
-def test_pick_benchmark_times_xla_and_each_kernel_launch() -> None:
-    """The pick section on this backend (interpret mode off a GPU): XLA's form and every asked
-    launch of the kernel, each with a profiler time and its agreement with the reference."""
-    from jdqn.bench import pick
-
-    rows = pick.run(learners=2, repeats=2, launches=((8, 2), (16, 1)))
-    assert [row["impl"] for row in rows] == [
-        "xla",
-        "kernel, 8 rows x 2 warps",
-        "kernel, 16 rows x 1 warps",
-    ]
-    for row in rows:
-        assert row["kernel_us"] > 0 and row["max_abs_diff_vs_reference"] < 2e-5
-    # Both nets' logits read and the outputs written, at 4 bytes each.
-    assert pick.hbm_bytes(2) == 4 * (2 * 160 * 153 + 2 * 2 * 153 + 160 * 55)
-    assert "kernel us" in pick.format_table(rows)
-    with pytest.raises(SystemExit):
-        pick.main(["--learners", "0"])

@@ -128,10 +128,10 @@ def compile_deviceless(
     from jax._src.pallas.triton import gpu_info
     from jax.experimental import topologies
 
+    from jdqn.accel import update_impl
     from jdqn.bench.breakdown import scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
     from jdqn.learner import make_learner
-    from jdqn.learner.step import resolve_pick_impl, resolve_update_impl
 
     topology = topologies.get_topology_desc(
         platform="cuda", target_config=target_config, topology="1x1x1"
@@ -147,9 +147,8 @@ def compile_deviceless(
 
     cfg = apply_overrides(SMOKETEST, list(overrides))
     # "auto" as on the GPU: this process's default backend is the CPU.
-    update_impl = resolve_update_impl(cfg.optim.update_impl, "gpu", debug=False, learners=n_seeds)
-    pick_impl = resolve_pick_impl(cfg.loss.pick_impl, "gpu", learners=n_seeds)
-    cfg = apply_overrides(cfg, [f"optim.update_impl={update_impl}", f"loss.pick_impl={pick_impl}"])
+    impl = update_impl(cfg, "gpu", debug=False, learners=n_seeds)
+    cfg = apply_overrides(cfg, [f"optim.update_impl={impl}"])
     learner = make_learner(cfg, 15, (0, 1, 2), learners=n_seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), n_seeds)
     abstract = jax.eval_shape(jax.vmap(learner.init), keys)

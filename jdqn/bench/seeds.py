@@ -25,6 +25,7 @@ from typing import Any
 
 import jax
 
+from jdqn.accel import update_impl
 from jdqn.bench.breakdown import (
     N_FEATURES,
     NON_CAUSAL,
@@ -34,7 +35,6 @@ from jdqn.bench.breakdown import (
 )
 from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner import Learner, LearnerState, make_learner
-from jdqn.learner.step import resolve_pick_impl, resolve_update_impl
 
 SEEDS: tuple[int, ...] = (1, 16, 128, 1024)
 QUICK_SEEDS: tuple[int, ...] = (1, 16)
@@ -94,12 +94,8 @@ def run(
             {
                 "seeds": n_seeds,
                 # Which flat tail optim.update_impl gave this S (auto: Pallas from 16 on a GPU).
-                "update_impl": resolve_update_impl(
-                    cfg.optim.update_impl, jax.default_backend(), debug=False, learners=n_seeds
-                ),
-                # Which double-DQN pick loss.pick_impl gave it (auto: the kernel from 16 on a GPU).
-                "pick_impl": resolve_pick_impl(
-                    cfg.loss.pick_impl, jax.default_backend(), learners=n_seeds
+                "update_impl": update_impl(
+                    cfg, jax.default_backend(), debug=False, learners=n_seeds
                 ),
                 "n_steps": n_steps,
                 "us_per_vmapped_step": 1e6 * step_s,
@@ -176,15 +172,14 @@ def format_comparison(rows: Sequence[dict[str, Any]]) -> str:
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| seeds S | us per vmapped step | seed-steps/s | vs S=1 | compile s | flat tail | pick |",
-        "|---|---|---|---|---|---|---|",
+        "| seeds S | us per vmapped step | seed-steps/s | vs S=1 | compile s | flat tail |",
+        "|---|---|---|---|---|---|",
     ]
     base = rows[0]["seed_steps_per_s"] if rows else 1.0
     for r in rows:
         lines.append(
             f"| {r['seeds']} | {r['us_per_vmapped_step']:.1f} | {r['seed_steps_per_s']:,.0f} | "
-            f"{r['seed_steps_per_s'] / base:.1f}x | {r['compile_s']:.1f} | {r['update_impl']} | "
-            f"{r['pick_impl']} |"
+            f"{r['seed_steps_per_s'] / base:.1f}x | {r['compile_s']:.1f} | {r['update_impl']} |"
         )
     return "\n".join(lines)
 
