@@ -6,7 +6,7 @@ vectors and its loss parts' gradients a ``[parts, P]`` matrix (``jdqn.networks.P
 What XLA makes of the tail is a dozen passes over them (the surgery's split reductions, Adam's
 fusions, the sync, one ``select`` per state vector: XLA does not fuse sibling selects that share
 only a predicate), and under ``vmap`` over many learners those passes are bound by memory
-bandwidth (BENCHMARKS.md, issue 6). Here:
+bandwidth. Here:
 
 - :func:`gram` reads the ``[parts, P]`` gradients once and returns ``row_max [parts]`` and
   ``gram [parts, parts]`` (the Gram matrix of the rows divided by their max), the only
@@ -18,7 +18,7 @@ bandwidth (BENCHMARKS.md, issue 6). Here:
   the guard passes. The guard needs the total's finiteness and the new parameters' squared
   norm, so one launch sums those and a second recomputes the candidate and writes the kept
   values in place (with a hard sync, the target only on the steps the sync is due: its old
-  values are never read, BENCHMARKS.md, Z4).
+  values are never read).
 
 The guard's sums pass is skipped where it cannot fail. Given the largest ``|x|`` of the stored
 parameters and moments (:class:`TailBounds`, which the write launch returns for the next step)
@@ -31,24 +31,23 @@ at once, and its decision is ``pre_ok`` alone. The write launch computes the can
 squared norm anyway, so every output is what the two passes give. In practice the bounds hold
 from the second step on: the bound on ``|update|`` is 1e5 ``|mu_hat|`` at ``lr`` 1e-3 and
 ``eps`` 1e-8, and the parameters' limit is ``1e18 / sqrt(n)``, 8e15 for the smoketest's 15,193.
-The first step, and any step after XLA's tail wrote the state, run the sums.
+The first step, and any step after XLA's update wrote the state, run the sums.
 
 The gradients can also come as the matrix's column segments, one ``[parts, n_k]`` array per
 leaf of the parameter tree in flat order (``Grads``): the per-layer gradients where the backward
 pass wrote them. Each segment then has blocks of its own, and no ``[parts, P]`` copy is made
 for the kernels: at 1,024 learners on the H200 that copy was ~63 us of a 1,322 us step, and the
-step with segments took 1,263 us (-4.5 %; BENCHMARKS.md, F1). The parameters and the target
-may come in the same segments (:class:`TailVectors`) and are then written back in them, in
-place: the learner keeps them so, and its GEMMs read them without a slice copy (1,258 ->
-1,148 us, F5).
+step with segments took 1,263 us (-4.5 %). Every vector (:class:`TailVectors`) may come in the
+same segments and is then written back in them, in place: the learner keeps its state as the
+parameter tree, whose leaves are those segments, and its GEMMs read them without a slice copy
+(1,258 -> 1,148 us at 1,024 learners).
 
 The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
 folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
 XLA. Each element is written by its own program: no atomics, a fixed order, deterministic.
 
 On the H200 the kernels pay off from ~16 vmapped learners on (``optim.update_impl=auto`` uses
-them from ``jdqn.learner.step.FUSED_TAIL_MIN_LEARNERS``); for a single learner XLA's tail is
-faster (BENCHMARKS.md, "Ninth session").
+them from ``jdqn.accel.FUSED_TAIL_MIN_LEARNERS``); for a single learner XLA's tail is faster.
 
 Non-finite gradients: a row with any non-finite entry gets a NaN ``row_max`` (counted
 explicitly; a max over NaN is not reliable across backends), which the guard reads as "the

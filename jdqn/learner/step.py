@@ -26,7 +26,6 @@ a cond on it stays a branch.
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, NamedTuple
 
 import jax
@@ -39,6 +38,7 @@ from jdqn.accel import Accel, SurgeryInputs, TailState, Update, all_finite, sele
 from jdqn.config import Config
 from jdqn.donors import n_donors_for
 from jdqn.learner.batch import Batch, sample_batch
+from jdqn.learner.checks import check_batch, check_online, check_state, check_target
 from jdqn.learner.state import GuardRecord, Learner, LearnerMetrics, LearnerState, guard_record
 from jdqn.replay import replay_add, replay_init, replay_update
 from jdqn.transition import Transition, example_transition
@@ -156,7 +156,7 @@ def learner_step(
     schedule = state.step if clock is None else jnp.asarray(clock, jnp.int32)
     key, sample_key, donor_key, causal_key, donor_mask_key = jax.random.split(state.key, 5)
     checks = debug_mode.boundaries(setup.debug, state.step)  # no-ops when debug is off
-    _check_state(checks, state, schedule, clock is not None)
+    check_state(checks, state, schedule, clock is not None)
 
     # 1-2. PER sample and HER donors (IS weight 1, never write priorities).
     batch = sample_batch(
@@ -167,7 +167,7 @@ def learner_step(
         cfg,
         setup.n_donors,
     )
-    _check_batch(checks, batch)
+    check_batch(checks, batch)
 
     # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm; the VJP
     # of the online ones pulls the loss parts' gradients back to the parameters.
@@ -193,7 +193,7 @@ def learner_step(
     target = losses.td_target(
         logits_next, target_logits_next, batch.transitions.reward, batch.discount, cfg
     )
-    _check_target(checks, target, net)
+    check_target(checks, target, net)
 
     # 5-6. The loss parts and each one's gradient (one forward, one VJP per part).
     def online_loss_parts(e: Any) -> tuple[jax.Array, losses.OnlinePass]:
@@ -203,7 +203,7 @@ def learner_step(
             return losses.loss_parts(logits, batch.transitions.action, batch.weights, target, cfg)
 
     loss_values, parts_vjp, online = jax.vjp(online_loss_parts, eff, has_aux=True)
-    _check_online(checks, loss_values, online, losses.part_names(cfg), net)
+    check_online(checks, loss_values, online, losses.part_names(cfg), net)
     blend = jnp.ones_like(loss_values).at[0].set(1.0 - alpha).at[1].set(alpha)
     (part_grads,) = jax.vmap(parts_vjp)(jnp.diag(blend))  # tree, leaves [parts, ...]
 
@@ -421,44 +421,3 @@ def _causal_part(
         return kl_and_grads(weight * due.astype(jnp.float32))
     zeros = lambda: jax.tree.map(jnp.zeros_like, (jnp.float32(0), eff))  # noqa: E731
     return jax.lax.cond(due, lambda: kl_and_grads(weight), zeros)
-
-
-def _check_state(checks: Any, state: LearnerState, schedule: jax.Array, clocked: bool) -> None:
-    """Debug: the stored parameters are finite, and a given clock is the own step counter."""
-    checks.finite("learner_state", "params", state.params)
-    checks.finite("learner_state", "target_params", state.target_params)
-    if clocked:
-        offset = (state.step - schedule).astype(jnp.float32)
-        checks.within("learner_state", "step_minus_clock", offset, 0.0, 0.0)
-
-
-def _check_batch(checks: Any, batch: Batch) -> None:
-    checks.within("replay", "is_weights", batch.is_weights, 0.0, 1.0)
-    checks.finite("batch", "observation", batch.obs)
-    checks.finite("batch", "next_observation", batch.next_obs)
-    checks.finite("batch", "reward", batch.transitions.reward)
-    checks.finite("batch", "price_change", batch.transitions.price_change)
-
-
-def _q_range(net: Any) -> tuple[float, float]:
-    """Q's range, with slack for float32 rounding of sum_i p_i z_i (p sums to 1 within 1e-6)."""
-    slack = 1e-4 * (net.v_max - net.v_min)
-    return net.v_min - slack, net.v_max + slack
-
-
-def _check_target(checks: Any, target: losses.TdTarget, net: Any) -> None:
-    low, high = _q_range(net)
-    checks.within("online_network", "q_next", target.q_next, low, high)
-    checks.within("target_network", "q_star", target.q_star, low, high)
-    checks.distribution("projection", "projected_target", target.projected, 1e-4)
-    checks.distribution("label_smoothing", "target", target.distribution, 1e-4)
-    checks.within("scalar_target", "y", target.y, net.v_min, net.v_max)
-
-
-def _check_online(
-    checks: Any, loss_values: jax.Array, online: losses.OnlinePass, parts: tuple[str, ...], net: Any
-) -> None:
-    checks.within("online_network", "log_probs", online.log_probs, -math.inf, 0.0)
-    checks.within("online_network", "q", online.q, *_q_range(net))
-    for i, name in enumerate(parts):
-        checks.finite("loss", f"loss_{name}", loss_values[i])
