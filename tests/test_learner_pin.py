@@ -49,9 +49,9 @@ EVERYTHING = (
     "loss.grad_budget=1e-2",
     "loss.projection_impl=reference",
 )
-XLA = ("optim.update_impl=xla", "loss.pick_impl=xla")
+XLA = ("optim.update_impl=xla",)
 # One head, no diversity: the causal term is a loss part of its own; kernels in interpret mode.
-KERNELS = ("network.n_heads=1", "optim.update_impl=interpret", "loss.pick_impl=interpret")
+KERNELS = ("network.n_heads=1", "optim.update_impl=interpret")
 
 
 def _transitions(key: jax.Array, n: int) -> Transition:
