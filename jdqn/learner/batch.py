@@ -31,7 +31,7 @@ def sample_batch(
     replay: ReplayState,
     keys: tuple[jax.Array, jax.Array, jax.Array],
     bootstrap_key: jax.Array,
-    beta: jax.Array,
+    beta: jax.Array | float,
     cfg: Config,
     n_donors: int,
 ) -> Batch:
@@ -47,7 +47,7 @@ def sample_batch(
     batch_size, net = cfg.train.batch_size, cfg.network
     with jax.named_scope("per_sample"):
         indices, sampled, is_weights = replay_sample(
-            replay, sample_key, batch_size, cfg.replay.alpha, beta
+            replay, sample_key, batch_size, cfg.replay.alpha, jnp.asarray(beta, jnp.float32)
         )
     rows, row_weights = sampled, is_weights
     if n_donors > 0:

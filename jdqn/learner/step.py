@@ -159,31 +159,24 @@ def learner_step(
     check_state(checks, state, schedule, clock is not None)
 
     # 1-2. PER sample and HER donors (IS weight 1, never write priorities).
-    batch = sample_batch(
-        state.replay,
-        (sample_key, donor_key, donor_mask_key),
-        state.bootstrap_key,
-        jnp.asarray(beta, jnp.float32),
-        cfg,
-        setup.n_donors,
-    )
+    keys = (sample_key, donor_key, donor_mask_key)
+    batch = sample_batch(state.replay, keys, state.bootstrap_key, beta, cfg, setup.n_donors)
     check_batch(checks, batch)
 
     # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm; the VJP
     # of the online ones pulls the loss parts' gradients back to the parameters.
     masks = _scheduled_masks(state, schedule, net) if net.target_sparsity > 0 else None
-
-    def effective(params: Any) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
-        eff, new_u, sigmas = networks.effective_params(params, masks, state.sn_u, net, True)
-        return eff, (new_u, sigmas)
-
+    eff, pull_back, (new_u, sigmas) = jax.vjp(
+        functools.partial(_effective, masks=masks, sn_u=state.sn_u, net=net),
+        state.params,
+        has_aux=True,
+    )
     with jax.named_scope("target_net"):
         target_eff, _, _ = networks.effective_params(
             state.target_params, masks, state.sn_u, net, False
         )
         target_logits_next = networks.apply(target_eff, batch.next_obs, cfg)
     with jax.named_scope("online_forward"):
-        eff, pull_back, (new_u, sigmas) = jax.vjp(effective, state.params, has_aux=True)
         logits_next = networks.apply(eff, batch.next_obs, cfg)  # picks a*: no gradient
     checks.finite("target_network", "logits_next", target_logits_next)
     checks.finite("spectral_norm", "u", new_u)
@@ -236,8 +229,7 @@ def learner_step(
         all_losses = jnp.append(loss_values, loss_cfg.causal_weight * loss_causal)
         before_update = _failures_before_update(batch, all_losses, online, target, td, loss_cfg)
 
-    # 7-8, 10-11. Gradient surgery, Adam on the sum, masks, target sync; kept only where the
-    # guard passes.
+    # 7-8, 10-11. Gradient surgery, Adam on the sum, masks, target sync; kept if the guard passes.
     update = accel.update(
         grads,
         TailState(state.params, state.target_params, masks, state.opt_state, state.tail_bounds),
@@ -247,28 +239,53 @@ def learner_step(
         checks,
     )
 
-    # 13. Guard: the first failing quantity, in GUARD_REASONS order.
-    failures = jnp.stack(
-        [
-            *before_update[:2],
-            ~update.gradient_finite,
-            ~jnp.isfinite(update.params_sq_norm),
-            *before_update[2:],
-        ]
-    )
+    # 13. Guard: the first failing quantity, in GUARD_REASONS order; then the state (12: the
+    # PER priorities of the sampled rows), the update kept only where the guard passed.
+    after_update = jnp.stack([~update.gradient_finite, ~jnp.isfinite(update.params_sq_norm)])
+    failures = jnp.concatenate([before_update[:2], after_update, before_update[2:]])
     guard, applied = guard_record(state.guard, failures, state.step)
+    new_state = _kept_state(
+        state, update, guard, applied, (batch.indices, td), new_u, masks, key, cfg.replay
+    )
 
-    # 12. PER priorities, written only when the step is kept (a row mask: O(B)).
+    # 14. Metrics.
+    with jax.named_scope("metrics"):
+        extras = {  # besides the loss parts, the surgery's scalars, Q and the targets
+            "loss_causal": jnp.where(causal_due, loss_causal, 0.0),
+            "causal_applied": causal_due.astype(jnp.float32) * float(bool(setup.non_causal)),
+            "priorities": new_state.replay.priorities[batch.indices],  # [B] as stored
+            "sigma_max": jnp.max(sigmas, initial=0.0),
+            "sparsity": networks.mask_sparsity(masks) if masks is not None else 0.0,
+        }
+        metrics = _metrics(loss_values, update, online, target, extras, alpha, guard, cfg)
+    return new_state, metrics
+
+
+def _kept_state(
+    state: LearnerState,
+    update: Update,
+    guard: GuardRecord,
+    applied: jax.Array,
+    priorities: tuple[jax.Array, jax.Array],
+    new_u: dict[str, jax.Array],
+    masks: Any,
+    key: jax.Array,
+    replay_cfg: Any,
+) -> LearnerState:
+    """The state after the step: the update as ``jdqn.accel`` kept it, and the rest (new ``u``,
+    masks, phi_hat, key, the sampled rows' ``priorities = (indices [B], |y - Q| [B])``) kept
+    where the guard ``applied`` the step. The priorities are a row mask: an O(B) write."""
+    indices, td = priorities
     with jax.named_scope("per_update"):
         replay = replay_update(
             state.replay,
-            batch.indices,
+            indices,
             td,
-            jnp.broadcast_to(applied, batch.indices.shape),
-            cfg.replay.priority_eps,
-            cfg.replay.priority_max,
+            jnp.broadcast_to(applied, indices.shape),
+            replay_cfg.priority_eps,
+            replay_cfg.priority_max,
         )
-    new_state = LearnerState(
+    return LearnerState(
         params=update.state.params,
         target_params=update.state.target_params,
         sn_u=select(applied, new_u, state.sn_u),
@@ -283,17 +300,15 @@ def learner_step(
         tail_bounds=update.state.bounds,
     )
 
-    # 14. Metrics.
-    with jax.named_scope("metrics"):
-        extras = {
-            "loss_causal": jnp.where(causal_due, loss_causal, 0.0),
-            "causal_applied": causal_due.astype(jnp.float32) * float(bool(setup.non_causal)),
-            "priorities": replay.priorities[batch.indices],  # [B] as stored
-            "sigma_max": jnp.max(sigmas, initial=0.0),
-            "sparsity": networks.mask_sparsity(masks) if masks is not None else 0.0,
-        }
-        metrics = _metrics(loss_values, update, online, target, extras, alpha, guard, cfg)
-    return new_state, metrics
+
+def _effective(
+    params: Any, masks: Any, sn_u: dict[str, jax.Array], net: Any
+) -> tuple[Any, tuple[dict[str, jax.Array], jax.Array]]:
+    """The online net's effective weights (mask, then spectral norm with ``u`` updated), and the
+    new ``u`` and sigmas as auxiliary outputs: differentiated, the mask inside gives pruned
+    entries a zero gradient."""
+    eff, new_u, sigmas = networks.effective_params(params, masks, sn_u, net, True)
+    return eff, (new_u, sigmas)
 
 
 def _surgery_inputs(
