@@ -129,10 +129,10 @@ def compile_deviceless(
     from jax.experimental import topologies
 
     from jdqn import kernel_choice
+    from jdqn.accel import update_impl
     from jdqn.bench.breakdown import scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
     from jdqn.learner import make_learner
-    from jdqn.learner.step import resolve_pick_impl, resolve_update_impl
 
     topology = topologies.get_topology_desc(
         platform="cuda", target_config=target_config, topology="1x1x1"
@@ -148,10 +148,8 @@ def compile_deviceless(
 
     cfg = apply_overrides(SMOKETEST, list(overrides))
     # "auto" as on the GPU: this process's default backend is the CPU.
-    kernels = kernel_choice.kernels_for(cfg.accel)
-    update_impl = resolve_update_impl(kernels.tail, "gpu", debug=False, learners=n_seeds)
-    pick_impl = resolve_pick_impl(kernels.pick, "gpu", learners=n_seeds)
-    with kernel_choice.forced(f"tail={update_impl},pick={pick_impl}"):
+    impl = update_impl(cfg, "gpu", debug=False, learners=n_seeds)
+    with kernel_choice.forced(f"tail={impl}"):
         learner = make_learner(cfg, 15, (0, 1, 2), learners=n_seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), n_seeds)
     abstract = jax.eval_shape(jax.vmap(learner.init), keys)

@@ -3,18 +3,18 @@
 Users choose with the ``accel`` config section:
 
 - ``accel.kernels=auto`` (default): each Pallas kernel where it pays off. The C51 projection runs
-  as a kernel on any GPU; the double-DQN pick at s' and the step's flat tail (surgery
-  reductions, Adam, target sync, guard select) run as kernels on a GPU for programs that step 16
-  or more vmapped learners together, outside debug mode; XLA runs the rest.
+  as a kernel on any GPU; the step's flat tail (surgery reductions, Adam, target sync, guard
+  select) runs as kernels on a GPU for programs that step 16 or more vmapped learners together,
+  outside debug mode (``jdqn.accel``); XLA runs the rest.
 - ``accel.kernels=off``: no kernel anywhere (the projection's pure-jnp form, XLA's fusions for the
-  pick and the tail): the plain path, to compare against or to rule the kernels out.
+  tail): the plain path, to compare against or to rule the kernels out.
 
 Tests and benchmarks need more: one piece at a time, and Pallas's interpret mode, which runs a
 kernel on the CPU (slowly) so that CI checks the kernels without a GPU. That is not a user
 setting; it is reached only through the environment variable :data:`KERNELS_ENV`, e.g.
-``JDQN_KERNELS=tail=interpret,pick=xla`` (see :func:`forced`). The variable is part of the stored
-executables' key (``jdqn.executables``), so programs built under it are never mixed up with
-others.
+``JDQN_KERNELS=tail=interpret,projection=reference`` (see :func:`forced`). The variable is part
+of the stored executables' key (``jdqn.executables``), so programs built under it are never
+mixed up with others.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ KERNELS_ENV = "JDQN_KERNELS"
 # Each piece's implementations (the projection's are pallas_kernels.c51_projection's ``impl``).
 CHOICES: dict[str, tuple[str, ...]] = {
     "projection": ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
-    "pick": ("auto", "pallas", "interpret", "xla"),
     "tail": ("auto", "pallas", "interpret", "xla"),
 }
 
@@ -40,15 +39,14 @@ class Kernels(NamedTuple):
     """The implementation of each piece, before ``auto`` meets the backend and learner count."""
 
     projection: str  # one of CHOICES["projection"]
-    pick: str  # one of CHOICES["pick"]
     tail: str  # one of CHOICES["tail"]
 
 
 def kernels_for(accel: AccelConfig) -> Kernels:
     """``accel`` as implementations, with the test override of :data:`KERNELS_ENV` applied."""
-    chosen = Kernels("auto", "auto", "auto")
+    chosen = Kernels("auto", "auto")
     if accel.kernels == "off":
-        chosen = Kernels("reference", "xla", "xla")
+        chosen = Kernels("reference", "xla")
     return chosen._replace(**_parse(os.environ.get(KERNELS_ENV, "")))
 
 

@@ -1,16 +1,27 @@
-"""Loss parts of the learner step, each a small pure function in float32 (docs/design.md §5).
+"""Loss parts of the learner step, each a small pure function in float32 (docs/design.md,
+section 5, steps 4-5 and 9).
 
-Per-element functions return one value per (row, head); weighting (IS weights, bootstrap masks)
-and reduction happen in the learner. Rank/dtype checks run at trace time and cost nothing.
+Per-element functions return one value per (row, head); :func:`td_target` builds the step's
+target and :func:`loss_parts` the weighted means the step differentiates, one gradient per part.
+Rank/dtype checks run at trace time and cost nothing.
+
+Adding a loss term: compute it in :func:`loss_parts` (from the online pass's logits, Q or the
+batch) under a new name, with its weight from the config; the step pulls every part back on its
+own, gradient surgery treats the MSE and C51 parts, and every other part joins the sum that
+Adam gets unchanged.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 
 import pallas_kernels
+from jdqn import kernel_choice, networks
+from jdqn.config import Config
 
 
 def project_target(
@@ -207,7 +218,7 @@ def causal_kl(log_p: jax.Array, logits_intervened: jax.Array) -> jax.Array:
 
     ``log_p`` is the observed pass's log-softmax, the fixed reference (the learner already has
     it for the C51 head); only the intervened pass is pulled toward it (the causal-intervention
-    penalty of docs/design.md §5, step 9). ``log_p`` gets no gradient.
+    penalty of docs/design.md, section 5, step 9). ``log_p`` gets no gradient.
 
     The gradient is written in closed form, d KL / d logits_intervened = M q - p with
     q = softmax(logits_intervened) and M = sum_i p_i summed in the forward (1 up to rounding).
@@ -262,3 +273,83 @@ def support_collapse(
     delta_z = (v_max - v_min) / (n_atoms - 1)
     pinned = (jnp.max(q) > v_max - delta_z) | (jnp.min(q) < v_min + delta_z)
     return pinned, jnp.mean(edge_mass(target)) > mass_limit
+
+
+class TdTarget(NamedTuple):
+    """The step's targets for the sampled rows and donors (stop-gradient)."""
+
+    distribution: jax.Array  # [R, K, N] float32, projected and label-smoothed
+    projected: jax.Array  # [R, K, N] float32, projected, before smoothing
+    y: jax.Array  # [R, K] float32, clip(r + discount Q_target(s', a*), v_min, v_max)
+    q_next: jax.Array  # [R, K, A] float32, online Q at s' (picks a*)
+    q_star: jax.Array  # [R, K] float32, target Q at (s', a*)
+
+
+def td_target(
+    online_logits_next: jax.Array,
+    target_logits_next: jax.Array,
+    reward: jax.Array,
+    discount: jax.Array,
+    cfg: Config,
+) -> TdTarget:
+    """Double-DQN target (van Hasselt et al., AAAI 2016) projected onto the support
+    (Bellemare et al., 2017) and label-smoothed: ``logits [R, K, A, N]`` of the online and target
+    nets at s', ``reward, discount [R]``."""
+    net = cfg.network
+    support = networks.atoms(net)
+    q_next = networks.q_values(online_logits_next, support)  # [R, K, A]
+    _, probs_star, q_star = double_dqn_target(q_next, target_logits_next, support)
+    rows, heads = q_star.shape
+    rewards = jnp.broadcast_to(reward[:, None], (rows, heads))  # [R, K]
+    discounts = jnp.broadcast_to(discount[:, None], (rows, heads))  # [R, K]
+    with jax.named_scope("projection"):
+        projected = project_target(
+            probs_star.reshape(rows * heads, -1),
+            rewards.reshape(-1),
+            discounts.reshape(-1),
+            net.v_min,
+            net.v_max,
+            impl=kernel_choice.kernels_for(cfg.accel).projection,
+        ).reshape(rows, heads, -1)  # [R, K, N]
+    return TdTarget(
+        distribution=jax.lax.stop_gradient(label_smooth(projected, cfg.loss.label_smoothing)),
+        projected=projected,
+        y=jax.lax.stop_gradient(scalar_target(rewards, discounts, q_star, net.v_min, net.v_max)),
+        q_next=q_next,
+        q_star=q_star,
+    )
+
+
+class OnlinePass(NamedTuple):
+    """What the online pass over s gives besides the loss parts."""
+
+    log_probs: jax.Array  # [R, K, A, N] float32
+    q: jax.Array  # [R, K, A] float32
+    q_taken: jax.Array  # [R, K] float32, Q at the taken action
+
+
+def part_names(cfg: Config) -> tuple[str, ...]:
+    """The loss parts :func:`loss_parts` returns, in order: MSE and C51 first (the two that
+    gradient surgery treats), then the terms that are on."""
+    diversity = cfg.network.n_heads > 1 and cfg.network.lambda_div > 0
+    return ("mse", "c51", *(("diversity",) if diversity else ()))
+
+
+def loss_parts(
+    logits: jax.Array, action: jax.Array, weights: jax.Array, target: TdTarget, cfg: Config
+) -> tuple[jax.Array, OnlinePass]:
+    """The loss parts ``[len(part_names(cfg))]`` of the online logits ``[R, K, A, N]`` at s:
+    IS- and bootstrap-``weights [R, K]``-weighted means over (row, head) of the scaled squared
+    error to ``y`` (Mnih et al., 2015) and the C51 cross-entropy to the projected target
+    (Bellemare et al., 2017), then the diversity term when on. Unblended: the step weights
+    the parts' gradients by the C51 blend alpha."""
+    net = cfg.network
+    q, c51 = c51_head(logits, networks.atoms(net), action[:, None], target.distribution)
+    q_taken = select_action(q, action[:, None])  # [R, K]
+    mse = q_regression_loss(q_taken, target.y, net.v_min, net.v_max, cfg.loss.huber_delta)
+    parts = [jnp.mean(weights * mse), jnp.mean(weights * c51)]
+    if "diversity" in part_names(cfg):
+        parts.append(ensemble_diversity(q, net.lambda_div))
+    # The same operation on the same logits as c51_head's own: XLA computes it once.
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.stack(parts), OnlinePass(log_probs, q, q_taken)

@@ -1,4 +1,5 @@
-"""C51 MLP with a spectral-normalised torso, pruning masks and ensemble heads (DESIGN section 4).
+"""C51 MLP with a spectral-normalised torso, pruning masks and ensemble heads (docs/design.md,
+section 4).
 
 The network is a flax linen module, but everything around it is a pure function over explicit
 state, so the learner can carry, select and vmap every piece:
@@ -12,7 +13,7 @@ state, so the learner can carry, select and vmap every piece:
   the cubic pruning schedule (Zhu & Gupta, 2017) and layer-wise magnitude masks.
 - ``bootstrap_masks(key, slots, n_heads, prob) -> [B, K]``: per-transition head masks
   (Osband et al., 2016).
-- ``param_layout(cfg, n_inputs) -> ParamLayout``: the parameter tree as one flat vector and back.
+- ``param_layout(cfg, n_inputs) -> ParamLayout``: the parameter tree's leaves in one flat order.
 
 Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": {"kernel":
 [K*A*N, H_last], "bias": [K*A*N]}}``: torso kernels are flax's [in, out], the head's is stored
@@ -41,8 +42,8 @@ _SN_EPS = 1e-12  # guards the power-iteration normalisation against a zero vecto
 # The output layer. Its kernel is stored [out, in] (torch's ``nn.Linear`` order), not flax's
 # [in, out]: XLA computes the per-loss-part gradients of this kernel as one GEMM with the parts
 # stacked on the output rows, [P * K*A*N, H], so in [in, out] order every step transposed them
-# before writing the flat gradient (85 us of the 1,024-learner step on the H200, BENCHMARKS.md,
-# Y3). Stored [out, in], the GEMM's result is already in the flat vector's order.
+# (85 us of the 1,024-learner step on the H200). Stored [out, in], the GEMM's result is already
+# in the stored order.
 HEAD = "head"
 
 
@@ -56,36 +57,17 @@ class NetworkState(NamedTuple):
 
 class ParamLayout(NamedTuple):
     """Where each leaf of the parameter tree sits in one flat float32 vector ``[n_params]``
-    (leaf order of ``jax.tree.leaves``, each leaf row-major).
-
-    The learner carries parameters, target parameters, masks and Adam's moments as flat vectors:
-    the optimizer update, the masks, the target sync and the guard's keep-or-reject select are
-    then one elementwise pass each over the whole network instead of one small GPU kernel per
-    leaf (BENCHMARKS.md, issue 6), and the per-loss gradients come out of the backward pass as
-    the [P, n_params] matrix the surgery works on. The network itself still reads the tree.
-    With the Pallas tail (many learners), whose kernels also take them in segments, the
-    parameters and target are kept as their leaves' segments (:meth:`split`) and the
-    gradients come as segments too: the GEMMs then read each kernel where it is stored, where
-    a slice of a flat vector is a copy (BENCHMARKS.md, F1 and F5).
-    """
+    (leaf order of ``jax.tree.leaves``, each leaf row-major): the gradient surgery's rows, and
+    the record a checkpoint keeps of the tree's shapes."""
 
     treedef: Any  # jax tree structure of the parameter tree
     shapes: tuple[tuple[int, ...], ...]  # per leaf
     offsets: tuple[int, ...]  # per leaf, into the flat vector
     size: int  # n_params
 
-    def unravel(self, vector: jax.Array | tuple[jax.Array, ...]) -> Params:
-        """``[n_params]``, or its leaves' segments (:meth:`split`) -> the parameter tree (static
-        slices and reshapes)."""
-        return self.tree(self.leaves(vector))
-
-    def leaves(self, vector: jax.Array | tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        """A vector kept flat or as its leaves' segments -> the segments."""
-        return vector if isinstance(vector, tuple) else self.split(vector)
-
-    def flat(self, vector: jax.Array | tuple[jax.Array, ...]) -> jax.Array:
-        """A vector kept flat or as its leaves' segments -> ``[..., n_params]``."""
-        return jnp.concatenate(vector, axis=-1) if isinstance(vector, tuple) else vector
+    def unravel(self, flat: jax.Array) -> Params:
+        """``[n_params]`` -> the parameter tree (static slices and reshapes)."""
+        return self.tree(self.split(flat))
 
     def split(self, flat: jax.Array) -> tuple[jax.Array, ...]:
         """``[n_params]`` -> each leaf's segment ``[n_k]`` of it, in flat order."""
@@ -208,7 +190,7 @@ def init_network(key: jax.Array, cfg: Config, n_inputs: int) -> NetworkState:
     ``lecun_normal``: a normal truncated at two standard deviations, variance 1 / fan_in; biases
     are 0. All kernels come from one draw, and all ``u`` from another: the erf-inverse behind each
     draw is what the init program spends its compile time on, so one draw instead of one per
-    layer compiles in about half the time (BENCHMARKS.md, P25).
+    layer compiles in about half the time.
     """
     k_params, k_u = jax.random.split(key)
     example = jnp.zeros((1, n_inputs), jnp.float32)
@@ -299,19 +281,6 @@ def effective_params(
 def apply(eff_params: Params, obs: jax.Array, cfg: Config) -> jax.Array:
     """Logits [..., K, A, N] float32 for observations [..., F+1] with effective parameters."""
     return cast(jax.Array, module(cfg).apply({"params": eff_params}, obs))
-
-
-def apply_without_head_bias(
-    eff_params: Params, obs: jax.Array, cfg: Config
-) -> tuple[jax.Array, jax.Array]:
-    """(logits less the head's bias [..., K, A, N], the head's bias [K, A, N]): :func:`apply`'s
-    logits are their sum. For a kernel that adds the bias itself (``pallas_kernels.double_dqn``),
-    so that XLA need not write ``GEMM + bias`` out as an array of its own for it to read. The
-    head runs with a zero bias, which XLA's algebraic simplifier removes (x + 0 is x)."""
-    head = eff_params[HEAD]
-    zero_bias = {**eff_params, HEAD: {**head, "bias": jnp.zeros(head["bias"].shape, jnp.float32)}}
-    logits = apply(zero_bias, obs, cfg)
-    return logits, head["bias"].reshape(logits.shape[-3:])
 
 
 def q_values(logits: jax.Array, support: jax.Array) -> jax.Array:

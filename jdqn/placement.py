@@ -29,11 +29,10 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jdqn import rundir
+from jdqn.accel import update_impl
 from jdqn.config import Config
 from jdqn.data import WalkForwardData
-from jdqn.kernel_choice import kernels_for
 from jdqn.learner.state import LearnerMetrics
-from jdqn.learner.step import resolve_update_impl
 from pallas_kernels.flat_tail import BLOCK as FLAT_TAIL_BLOCK
 
 AXIS = "learners"
@@ -261,9 +260,10 @@ def plan_waves(
         )
     per_device = min(by_memory, math.ceil(learners / len(devices)))
     limit = "memory"
-    uses_tail = resolve_update_impl(
-        kernels_for(cfg.accel).tail, jax.default_backend(), debug=debug, learners=per_device
-    ) in ("pallas", "interpret")
+    uses_tail = update_impl(cfg, jax.default_backend(), debug=debug, learners=per_device) in (
+        "pallas",
+        "interpret",
+    )
     n_params = param_count(cfg, n_features)
     by_offsets = (INT32_OFFSETS - 1 - FLAT_TAIL_BLOCK) // (FLAT_TAIL_PARTS * n_params)
     if uses_tail and per_device > by_offsets:

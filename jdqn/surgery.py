@@ -1,9 +1,10 @@
 """Gradient surgery on flat float32 gradients: Gradient Vaccine and the down-only budget.
 
-docs/design.md §5, steps 7-8. The learner's gradients are flat (``jdqn.networks.ParamLayout``); it
-calls :func:`gradient_surgery` on the ``[parts, P]`` array of the loss parts' gradients:
-the vaccine (when due) and both budgets in one pass (or, with the Pallas flat tail, only
-:func:`surgery_scalars` on the kernel's reductions), with the formulas of
+docs/design.md, section 5, steps 7-8. The learner's update (``jdqn.accel``) calls
+:func:`gradient_surgery` on the ``[parts, P]`` array of the loss parts' gradients (flat in
+``jdqn.networks.ParamLayout``'s order): the vaccine (when due) and both budgets in one pass (or,
+with the Pallas flat tail, only :func:`surgery_scalars` on the kernel's reductions), with the
+formulas of
 :func:`gradient_vaccine` and :func:`budget_clip` (which remain the readable, separately tested
 forms). Everything is branch-free (``jnp.where``), so it stays cheap under ``vmap`` over seeds and
 folds, and float32. Norms are computed on max-abs-rescaled vectors so that finite gradients with
@@ -228,8 +229,8 @@ def gradient_surgery(
     budget: float | jax.Array,
 ) -> SurgeryResult:
     """``gradient_vaccine`` (when ``vaccine_due``) then ``budget_clip`` on each part, from one
-    pass over the gradients: the same formulas, fused for the learner step (docs/design.md §5,
-    steps 7-8; Wang et al., ICLR 2021; Pascanu et al., ICML 2013).
+    pass over the gradients: the same formulas, fused for the learner step (docs/design.md,
+    section 5, steps 7-8; Wang et al., ICLR 2021; Pascanu et al., ICML 2013).
 
     ``grads`` is ``[parts, P]``: rows 0 and 1 are the MSE and C51 gradients, further rows (the
     diversity and causal terms) join the sum unchanged.

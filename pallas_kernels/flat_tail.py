@@ -6,7 +6,7 @@ vectors and its loss parts' gradients a ``[parts, P]`` matrix (``jdqn.networks.P
 What XLA makes of the tail is a dozen passes over them (the surgery's split reductions, Adam's
 fusions, the sync, one ``select`` per state vector: XLA does not fuse sibling selects that share
 only a predicate), and under ``vmap`` over many learners those passes are bound by memory
-bandwidth (BENCHMARKS.md, issue 6). Here:
+bandwidth. Here:
 
 - :func:`gram` reads the ``[parts, P]`` gradients once and returns ``row_max [parts]`` and
   ``gram [parts, parts]`` (the Gram matrix of the rows divided by their max), the only
@@ -18,7 +18,7 @@ bandwidth (BENCHMARKS.md, issue 6). Here:
   the guard passes. The guard needs the total's finiteness and the new parameters' squared
   norm, so one launch sums those and a second recomputes the candidate and writes the kept
   values in place (with a hard sync, the target only on the steps the sync is due: its old
-  values are never read, BENCHMARKS.md, Z4).
+  values are never read).
 
 The guard's sums pass is skipped where it cannot fail. Given the largest ``|x|`` of the stored
 parameters and moments (:class:`TailBounds`, which the write launch returns for the next step)
@@ -31,24 +31,23 @@ at once, and its decision is ``pre_ok`` alone. The write launch computes the can
 squared norm anyway, so every output is what the two passes give. In practice the bounds hold
 from the second step on: the bound on ``|update|`` is 1e5 ``|mu_hat|`` at ``lr`` 1e-3 and
 ``eps`` 1e-8, and the parameters' limit is ``1e18 / sqrt(n)``, 8e15 for the smoketest's 15,193.
-The first step, and any step after XLA's tail wrote the state, run the sums.
+The first step, and any step after XLA's update wrote the state, run the sums.
 
 The gradients can also come as the matrix's column segments, one ``[parts, n_k]`` array per
 leaf of the parameter tree in flat order (``Grads``): the per-layer gradients where the backward
 pass wrote them. Each segment then has blocks of its own, and no ``[parts, P]`` copy is made
 for the kernels: at 1,024 learners on the H200 that copy was ~63 us of a 1,322 us step, and the
-step with segments took 1,263 us (-4.5 %; BENCHMARKS.md, F1). The parameters and the target
-may come in the same segments (:class:`TailVectors`) and are then written back in them, in
-place: the learner keeps them so, and its GEMMs read them without a slice copy (1,258 ->
-1,148 us, F5).
+step with segments took 1,263 us (-4.5 %). Every vector (:class:`TailVectors`) may come in the
+same segments and is then written back in them, in place: the learner keeps its state as the
+parameter tree, whose leaves are those segments, and its GEMMs read them without a slice copy
+(1,258 -> 1,148 us at 1,024 learners).
 
 The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
 folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
 XLA. Each element is written by its own program: no atomics, a fixed order, deterministic.
 
 On the H200 the kernels pay off from ~16 vmapped learners on (``optim.update_impl=auto`` uses
-them from ``jdqn.learner.step.FUSED_TAIL_MIN_LEARNERS``); for a single learner XLA's tail is
-faster (BENCHMARKS.md, "Ninth session").
+them from ``jdqn.accel.FUSED_TAIL_MIN_LEARNERS``); for a single learner XLA's tail is faster.
 
 Non-finite gradients: a row with any non-finite entry gets a NaN ``row_max`` (counted
 explicitly; a max over NaN is not reliable across backends), which the guard reads as "the
@@ -83,9 +82,9 @@ Segments = tuple[jax.Array, ...]
 BLOCK = 1024
 NUM_WARPS = 4
 _FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)
-_STATS = 16  # gram's output per block: max [parts], non-finite count [parts], gram [parts^2]
-_COEFS = 8  # per-learner scalars of the Adam kernels: w0, w1, w2, bias1, bias2, ok, sync, exact
-_EXACT = 7  # the coefficient that says the sums launch must check this learner
+# The per-learner scalars of the Adam kernels, then the parts' weights w_k: "exact" says the
+# sums launch must check this learner.
+_BIAS1, _BIAS2, _OK, _SYNC, _EXACT = range(5)
 _WRITE_STATS = 4  # the write launch's output per block: sum of p'^2, max |p|, |mu|, |nu| kept
 # provably_finite's limit on every bound: float32's largest value is 3.4e38, so a factor of
 # 340 covers the rounding of the few operations bounded and of the n-term sum of squares
@@ -104,16 +103,15 @@ class AdamHyper(NamedTuple):
 
 
 class TailVectors(NamedTuple):
-    """One learner's flat ``[P]`` float32 vectors that the tail reads. The parameters and the
-    target may also come as per-leaf segments ``[n_k]`` (``Segments``, the sizes of the
-    gradient's segments): the network's GEMMs read those as they are, where a slice of the flat
-    vector is a copy (BENCHMARKS.md, D5); the kernels then write them in that form."""
+    """One learner's float32 vectors that the tail reads, each flat ``[P]`` or as its per-leaf
+    segments ``[n_k]`` (``Segments``, the sizes of the gradient's segments): the learner keeps
+    them as its parameter tree's leaves, which the kernels then read and write in place."""
 
-    params: Any  # online parameters (unmasked, as stored): jax.Array [P] or Segments
-    masks: jax.Array | None  # pruning masks {0, 1} of this step; None: no pruning (all ones)
-    target: Any  # target parameters: jax.Array [P] or Segments
-    mu: jax.Array  # Adam's first moment
-    nu: jax.Array  # Adam's second moment
+    params: Any  # online parameters (unmasked, as stored)
+    masks: Any  # pruning masks {0, 1} of this step; None: no pruning (all ones)
+    target: Any  # target parameters
+    mu: Any  # Adam's first moment
+    nu: Any  # Adam's second moment
 
 
 class TailScalars(NamedTuple):
@@ -146,8 +144,8 @@ class AdamSelect(NamedTuple):
 
     params: Any  # [P] the new parameters if the guard passed, else the old (or Segments)
     target: Any  # [P] target parameters after the sync, or the old ones (or Segments)
-    mu: jax.Array  # [P] Adam's first moment, or the old one
-    nu: jax.Array  # [P] Adam's second moment, or the old one
+    mu: Any  # [P] Adam's first moment, or the old one (or Segments)
+    nu: Any  # [P] Adam's second moment, or the old one (or Segments)
     total_finite: jax.Array  # [] bool, every entry of the total gradient is finite
     params_sq_norm: jax.Array  # [] float32, squared norm of the candidate parameters
     applied: jax.Array  # [] bool, the candidate was kept
@@ -334,25 +332,40 @@ def _gram_kernel(*refs, parts: int, sizes: tuple[int, ...]):
         maxes = [jnp.max(jnp.abs(x)) for x in xs]
         bad = [jnp.sum(jnp.where(_finite(x), 0.0, 1.0)) for x in xs]
         scaled = [x / jnp.where(m > 0, m, 1.0) for x, m in zip(xs, maxes, strict=True)]
-        lane = jnp.arange(_STATS, dtype=jnp.int32)
-        out = jnp.zeros((_STATS,), jnp.float32)
+        width = _stats_width(parts)
+        lane = jnp.arange(width, dtype=jnp.int32)
+        out = jnp.zeros((width,), jnp.float32)
         for i in range(parts):
             out = jnp.where(lane == i, maxes[i], out)
             out = jnp.where(lane == parts + i, bad[i], out)
             for j in range(i, parts):
                 value = jnp.sum(scaled[i] * scaled[j])
                 out = jnp.where(lane == 2 * parts + i * parts + j, value, out)
-        plgpu.store(out_ref.at[pl.ds((learner * blocks + block) * _STATS, _STATS)], out)
+        plgpu.store(out_ref.at[pl.ds((learner * blocks + block) * width, width)], out)
 
     _per_segment(block, sizes, segment)
 
 
-def _coefficients(coef_ref, learner):
-    """The learner's ``_COEFS`` scalars (w0, w1, w2, bias1, bias2, ok, sync, exact)."""
-    coefs = plgpu.load(coef_ref.at[pl.ds(learner * _COEFS, _COEFS)])
-    lane = jnp.arange(_COEFS, dtype=jnp.int32)
+def _pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()  # Triton's block shapes are powers of two
+
+
+def _stats_width(parts: int) -> int:
+    """gram's output per block: max [parts], non-finite count [parts], gram [parts^2]."""
+    return _pow2(parts * (parts + 2))
+
+
+def _coef_width(parts: int) -> int:
+    return _pow2(_EXACT + 1 + parts)
+
+
+def _coefficients(coef_ref, learner, parts: int):
+    """The learner's scalars (bias1, bias2, ok, sync, exact, then the parts' weights)."""
+    width = _coef_width(parts)
+    coefs = plgpu.load(coef_ref.at[pl.ds(learner * width, width)])
+    lane = jnp.arange(width, dtype=jnp.int32)
     # A scalar out of the loaded vector (Triton has no element extract): a masked sum.
-    return tuple(jnp.sum(jnp.where(lane == i, coefs, 0.0)) for i in range(_COEFS))
+    return tuple(jnp.sum(jnp.where(lane == i, coefs, 0.0)) for i in range(_EXACT + 1 + parts))
 
 
 def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks, segmented):
@@ -366,8 +379,7 @@ def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks, 
     groups = _groups(vector_refs, segmented, len(sizes))
     n = sizes[k]
     index = local * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
-    w0, w1, w2, bias1, bias2, ok, sync, _ = _coefficients(coef_ref, learner)
-    weights = (w0, w1, w2)[:parts]
+    bias1, bias2, ok, sync, _, *weights = _coefficients(coef_ref, learner, parts)
     g = weights[0] * _block_load(g_refs[k], learner * parts * n + local * BLOCK, index, n)
     for j in range(1, parts):
         row = _block_load(g_refs[k], (learner * parts + j) * n + local * BLOCK, index, n)
@@ -394,7 +406,7 @@ def _adam_sums_kernel(*refs, segments: int, **static):
     g_refs, (*inputs, stats_out) = refs[:segments], refs[segments:]
     learner, block = pl.program_id(0), pl.program_id(1)
     out = stats_out.at[pl.ds((learner * pl.num_programs(1) + block) * 2, 2)]
-    exact = _coefficients(inputs[-1], learner)[_EXACT]
+    exact = _coefficients(inputs[-1], learner, static["parts"])[_EXACT]
 
     def segment(k, local):
         g, (new_params, *_), *_ = _adam_block(learner, k, local, g_refs, inputs, **static)
@@ -461,10 +473,8 @@ def _adam_write_kernel(*refs, segments: int, written: tuple[bool, ...], **static
 
 
 def _check_offsets(learners: int, parts: int, n: int) -> None:
-    if not 2 <= parts <= 3:
-        # The per-block outputs and the Adam kernels' coefficients have room for 3 parts (MSE,
-        # C51, and diversity plus causal), which is all the learner step makes.
-        raise ValueError(f"flat_tail: want 2 or 3 loss parts, got {parts}")
+    if parts < 2:
+        raise ValueError(f"flat_tail: want at least 2 loss parts (MSE and C51), got {parts}")
     if learners * parts * n + BLOCK >= 2**31:
         raise ValueError(
             f"flat_tail: {learners} learners x {parts} x {n} exceed the kernels' int32 offsets"
@@ -514,12 +524,12 @@ def gram_pallas(grads: Segments, *, interpret: bool) -> tuple[jax.Array, jax.Arr
     blocks = _segment_blocks(sizes)[-1]
     out = pl.pallas_call(
         functools.partial(_gram_kernel, parts=parts, sizes=sizes),
-        out_shape=jax.ShapeDtypeStruct((learners * blocks * _STATS,), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((learners * blocks * _stats_width(parts),), jnp.float32),
         grid=(learners, blocks),
         interpret=interpret,
         compiler_params=_params(),
         name="flat_tail_gram",
-    )(*_flat_segments(grads)).reshape(learners, blocks, _STATS)
+    )(*_flat_segments(grads)).reshape(learners, blocks, _stats_width(parts))
     maxes, bad = out[..., :parts], out[..., parts : 2 * parts]  # [L, blocks, parts]
     upper = out[..., 2 * parts : 2 * parts + parts * parts].reshape(learners, blocks, parts, parts)
     block_gram = jnp.triu(upper) + jnp.swapaxes(jnp.triu(upper, 1), -1, -2)
@@ -550,10 +560,12 @@ def adam_select_pallas(
     n = sum(sizes)
     blocks = _segment_blocks(sizes)[-1]
     shown = provably_finite(candidate_bounds(row_max, weights, bounds, scalars, hyper, n))  # [L]
-    coefs = jnp.zeros((learners, _COEFS), jnp.float32)
-    coefs = coefs.at[:, :parts].set(weights)
+    coefs = jnp.zeros((learners, _coef_width(parts)), jnp.float32)
+    coefs = coefs.at[:, _EXACT + 1 : _EXACT + 1 + parts].set(weights)
     for column, value in zip(
-        (3, 4, 6, _EXACT), (scalars.bias1, scalars.bias2, scalars.sync, ~shown), strict=True
+        (_BIAS1, _BIAS2, _SYNC, _EXACT),
+        (scalars.bias1, scalars.bias2, scalars.sync, ~shown),
+        strict=True,
     ):
         coefs = coefs.at[:, column].set(jnp.asarray(value, jnp.float32))
     # Without masks (no pruning) the kernels neither take nor read them. A vector in segments
@@ -590,7 +602,7 @@ def adam_select_pallas(
     checked_sq_norm = jnp.sum(stats[..., 1], axis=1)
     passed = shown | (total_finite & _finite(checked_sq_norm))
     ok = (jnp.asarray(scalars.pre_ok, jnp.float32) > 0.5) & passed
-    coefs = coefs.at[:, 5].set(ok.astype(jnp.float32))
+    coefs = coefs.at[:, _OK].set(ok.astype(jnp.float32))
     out_shapes = [jax.ShapeDtypeStruct(p.shape, jnp.float32) for w in written for p in pieces[w]]
     *outs, stats = pl.pallas_call(
         functools.partial(
@@ -673,7 +685,7 @@ def _like(flat: jax.Array, form: jax.Array | Segments) -> jax.Array | Segments:
 
 
 def gram(grads: Grads, impl: Impl = "pallas") -> tuple[jax.Array, jax.Array]:
-    """``grads [parts, P]`` (parts 2 or 3), or its column segments ``[parts, n_k]`` in order,
+    """``grads [parts, P]`` (parts >= 2), or its column segments ``[parts, n_k]`` in order,
     -> ``(row_max [parts], gram [parts, parts])``, see :func:`gram_reference`. Works under
     ``jax.vmap`` (one launch for all mapped learners)."""
     _check_impl(impl)
@@ -707,14 +719,17 @@ def adam_select(
     _check_impl(impl)
     segments = _as_segments(grads)
     if impl == "reference":
-        flat_old = old._replace(params=_joined(old.params), target=_joined(old.target))
+        flat_old = TailVectors(*(None if x is None else _joined(x) for x in old))
         g, w, vectors, values = jax.tree.map(
             lambda x: jnp.asarray(x, jnp.float32),
             (jnp.concatenate(segments, axis=-1), weights, flat_old, scalars),
         )
         out = adam_select_reference(g, w, vectors, values, hyper)
         return out._replace(
-            params=_like(out.params, old.params), target=_like(out.target, old.target)
+            params=_like(out.params, old.params),
+            target=_like(out.target, old.target),
+            mu=_like(out.mu, old.mu),
+            nu=_like(out.nu, old.nu),
         )
     if bounds is None or row_max is None:
         bounds, row_max = unknown_bounds(), jnp.full(jnp.shape(weights), jnp.nan, jnp.float32)

@@ -51,9 +51,8 @@ def test_quick_step_sections_write_well_formed_json(tmp_path) -> None:
         assert math.isfinite(row["us_per_step"]) and row["us_per_step"] > 0
     seeds = out["sections"]["seeds"]["rows"]
     assert [r["seeds"] for r in seeds] == [1, 16]
-    # On CPU every S uses the XLA tail and pick (the kernels are for a GPU's many learners).
+    # On CPU every S uses the XLA tail (the kernels are for a GPU's many learners).
     assert [r["update_impl"] for r in seeds] == ["xla", "xla"]
-    assert [r["pick_impl"] for r in seeds] == ["xla", "xla"]
     for r in seeds:  # seed-steps/s is S / (seconds per vmapped step), by definition
         assert r["seed_steps_per_s"] == pytest.approx(
             r["seeds"] / (1e-6 * r["us_per_vmapped_step"])

@@ -59,8 +59,9 @@ def test_config_keys_cover_every_field_with_a_description(capsys):
 
 def test_comment_lines_above_a_field_join_its_description():
     comments = field_comments(LossConfig)
-    assert comments["projection_impl"] == (
-        "C51 projection implementation (pallas_kernels.c51_project): auto = Pallas on GPU"
+    assert comments["edge_mass_limit"] == (
+        "guard: mean projected target mass on the two edge atoms above which the fold stops (the "
+        "support no longer holds the returns); Q within one atom of an edge stops it too"
     )
     assert comments["gv_beta"] == "EMA rate of phi_hat"
 

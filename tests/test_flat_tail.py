@@ -56,7 +56,7 @@ def adam_np(
     )
 
 
-def _grads(rng, parts, n, scales=(1.0, 1e-3, 30.0)):
+def _grads(rng, parts, n, scales=(1.0, 1e-3, 30.0, 0.5, 2.0)):
     return (rng.normal(size=(parts, n)) * np.asarray(scales[:parts])[:, None]).astype(np.float32)
 
 
@@ -65,7 +65,7 @@ def _adam_inputs(rng, parts, n, count=3):
     masks = (rng.uniform(size=n) > 0.2).astype(np.float32)
     return dict(
         grads=_grads(rng, parts, n),
-        weights=np.asarray([0.7, 1.9, 1.0][:parts], np.float32),
+        weights=np.asarray([0.7, 1.9, 1.0, 1.0, 1.0][:parts], np.float32),
         params=vec(0.3),
         masks=masks,
         target=vec(0.3),
@@ -361,15 +361,32 @@ def test_adam_select_without_masks_is_all_ones_masks(impl, n, tau):
             np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("parts", [1, 4])
-def test_kernels_refuse_other_than_two_or_three_parts(parts):
-    grads = jnp.zeros((parts, 10), jnp.float32)
-    with pytest.raises(ValueError, match="2 or 3 loss parts"):
+def test_kernels_refuse_fewer_than_two_parts():
+    grads = jnp.zeros((1, 10), jnp.float32)
+    with pytest.raises(ValueError, match="at least 2 loss parts"):
         flat_tail.gram(grads, impl="interpret")
     inputs = _adam_inputs(np.random.default_rng(5), 3, 10)
-    inputs["grads"], inputs["weights"] = grads, np.ones(parts, np.float32)
-    with pytest.raises(ValueError, match="2 or 3 loss parts"):
+    inputs["grads"], inputs["weights"] = grads, np.ones(1, np.float32)
+    with pytest.raises(ValueError, match="at least 2 loss parts"):
         _adam("interpret", inputs)
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+@pytest.mark.parametrize("parts", [4, 5])
+def test_any_number_of_parts_matches_numpy(impl, parts):
+    """Each loss term is a gradient row of its own: the kernels take any number of them."""
+    rng = np.random.default_rng(parts)
+    n = flat_tail.BLOCK + 1
+    row_max, gram = flat_tail.gram(jnp.asarray(_grads(rng, parts, n)), impl=impl)
+    want_max, want_gram = gram_np(_grads(np.random.default_rng(parts), parts, n))
+    np.testing.assert_allclose(np.asarray(row_max), want_max, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(gram), want_gram, rtol=2e-5, atol=2e-5)
+    inputs = _adam_inputs(rng, parts, n)
+    got = _adam(impl, inputs, sync=True)
+    expected = _adam_expected(inputs, sync=True)
+    assert bool(got.applied) == expected[4]
+    for value, want in zip((got.params, got.target, got.mu, got.nu), expected[:4], strict=True):
+        np.testing.assert_allclose(np.asarray(value), want, rtol=2e-5, atol=1e-7)
 
 
 def test_unknown_impl_is_refused():

@@ -6,23 +6,17 @@ pruning), so compiles stay short on a CPU.
 """
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from cuda_lowering import pallas_call_sizes
 
 from jdqn import kernel_choice, networks
+from jdqn.accel import FUSED_TAIL_MIN_LEARNERS, update_impl
+from jdqn.checkpoint import Checkpointer
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.learner import GUARD_REASONS, LearnerMetrics, make_learner
-from jdqn.learner.step import (
-    FUSED_TAIL_MIN_LEARNERS,
-    PICK_KERNEL_MIN_LEARNERS,
-    resolve_pick_impl,
-    resolve_update_impl,
-)
 from jdqn.transition import Transition
 
 N_FEATURES = 4
@@ -53,9 +47,6 @@ _KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"
 # The step's flat tail as kernels (pallas_kernels.flat_tail); "xla" is the optax/jnp path.
 FUSED = f"kernels:tail={_KERNEL}"
 XLA_TAIL = "kernels:tail=xla"
-# The double-DQN pick at s' as one kernel (pallas_kernels.double_dqn) or XLA's fusions.
-PICK = f"kernels:pick={_KERNEL}"
-XLA_PICK = "kernels:pick=xla"
 TRACES: dict[tuple[str, ...], int] = {}  # traces of the shared jitted step, per config
 
 
@@ -120,20 +111,21 @@ def test_steps_train_and_report_finite_metrics():
     step = _jit_step()
     learner = _learner()
     state = _filled(learner)
-    start = learner.layout.unravel(_copy(state.params))
+    start = _copy(state.params)
     for i in range(6):
         state, metrics = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
         for name, value in metrics._asdict().items():
             assert np.isfinite(value), name
     assert not bool(state.guard.halted) and int(state.step) == 6
-    params = learner.layout.unravel(state.params)
+    params = state.params
     assert not np.allclose(params["torso_0"]["kernel"], start["torso_0"]["kernel"])
     # Pruning reached its target at prune_end (= 4) and pruned weights are exactly zero.
     assert abs(float(metrics.sparsity) - 0.5) < 0.01
-    masks = learner.layout.unravel(state.masks)
+    masks = state.masks
     assert float(jnp.mean(masks["torso_1"]["kernel"])) == pytest.approx(0.5, abs=0.01)
     assert np.all(np.asarray(masks["torso_1"]["bias"]) == 1.0)  # biases are never pruned
-    assert np.all(np.asarray(state.params)[np.asarray(state.masks) == 0] == 0.0)
+    for p, m in zip(jax.tree.leaves(params), jax.tree.leaves(masks), strict=True):
+        assert np.all(np.asarray(p)[np.asarray(m) == 0] == 0.0)
     # Hard target sync every 3 steps: after step 6 the target is the online net.
     _assert_trees_equal(state.target_params, state.params)
     assert float(metrics.halted) == 0.0 and float(metrics.sigma_max) > 0.0
@@ -196,21 +188,19 @@ def test_spectral_u_advances_once_per_step_from_online_weights_only():
     learner = _learner()
     state = _filled(learner)
     # A target net far from the online one: if the target pass touched u, u would differ.
-    state = state.replace(target_params=3.0 * state.params[::-1])
+    state = state.replace(target_params=jax.tree.map(lambda x: 3.0 * jnp.flip(x), state.params))
     before = _copy(state)
     q_before = learner.act_q(state, jnp.ones((2, N_FEATURES + 1)))
     _assert_trees_equal(state.sn_u, before.sn_u)  # acting does not move u
     new_state, _ = _jit_step()(state, jnp.float32(0.2), jnp.float32(0.4))
-    params = learner.layout.unravel(before.params)
+    params = before.params
     masks = networks.magnitude_masks(params, networks.prune_sparsity(0, _cfg().network))
     for name in networks.torso_layers(_cfg().network):
         kernel = params[name]["kernel"] * masks[name]["kernel"]
         _, expected_u, _ = networks.spectral_normalise(kernel, before.sn_u[name], "clip")
         np.testing.assert_allclose(new_state.sn_u[name], expected_u, rtol=1e-5, atol=1e-6)
     # act_q = head mean of Q with the stored u.
-    eff, _, _ = networks.effective_params(
-        params, learner.layout.unravel(before.masks), before.sn_u, _cfg().network, False
-    )
+    eff, _, _ = networks.effective_params(params, before.masks, before.sn_u, _cfg().network, False)
     q = networks.q_values(
         networks.apply(eff, jnp.ones((2, N_FEATURES + 1)), _cfg()), networks.atoms(_cfg().network)
     )
@@ -257,7 +247,7 @@ def test_vmap_over_two_seeds_equals_separate_runs():
         np.testing.assert_allclose(
             batched_metrics.loss_c51[s], singles_metrics[s].loss_c51, rtol=1e-4
         )
-    heads = jax.vmap(learner.layout.unravel)(batched.params)["head"]["kernel"]  # [2, K*A*N, H]
+    heads = batched.params["head"]["kernel"]  # [2, K*A*N, H]
     assert not np.allclose(heads[0], heads[1])
 
 
@@ -315,20 +305,8 @@ def test_guard_rejects_learning_rate_1e30(tail):
     assert np.isfinite(float(metrics.loss_c51))  # the loss was fine; the update was not
 
 
-def _flat_vectors(state):
-    """``state`` with its parameters and target flat: the Pallas tail keeps them as their
-    leaves' segments (a tuple of ``[..., n_k]``), XLA's as one ``[..., n_params]`` vector."""
-
-    def flat(vector):
-        return jnp.concatenate(vector, axis=-1) if isinstance(vector, tuple) else vector
-
-    return state.replace(params=flat(state.params), target_params=flat(state.target_params))
-
-
 def _assert_states_close(got_state, want_state, names):
-    """The named fields of two learner states equal to float32 rounding, leaf by leaf (the
-    parameters and target compared flat, whichever tail kept them)."""
-    got_state, want_state = _flat_vectors(got_state), _flat_vectors(want_state)
+    """The named fields of two learner states equal to float32 rounding, leaf by leaf."""
     for name in names:
         for got, want in zip(
             jax.tree.leaves(getattr(got_state, name)),
@@ -369,11 +347,9 @@ def _six_steps_agree(want: tuple[str, ...], got: tuple[str, ...], names: tuple[s
 )
 def test_fused_tail_matches_the_xla_tail(extra):
     """Six steps (MSE-only, then blended; pruning, vaccine, budget, causal term, target sync)
-    from one filled state: the kernels' tail against optax and jnp, to float32 rounding. Without
-    the diversity term the kernels' program also pulls the causal part back on its own (its row
-    of each layer's gradient stacked after the main parts'), where XLA's stacks the per-layer
-    cotangents first. The kernels read each layer's gradient where the backward pass wrote it:
-    no [parts, n_params] matrix is assembled."""
+    from one filled state: the kernels' update against optax and jnp, to float32 rounding, with
+    the state in one form. The kernels read each layer's gradient where the backward pass wrote
+    it: no [parts, n_params] matrix is assembled."""
     fused = _learner(*extra, FUSED)
     closed = jax.make_jaxpr(fused.step)(_filled(fused), jnp.float32(0.2), jnp.float32(0.4))
     concatenated = [
@@ -382,58 +358,43 @@ def test_fused_tail_matches_the_xla_tail(extra):
         if eqn.primitive.name == "concatenate"
     ]
     assert not [shape for shape in concatenated if shape[1:] == (fused.layout.size,)]
-    sizes = [math.prod(shape) for shape in fused.layout.shapes]
-    stacked_rows = [shape for shape in concatenated if shape in {(3, n) for n in sizes}]
-    assert len(stacked_rows) == (len(sizes) if "network.lambda_div=0" in extra else 0)
-    names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
-    xla_state, fused_state = _six_steps_agree((*extra, XLA_TAIL), (*extra, FUSED), names)
-    # The kernels' tail keeps the parameters and target as their leaves' segments (the GEMMs
-    # read them without a copy), the rest of the state as XLA's tail does.
-    assert isinstance(fused_state.params, tuple) and isinstance(fused_state.target_params, tuple)
-    assert [p.shape for p in fused_state.params] == [
-        (math.prod(shape),) for shape in fused.layout.shapes
-    ]
-    assert jax.tree.structure(_flat_vectors(fused_state)) == jax.tree.structure(xla_state)
+    names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u", "tail_bounds")
+    xla_state, fused_state = _six_steps_agree((*extra, XLA_TAIL), (*extra, FUSED), names[:-1])
+    assert jax.tree.structure(fused_state) == jax.tree.structure(xla_state)
+    for got, want in zip(jax.tree.leaves(fused_state), jax.tree.leaves(xla_state), strict=True):
+        assert got.shape == want.shape and got.dtype == want.dtype
+    # The kernels bound what they wrote; XLA's update knows nothing (float32's largest value).
+    assert float(fused_state.tail_bounds.params) < float(xla_state.tail_bounds.params)
 
 
-def test_the_pick_kernel_matches_xlas_pick():
-    """Six steps (two heads, bootstrap masks, pruning, vaccine, causal term, target sync) with
-    the double-DQN pick as one kernel against XLA's fusions: the same step to float32
-    rounding (the kernel sums the softmax in its own order)."""
-    args = (_filled(_learner(PICK)), jnp.float32(0.2), jnp.float32(0.4))
-    assert "double_dqn_pick" in str(jax.make_jaxpr(_learner(PICK).step)(*args))
-    assert "double_dqn_pick" not in str(jax.make_jaxpr(_learner(XLA_PICK).step)(*args))
-    names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u", "replay")
-    _six_steps_agree((XLA_PICK,), (PICK,), names)
-
-
-def _pallas_inputs_in_conds(jaxpr) -> list[list[int]]:
-    """For each ``cond`` of ``jaxpr`` (not nested) with a ``pallas_call`` in it: per branch, the
-    sizes of every such call's first operand (the flat-tail kernels' gradient, [learners x
-    parts x P])."""
-    conds = [
-        [pallas_call_sizes(branch.jaxpr) for branch in eqn.params["branches"]]
+def _conds_with_a_network_pass(jaxpr) -> int:
+    """The ``cond``s of ``jaxpr`` (not nested) with a matmul in a branch: the causal term's do(s)
+    pass (pruning's cond sorts, the platform switch's does nothing)."""
+    return sum(
+        eqn.primitive.name == "cond"
+        and any("dot_general" in str(branch) for branch in eqn.params["branches"])
         for eqn in jaxpr.eqns
-        if eqn.primitive.name == "cond"
-    ]
-    return [branches for branches in conds if any(branches)]
+    )
 
 
 def test_with_a_clock_the_causal_term_runs_only_when_due():
     """Two vmapped learners given their step counter unbatched (``clock``): the kernels' program
-    puts the causal term and the flat tail under a ``lax.cond`` that stays a branch under vmap
-    (the tail reads 3 gradient rows when the term is due, 2 otherwise); without the clock there
-    is no such cond. Six steps (the term due at steps 0, 2, 4) equal XLA's tail with the term
-    switched by a 0/1 factor, to float32 rounding; the KL is reported on due steps only."""
+    puts the causal term under a ``lax.cond`` that stays a branch under vmap; without the clock
+    (or with XLA's update) there is no such cond. Six steps (the term due at steps 0, 2, 4)
+    equal XLA's update with the term switched by a 0/1 factor, to float32 rounding; the KL is
+    reported on due steps only."""
     extra = ("network.lambda_div=0",)
     fused, xla = _learner(*extra, FUSED), _learner(*extra, XLA_TAIL)
     start = jax.vmap(lambda seed: _filled(fused, seed))(jnp.arange(2))
     vstep = jax.vmap(fused.step, in_axes=(0, None, None, None))
     args = (start, jnp.float32(0.2), jnp.float32(0.4))
-    n = math.prod(fused.layout.shapes[0])  # the first layer's kernel: the first segment
-    (with_clock,) = _pallas_inputs_in_conds(jax.make_jaxpr(vstep)(*args, jnp.int32(0)).jaxpr)
-    assert sorted(set(branch) for branch in with_clock) == [{2 * 2 * n}, {2 * 3 * n}]
-    assert _pallas_inputs_in_conds(jax.make_jaxpr(vstep)(*args, None).jaxpr) == []
+    xla_vstep = jax.vmap(xla.step, in_axes=(0, None, None, None))
+    xla_args = (jax.vmap(lambda seed: _filled(xla, seed))(jnp.arange(2)), *args[1:])
+    for learner_step, learner_args in ((vstep, args), (xla_vstep, xla_args)):
+        for clock in (jnp.int32(0), None):
+            closed = jax.make_jaxpr(learner_step)(*learner_args, clock)
+            expected = int(learner_step is vstep and clock is not None)
+            assert _conds_with_a_network_pass(closed.jaxpr) == expected
 
     runs = []
     for learner, clocked in ((fused, True), (xla, False)):
@@ -472,7 +433,8 @@ def test_without_pruning_the_step_equals_masks_of_ones(tail):
             state, metrics = step(state, jnp.float32(0.2 if i >= 2 else 0.0), jnp.float32(0.4))
         runs.append((state, metrics))
     (skipped, skipped_metrics), (ones, ones_metrics) = runs
-    assert np.all(np.asarray(ones.masks) == 1.0) and np.all(np.asarray(skipped.masks) == 1.0)
+    for masks in (ones.masks, skipped.masks):
+        assert all(np.all(np.asarray(m) == 1.0) for m in jax.tree.leaves(masks))
     assert int(skipped.step) == 6 and not bool(skipped.guard.halted)
     for name in ("params", "target_params", "opt_state", "phi_hat", "sn_u"):
         got_leaves = jax.tree.leaves(getattr(skipped, name))
@@ -490,38 +452,32 @@ def test_without_pruning_the_step_equals_masks_of_ones(tail):
 
 @pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
 @pytest.mark.parametrize("sparsity", ["0", "0.5"])
-def test_the_kernels_tail_reads_the_masks_only_with_pruning(tail, sparsity):
-    """With the kernels' tail and no pruning the state's masks pass through a step unread (the
-    program's masks input feeds no operation). XLA's tail keeps the product with them (XLA
-    fuses the flat vector's slices into it) and pruning reads them."""
+def test_the_step_reads_the_masks_only_with_pruning(tail, sparsity):
+    """Without pruning the state's masks pass through a step unread (the program's masks inputs
+    feed no operation), whichever update runs; pruning reads them."""
     learner = _learner(f"network.target_sparsity={sparsity}", tail)
     state = _filled(learner)
     closed = jax.make_jaxpr(learner.step)(state, jnp.float32(0.2), jnp.float32(0.4))
-    leaves = jax.tree.leaves(state)
-    (index,) = [i for i, leaf in enumerate(leaves) if leaf is state.masks]
-    masks = closed.jaxpr.invars[index]
-    read = any(masks in eqn.invars for eqn in closed.jaxpr.eqns)
-    assert read == (sparsity != "0" or tail == XLA_TAIL)
+    mask_leaves = {id(leaf) for leaf in jax.tree.leaves(state.masks)}
+    indices = [i for i, leaf in enumerate(jax.tree.leaves(state)) if id(leaf) in mask_leaves]
+    assert len(indices) == len(mask_leaves)
+    masks = [closed.jaxpr.invars[i] for i in indices]
+    read = any(v is m for eqn in closed.jaxpr.eqns for v in eqn.invars for m in masks)
+    assert read == (sparsity != "0")
 
 
 def test_auto_update_impl_uses_the_kernels_on_a_gpu_for_many_learners_only():
-    resolve = resolve_update_impl
     many = FUSED_TAIL_MIN_LEARNERS
-    assert resolve("auto", "gpu", debug=False, learners=many) == "pallas"
-    assert resolve("auto", "gpu", debug=False, learners=many - 1) == "xla"
-    assert resolve("auto", "gpu", debug=True, learners=many) == "xla"
-    assert resolve("auto", "cpu", debug=False, learners=many) == "xla"
+    auto = _cfg()
+    assert update_impl(auto, "gpu", debug=False, learners=many) == "pallas"
+    assert update_impl(auto, "gpu", debug=False, learners=many - 1) == "xla"
+    assert update_impl(auto, "gpu", debug=True, learners=many) == "xla"
+    assert update_impl(auto, "cpu", debug=False, learners=many) == "xla"
     for explicit in ("xla", "pallas", "interpret"):
-        assert resolve(explicit, "cpu", debug=True, learners=1) == explicit
-
-
-def test_auto_pick_impl_uses_the_kernel_on_a_gpu_for_many_learners_only():
-    many = PICK_KERNEL_MIN_LEARNERS
-    assert resolve_pick_impl("auto", "gpu", learners=many) == "pallas"
-    assert resolve_pick_impl("auto", "gpu", learners=many - 1) == "xla"
-    assert resolve_pick_impl("auto", "cpu", learners=many) == "xla"
-    for explicit in ("xla", "pallas", "interpret"):
-        assert resolve_pick_impl(explicit, "cpu", learners=1) == explicit
+        with kernel_choice.forced(f"tail={explicit}"):
+            assert update_impl(auto, "cpu", debug=True, learners=1) == explicit
+    off = _cfg("accel.kernels=off")
+    assert update_impl(off, "gpu", debug=False, learners=many) == "xla"
 
 
 def test_debug_checks_absent_from_the_program_when_off():
@@ -632,15 +588,15 @@ def test_is_weights_and_donors_enter_the_loss(monkeypatch):
     with every IS weight set to w (the sampler patched to return w, through the step's beta
     argument, so one compile serves every w), each loss part is D + w S with D > 0 (donors) and
     S > 0 (sampled rows), exactly linear in w."""
-    from jdqn.learner import step as step_module
+    from jdqn.learner import batch as batch_module
 
-    real = step_module.replay_sample
+    real = batch_module.replay_sample
 
     def constant_weights(replay, key, batch_size, alpha, beta):
         indices, sampled, weights = real(replay, key, batch_size, alpha, beta)
         return indices, sampled, jnp.full_like(weights, beta)
 
-    monkeypatch.setattr(step_module, "replay_sample", constant_weights)
+    monkeypatch.setattr(batch_module, "replay_sample", constant_weights)
     cfg = _cfg("loss.donor_mode=all", "loss.donor_fraction=1.0")
     learner = make_learner(cfg, N_FEATURES, NON_CAUSAL)
     state = _filled(learner)
@@ -652,3 +608,28 @@ def test_is_weights_and_donors_enter_the_loss(monkeypatch):
     donors, sampled = parts[0.0], parts[1.0] - parts[0.0]
     assert np.all(donors > 0) and np.all(sampled > 0)
     np.testing.assert_allclose(parts[0.5], donors + 0.5 * sampled, rtol=1e-5)
+
+
+@pytest.mark.parametrize("write, resume", [(FUSED, XLA_TAIL), (XLA_TAIL, FUSED)])
+def test_a_checkpoint_resumes_under_the_other_update(tmp_path, write, resume):
+    """One state form whatever the implementation (jdqn.accel): a state stepped and saved with
+    one update restores into the other's state and steps on, to what the writer's next step
+    gives (float32 rounding)."""
+    from tiny_learner import TINY
+
+    tiny = (*TINY, "network.n_heads=1")
+    writer, reader = (_learner(*tiny, impl) for impl in (write, resume))
+    state = writer.init(jax.random.PRNGKey(0))
+    state = writer.insert(state, _transitions(jax.random.PRNGKey(1), 16))
+    state, _ = jax.jit(writer.step)(state, jnp.float32(0.2), jnp.float32(0.4))
+    checkpointer = Checkpointer(tmp_path / "group0")
+    checkpointer.save(1, state, {})
+    restored, _ = checkpointer.restore(reader.init(jax.random.PRNGKey(5)))
+    checkpointer.close()
+    _assert_trees_equal(restored, state)
+    resumed, resumed_metrics = jax.jit(reader.step)(restored, jnp.float32(0.2), jnp.float32(0.4))
+    kept, kept_metrics = jax.jit(writer.step)(state, jnp.float32(0.2), jnp.float32(0.4))
+    assert int(resumed.step) == 2 and not bool(resumed.guard.halted)
+    names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u", "replay", "key")
+    _assert_states_close(resumed, kept, names)
+    np.testing.assert_allclose(resumed_metrics.loss_c51, kept_metrics.loss_c51, rtol=1e-5)

@@ -14,7 +14,7 @@ from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 from tiny_learner import TINY
 
-from jdqn import placement
+from jdqn import kernel_choice, placement
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import DEFAULT, SMOKETEST, apply_overrides
 from jdqn.train import FoldData, make_train
@@ -86,16 +86,15 @@ def test_a_learner_too_big_for_a_device_is_one_line_naming_the_fix():
     assert "\n" not in message
 
 
-def test_the_flat_tails_int32_offsets_cap_the_learners_per_device():
-    wide = apply_overrides(SMOKETEST, ["optim.update_impl=interpret", "network.hidden=[4096]"])
+def test_the_flat_tails_int32_offsets_cap_the_learners_per_device(monkeypatch):
+    monkeypatch.setenv(kernel_choice.KERNELS_ENV, "tail=interpret")  # the flat tail on a CPU
+    wide = apply_overrides(SMOKETEST, ["network.hidden=[4096]"])
     n_params = placement.param_count(wide, 7)
     per_device = (2**31 - 1 - 1024) // (3 * n_params)
     plan = _plan(4 * per_device + 1, 10**15, cfg=wide)
     assert plan.per_device_limit == per_device and "int32" in plan.limit
     huge = apply_overrides(wide, ["network.hidden=[40000, 20000]"])
-    with pytest.raises(
-        placement.PlacementError, match="int32 offsets.*fix: set optim.update_impl=xla"
-    ):
+    with pytest.raises(placement.PlacementError, match="int32 offsets.*fix: set accel.kernels=off"):
         _plan(1, 10**15, cfg=huge)
 
 

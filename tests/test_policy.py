@@ -43,7 +43,6 @@ TINY_RUN = [
     "network.n_atoms=11",
     "network.v_min=-10",
     "network.v_max=10",
-    "loss.projection_impl=reference",
     "output.tensorboard=false",
     "output.checkpoints=false",
     "output.plots=false",  # drawn by the evaluate test (and the walk-forward tests)

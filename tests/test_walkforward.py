@@ -21,11 +21,10 @@ import pytest
 from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 
-from jdqn import background, kernel_choice, networks, report, walkforward
+from jdqn import accel, background, kernel_choice, networks, report, walkforward
 from jdqn.checkpoint import Checkpointer, CheckpointLayoutError, all_finite
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.learner import step as step_module
 from jdqn.walkforward import check_param_layout, run_walkforward
 
 
@@ -130,13 +129,13 @@ def test_the_flat_tail_kernels_train_every_fold_and_seed(tmp_path, monkeypatch):
     """The step's tail as Pallas kernels (interpret mode here; the GPU picks them from 16
     learners on): a walk-forward whose program steps 3 folds x 2 seeds, told its learner count."""
     seen = []
-    resolve = step_module.resolve_update_impl
+    resolve = accel.update_impl
 
-    def recording(impl, backend, *, debug, learners):
+    def recording(cfg, backend, *, debug, learners):
         seen.append(learners)
-        return resolve(impl, backend, debug=debug, learners=learners)
+        return resolve(cfg, backend, debug=debug, learners=learners)
 
-    monkeypatch.setattr(step_module, "resolve_update_impl", recording)
+    monkeypatch.setattr(accel, "update_impl", recording)
     monkeypatch.setenv(kernel_choice.KERNELS_ENV, "tail=interpret")  # the test override
     quiet = ["output.plots=false", "output.tensorboard=false", "train.epochs=1"]
     outcome = _run(
@@ -421,8 +420,8 @@ def test_agent_takes_a_planted_edge_and_sits_out_a_martingale():
 
 
 def test_a_checkpoint_of_another_state_layout_is_a_one_line_error(tmp_path):
-    """Resuming a run whose checkpoint was written with another state layout (an older jdqn: tree
-    parameters, not flat vectors) names the problem and the fix instead of orbax's leaf list."""
+    """Resuming a run whose checkpoint was written with another state layout (an older jdqn's
+    flat vectors, say) names the problem and the fix instead of orbax's leaf list."""
     old = {"params": {"head": {"bias": jnp.zeros(3)}}, "step": jnp.int32(4)}
     checkpointer = Checkpointer(tmp_path / "group0")
     checkpointer.save(1, old, {"epochs_done": 1})

@@ -159,7 +159,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
     net = cfg.network
     batch = cfg.train.batch_size
     rows = batch + int(round(cfg.loss.donor_fraction * batch))  # sampled + donors
-    tree = learner.layout.unravel(learner.layout.flat(state.params) * state.masks)
+    tree = jax.tree.map(jnp.multiply, state.params, state.masks)
     eff, _, _ = networks.effective_params(tree, None, state.sn_u, net, False)
     n_params = learner.layout.size
     key = jax.random.PRNGKey(3)
@@ -226,7 +226,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
 
     def adam(carry: Any) -> Any:
         params, opt_state = carry
-        updates, opt_state = optimizer.update(grads, opt_state, params)
+        updates, opt_state = optimizer.update(learner.layout.unravel(grads), opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
     def per(carry: Any) -> Any:
@@ -253,7 +253,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
             surgery,
             (jnp.stack([g1, g2]), jnp.float32(0.5)),
         ),
-        ("Adam (optax, flat)", adam, (state.params, state.opt_state)),
+        ("Adam (optax)", adam, (state.params, state.opt_state)),
         ("PER sample + update", per, (state.replay, key)),
     )
     out = []

@@ -18,7 +18,7 @@ from typing import Any
 
 import jax
 
-from jdqn import kernel_choice
+from jdqn.accel import update_impl
 from jdqn.bench.breakdown import (
     N_FEATURES,
     NON_CAUSAL,
@@ -28,7 +28,6 @@ from jdqn.bench.breakdown import (
 )
 from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner import Learner, LearnerState, make_learner
-from jdqn.learner.step import resolve_pick_impl, resolve_update_impl
 
 SEEDS: tuple[int, ...] = (1, 16, 128, 1024)
 QUICK_SEEDS: tuple[int, ...] = (1, 16)
@@ -78,20 +77,15 @@ def run(
 ) -> list[dict[str, Any]]:
     """One row per S: seconds per vmapped step, seed-steps per second, compile seconds."""
     rows = []
-    kernels = kernel_choice.kernels_for(cfg.accel)
     for n_seeds in seed_counts(quick, seeds):
         timing, n_steps = time_seeds(cfg, n_seeds, quick)
         step_s = timing["median_s"] / n_steps
         rows.append(
             {
                 "seeds": n_seeds,
-                # Which flat tail and double-DQN pick accel.kernels gave this S (auto: the
-                # Pallas kernels from 16 learners on a GPU).
-                "update_impl": resolve_update_impl(
-                    kernels.tail, jax.default_backend(), debug=False, learners=n_seeds
-                ),
-                "pick_impl": resolve_pick_impl(
-                    kernels.pick, jax.default_backend(), learners=n_seeds
+                # Which flat tail accel.kernels gave this S (auto: Pallas from 16 on a GPU).
+                "update_impl": update_impl(
+                    cfg, jax.default_backend(), debug=False, learners=n_seeds
                 ),
                 "n_steps": n_steps,
                 "us_per_vmapped_step": 1e6 * step_s,
@@ -105,15 +99,14 @@ def run(
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [
-        "| seeds S | us per vmapped step | seed-steps/s | vs S=1 | compile s | flat tail | pick |",
-        "|---|---|---|---|---|---|---|",
+        "| seeds S | us per vmapped step | seed-steps/s | vs S=1 | compile s | flat tail |",
+        "|---|---|---|---|---|---|",
     ]
     base = rows[0]["seed_steps_per_s"] if rows else 1.0
     for r in rows:
         lines.append(
             f"| {r['seeds']} | {r['us_per_vmapped_step']:.1f} | {r['seed_steps_per_s']:,.0f} | "
-            f"{r['seed_steps_per_s'] / base:.1f}x | {r['compile_s']:.1f} | {r['update_impl']} | "
-            f"{r['pick_impl']} |"
+            f"{r['seed_steps_per_s'] / base:.1f}x | {r['compile_s']:.1f} | {r['update_impl']} |"
         )
     return "\n".join(lines)
 

@@ -387,11 +387,7 @@ def peer_from_state(cfg: Config, non_causal: tuple[int, ...], state: Any, device
     """A :class:`TorchPeer` holding the same parameters, ``u`` and buffer as a jdqn LearnerState."""
     import jax
 
-    from jdqn import networks
-
     host = jax.device_get(state)
-    # The learner carries flat parameter vectors; the peer keeps jdqn's per-layer tree.
-    layout = networks.param_layout(cfg, host.replay.transitions.features.shape[-1] + 1)
     replay = {k: np.asarray(v) for k, v in host.replay.transitions._asdict().items()}
     replay["priorities"] = np.asarray(host.replay.priorities)
     replay["max_priority"] = np.asarray(host.replay.max_priority)
@@ -399,8 +395,8 @@ def peer_from_state(cfg: Config, non_causal: tuple[int, ...], state: Any, device
     return TorchPeer(
         cfg,
         non_causal,
-        as_np(layout.unravel(host.params)),
-        as_np(layout.unravel(host.target_params)),
+        as_np(host.params),
+        as_np(host.target_params),
         as_np(host.sn_u),
         replay,
         device=device,

@@ -378,8 +378,8 @@ class AccelConfig:
 
     They change speed only: the step computes the same numbers (to float32 rounding) either way."""
 
-    # auto = each Pallas kernel where it pays off (the C51 projection on a GPU; the double-DQN
-    # pick and the flat tail on a GPU from 16 vmapped learners on); off = plain XLA everywhere
+    # auto = each Pallas kernel where it pays off (the C51 projection on a GPU; the
+    # flat tail on a GPU from 16 vmapped learners on); off = plain XLA everywhere
     kernels: Literal["auto", "off"] = "auto"
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""The learner's named state, metrics and function bundle (docs/design.md §2, §5)."""
+"""The learner's named state, metrics and function bundle (docs/design.md, sections 2 and 5)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jdqn.networks import ParamLayout
+from jdqn.networks import ParamLayout, Params
 from jdqn.replay import ReplayState
 from jdqn.transition import Transition
 from pallas_kernels.flat_tail import TailBounds
@@ -40,34 +40,48 @@ class GuardRecord(NamedTuple):
 
 @flax.struct.dataclass
 class LearnerState:
-    """Everything the learner carries between steps (docs/design.md §2). Leaves gain a leading
-    [S] axis under vmap over seeds/folds."""
+    """Everything the learner carries between steps (docs/design.md, section 2). Leaves gain a
+    leading [S] axis under vmap over seeds/folds."""
 
-    # Parameters, target, masks and Adam's moments are flat [n_params] float32 vectors in the
-    # layout of ``Learner.layout`` (``layout.unravel`` gives the tree {torso_l: {kernel [in, H_l],
-    # bias [H_l]}, head: {kernel [H, K*A*N], bias [K*A*N]}}): one elementwise pass each per step.
-    # With the Pallas tail (jdqn.learner.step: many learners) params and target_params are
-    # their leaves' segments instead, a tuple of [n_k] in flat order (``layout.split``).
-    params: jax.Array | tuple[jax.Array, ...]  # [n_params] float32, online net
-    target_params: jax.Array | tuple[jax.Array, ...]  # [n_params] (torso and every head)
+    # Parameters, their target and masks are the network's parameter tree ({torso_l: {kernel
+    # [in, H_l], bias [H_l]}, head: {kernel [K*A*N, H], bias [K*A*N]}}, float32), and Adam's
+    # moments are trees like it: one form whatever implementation steps the learner
+    # (jdqn.accel), so a checkpoint resumes under any of them.
+    params: Params  # online net
+    target_params: Params  # target net (torso and every head)
     sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32} spectral-norm vectors (stop-gradient)
-    masks: jax.Array  # [n_params] {0, 1} float32 pruning masks (biases always 1)
-    opt_state: optax.OptState  # Adam: moments mu, nu [n_params] float32, count [] int32
+    masks: Params  # {0, 1} float32 pruning masks (biases always 1)
+    opt_state: optax.OptState  # optax.adam's: moments mu, nu (trees like params), count [] int32
     phi_hat: jax.Array  # [] float32, gradient-vaccine EMA of cos(g_mse, g_c51)
     replay: ReplayState  # PER ring buffer, [C, ...] transitions and [C] priorities
     step: jax.Array  # [] int32, learner steps taken (guarded or not)
     guard: GuardRecord  # [] leaves
     key: jax.Array  # [2] uint32, advanced every applied step
     bootstrap_key: jax.Array  # [2] uint32, fixed: per-transition ensemble bootstrap masks
-    # [] float32 each: the largest |x| of params and Adam's moments as the Pallas tail last
-    # wrote them (float32's largest value when XLA's tail did, or before the first step),
+    # [] float32 each: the largest |x| of params and Adam's moments as the Pallas kernels last
+    # wrote them (float32's largest value when XLA's update did, or before the first step),
     # which lets the next step skip the guard's sums pass where it cannot fail
-    # (pallas_kernels.flat_tail).
+    # (pallas_kernels.flat_tail.TailBounds).
     tail_bounds: TailBounds
 
 
+def guard_record(
+    old: GuardRecord, failures: jax.Array, step: jax.Array
+) -> tuple[GuardRecord, jax.Array]:
+    """The guard after this step's ``failures [len(GUARD_REASONS) - 1]`` bool (in
+    GUARD_REASONS order), and whether the step's update is applied (no failure, not halted)."""
+    failed = jnp.any(failures)
+    newly_halted = ~old.halted & failed
+    record = GuardRecord(
+        halted=old.halted | failed,
+        step=jnp.where(newly_halted, step, old.step).astype(jnp.int32),
+        reason=jnp.where(newly_halted, jnp.argmax(failures) + 1, old.reason).astype(jnp.int32),
+    )
+    return record, ~old.halted & ~failed
+
+
 class LearnerMetrics(NamedTuple):
-    """Per-step diagnostics, all [] float32 (docs/design.md §5, step 14)."""
+    """Per-step diagnostics, all [] float32 (docs/design.md, section 5, step 14)."""
 
     loss_mse: float | jax.Array  # IS-weighted mean scaled squared error (before alpha)
     loss_c51: float | jax.Array  # IS-weighted mean cross-entropy (before alpha)
@@ -103,8 +117,8 @@ def pack_metrics(record: Any) -> jax.Array:
     """A pytree of scalar metrics as one float32 vector ``[M]`` (leaf order).
 
     A ``lax.scan`` that returns a pytree of M scalars writes M separate one-element slices per
-    iteration, each its own GPU kernel (~1 us apiece on the H200); the packed
-    vector is one write. Bools and small ints round-trip exactly (float32 holds every integer up
+    iteration, each its own GPU kernel (~1 us apiece on the H200); the packed vector is one
+    write. Bools and small ints round-trip exactly (float32 holds every integer up
     to 2^24), which :func:`unpack_metrics` relies on.
     """
     return jnp.stack([jnp.asarray(x, jnp.float32) for x in jax.tree.leaves(record)], axis=-1)
@@ -131,4 +145,4 @@ class Learner(NamedTuple):
     # (state, alpha, beta[, clock]) -> (state, metrics); see jdqn.learner.step
     step: Callable[..., tuple[LearnerState, LearnerMetrics]]
     act_q: Callable[[LearnerState, jax.Array], jax.Array]
-    layout: ParamLayout  # flat parameter vectors <-> the network's parameter tree
+    layout: ParamLayout  # the parameter tree's leaves, shapes and flat order
