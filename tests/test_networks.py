@@ -88,7 +88,9 @@ def test_logits_shape_q_inside_support_and_bf16_matmuls():
     logits = networks.apply(eff, obs, cfg)
     assert logits.shape == (7, 3, 3, 11) and logits.dtype == jnp.float32
     support = networks.atoms(cfg.network)
-    np.testing.assert_allclose(support, np.linspace(-240, 240, 11), atol=1e-4)
+    np.testing.assert_allclose(
+        support, np.linspace(cfg.network.v_min, cfg.network.v_max, 11), atol=1e-4
+    )
     q = networks.q_values(logits, support)
     assert q.shape == (7, 3, 3)
     assert np.all(np.asarray(q) >= -240.0) and np.all(np.asarray(q) <= 240.0)
