@@ -66,9 +66,9 @@ def save_run_policies(
     """A bundle for each run of a group (learner state leaves [R, ...], run r = ``run_ids[r]``)
     whose row says it trained to its end; each written by ``submit(save_policy, ...)`` (a
     writer thread's queue) or, without it, now."""
-    stored = jax.device_get(learner.params)  # [R, n_params], or its leaves' segments [R, n_k]
-    flat = np.concatenate(stored, axis=-1) if isinstance(stored, tuple) else np.asarray(stored)
-    masks = np.asarray(jax.device_get(learner.masks))
+    # The parameter and mask trees, each leaf [R, ...] (LearnerState's one form).
+    params = jax.tree.map(np.asarray, jax.device_get(learner.params))
+    masks = jax.tree.map(np.asarray, jax.device_get(learner.masks))
     sn_u = {name: np.asarray(u) for name, u in jax.device_get(learner.sn_u).items()}
     common = {
         "config": json.loads(cfg.to_json()),
@@ -97,8 +97,8 @@ def save_run_policies(
             "has_volume": data.has_volume,
         }
         network = Network(
-            params=layout.unravel(flat[r]),
-            masks=layout.unravel(masks[r]),
+            params=jax.tree.map(lambda x, r=r: x[r], params),
+            masks=jax.tree.map(lambda x, r=r: x[r], masks),
             sn_u={name: u[r] for name, u in sn_u.items()},
         )
         save = functools.partial(

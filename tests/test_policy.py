@@ -311,38 +311,28 @@ def test_a_growing_feed_acts_causally_and_compiles_once(tiny_run):
     assert policy_module._greedy_rollout._cache_size() == compiled
 
 
-def test_bundles_from_leaf_segments_equal_those_from_flat_vectors_and_halted_runs_save_none(
-    tiny_run, tmp_path
-):
-    """With the Pallas tail the learner keeps its parameters as their leaves' segments: the
-    bundle holds the same tree. A halted run saves no bundle."""
+def test_bundles_hold_each_runs_parameter_tree_and_halted_runs_save_none(tiny_run, tmp_path):
+    """The learner state's trees (leaves [R, ...]) give each run's own tree in its bundle; a
+    halted run saves no bundle."""
     cfg = jdqn.Config.from_dict(tiny_run.results["config"])
     data = prepare_walkforward(load_bars(ES_SAMPLE), cfg)
     saved = [load_policy(tiny_run.run_dir, 1, seed) for seed in (0, 1)]
     layout = param_layout(cfg, data.n_features + 1)
-    flat = np.stack([np.asarray(layout.ravel(p.network.params)) for p in saved])  # [R, n]
+
+    def stacked(trees):
+        return jax.tree.map(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *trees)
+
     learner = SimpleNamespace(
-        params=flat,
-        masks=np.stack([np.asarray(layout.ravel(p.network.masks)) for p in saved]),
-        sn_u={
-            k: np.stack([np.asarray(p.network.sn_u[k]) for p in saved])
-            for k in saved[0].network.sn_u
-        },
+        params=stacked([p.network.params for p in saved]),
+        masks=stacked([p.network.masks for p in saved]),
+        sn_u=stacked([p.network.sn_u for p in saved]),
     )
     rows = [dict(r) for r in tiny_run.results["folds"] if r["fold"] == 1]
-    rows[1]["status"] = "halted: loss at epoch 1 step 3"
-    segments = SimpleNamespace(
-        **{**vars(learner), "params": tuple(np.split(flat, layout.offsets[1:], axis=1))}
-    )
-    for name, state in (("flat", learner), ("segments", segments)):
-        policy_bundle.save_run_policies(
-            tmp_path / name, cfg, data, layout, state, [(1, 0), (1, 1)], rows
-        )
-        assert saved_policies(tmp_path / name) == [(1, 0)]
-        again = load_policy(tmp_path / name, 1, 0)
-        for a, b in zip(
-            jax.tree.leaves(again.network), jax.tree.leaves(saved[0].network), strict=True
-        ):
-            np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(again.normaliser.mean, saved[0].normaliser.mean)
-        assert again.meta == saved[0].meta
+    rows[0]["status"] = "halted: loss at epoch 1 step 3"
+    policy_bundle.save_run_policies(tmp_path, cfg, data, layout, learner, [(1, 0), (1, 1)], rows)
+    assert saved_policies(tmp_path) == [(1, 1)]
+    again = load_policy(tmp_path, 1, 1)
+    for a, b in zip(jax.tree.leaves(again.network), jax.tree.leaves(saved[1].network), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(again.normaliser.mean, saved[1].normaliser.mean)
+    assert again.meta == saved[1].meta
