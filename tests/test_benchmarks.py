@@ -91,26 +91,6 @@ def test_projection_cli_without_a_gpu_times_xla_only_and_refuses_tune(capsys) ->
     )
 
 
-def test_pick_benchmark_times_xla_and_each_kernel_launch() -> None:
-    """The pick section on this backend (interpret mode off a GPU): XLA's form and every asked
-    launch of the kernel, each with a profiler time and its agreement with the reference."""
-    from benchmarks import pick
-
-    rows = pick.run(learners=2, repeats=2, launches=((8, 2), (16, 1)))
-    assert [row["impl"] for row in rows] == [
-        "xla",
-        "kernel, 8 rows x 2 warps",
-        "kernel, 16 rows x 1 warps",
-    ]
-    for row in rows:
-        assert row["kernel_us"] > 0 and row["max_abs_diff_vs_reference"] < 2e-5
-    # Both nets' logits read and the outputs written, at 4 bytes each.
-    assert pick.hbm_bytes(2) == 4 * (2 * 160 * 153 + 2 * 2 * 153 + 160 * 55)
-    assert "kernel us" in pick.format_table(rows)
-    with pytest.raises(SystemExit):
-        pick.main(["--learners", "0"])
-
-
 def test_ab_cli_refuses_a_bad_override_and_zero_seeds_before_any_compile(capsys) -> None:
     from benchmarks import ab
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jdqn import cli
-from jdqn.config import DEFAULT, SMOKETEST, DataConfig
+from jdqn.config import DEFAULT, SMOKETEST, DataConfig, apply_overrides
 from jdqn.config.sections import _CALENDAR_NAMES
 from jdqn.data import bars_per_year, compute_features, load_source, synthetic_bars
 from jdqn.data.calendars import CALENDARS, calendar_features
@@ -58,7 +58,11 @@ def test_es_preset_is_what_the_profiles_already_hold():
 
 @pytest.mark.parametrize("name", list(INSTRUMENTS))
 def test_each_preset_resolves_and_builds_its_features(name):
-    cfg = apply_instrument(SMOKETEST, name)
+    in_points = apply_overrides(SMOKETEST, ["env.reward_unit=points"])
+    cfg = apply_instrument(in_points, name)
+    # In the profiles' volatility units the support and reward scale stay the profile's.
+    volatility = apply_instrument(SMOKETEST, name)
+    assert volatility.network == SMOKETEST.network and volatility.env.reward_scale == 1.0
     preset = INSTRUMENTS[name]
     assert cfg.env.instrument == name and cfg.env.tick_size == preset.tick_size
     assert cfg.env.point_value_usd == preset.point_value_usd
@@ -83,7 +87,7 @@ def test_cli_instrument_then_set_overrides(tmp_path, capsys):
     )
     cfg = cli.resolve_config(args)
     assert cfg.env.instrument == "CL" and cfg.env.tick_size == 0.01
-    assert cfg.env.slippage_ticks == 2.0 and cfg.network.v_max == 960.0
+    assert cfg.env.slippage_ticks == 2.0 and cfg.network.v_max == SMOKETEST.network.v_max
     assert cli.main(["walkforward", "--instrument", "XX", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("jdqn: error: unknown instrument 'XX'") and err.count("\n") == 1

@@ -9,22 +9,22 @@ from jdqn.kernel_choice import Kernels, kernels_for
 
 def test_auto_leaves_each_piece_to_the_backend_and_off_is_plain_xla(monkeypatch):
     monkeypatch.delenv(kernel_choice.KERNELS_ENV, raising=False)
-    assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto", "auto")
+    assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
     off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
-    assert kernels_for(off) == Kernels("reference", "xla", "xla")
+    assert kernels_for(off) == Kernels("reference", "xla")
 
 
 def test_the_test_override_replaces_the_pieces_it_names_and_restores_the_variable(monkeypatch):
-    monkeypatch.setenv(kernel_choice.KERNELS_ENV, "pick=xla")
+    monkeypatch.setenv(kernel_choice.KERNELS_ENV, "tail=xla")
     off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
     with kernel_choice.forced("tail=interpret, projection=interpret"):
-        assert kernels_for(off) == Kernels("interpret", "xla", "interpret")
-    assert kernels_for(off) == Kernels("reference", "xla", "xla")
+        assert kernels_for(off) == Kernels("interpret", "interpret")
+    assert kernels_for(off) == Kernels("reference", "xla")
     with kernel_choice.forced(""):
-        assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto", "auto")
+        assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
 
 
-@pytest.mark.parametrize("spec", ["tail", "tail=triton", "adam=pallas", "pick=reference"])
+@pytest.mark.parametrize("spec", ["tail", "tail=triton", "adam=pallas", "pick=xla"])
 def test_a_bad_override_names_the_variable_and_the_choices(spec, monkeypatch):
     with (
         pytest.raises(ValueError, match=f"{kernel_choice.KERNELS_ENV}=.*not PIECE=IMPL"),
