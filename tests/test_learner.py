@@ -505,6 +505,11 @@ def test_old_failure_mse_phase_then_c51_with_rewards_beyond_support_stays_bounde
             "replay.capacity=64",  # 64 slices
             "network.v_min=-240",
             "network.v_max=240",
+            # The seed's donors (a quarter of the batch): donors recompute their rewards from the
+            # price change, so with the profile's two donors per row the far-out rewards would
+            # be a third of the targets.
+            "loss.donor_mode=best",
+            "loss.donor_fraction=0.25",
         ],
     )
     assert cfg.optim.learning_rate == 1e-3 and cfg.network.v_max == 240.0
@@ -531,7 +536,8 @@ def test_old_failure_mse_phase_then_c51_with_rewards_beyond_support_stays_bounde
     for metrics in (mse_metrics, c51_metrics):
         for name, values in metrics._asdict().items():
             assert np.all(np.isfinite(np.asarray(values))), name
-        assert np.all(np.asarray(metrics.q_max) <= 240.0)
+        # Q = sum_i p_i z_i never leaves the support beyond float32 rounding of the sum.
+        assert np.all(np.asarray(metrics.q_max) <= 240.0 * (1 + 1e-5))
     for leaf in jax.tree.leaves(state):
         if jnp.issubdtype(leaf.dtype, jnp.floating):
             assert np.all(np.isfinite(np.asarray(leaf)))
