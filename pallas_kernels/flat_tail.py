@@ -46,7 +46,7 @@ The grid is (learner, block of ``BLOCK`` elements), the learners being every ``v
 folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
 XLA. Each element is written by its own program: no atomics, a fixed order, deterministic.
 
-On the H200 the kernels pay off from ~16 vmapped learners on (``optim.update_impl=auto`` uses
+On the H200 the kernels pay off from ~16 vmapped learners on (``accel.kernels=auto`` uses
 them from ``jdqn.accel.FUSED_TAIL_MIN_LEARNERS``); for a single learner XLA's tail is faster.
 
 Non-finite gradients: a row with any non-finite entry gets a NaN ``row_max`` (counted
