@@ -60,8 +60,9 @@ def _build_parser() -> argparse.ArgumentParser:
     wf.add_argument("--profile", choices=sorted(PROFILES), help="default: smoketest")
     wf.add_argument(
         "--instrument",
-        help="instrument preset: tick size, point value, costs, calendar, reward scale, C51 "
-        "support (ES, NQ, CL, GC, ZN, 6E, EURUSD, BTCUSD; default: ES, the profiles' values)",
+        help="instrument preset (ES, NQ, CL, GC, ZN, 6E, EURUSD, BTCUSD; default ES, the "
+        "profiles' values): tick size, point value, costs, calendar; with "
+        "env.reward_unit=points also the reward scale and C51 support",
     )
     wf.add_argument("--out", help="parent directory of the run directory (default: runs)")
     wf.add_argument("--folds", type=int, help="number of walk-forward folds")
