@@ -15,9 +15,11 @@ numbers to float32 rounding:
   passes over the vectors are bound by memory bandwidth. Interpret mode runs the same kernels
   on a CPU (tests).
 
-``causal_under_cond``: with the kernels the causal term's pass runs under a ``lax.cond`` (when
-the caller gives the unbatched clock), only on the steps it is due; with XLA's few learners it
-runs every step, switched by a 0/1 weight (a cond costs more than it saves there).
+``causal_under_cond``: with the kernels the causal term's pass (its forward and backward, its
+row's pull-back through the spectral norm and the update's reads of that row) runs under a
+``lax.cond`` when the caller gives the unbatched clock, only on the steps it is due; with XLA's
+few learners it runs every step, switched by a 0/1 weight (a cond costs more than it saves
+there).
 """
 
 from __future__ import annotations
@@ -237,6 +239,9 @@ def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: Par
         state = TailState(
             layout.tree(tail.params), layout.tree(tail.target), old.masks, opt_state, tail.bounds
         )
+        # Only the main parts' weights (the others' are 1): the same shapes whatever the number
+        # of parts, as the causal term's branch (jdqn.learner.step) needs.
+        scalars = scalars._replace(weights=scalars.weights[:2])
         return Update(state, scalars, gradient_finite, tail.params_sq_norm)
 
     return update

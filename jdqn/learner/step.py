@@ -200,44 +200,54 @@ def learner_step(
     blend = jnp.ones_like(loss_values).at[0].set(1.0 - alpha).at[1].set(alpha)
     (part_grads,) = jax.vmap(parts_vjp)(jnp.diag(blend))  # tree, leaves [parts, ...]
 
-    # 9. Causal intervention, due every causal_every steps: KL of p(do(s)) against p(s).
-    causal_due = schedule % loss_cfg.causal_every == 0
-    loss_causal = jnp.float32(0)
-    if setup.non_causal:
-        loss_causal, causal_grads = _causal_part(
-            eff,
-            batch.obs[:batch_size],
-            jax.lax.stop_gradient(online.log_probs[:batch_size]),
-            (causal_key, causal_due),
-            setup,
-            cond=accel.causal_under_cond and clock is not None,
-            checks=checks,
-        )
-        part_grads = jax.tree.map(
-            lambda g, c: jnp.concatenate([g, c[None]]), part_grads, causal_grads
-        )
-    (grads,) = jax.vmap(pull_back)(part_grads)  # parameter tree, leaves [parts, ...]
-    checks.finite("gradient", "grad_mse", jax.tree.map(lambda g: g[0], grads))
-    checks.finite("gradient", "grad_c51", jax.tree.map(lambda g: g[1], grads))
-
     # 12 (computed here, written once the guard decided). PER priorities |y - Q| (head mean)
     # of the sampled rows; donors never write.
     td = jnp.mean(jnp.abs(target.y - online.q_taken), axis=-1)[:batch_size]  # [B]
     checks.finite("per", "priorities", td)
-    # 13 (the checks that do not depend on the update).
-    with jax.named_scope("guard"):
-        all_losses = jnp.append(loss_values, loss_cfg.causal_weight * loss_causal)
-        before_update = _failures_before_update(batch, all_losses, online, target, td, cfg)
 
-    # 7-8, 10-11. Gradient surgery, Adam on the sum, masks, target sync; kept if the guard passes.
-    update = accel.update(
-        grads,
-        TailState(state.params, state.target_params, masks, state.opt_state, state.tail_bounds),
-        _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
-        ~state.guard.halted & ~jnp.any(before_update),
-        (schedule + 1) % cfg.optim.target_every == 0,
-        checks,
-    )
+    def pulled_back_and_updated(causal_scale: jax.Array | None) -> tuple[jax.Array, Any]:
+        """9. The causal term scaled by ``causal_scale`` (None: absent this step) joins the
+        parts; every part's gradient is pulled back to the parameters; 13 (the checks that do
+        not depend on the update); 7-8, 10-11: surgery, Adam, masks, target sync, kept only
+        if the guard passes. -> (the causal KL, (failures before the update, Update))."""
+        loss_causal, parts = jnp.float32(0), part_grads
+        if causal_scale is not None:
+            reference = jax.lax.stop_gradient(online.log_probs[:batch_size])
+            loss_causal, causal_grads = _causal_part(
+                eff, batch.obs[:batch_size], reference, causal_key, causal_scale, setup, checks
+            )
+            parts = _with_causal_part(parts, causal_grads)
+        (grads,) = jax.vmap(pull_back)(parts)  # parameter tree, leaves [parts, ...]
+        checks.finite("gradient", "grad_mse", jax.tree.map(lambda g: g[0], grads))
+        checks.finite("gradient", "grad_c51", jax.tree.map(lambda g: g[1], grads))
+        with jax.named_scope("guard"):
+            all_losses = jnp.append(loss_values, loss_cfg.causal_weight * loss_causal)
+            before_update = _failures_before_update(batch, all_losses, online, target, td, cfg)
+        update = accel.update(
+            grads,
+            TailState(state.params, state.target_params, masks, state.opt_state, state.tail_bounds),
+            _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
+            ~state.guard.halted & ~jnp.any(before_update),
+            (schedule + 1) % cfg.optim.target_every == 0,
+            checks,
+        )
+        return loss_causal, (before_update, update)
+
+    # 9. The causal intervention is due every causal_every steps. Given the unbatched clock,
+    # and where jdqn.accel says a branch pays, its pass runs only on those steps; else every
+    # step, its gradient switched by a 0/1 weight.
+    causal_due = schedule % loss_cfg.causal_every == 0
+    if not setup.non_causal:
+        loss_causal, (before_update, update) = pulled_back_and_updated(None)
+    elif accel.causal_under_cond and clock is not None:
+        loss_causal, (before_update, update) = jax.lax.cond(
+            causal_due,
+            lambda: pulled_back_and_updated(jnp.float32(loss_cfg.causal_weight)),
+            lambda: pulled_back_and_updated(None),
+        )
+    else:
+        weight = loss_cfg.causal_weight * causal_due.astype(jnp.float32)
+        loss_causal, (before_update, update) = pulled_back_and_updated(weight)
 
     # 13. Guard: the first failing quantity, in GUARD_REASONS order; then the state (12: the
     # PER priorities of the sampled rows), the update kept only where the guard passed.
@@ -407,35 +417,34 @@ def _causal_part(
     eff: Any,
     obs: jax.Array,
     reference: jax.Array,
-    key_and_due: tuple[jax.Array, jax.Array],
+    key: jax.Array,
+    scale: jax.Array,
     setup: Setup,
-    *,
-    cond: bool,
     checks: Any,
 ) -> tuple[jax.Array, Any]:
     """The causal term (invariance under interventions, Peters et al., JRSS-B 2016): the mean
     KL(p(s) || p(do(s))) over the sampled rows ``obs [B, F+1]`` with the non-causal columns
     permuted, against the stop-gradient ``reference`` log-probabilities of s, and its gradient
-    at the effective weights times the term's weight. Under ``cond`` (an unbatched ``due``) it
-    runs only when due, zeros otherwise; else every step, its gradient switched by ``due``."""
-    key, due = key_and_due
-    weight = setup.cfg.loss.causal_weight
+    at the effective weights times ``scale``."""
 
-    def kl_and_grads(scale: jax.Array | float) -> tuple[jax.Array, Any]:
-        def kl(e: Any) -> jax.Array:
-            causal_obs = losses.causal_intervention(key, obs, setup.non_causal)
-            with jax.named_scope("online_forward"):
-                logits_do = networks.apply(e, causal_obs, setup.cfg)  # [B, K, A, N]
-            checks.finite("online_network", "logits_intervened", logits_do)
-            with jax.named_scope("losses"):
-                loss = jnp.mean(losses.causal_kl(reference, logits_do))
-            checks.finite("loss", "loss_causal", loss)
-            return loss
+    def kl(e: Any) -> jax.Array:
+        causal_obs = losses.causal_intervention(key, obs, setup.non_causal)
+        with jax.named_scope("online_forward"):
+            logits_do = networks.apply(e, causal_obs, setup.cfg)  # [B, K, A, N]
+        checks.finite("online_network", "logits_intervened", logits_do)
+        with jax.named_scope("losses"):
+            loss = jnp.mean(losses.causal_kl(reference, logits_do))
+        checks.finite("loss", "loss_causal", loss)
+        return loss
 
-        loss, kl_vjp = jax.vjp(kl, eff)
-        return loss, kl_vjp(jnp.asarray(scale, jnp.float32))[0]
+    loss, kl_vjp = jax.vjp(kl, eff)
+    return loss, kl_vjp(jnp.asarray(scale, jnp.float32))[0]
 
-    if not cond:
-        return kl_and_grads(weight * due.astype(jnp.float32))
-    zeros = lambda: jax.tree.map(jnp.zeros_like, (jnp.float32(0), eff))  # noqa: E731
-    return jax.lax.cond(due, lambda: kl_and_grads(weight), zeros)
+
+def _with_causal_part(part_grads: Any, causal_grads: Any) -> Any:
+    """The parts' gradients (leaves [parts, ...]) with the causal term's: added to the third
+    part when there is one (every part after the first two enters the total with weight 1, so
+    the sum is the same and the update reads one row fewer), else as a third part."""
+    if jax.tree.leaves(part_grads)[0].shape[0] > 2:
+        return jax.tree.map(lambda g, c: g.at[2].add(c), part_grads, causal_grads)
+    return jax.tree.map(lambda g, c: jnp.concatenate([g, c[None]]), part_grads, causal_grads)
