@@ -128,7 +128,7 @@ def compile_deviceless(
     from jax._src.pallas.triton import gpu_info
     from jax.experimental import topologies
 
-    from jdqn import kernel_choice
+    from jdqn import accel
     from jdqn.accel import update_impl
     from jdqn.bench.breakdown import scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
@@ -149,7 +149,7 @@ def compile_deviceless(
     cfg = apply_overrides(SMOKETEST, list(overrides))
     # "auto" as on the GPU: this process's default backend is the CPU.
     impl = update_impl(cfg, "gpu", debug=False, learners=n_seeds)
-    with kernel_choice.forced(f"tail={impl}"):
+    with accel.forced(f"tail={impl}"):
         learner = make_learner(cfg, 15, (0, 1, 2), learners=n_seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), n_seeds)
     abstract = jax.eval_shape(jax.vmap(learner.init), keys)

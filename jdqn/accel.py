@@ -20,19 +20,37 @@ row's pull-back through the spectral norm and the update's reads of that row) ru
 ``lax.cond`` when the caller gives the unbatched clock, only on the steps it is due; with XLA's
 few learners it runs every step, switched by a 0/1 weight (a cond costs more than it saves
 there).
+
+Which implementation each piece runs. Users choose with the ``accel`` config section:
+
+- ``accel.kernels=auto`` (default): each Pallas kernel where it pays off. The C51 projection runs
+  as a kernel on any GPU; the step's flat tail (surgery reductions, Adam, target sync, guard
+  select) runs as kernels on a GPU for programs that step 16 or more vmapped learners together,
+  outside debug mode (:func:`update_impl`); XLA runs the rest.
+- ``accel.kernels=off``: no kernel anywhere (the projection's pure-jnp form, XLA's fusions for the
+  tail): the plain path, to compare against or to rule the kernels out.
+
+Tests and benchmarks need more: one piece at a time, and Pallas's interpret mode, which runs a
+kernel on the CPU (slowly) so that CI checks the kernels without a GPU. That is not a user
+setting; it is reached only through the environment variable :data:`KERNELS_ENV`, e.g.
+``JDQN_KERNELS=tail=interpret,projection=reference`` (see :func:`forced`). The variable is part
+of the stored executables' key (``jdqn.executables``), so programs built under it are never
+mixed up with others.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jdqn import kernel_choice, surgery
-from jdqn.config import Config
+from jdqn import surgery
+from jdqn.config import AccelConfig, Config
 from jdqn.networks import ParamLayout, Params
 from pallas_kernels import flat_tail
 
@@ -84,12 +102,65 @@ class Accel(NamedTuple):
     update: Callable[..., Update]
 
 
+KERNELS_ENV = "JDQN_KERNELS"
+
+# Each piece's implementations (the projection's are pallas_kernels.c51_projection's ``impl``).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "projection": ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
+    "tail": ("auto", "pallas", "interpret", "xla"),
+}
+
+
+class Kernels(NamedTuple):
+    """The implementation of each piece, before ``auto`` meets the backend and learner count."""
+
+    projection: str  # one of CHOICES["projection"]
+    tail: str  # one of CHOICES["tail"]
+
+
+def kernels_for(accel: AccelConfig) -> Kernels:
+    """``accel`` as implementations, with the test override of :data:`KERNELS_ENV` applied."""
+    chosen = Kernels("auto", "auto")
+    if accel.kernels == "off":
+        chosen = Kernels("reference", "xla")
+    return chosen._replace(**_parse(os.environ.get(KERNELS_ENV, "")))
+
+
+def _parse(spec: str) -> dict[str, str]:
+    pieces: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        piece, _, impl = item.partition("=")
+        if impl not in CHOICES.get(piece, ()):
+            raise ValueError(
+                f"{KERNELS_ENV}={spec!r}: {item!r} is not PIECE=IMPL; fix: give comma-separated "
+                f"choices from {CHOICES}, or unset {KERNELS_ENV}"
+            )
+        pieces[piece] = impl
+    return pieces
+
+
+@contextlib.contextmanager
+def forced(spec: str) -> Iterator[None]:
+    """For tests and benchmarks: learners built inside run the pieces ``spec`` names (e.g.
+    ``"tail=interpret"``); :data:`KERNELS_ENV`'s previous value is restored on exit."""
+    _parse(spec)  # a bad spec raises here, not at the next make_learner
+    before = os.environ.get(KERNELS_ENV)
+    os.environ[KERNELS_ENV] = spec
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(KERNELS_ENV, None)
+        else:
+            os.environ[KERNELS_ENV] = before
+
+
 def update_impl(cfg: Config, backend: str, *, debug: bool, learners: int) -> str:
-    """The flat tail's implementation (``jdqn.kernel_choice``) resolved: ``"auto"`` is the
+    """The flat tail's implementation (:func:`kernels_for`) resolved: ``"auto"`` is the
     kernels (``"pallas"``) on a GPU for programs that step at least
     :data:`FUSED_TAIL_MIN_LEARNERS` learners together outside debug mode (whose checks read the
     vectors the kernels never write), else ``"xla"``."""
-    impl = kernel_choice.kernels_for(cfg.accel).tail
+    impl = kernels_for(cfg.accel).tail
     if impl != "auto":
         return impl
     fused = backend == "gpu" and not debug and learners >= FUSED_TAIL_MIN_LEARNERS

@@ -106,7 +106,7 @@ def cache_key(name: str, context: str, args: tuple[Any, ...]) -> str:
         _jax_settings(),
         _backend(),
         os.environ.get("XLA_FLAGS", ""),
-        os.environ.get("JDQN_KERNELS", ""),  # jdqn.kernel_choice's test override of the kernels
+        os.environ.get("JDQN_KERNELS", ""),  # jdqn.accel's test override of the kernels
     ):
         digest.update(part.encode())
         digest.update(b"\0")

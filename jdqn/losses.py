@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels
-from jdqn import kernel_choice, networks
+from jdqn import accel, networks
 from jdqn.config import Config
 
 
@@ -35,7 +35,7 @@ def project_target(
     """Project the distribution of r + g Z onto the support (Bellemare et al., 2017). [B, N].
 
     Dispatches to ``pallas_kernels.c51_project`` (hat-kernel form; Pallas on GPU, pure jnp on
-    CPU); ``impl`` comes from ``accel.kernels`` (``jdqn.kernel_choice``).
+    CPU); ``impl`` comes from ``accel.kernels`` (``jdqn.accel.kernels_for``).
     """
     return pallas_kernels.c51_project(probs, rewards, discounts, v_min, v_max, impl=impl)
 
@@ -309,7 +309,7 @@ def td_target(
             discounts.reshape(-1),
             net.v_min,
             net.v_max,
-            impl=kernel_choice.kernels_for(cfg.accel).projection,
+            impl=accel.kernels_for(cfg.accel).projection,
         ).reshape(rows, heads, -1)  # [R, K, N]
     return TdTarget(
         distribution=jax.lax.stop_gradient(label_smooth(projected, cfg.loss.label_smoothing)),

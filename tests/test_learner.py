@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn import kernel_choice, networks
+from jdqn import accel, networks
 from jdqn.accel import FUSED_TAIL_MIN_LEARNERS, update_impl
 from jdqn.checkpoint import Checkpointer
 from jdqn.config import SMOKETEST, apply_overrides
@@ -41,7 +41,7 @@ SMALL = (
     "optim.target_every=3",
     "loss.grad_budget=1e-3",  # small enough to bind (Adam is scale-free, training still moves)
 )
-# Pieces forced through jdqn.kernel_choice's test override (a "kernels:" extra, not a config value):
+# Pieces forced through jdqn.accel's test override (a "kernels:" extra, not a config value):
 # the real kernels on a GPU, interpret mode on CPU.
 _KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"
 # The step's flat tail as kernels (pallas_kernels.flat_tail); "xla" is the optax/jnp path.
@@ -58,7 +58,7 @@ def _cfg(*extra: str):
 @functools.cache
 def _learner(*extra: str, debug: bool = False):
     forced = ",".join(e.removeprefix("kernels:") for e in extra if e.startswith("kernels:"))
-    with kernel_choice.forced(forced):
+    with accel.forced(forced):
         return make_learner(_cfg(*extra), N_FEATURES, NON_CAUSAL, debug=debug)
 
 
@@ -474,7 +474,7 @@ def test_auto_update_impl_uses_the_kernels_on_a_gpu_for_many_learners_only():
     assert update_impl(auto, "gpu", debug=True, learners=many) == "xla"
     assert update_impl(auto, "cpu", debug=False, learners=many) == "xla"
     for explicit in ("xla", "pallas", "interpret"):
-        with kernel_choice.forced(f"tail={explicit}"):
+        with accel.forced(f"tail={explicit}"):
             assert update_impl(auto, "cpu", debug=True, learners=1) == explicit
     off = _cfg("accel.kernels=off")
     assert update_impl(off, "gpu", debug=False, learners=many) == "xla"

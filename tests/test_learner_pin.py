@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import kernel_choice
+from jdqn import accel
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.learner import LearnerMetrics, make_learner
 from jdqn.transition import Transition
@@ -81,10 +81,10 @@ def _transitions(key: jax.Array, n: int) -> Transition:
 @functools.cache
 def _learner(*extra: str):
     """The learner of EVERYTHING plus ``extra``; ``kernels:`` items are forced through
-    ``jdqn.kernel_choice``'s test override, not the config."""
+    ``jdqn.accel``'s test override, not the config."""
     forced = ",".join(e.removeprefix("kernels:") for e in extra if e.startswith("kernels:"))
     overrides = [*EVERYTHING, *(e for e in extra if not e.startswith("kernels:"))]
-    with kernel_choice.forced(forced):
+    with accel.forced(forced):
         return make_learner(apply_overrides(SMOKETEST, overrides), N_FEATURES, NON_CAUSAL)
 
 

@@ -14,7 +14,7 @@ from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 from tiny_learner import TINY
 
-from jdqn import kernel_choice, placement
+from jdqn import accel, placement
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import DEFAULT, SMOKETEST, apply_overrides
 from jdqn.train import FoldData, make_train
@@ -87,7 +87,7 @@ def test_a_learner_too_big_for_a_device_is_one_line_naming_the_fix():
 
 
 def test_the_flat_tails_int32_offsets_cap_the_learners_per_device(monkeypatch):
-    monkeypatch.setenv(kernel_choice.KERNELS_ENV, "tail=interpret")  # the flat tail on a CPU
+    monkeypatch.setenv(accel.KERNELS_ENV, "tail=interpret")  # the flat tail on a CPU
     wide = apply_overrides(SMOKETEST, ["network.hidden=[4096]"])
     n_params = placement.param_count(wide, 7)
     per_device = (2**31 - 1 - 1024) // (3 * n_params)

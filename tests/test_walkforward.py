@@ -21,7 +21,7 @@ import pytest
 from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 
-from jdqn import accel, background, kernel_choice, networks, report, walkforward
+from jdqn import accel, background, networks, report, walkforward
 from jdqn.checkpoint import Checkpointer, CheckpointLayoutError, all_finite
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
@@ -137,7 +137,7 @@ def test_the_flat_tail_kernels_train_every_fold_and_seed(tmp_path, monkeypatch):
         return resolve(cfg, backend, debug=debug, learners=learners)
 
     monkeypatch.setattr(accel, "update_impl", recording)
-    monkeypatch.setenv(kernel_choice.KERNELS_ENV, "tail=interpret")  # the test override
+    monkeypatch.setenv(accel.KERNELS_ENV, "tail=interpret")  # the test override
     quiet = ["output.plots=false", "output.tensorboard=false", "train.epochs=1"]
     outcome = _run(
         tmp_path,

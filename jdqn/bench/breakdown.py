@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jdqn import kernel_choice, losses, networks
+from jdqn import accel, losses, networks
 from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner import Learner, LearnerState, make_learner, pack_metrics
 from jdqn.replay import replay_sample, replay_update
@@ -200,7 +200,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
             discount,
             net.v_min,
             net.v_max,
-            kernel_choice.kernels_for(cfg.accel).projection,
+            accel.kernels_for(cfg.accel).projection,
         )
         target = losses.label_smooth(projected, cfg.loss.label_smoothing)
         y = losses.scalar_target(reward, discount, q_star, net.v_min, net.v_max)

@@ -374,7 +374,7 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class AccelConfig:
-    """GPU specialisations of the learner step (jdqn.kernel_choice; docs/design.md §12).
+    """GPU specialisations of the learner step (jdqn.accel; docs/design.md §12).
 
     They change speed only: the step computes the same numbers (to float32 rounding) either way."""
 

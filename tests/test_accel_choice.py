@@ -1,37 +1,37 @@
-"""jdqn.kernel_choice: the user's accel.kernels choice and the test override, as implementations."""
+"""jdqn.accel: the user's accel.kernels choice and the test override, as implementations."""
 
 import pytest
 
-from jdqn import kernel_choice
+from jdqn import accel
+from jdqn.accel import Kernels, kernels_for
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.kernel_choice import Kernels, kernels_for
 
 
 def test_auto_leaves_each_piece_to_the_backend_and_off_is_plain_xla(monkeypatch):
-    monkeypatch.delenv(kernel_choice.KERNELS_ENV, raising=False)
+    monkeypatch.delenv(accel.KERNELS_ENV, raising=False)
     assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
     off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
     assert kernels_for(off) == Kernels("reference", "xla")
 
 
 def test_the_test_override_replaces_the_pieces_it_names_and_restores_the_variable(monkeypatch):
-    monkeypatch.setenv(kernel_choice.KERNELS_ENV, "tail=xla")
+    monkeypatch.setenv(accel.KERNELS_ENV, "tail=xla")
     off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
-    with kernel_choice.forced("tail=interpret, projection=interpret"):
+    with accel.forced("tail=interpret, projection=interpret"):
         assert kernels_for(off) == Kernels("interpret", "interpret")
     assert kernels_for(off) == Kernels("reference", "xla")
-    with kernel_choice.forced(""):
+    with accel.forced(""):
         assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
 
 
 @pytest.mark.parametrize("spec", ["tail", "tail=triton", "adam=pallas", "pick=xla"])
 def test_a_bad_override_names_the_variable_and_the_choices(spec, monkeypatch):
     with (
-        pytest.raises(ValueError, match=f"{kernel_choice.KERNELS_ENV}=.*not PIECE=IMPL"),
-        kernel_choice.forced(spec),
+        pytest.raises(ValueError, match=f"{accel.KERNELS_ENV}=.*not PIECE=IMPL"),
+        accel.forced(spec),
     ):
         pass
-    monkeypatch.setenv(kernel_choice.KERNELS_ENV, spec)
+    monkeypatch.setenv(accel.KERNELS_ENV, spec)
     with pytest.raises(ValueError, match="unset JDQN_KERNELS"):
         kernels_for(SMOKETEST.accel)
 
