@@ -13,7 +13,9 @@ planted 0.3 case) and the real ES sample (``tests/data``, folds sized for its 2,
 CPU, or with ``--quick``, it runs small: 2 seeds on the martingale, planted 0.3 and the ES sample.
 
 ``python -m jdqn.bench.learning --cases planted_0.3,martingale --seeds 4 --set train.epochs=8``
-runs chosen cases with overrides (what a sweep over learner settings uses).
+runs chosen cases with overrides (what a sweep over learner settings uses); ``--versus
+loss.alpha_schedule=[0]`` also runs each case with more overrides on the same seeds and reports
+the paired difference (e.g. whether the C51 blend beats MSE only).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jdqn import stats
 from jdqn.config import DEFAULT, Config, apply_overrides
 
 ES_SAMPLE = Path(__file__).resolve().parents[2] / "tests" / "data" / "es_2013-09_1min.csv"
@@ -59,41 +62,17 @@ CASES: dict[str, tuple[str, ...]] = {
     "es_sample": (f"data.path={ES_SAMPLE}", *ES_FOLDS),
 }
 SMALL_CASES = ("martingale", "planted_0.3", "es_sample")
-BOOTSTRAP_SAMPLES = 2_000
 
 
-def iqm(values: np.ndarray) -> float:
-    """Interquartile mean: the mean of the middle 50 % (Agarwal et al., 2021), sorted values
-    with the lowest and highest quarter dropped (n // 4 each side)."""
-    x = np.sort(np.asarray(values, np.float64))
-    cut = x.size // 4
-    return float(np.mean(x[cut : x.size - cut]))
-
-
-def bootstrap_ci(
-    values: np.ndarray, statistic: Callable[[np.ndarray], float], seed: int = 0
-) -> tuple[float, float]:
-    """Percentile-bootstrap 95 % interval of ``statistic`` (resampling seed-folds)."""
-    x = np.asarray(values, np.float64)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, x.size, (BOOTSTRAP_SAMPLES, x.size))
-    stats = np.array([statistic(x[row]) for row in draws])
-    low, high = np.percentile(stats, [2.5, 97.5])
-    return float(low), float(high)
-
-
-def _summary(values: np.ndarray) -> dict[str, Any]:
-    return {
-        "median": float(np.median(values)),
-        "median_ci": bootstrap_ci(values, lambda x: float(np.median(x))),
-        "iqm": iqm(values),
-        "iqm_ci": bootstrap_ci(values, iqm),
-    }
+def _by_fold(values: np.ndarray, folds: np.ndarray) -> list[np.ndarray]:
+    """``values`` split into one stratum per fold (the bootstrap resamples within folds)."""
+    return [values[folds == fold] for fold in np.unique(folds)]
 
 
 def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The scorecard of one case from its walk-forward result rows (``results["folds"]``)."""
     ok = [row for row in rows if row["agent"] is not None]
+    folds = np.array([row["fold"] for row in ok])
     net = np.array([row["agent"]["net_pnl_usd"] for row in ok])
     sharpe = np.array([row["agent"]["sharpe"] for row in ok])
     per_1000 = np.array([1_000 * row["agent"]["n_trades"] / row["agent"]["n_bars"] for row in ok])
@@ -115,11 +94,12 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "halted": len(rows) - len(ok),
         "share_positive": float(np.mean(net > 0)) if ok else 0.0,
         "share_above": above,
-        "net_usd": _summary(net) if ok else None,
-        "sharpe": _summary(sharpe) if ok else None,
+        "net_usd": stats.aggregate(_by_fold(net, folds)) if ok else None,
+        "sharpe": stats.aggregate(_by_fold(sharpe, folds)) if ok else None,
         "changes_per_1000_bars": float(np.median(per_1000)) if ok else None,
         "baseline_median_net_usd": baseline_median,
         "net_usd_by_run": [float(x) for x in net],
+        "fold_seed_by_run": [[int(row["fold"]), int(row["seed"])] for row in ok],
     }
     if ok and "oracle" in names:
         oracle = np.array([row["baselines"]["oracle"]["net_pnl_usd"] for row in ok])
@@ -127,6 +107,25 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             float(np.median(net) / np.median(oracle)) if np.median(oracle) > 0 else None
         )
     return result
+
+
+def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """A against B on the seed-folds both scored (same fold and seed: the same data, the same
+    initial keys): the share where A nets at least B, and the median and IQM of A - B net $
+    with bootstrap 95 % intervals stratified by fold."""
+    b_net = dict(zip(map(tuple, b["fold_seed_by_run"]), b["net_usd_by_run"], strict=True))
+    pairs = [
+        (fold_seed[0], net - b_net[tuple(fold_seed)])
+        for fold_seed, net in zip(a["fold_seed_by_run"], a["net_usd_by_run"], strict=True)
+        if tuple(fold_seed) in b_net
+    ]
+    folds = np.array([fold for fold, _ in pairs])
+    diff = np.array([d for _, d in pairs], np.float64)
+    return {
+        "pairs": len(pairs),
+        "share_a_at_least_b": float(np.mean(diff >= 0)) if pairs else None,
+        "net_usd_a_minus_b": stats.aggregate(_by_fold(diff, folds)),
+    }
 
 
 def run_case(cfg: Config, overrides: Sequence[str]) -> list[dict[str, Any]]:
@@ -155,10 +154,13 @@ def run(
     cases: Sequence[str] | None = None,
     seeds: int | None = None,
     overrides: Sequence[str] = (),
+    versus: Sequence[str] | None = None,
     echo: Callable[[str], None] = lambda _: None,
     on_case: Callable[[list[dict[str, Any]]], None] = lambda _: None,
 ) -> list[dict[str, Any]]:
-    """Score ``cases`` (all, or the small set) of ``cfg`` with ``overrides``; one row each."""
+    """Score ``cases`` (all, or the small set) of ``cfg`` with ``overrides``; one row each.
+    Given ``versus`` (more overrides), each case also runs with them on the same seeds, and its
+    row gains that run's score and the :func:`paired` comparison (A: without, B: with)."""
     chosen = list(cases or (SMALL_CASES if small else CASES))
     unknown = [c for c in chosen if c not in CASES]
     if unknown:
@@ -171,6 +173,14 @@ def run(
         row = {"case": case, "seeds": n_seeds, "wall_s": time.perf_counter() - start}
         rows.append(row | score(fold_rows))
         echo(format_table(rows[-1:]))
+        if versus is not None:
+            b = score(run_case(cfg, [f"train.seeds={n_seeds}", *overrides, *CASES[case], *versus]))
+            rows[-1]["versus"] = {
+                "overrides": list(versus),
+                "score": b,
+                "paired": paired(rows[-1], b),
+            }
+            echo(format_paired(rows[-1:]))
         on_case(rows)  # a sweep cut short keeps the cases it finished
     return rows
 
@@ -203,6 +213,29 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_paired(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of the ``versus`` comparisons: one line per case."""
+    lines = [
+        "| case | versus | pairs | A >= B | median A - B net $ [95 % CI] | IQM A - B net $ "
+        "| median B net $ |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "versus" not in r:
+            continue
+        pair, b = r["versus"]["paired"], r["versus"]["score"]
+        diff, b_net = pair["net_usd_a_minus_b"], b["net_usd"]
+        share = pair["share_a_at_least_b"]
+        lines.append(
+            f"| {r['case']} | {' '.join(r['versus']['overrides'])} | {pair['pairs']} "
+            f"| {'-' if share is None else format(share, '.0%')} "
+            f"| {_money(diff['median'])} [{_money(diff['median_ci'] and diff['median_ci'][0])}, "
+            f"{_money(diff['median_ci'] and diff['median_ci'][1])}] | {_money(diff['iqm'])} "
+            f"| {_money(b_net and b_net['median'])} |"
+        )
+    return "\n".join(lines)
+
+
 def section(quick: bool, cfg: Config) -> dict[str, Any]:
     """``jdqn bench`` section: small on a CPU or with ``--quick``, full otherwise."""
     del cfg  # the scorecard judges the default profile
@@ -218,6 +251,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--profile", default="default")
     parser.add_argument("--small", action="store_true")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument(
+        "--versus",
+        action="append",
+        metavar="KEY=VALUE",
+        help="also run each case with these overrides on the same seeds; report A - B paired",
+    )
     parser.add_argument("--label", default="")
     parser.add_argument("--json")
     args = parser.parse_args(argv)
@@ -235,10 +274,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cases=args.cases.split(",") if args.cases else None,
         seeds=args.seeds,
         overrides=args.set,
+        versus=args.versus,
         echo=print,
         on_case=write,
     )
     print(f"\n{args.label} {args.set}\n{format_table(rows)}")
+    if args.versus:
+        print(f"\nA: {args.set}, B: A and {args.versus}\n{format_paired(rows)}")
     return 0
 
 
