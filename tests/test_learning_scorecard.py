@@ -30,6 +30,11 @@ def test_score_counts_shares_changes_and_the_oracle_ratio():
     assert card["net_usd"]["median"] == 1000.0
     assert card["net_usd"]["median_ci"][0] <= 1000.0 <= card["net_usd"]["median_ci"][1]
     assert card["fold_seed_by_run"] == [[0, 0], [0, 1], [1, 0]]
+    # agent - buy & hold: +500, +100, -500; the median of the three
+    assert card["agent_minus_baseline_net_usd"]["buy_and_hold"]["median"] == 100.0
+    assert "| planted_0.3 | oracle |" in learning.format_baselines(
+        [{"case": "planted_0.3", **card}]
+    )
     assert card["changes_per_1000_bars"] == 2.0  # median of 1, 2, 5 per 1,000 bars
     assert card["oracle_ratio"] == pytest.approx(1000.0 / 3000.0)
     assert "planted_0.3" in learning.format_table([{"case": "planted_0.3", "wall_s": 1.0, **card}])

@@ -85,6 +85,13 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         )
         for name in names
     }
+    # The agent against each baseline on the same seed-fold (same test window).
+    minus_baseline = {
+        name: stats.aggregate(
+            _by_fold(net - np.array([row["baselines"][name]["net_pnl_usd"] for row in ok]), folds)
+        )
+        for name in names
+    }
     baseline_median = {
         name: float(np.median([row["baselines"][name]["net_pnl_usd"] for row in ok]))
         for name in names
@@ -98,6 +105,7 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "sharpe": stats.aggregate(_by_fold(sharpe, folds)) if ok else None,
         "changes_per_1000_bars": float(np.median(per_1000)) if ok else None,
         "baseline_median_net_usd": baseline_median,
+        "agent_minus_baseline_net_usd": minus_baseline,
         "net_usd_by_run": [float(x) for x in net],
         "fold_seed_by_run": [[int(row["fold"]), int(row["seed"])] for row in ok],
     }
@@ -213,6 +221,20 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_baselines(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table: per case and baseline, the agent's net minus the baseline's on the same
+    seed-folds (median, 95 % CI)."""
+    lines = ["| case | baseline | median agent - baseline net $ [95 % CI] |", "|---|---|---|"]
+    for r in rows:
+        for name, diff in r.get("agent_minus_baseline_net_usd", {}).items():
+            low, high = diff["median_ci"] or (None, None)
+            lines.append(
+                f"| {r['case']} | {name} | {_money(diff['median'])} [{_money(low)}, "
+                f"{_money(high)}] |"
+            )
+    return "\n".join(lines)
+
+
 def format_paired(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table of the ``versus`` comparisons: one line per case."""
     lines = [
@@ -278,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         echo=print,
         on_case=write,
     )
-    print(f"\n{args.label} {args.set}\n{format_table(rows)}")
+    print(f"\n{args.label} {args.set}\n{format_table(rows)}\n\n{format_baselines(rows)}")
     if args.versus:
         print(f"\nA: {args.set}, B: A and {args.versus}\n{format_paired(rows)}")
     return 0
