@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from jdqn import kernel_choice, losses, networks
+from jdqn.bench import markdown_table
 from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner import Learner, LearnerState, make_learner, pack_metrics
 from jdqn.replay import replay_sample, replay_update
@@ -98,10 +99,6 @@ def scan_steps_fn(
     return jax.jit(run, donate_argnums=0)
 
 
-def _block(tree: Any) -> None:
-    jax.block_until_ready(tree)
-
-
 def time_repeated(
     fn: Callable[[Any], Any], carry: Any, repeats: int, unpack: bool = True, warmup: int = 0
 ) -> tuple[dict[str, float], Any]:
@@ -109,18 +106,18 @@ def time_repeated(
     blocked on. Seconds: compile, median, min."""
     start = time.perf_counter()
     out = fn(carry)
-    _block(out)
+    jax.block_until_ready(out)
     compile_s = time.perf_counter() - start
     carry = out[0] if unpack else out
     for _ in range(warmup):
         out = fn(carry)
         carry = out[0] if unpack else out
-    _block(out)
+    jax.block_until_ready(out)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn(carry)
-        _block(out)
+        jax.block_until_ready(out)
         times.append(time.perf_counter() - start)
         carry = out[0] if unpack else out
     return {
@@ -351,16 +348,19 @@ def kernel_census(cfg: Config = SMOKETEST) -> dict[str, int]:
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        "| component | method | switched off | us/step | share of full |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['component']} | {r['method']} | {r['switch']} | "
-            f"{r['us_per_step']:.1f} | {100 * r['share']:.0f}% |"
-        )
-    return "\n".join(lines)
+    return markdown_table(
+        ("component", "method", "switched off", "us/step", "share of full"),
+        (
+            (
+                r["component"],
+                r["method"],
+                r["switch"],
+                f"{r['us_per_step']:.1f}",
+                f"{r['share']:.0%}",
+            )
+            for r in rows
+        ),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jdqn.bench import markdown_table
 from jdqn.bench.breakdown import ALPHA, BETA, time_repeated
 from jdqn.bench.seeds import seeded_states
 from jdqn.config import SMOKETEST, Config
@@ -122,18 +123,22 @@ def section(quick: bool, cfg: Config) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| scaling | devices | learners | seed-steps/s | efficiency |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['scaling']} | {r['devices']} | {r['learners']} | "
-            f"{r['seed_steps_per_s']:,.0f} | {r['efficiency']:.2f} |"
-        )
+    table = markdown_table(
+        ("scaling", "devices", "learners", "seed-steps/s", "efficiency"),
+        (
+            (
+                r["scaling"],
+                r["devices"],
+                r["learners"],
+                f"{r['seed_steps_per_s']:,.0f}",
+                f"{r['efficiency']:.2f}",
+            )
+            for r in rows
+        ),
+    )
     if rows and rows[0]["platform"] == "cpu":
-        lines.append("\n(CPU: forced host devices share the cores; this shows overhead, not speed)")
-    return "\n".join(lines)
+        table += "\n\n(CPU: forced host devices share the cores; this shows overhead, not speed)"
+    return table
 
 
 def main() -> None:
