@@ -65,6 +65,11 @@ class BarFileError(ValueError):
         self.fix = fix
 
 
+def error_detail(error: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
+    return str(error).splitlines()[0].strip() if str(error) else type(error).__name__
+
+
 def reject_rows(
     bad: np.ndarray,
     path: str | os.PathLike[str],

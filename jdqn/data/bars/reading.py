@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from jdqn.data.bars.core import BarFileError
+from jdqn.data.bars.core import BarFileError, error_detail
 
 _SEPARATORS = (",", ";", "\t", "|")
 _SAMPLE_LINES = 64
@@ -103,7 +103,7 @@ def read_frame(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, CsvLayout | 
         # gzip's own errors: cut short (a partial download or copy), damaged, or not gzip.
         raise BarFileError(
             path,
-            f"compressed file is truncated or corrupt ({_detail(error)})",
+            f"compressed file is truncated or corrupt ({error_detail(error)})",
             "copy or download the file again (gzip -t checks it)",
         ) from None
     except pd.errors.EmptyDataError:
@@ -117,7 +117,7 @@ def read_frame(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, CsvLayout | 
         ) from None
     except (OSError, ValueError) as error:
         raise BarFileError(
-            path, f"cannot be read ({_detail(error)})", "check the file format"
+            path, f"cannot be read ({error_detail(error)})", "check the file format"
         ) from None
     # Blank lines are kept as all-missing rows so row numbers match the file; trailing ones are
     # an editor's habit, not bars.
@@ -127,11 +127,6 @@ def read_frame(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, CsvLayout | 
     if len(frame) == 0:
         raise BarFileError(path, "has a header but no bars", "supply a file with bars")
     return frame, layout
-
-
-def _detail(error: BaseException) -> str:
-    """The first line of an error's message, or its type's name when it has none."""
-    return str(error).splitlines()[0].strip() if str(error) else type(error).__name__
 
 
 def _sample_lines(path: Path) -> list[str]:
@@ -229,7 +224,9 @@ def _read_parquet(path: Path) -> pd.DataFrame:
         frame = pd.read_parquet(path)
     except Exception as error:  # pyarrow raises several unrelated types for a bad file
         raise BarFileError(
-            path, f"cannot be read as Parquet ({_detail(error)})", "write it with pandas or pyarrow"
+            path,
+            f"cannot be read as Parquet ({error_detail(error)})",
+            "write it with pandas or pyarrow",
         ) from None
     if not isinstance(frame.index, pd.RangeIndex):  # a timestamp index saved by pandas
         frame = frame.reset_index()

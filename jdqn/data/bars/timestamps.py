@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from jdqn.data.bars.columns import ColumnMap
-from jdqn.data.bars.core import BarFileError, reject_rows
+from jdqn.data.bars.core import BarFileError, error_detail, reject_rows
 
 # Naive timestamp formats tried in order; the first that parses every row wins. Day-first slash
 # dates (DD/MM/YYYY) are deliberately absent: they are ambiguous with the US form for days <= 12.
@@ -96,10 +96,10 @@ def _localise(parsed: pd.Series, zone: str, path: str | os.PathLike[str], column
     try:
         return parsed.dt.tz_localize(zone, ambiguous="infer", nonexistent="raise")
     except Exception as error:  # pytz/zoneinfo raise several types for impossible local times
-        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise BarFileError(
             path,
-            f"timestamps are not valid wall-clock times in data.timezone={zone} ({detail})",
+            f"timestamps are not valid wall-clock times in data.timezone={zone} "
+            f"({error_detail(error)})",
             "check data.timezone, or write the timestamps in UTC or with a UTC offset",
             column=column,
         ) from None
@@ -124,12 +124,8 @@ def _as_time_text(raw: pd.Series) -> pd.Series:
     if digits.all():
         width = 6 if text.astype(np.int64).max() > 2359 else 4
         text = text.str.zfill(width)
-        text = (
-            text.str.slice(0, 2)
-            + ":"
-            + text.str.slice(2, 4)
-            + ((":" + text.str.slice(4, 6)) if width == 6 else "")
-        )
+        seconds = (":" + text.str.slice(4, 6)) if width == 6 else ""
+        text = text.str.slice(0, 2) + ":" + text.str.slice(2, 4) + seconds
     return text
 
 
@@ -199,15 +195,8 @@ def _parse_digits(values: np.ndarray, path: str | os.PathLike[str], column: str)
                 return parsed
         values = integers
     magnitude = float(np.max(np.abs(values)))
-    unit = (
-        "s"
-        if magnitude < 1e11
-        else "ms"
-        if magnitude < 1e14
-        else "us"
-        if magnitude < 1e17
-        else "ns"
-    )
+    limits = (("s", 1e11), ("ms", 1e14), ("us", 1e17))
+    unit = next((unit for unit, limit in limits if magnitude < limit), "ns")
     try:
         return pd.Series(pd.to_datetime(values, unit=unit, utc=True))
     except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
