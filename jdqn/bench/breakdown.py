@@ -83,6 +83,14 @@ def scan_steps_fn(
     """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept.
     ``unroll`` steps per loop iteration (``lax.scan``'s ``unroll``): one CUDA graph then holds
     that many steps, so the graph launches between steps are fewer."""
+    return jax.jit(scan_steps(learner, n_steps, vmapped, unroll), donate_argnums=0)
+
+
+def scan_steps(
+    learner: Learner, n_steps: int, vmapped: bool = False, unroll: int = 1
+) -> Callable[[LearnerState], tuple[LearnerState, Any]]:
+    """state -> (state after ``n_steps`` learner steps in one lax.scan, packed metrics [n, M]);
+    ``vmapped``: over a leading learner axis, in lock-step."""
     step = jax.vmap(learner.step, in_axes=(0, None, None, None)) if vmapped else learner.step
 
     def run(state: LearnerState) -> tuple[LearnerState, Any]:
@@ -96,7 +104,7 @@ def scan_steps_fn(
 
         return jax.lax.scan(body, state, None, length=n_steps, unroll=unroll)
 
-    return jax.jit(run, donate_argnums=0)
+    return run
 
 
 def time_repeated(
