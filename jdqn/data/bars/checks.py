@@ -7,10 +7,9 @@ import os
 import numpy as np
 import pandas as pd
 
-from jdqn.data.bars.core import EXCHANGE_TZ, BarFileError, more_rows, reject_rows
+from jdqn.data.bars.core import EXCHANGE_TZ, PRICE_COLUMNS, BarFileError, more_rows, reject_rows
 from jdqn.data.bars.timestamps import missing_mask
 
-_PRICE_COLUMNS = ("open", "high", "low", "close")
 _LISTED_ROWS = 5  # rows named in a duplicate message before "and N more"
 
 
@@ -47,7 +46,7 @@ def check_values(
     path: str | os.PathLike[str],
 ) -> None:
     """Positive prices, low <= open, close <= high, and volume >= 0."""
-    for name in _PRICE_COLUMNS:
+    for name in PRICE_COLUMNS:
         reject_rows(
             prices[name] <= 0,
             path,

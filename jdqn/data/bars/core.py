@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 EXCHANGE_TZ = "America/Chicago"
+PRICE_COLUMNS = ("open", "high", "low", "close")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: element-wise array equality has no single truth
