@@ -68,8 +68,7 @@ class BackgroundWrites:
         self._pending: list[Future[None]] = []
         self._plots = _plot_pool(plot_processes, tuple(preload)) if plot_processes > 0 else None
         if self._plots is None:
-            for module in preload:
-                self.submit(_import, module)
+            self.prefetch(preload)
 
     def prefetch(self, modules: Sequence[str]) -> None:
         """Imports ``modules`` on the writer thread, in order, ahead of the caller's first use.
