@@ -135,17 +135,10 @@ class Boundaries:
 class _Off:
     """Debug off: the same methods, nothing traced."""
 
-    def finite(self, component: str, tensor: str, tree: Any) -> None:
-        del component, tensor, tree
+    def _nothing(self, *args: Any) -> None:
+        del args
 
-    def finite_norm(self, component: str, tensor: str, tree: Any) -> None:
-        del component, tensor, tree
-
-    def within(self, component: str, tensor: str, x: jax.Array, low: float, high: float) -> None:
-        del component, tensor, x, low, high
-
-    def distribution(self, component: str, tensor: str, probs: jax.Array, atol: float) -> None:
-        del component, tensor, probs, atol
+    finite = finite_norm = within = distribution = _nothing
 
 
 OFF = _Off()
