@@ -1,11 +1,11 @@
 """Work that overlaps the training program's compile.
 
-A walk-forward group compiles its training program in 9-14 s on the H200 (~4.5 s of it in XLA's
-fusion passes, ~3 s autotuning GEMMs). The evaluation program (1.1-1.6 s to compile) and the
-baselines (one rollout program for a group's folds, compiled and run) do not depend on training, so
-they run on worker threads meanwhile; JAX releases the GIL while XLA compiles. On a machine with no
-cores to spare (this project's 2-core CPU boxes) threads only contend with XLA's own compile
-threads, so the same calls run inline, in submission order, on the calling thread.
+A walk-forward group's training program takes seconds to compile (XLA's fusion passes, GEMM
+autotuning). The evaluation program and the baselines (one rollout program for a group's folds,
+compiled and run) do not depend on training, so they run on worker threads meanwhile; JAX releases
+the GIL while XLA compiles. On a machine with no cores to spare (this project's 2-core CPU boxes)
+threads only contend with XLA's own compile threads, so the same calls run inline, in submission
+order, on the calling thread.
 
 Results do not depend on where the work ran: a program compiled on another thread is the same
 program, and every random draw comes from an explicit key.
@@ -41,9 +41,7 @@ def _cgroup_quota(cgroup: Path) -> float | None:
     """CPUs' worth of time per period the cgroup allows; None without a limit or cgroup files."""
     try:
         fields = (cgroup / "cpu.max").read_text().split()
-        if fields and fields[0] != "max":
-            return int(fields[0]) / int(fields[1])
-        return None
+        return int(fields[0]) / int(fields[1]) if fields and fields[0] != "max" else None
     except (OSError, ValueError, IndexError):
         pass
     try:

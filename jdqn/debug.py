@@ -135,17 +135,10 @@ class Boundaries:
 class _Off:
     """Debug off: the same methods, nothing traced."""
 
-    def finite(self, component: str, tensor: str, tree: Any) -> None:
-        del component, tensor, tree
+    def _nothing(self, *args: Any) -> None:
+        del args
 
-    def finite_norm(self, component: str, tensor: str, tree: Any) -> None:
-        del component, tensor, tree
-
-    def within(self, component: str, tensor: str, x: jax.Array, low: float, high: float) -> None:
-        del component, tensor, x, low, high
-
-    def distribution(self, component: str, tensor: str, probs: jax.Array, atol: float) -> None:
-        del component, tensor, probs, atol
+    finite = finite_norm = within = distribution = _nothing
 
 
 OFF = _Off()
@@ -218,23 +211,18 @@ def failures(error: checkify.Error) -> list[tuple[int | None, CheckFailure]]:
         match = _MESSAGE.search(line)
         if match is None:  # a check that is not ours: report it as it is
             raise RuntimeError(f"unexpected checkify failure: {line}")
-        run = None if match["run"] is None else int(match["run"])
-        found.append(
-            (
-                run,
-                CheckFailure(
-                    component=match["component"],
-                    tensor=match["tensor"],
-                    problem=match["problem"],
-                    count=int(match["count"]),
-                    value=float(match["value"]),
-                    fold=None,
-                    seed=None,
-                    epoch=None,
-                    step=int(match["step"]),
-                ),
-            )
+        failure = CheckFailure(
+            component=match["component"],
+            tensor=match["tensor"],
+            problem=match["problem"],
+            count=int(match["count"]),
+            value=float(match["value"]),
+            fold=None,
+            seed=None,
+            epoch=None,
+            step=int(match["step"]),
         )
+        found.append((None if match["run"] is None else int(match["run"]), failure))
     return found
 
 
@@ -244,19 +232,10 @@ def first_failure(
     """The earliest failure of a vmapped chunk (lowest learner step, then run index), located by
     ``run_ids[run] = (fold, seed)``; also the other runs' failures. ``epoch`` is 0-based."""
     located = []
-    for run, failure in failures(error):
+    for run, failure in sorted(failures(error), key=lambda item: (item[1].step, item[0] or 0)):
         fold, seed = run_ids[run or 0]
-        located.append(
-            (
-                failure.step,
-                run or 0,
-                replace(failure, fold=fold, seed=seed, epoch=epoch + 1, chunk=chunk),
-            )
-        )
-    if not located:
-        return None
-    located.sort(key=lambda item: item[:2])
-    return located[0][2], [item[2] for item in located[1:]]
+        located.append(replace(failure, fold=fold, seed=seed, epoch=epoch + 1, chunk=chunk))
+    return (located[0], located[1:]) if located else None
 
 
 def raise_if_failed(

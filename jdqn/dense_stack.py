@@ -8,8 +8,8 @@ The learner needs each loss part's gradient on its own (gradient surgery, docs/d
 section 5), so it pulls P cotangents back through the network at once: ``jax.vmap`` over a VJP.
 Autodiff's backward of a dense layer under that vmap keeps the part axis outermost,
 ``[P, R, out]``. The kernel gradient contracts over the rows R, and its GEMM wants the part and
-output axes side by side, so XLA wrote each layer's cotangent twice, once per GEMM's layout (for
-the head at 1,024 vmapped learners on the H200, 115 us of a 1,500 us step).
+output axes side by side, so XLA wrote each layer's cotangent twice, once per GEMM's layout (a
+large share of the step at many vmapped learners).
 
 Here the backward has a vmap rule (:func:`jax.custom_batching.custom_vmap`) that keeps the rows
 outermost, ``[R, P, out]``, a layout both of a layer's GEMMs read as it is:
@@ -17,12 +17,10 @@ outermost, ``[R, P, out]``, a layout both of a layer's GEMMs read as it is:
 - the input gradient, ``[R*P, out] @ W -> [R, P, in]``: rows and parts are one GEMM dimension;
 - the kernel gradient, ``[R, in]^T @ [R, P*out] -> [in, P, out]``: the parts and outputs are.
 
-Each bias's gradient is the cotangent summed over the rows. On the H200 the learner step became
-1.3-1.9 % faster at 1,024 vmapped learners and 6.9-7.1 % at 128; one learner's step did not
-move beyond the runs' spread. Summing the head's bias in a pass of its own, after the cotangent
-is written, took 3.9 % more off at 1,024 learners. (Taking the biases' gradients from the
-kernel-gradient GEMM, with a column of ones on each layer's input, made those GEMMs 65 columns
-wide and twice as slow.)
+Each bias's gradient is the cotangent summed over the rows; the head's is summed in a pass of its
+own, after the cotangent is written, which is faster at many learners. (Taking the biases'
+gradients from the kernel-gradient GEMM, with a column of ones on each layer's input, made those
+GEMMs one column wider and twice as slow.)
 
 Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
 math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s, and bfloat16 matmul
@@ -165,9 +163,8 @@ def _weight_grads(
     ``g`` once it is written, in a pass of its own (below)."""
     x = _rounded(x, dtype)
     spec, operands = ("rpo,ri->poi", (g, x)) if out_major else ("ri,rpo->pio", (x, g))
-    # XLA fuses the rows' sum into the pass that writes the head's cotangent, and at 1,024
-    # vmapped learners on the H200 that pass then took 180 us, against 88 us for the write and
-    # 41 us for the sum apart: the barrier keeps them apart (-3.9 % a step).
+    # XLA fuses the rows' sum into the pass that writes the head's cotangent, and that pass is
+    # slower than the write and the sum apart at many learners: the barrier keeps them apart.
     # The torso's cotangents are narrower, and their sums are better left fused.
     summed = jax.lax.optimization_barrier(g) if bias_apart else g
     return _rounded(jnp.einsum(spec, *operands), dtype), jnp.sum(summed, axis=0)

@@ -25,7 +25,7 @@ import numpy as np
 from jdqn import report, rundir, stats
 from jdqn.data import load_bars
 from jdqn.env import make_params
-from jdqn.evaluate import baseline_results, baseline_rollouts, equity_curve, record_metrics
+from jdqn.evaluate import equity_curve, evaluate_baselines, record_metrics
 from jdqn.policy import Policy, PolicyError, load_policy, saved_policies
 
 
@@ -75,6 +75,10 @@ def evaluate_saved(
         record_metrics, point_value_usd=cfg.env.point_value_usd, bars_per_year=bars_per_year
     )
     baselines = _baselines(first, features, close, bars_per_year)
+    nets = {k: np.asarray(b["rollout"].net_points) for k, b in baselines.items()}
+    baseline_metrics = {
+        k: stats.with_daily_sharpe(b["metrics"], nets[k], realised_at) for k, b in baselines.items()
+    }
     window = {"test": [warmup, len(bars)], "test_time": [str(timestamps[0]), str(timestamps[-1])]}
 
     with rundir.interrupts_deferred():
@@ -88,7 +92,6 @@ def evaluate_saved(
             record = policy.evaluate(features, close)
             net = np.asarray(record.net_points)
             agent = stats.with_daily_sharpe(judge(record), net, realised_at)
-            nets = {k: np.asarray(b["rollout"].net_points) for k, b in baselines.items()}
             series.append(stats.RunSeries(fold, policy.seed, net, nets, realised_at))
             rows.append(
                 {
@@ -97,10 +100,7 @@ def evaluate_saved(
                     "status": "ok",
                     "window": window,
                     "agent": agent,
-                    "baselines": {
-                        k: stats.with_daily_sharpe(b["metrics"], nets[k], realised_at)
-                        for k, b in baselines.items()
-                    },
+                    "baselines": baseline_metrics,
                 }
             )
             _write_run(run, policy.seed, fold, timestamps, record, baselines, plots)
@@ -144,17 +144,7 @@ def _baselines(
     cfg = policy.cfg
     folds, seeds = np.asarray([policy.fold], np.int32), np.asarray([0], np.int32)
     key = run_keys(cfg.train.seed, folds, seeds).baselines[0]
-    params = make_params(features, close, cfg.env)
-    records = _baseline_rollouts(params, key, cfg.env)
-    return baseline_results(
-        records,
-        len(close) - 1,
-        point_value_usd=cfg.env.point_value_usd,
-        bars_per_year=bars_per_year,
-    )
-
-
-_baseline_rollouts = jax.jit(baseline_rollouts, static_argnums=2)
+    return evaluate_baselines(make_params(features, close, cfg.env), key, cfg.env, bars_per_year)
 
 
 def _write_run(

@@ -2,10 +2,10 @@
 
 JAX's persistent compilation cache (``jdqn.walkforward.enable_compilation_cache``) skips XLA's
 backend compile, but it is keyed on the lowered program, so every process still traces the
-Python functions and lowers them to StableHLO before it can look the program up: on the H200 that
-was 2-3 s of a ~9 s warm walk-forward run. Here the compiled
-executable itself is stored (``jax.experimental.serialize_executable``) under a key computed
-without tracing: every input that can change the program is hashed, namely
+Python functions and lowers them to StableHLO before it can look the program up, a large share
+of a warm walk-forward run. Here the compiled executable itself is stored
+(``jax.experimental.serialize_executable``) under a key computed without tracing: every input
+that can change the program is hashed, namely
 
 - the source of jdqn and its Pallas kernels (any edit gives new keys),
 - the versions of jax, jaxlib and the libraries that build the traced functions, and JAX's
@@ -61,9 +61,8 @@ def source_fingerprint() -> str:
 
 @functools.lru_cache(maxsize=1)
 def _versions() -> str:
-    # The modules' own __version__ (all are imported by jdqn already), not importlib.metadata:
-    # parsing every installed distribution's metadata cost a warm start on the H200's machine
-    # ~0.25 s, per key.
+    # The modules' own __version__ (all are imported by jdqn already), not importlib.metadata,
+    # which parses every installed distribution's metadata: slow, and paid per key.
     return ",".join(
         f"{name}={getattr(importlib.import_module(name), '__version__', '?')}"
         for name in _TRACED_LIBRARIES
@@ -71,20 +70,14 @@ def _versions() -> str:
 
 
 def _jax_settings() -> str:
-    values = jax.config.values
-    return repr(
-        sorted(
-            (name, repr(value))
-            for name, value in values.items()
-            if not any(part in name for part in _IGNORED_CONFIG)
-        )
-    )
+    settings = jax.config.values.items()
+    kept = [(k, repr(v)) for k, v in settings if not any(part in k for part in _IGNORED_CONFIG)]
+    return repr(sorted(kept))
 
 
 def _backend() -> str:
-    devices = jax.devices()
-    first = devices[0]
-    return f"{first.platform}:{first.device_kind}:{len(devices)}:{first.client.platform_version}"
+    first, count = jax.devices()[0], len(jax.devices())
+    return f"{first.platform}:{first.device_kind}:{count}:{first.client.platform_version}"
 
 
 def signature(args: tuple[Any, ...]) -> str:
@@ -173,9 +166,6 @@ def _store(path: Path, compiled: Any) -> None:
     or a directory that cannot be written only costs the next process a compile."""
     try:
         blob = pickle.dumps(serialize_executable.serialize(compiled))
-    except (ValueError, NotImplementedError, pickle.PicklingError, TypeError):
-        return
-    try:
         rundir.write_atomic(path, blob)
-    except OSError:
+    except (ValueError, NotImplementedError, pickle.PicklingError, TypeError, OSError):
         return

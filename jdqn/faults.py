@@ -47,9 +47,8 @@ def io_problem(error: BaseException) -> str | None:
     failure, else ``None``."""
     for link in _chain(error):
         if isinstance(link, OSError) and link.errno in STORAGE_ERRNOS:
-            where = link.filename if link.filename is not None else None
             problem = STORAGE_ERRNOS[link.errno]
-            return f"{where}: {problem}" if where is not None else problem
+            return f"{link.filename}: {problem}" if link.filename is not None else problem
         text = str(link)
         for match in _QUOTED.finditer(text):
             number = int(next(group for group in match.groups() if group))

@@ -59,13 +59,14 @@ class MetricsLog:
     def add(self, epoch: int, chunk: int, state: TrainState, chunk_metrics: Any) -> dict[str, str]:
         if self._writer is None and self._cfg.output.tensorboard:
             # Here, not in __init__: the first chunk is queued on the device by now, so
-            # tensorboardX's import (0.1-0.2 s) runs while it trains instead of before.
+            # tensorboardX's import runs while it trains instead of before.
             summary_writer = importlib.import_module(TENSORBOARD).SummaryWriter
             self._writer = summary_writer(str(self._run.tensorboard_dir / f"group{self._group}"))
         host = jax.device_get(chunk_metrics)
         learner_steps = np.asarray(state.learner.step)
         active = np.asarray(host.active)  # [R, L]; padding of the epoch's last chunk is False
         used = np.asarray(host.trained) & active
+        learner = {name: np.asarray(values) for name, values in host.learner._asdict().items()}
         lines = []
         for r, (fold, seed) in enumerate(self._run_ids):
             row: dict[str, Any] = {
@@ -80,18 +81,16 @@ class MetricsLog:
                 "epsilon": float(np.asarray(host.epsilon)[r][active[r]][-1]),
                 "reward_mean": float(np.mean(np.asarray(host.reward_mean)[r][active[r]])),
             }
-            learner = host.learner._asdict()
             for name, values in learner.items():
                 mask = used[r]
                 if name in MEASURED_WHEN:
-                    mask = mask & (np.asarray(learner[MEASURED_WHEN[name]])[r] > 0)
-                v = np.asarray(values)[r]
-                row[name] = float(np.mean(v[mask])) if mask.any() else None
+                    mask = mask & (learner[MEASURED_WHEN[name]][r] > 0)
+                row[name] = float(np.mean(values[r][mask])) if mask.any() else None
             lines.append(json.dumps(row, allow_nan=True))
             self._rows[r].append(row)
             if self._writer is not None:
                 for name, value in row.items():
-                    if isinstance(value, float) and name not in ("epsilon",):
+                    if isinstance(value, float) and name != "epsilon":
                         self._writer.add_scalar(f"fold{fold}_seed{seed}/{name}", value, row["step"])
         with self._path.open("a") as handle:
             handle.write("".join(line + "\n" for line in lines))

@@ -41,9 +41,8 @@ _SN_EPS = 1e-12  # guards the power-iteration normalisation against a zero vecto
 
 # The output layer. Its kernel is stored [out, in] (torch's ``nn.Linear`` order), not flax's
 # [in, out]: XLA computes the per-loss-part gradients of this kernel as one GEMM with the parts
-# stacked on the output rows, [P * K*A*N, H], so in [in, out] order every step transposed them
-# (85 us of the 1,024-learner step on the H200). Stored [out, in], the GEMM's result is already
-# in the stored order.
+# stacked on the output rows, [P * K*A*N, H], so in [in, out] order every step transposed them.
+# Stored [out, in], the GEMM's result is already in the stored order.
 HEAD = "head"
 
 

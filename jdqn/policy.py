@@ -64,12 +64,21 @@ PRICE_RATIO_LIMIT = 3.0
 _OFF_TICK_LIMIT = 0.01  # more closes than this fraction off the tick grid: another instrument
 
 
+type BarsLike = pd.DataFrame | Bars | str | os.PathLike[str]
+
+
+def _logits(cfg: Config, network: Network, obs: jax.Array) -> jax.Array:
+    """Logits [B, K, A, N] of obs [B, F+1] with masked, spectral-normalised weights (stored
+    ``u``)."""
+    eff, _, _ = networks.effective_params(
+        network.params, network.masks, network.sn_u, cfg.network, False
+    )
+    return networks.apply(eff, obs, cfg)
+
+
 def head_mean_q(cfg: Config, network: Network, obs: jax.Array) -> jax.Array:
-    """Q [B, A] of obs [B, F+1]: masked, spectral-normalised weights (stored ``u``), C51 head
-    means over the ensemble; the learner's ``act_q``."""
-    masked = jax.tree.map(jnp.multiply, network.params, network.masks)
-    eff, _, _ = networks.effective_params(masked, None, network.sn_u, cfg.network, False)
-    logits = networks.apply(eff, obs, cfg)  # [B, K, A, N]
+    """Q [B, A] of obs [B, F+1]: C51 head means over the ensemble; the learner's ``act_q``."""
+    logits = _logits(cfg, network, obs)
     return jnp.mean(networks.q_values(logits, networks.atoms(cfg.network)), axis=-2)
 
 
@@ -87,9 +96,7 @@ def _greedy_rollout(cfg: Config, network: Network, params: env.EnvParams) -> Rol
 @functools.partial(jax.jit, static_argnums=0)
 def _distributions(cfg: Config, network: Network, obs: jax.Array) -> jax.Array:
     """Head-mean C51 probabilities [B, A, N] of obs [B, F+1] (the mixture over the ensemble)."""
-    masked = jax.tree.map(jnp.multiply, network.params, network.masks)
-    eff, _, _ = networks.effective_params(masked, None, network.sn_u, cfg.network, False)
-    return jnp.mean(jax.nn.softmax(networks.apply(eff, obs, cfg), axis=-1), axis=-3)
+    return jnp.mean(jax.nn.softmax(_logits(cfg, network, obs), axis=-1), axis=-3)
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: arrays have no single truth value
@@ -119,7 +126,7 @@ class Policy:
         """[N] float32, the C51 support (index points x reward scale) of :meth:`q`."""
         return np.asarray(networks.atoms(self.cfg.network))
 
-    def bars(self, bars: pd.DataFrame | Bars | str | os.PathLike[str]) -> Bars:
+    def bars(self, bars: BarsLike) -> Bars:
         """Validated bars from a DataFrame (columns or a DatetimeIndex as in a bar file), a file
         path or :class:`jdqn.data.Bars`, checked against the bars the policy trained on."""
         loaded = bars if isinstance(bars, Bars) else _load(bars)
@@ -136,18 +143,14 @@ class Policy:
             )
         return normalise(raw.values, self.normaliser, self.cfg.data.feature_clip)
 
-    def act(
-        self, bars: pd.DataFrame | Bars | str | os.PathLike[str], start: int | None = None
-    ) -> np.ndarray:
+    def act(self, bars: BarsLike, start: int | None = None) -> np.ndarray:
         """Target position (contracts) to hold after each bar, [T] float64: flat before bar
         ``start`` (default :attr:`warmup_bars`) the policy acts greedily at bars start..T-1,
         each decision seeing the position the one before chose. Entries before ``start`` are
         NaN. The last entry is the position to take now."""
         return self._act(self.bars(bars), start)[0]
 
-    def q(
-        self, bars: pd.DataFrame | Bars | str | os.PathLike[str], start: int | None = None
-    ) -> np.ndarray:
+    def q(self, bars: BarsLike, start: int | None = None) -> np.ndarray:
         """Return distributions [T, A, N] float32 over :attr:`atoms` at each bar, for the
         position :meth:`act` held before it (head-mean probabilities); NaN before ``start``.
         ``q(bars) @ atoms`` is the expected return of each action."""

@@ -27,8 +27,7 @@ if TYPE_CHECKING:
 
 # matplotlib's object API, not pyplot: no global figure state, no GUI backend (savefig renders
 # with Agg), and each figure is freed with its last reference. It is imported where a plot is
-# drawn, by the writer thread or the plot processes (0.55 s of import on this CPU, none for runs
-# without plots).
+# drawn, by the writer thread or the plot processes (runs without plots never pay the import).
 PLOT_MODULES = ("matplotlib.figure",)
 
 # Training curves plotted per run, in this order (names of LearnerMetrics fields).
@@ -43,12 +42,12 @@ TRAINING_CURVES = (
 class BackgroundWrites:
     """Plots and CSVs written off the main thread, so that they overlap device work.
 
-    Matplotlib and pandas hold the host for ~0.1-0.4 s per file while the accelerator (or XLA's
+    Matplotlib and pandas hold the host for a while per file while the accelerator (or XLA's
     CPU threads) could be evaluating the next fold. CSVs (and, without plot processes, plots) go
     to one worker thread, in submission order. With ``plot_processes`` > 0, plots go to that many
-    worker processes instead: rendering is Python that holds the GIL, so on one thread the six
-    plots of the main command ran one after another (1.3 s after training ended on the H200) and
-    slowed the main thread meanwhile; processes draw them side by side on cores of their own
+    worker processes instead: rendering is Python that holds the GIL, so on one thread the plots
+    run one after another and slow the main thread meanwhile; processes draw them side by side on
+    cores of their own
     (:func:`plot_processes` says how many a machine can spare; the processes are started by the
     first run that asks and serve the Python process's later runs). A plot is a pure function of its
     arguments, so where it is drawn does not change the file. The processes are spawned (a fork
@@ -69,8 +68,7 @@ class BackgroundWrites:
         self._pending: list[Future[None]] = []
         self._plots = _plot_pool(plot_processes, tuple(preload)) if plot_processes > 0 else None
         if self._plots is None:
-            for module in preload:
-                self.submit(_import, module)
+            self.prefetch(preload)
 
     def prefetch(self, modules: Sequence[str]) -> None:
         """Imports ``modules`` on the writer thread, in order, ahead of the caller's first use.
@@ -136,9 +134,9 @@ PLOT_PROCESSES = 3
 
 # Plot process pools by (processes, preload), started by the first run that asks and kept for the
 # Python process's later runs. Kept, not shut down after each run: releasing a pool joins its
-# processes, and their interpreter teardown then held up the end of the run by 0.2 s (this CPU
-# and the H200). They end with the Python process: concurrent.futures stops them at a
-# normal exit, and after `os._exit` each sees its parent gone and ends (_start_plot_process).
+# processes, whose interpreter teardown would hold up the end of the run. They end with the
+# Python process: concurrent.futures stops them at a normal exit, and after `os._exit` each sees
+# its parent gone and ends (_start_plot_process).
 _PLOT_POOLS: dict[tuple[int, tuple[str, ...]], ProcessPoolExecutor] = {}
 _PLOT_POOLS_LOCK = threading.Lock()
 
@@ -206,25 +204,27 @@ def write_equity_csv(
     ``timestamp`` is bar t+1, where the row's PnL is realised, so the curve lines up with a price
     chart of the same bars; ``<policy>_position`` is what was held over the interval.
     """
-    n = _length(curves)
-    stamps = np.asarray(timestamps[1 : n + 1], "datetime64[ns]")
+    columns = {f"{name}_equity_points": curve for name, curve in curves.items()}
+    columns |= {f"{name}_position": held for name, held in positions.items()}
+    _write_csv(path, timestamps[1 : _length(curves) + 1], columns)
+
+
+def _write_csv(path: Path, timestamps: np.ndarray, columns: Mapping[str, np.ndarray]) -> None:
+    """A ``timestamp`` column then ``columns`` as float64, written with pyarrow: much faster than
+    pandas and off the GIL, so the worker thread holds up the main thread less; floats keep full
+    precision (shortest round trip)."""
+    stamps = np.asarray(timestamps, "datetime64[ns]")
     # Whole seconds (1-minute bars) are written without a fractional part.
     if np.all(stamps.astype(np.int64) % 10**9 == 0):
         stamps = stamps.astype("datetime64[s]")
-    columns = {"timestamp": pa.array(stamps)}
-    for name, curve in curves.items():
-        columns[f"{name}_equity_points"] = pa.array(np.asarray(curve, np.float64))
-    for name, held in positions.items():
-        columns[f"{name}_position"] = pa.array(np.asarray(held, np.float64))
+    table = {"timestamp": pa.array(stamps)}
+    table |= {name: pa.array(np.asarray(values, np.float64)) for name, values in columns.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    # pyarrow's writer: 0.01 s instead of pandas' 0.14 s for 12,000 rows, and off the GIL, so the
-    # worker thread holds up the main thread less; floats keep full precision (shortest round
-    # trip).
     # The header is written by hand: pyarrow quotes header names whatever the quoting style.
     with path.open("wb") as handle:
-        handle.write((",".join(columns) + "\n").encode())
+        handle.write((",".join(table) + "\n").encode())
         options = pa_csv.WriteOptions(include_header=False, quoting_style="none")
-        pa_csv.write_csv(pa.table(columns), handle, options)
+        pa_csv.write_csv(pa.table(table), handle, options)
 
 
 def _length(curves: Mapping[str, np.ndarray]) -> int:
@@ -240,25 +240,33 @@ def _figure(figsize: tuple[float, float]) -> Figure:
     return Figure(figsize=figsize)
 
 
+def _equity_axes(ax: Any, title: str) -> None:
+    ax.axhline(0.0, color="grey", linewidth=0.5)
+    ax.set_title(title)
+    ax.set_ylabel("net PnL (index points, after costs)")
+    ax.legend(loc="upper left", fontsize=8)
+
+
+def _save(fig: Figure, path: Path, dpi: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+
+
 def plot_equity(
     path: Path, timestamps: np.ndarray, curves: Mapping[str, np.ndarray], title: str
 ) -> None:
     """Equity (cumulative net PnL, points) of the agent against the baselines."""
     # Fixed margins and legend corner instead of bbox_inches="tight" and loc="best": both make
-    # matplotlib lay out or search over all 12,000 x 4 points again (2.5x the time per plot).
+    # matplotlib lay out or search over all the points again.
     fig = _figure(figsize=(10, 4.5))
     ax = fig.subplots()
     x = pd.to_datetime(timestamps[1 : _length(curves) + 1])  # PnL realised at bar t+1
     for name, curve in curves.items():
         ax.plot(x, curve, label=name, linewidth=1.6 if name.startswith("agent") else 1.0)
-    ax.axhline(0.0, color="grey", linewidth=0.5)
-    ax.set_title(title)
-    ax.set_ylabel("net PnL (index points, after costs)")
-    ax.legend(loc="upper left", fontsize=8)
+    _equity_axes(ax, title)
     fig.autofmt_xdate()
     fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.2)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    _save(fig, path, dpi=100)
 
 
 def plot_training(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> None:
@@ -280,8 +288,7 @@ def plot_training(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> 
     axes[0].set_title(title)
     axes[-1].set_xlabel("learner step")
     fig.subplots_adjust(left=0.1, right=0.98, top=0.96, bottom=0.06, hspace=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    _save(fig, path, dpi=90)
 
 
 def _fmt(value: Any, spec: str) -> str:
@@ -333,18 +340,10 @@ def write_stitched_csv(
     """The out-of-sample equity (points) of the folds' test windows end to end, one row per bar
     interval at the bar where its PnL lands: the seeds' band (``agent_p10``, ``agent_median``,
     ``agent_p90``), each seed's curve and each baseline's."""
-    stamps = np.asarray(realised_at, "datetime64[ns]")
-    if np.all(stamps.astype(np.int64) % 10**9 == 0):
-        stamps = stamps.astype("datetime64[s]")
-    columns = {"timestamp": pa.array(stamps)}
-    columns |= {f"agent_{k}_equity_points": pa.array(np.asarray(v)) for k, v in band.items()}
-    columns |= {f"seed{s}_equity_points": pa.array(np.asarray(v)) for s, v in seeds.items()}
-    columns |= {f"{k}_equity_points": pa.array(np.asarray(v)) for k, v in baselines.items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as handle:
-        handle.write((",".join(columns) + "\n").encode())
-        options = pa_csv.WriteOptions(include_header=False, quoting_style="none")
-        pa_csv.write_csv(pa.table(columns), handle, options)
+    columns = {f"agent_{k}_equity_points": v for k, v in band.items()}
+    columns |= {f"seed{s}_equity_points": v for s, v in seeds.items()}
+    columns |= {f"{k}_equity_points": v for k, v in baselines.items()}
+    _write_csv(path, realised_at, columns)
 
 
 def plot_stitched(
@@ -363,16 +362,12 @@ def plot_stitched(
     ax.plot(x, band["median"], linewidth=1.6, label="agent, median of seeds")
     for name, curve in baselines.items():
         ax.plot(x, curve, linewidth=1.0, label=name)
-    ax.axhline(0.0, color="grey", linewidth=0.5)
     ticks = np.linspace(0, max(len(x) - 1, 0), num=min(6, len(x))).astype(int)
     ax.set_xticks(ticks)
     ax.set_xticklabels([str(realised_at[i])[:16] for i in ticks], fontsize=7)
-    ax.set_title(title)
-    ax.set_ylabel("net PnL (index points, after costs)")
-    ax.legend(loc="upper left", fontsize=8)
+    _equity_axes(ax, title)
     fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.12)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    _save(fig, path, dpi=100)
 
 
 # The summary's metrics as the table names them, with their number formats.

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from jdqn import accel, losses, networks
+from jdqn.bench import markdown_table
 from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner import Learner, LearnerState, make_learner, pack_metrics
 from jdqn.replay import replay_sample, replay_update
@@ -82,6 +83,14 @@ def scan_steps_fn(
     """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept.
     ``unroll`` steps per loop iteration (``lax.scan``'s ``unroll``): one CUDA graph then holds
     that many steps, so the graph launches between steps are fewer."""
+    return jax.jit(scan_steps(learner, n_steps, vmapped, unroll), donate_argnums=0)
+
+
+def scan_steps(
+    learner: Learner, n_steps: int, vmapped: bool = False, unroll: int = 1
+) -> Callable[[LearnerState], tuple[LearnerState, Any]]:
+    """state -> (state after ``n_steps`` learner steps in one lax.scan, packed metrics [n, M]);
+    ``vmapped``: over a leading learner axis, in lock-step."""
     step = jax.vmap(learner.step, in_axes=(0, None, None, None)) if vmapped else learner.step
 
     def run(state: LearnerState) -> tuple[LearnerState, Any]:
@@ -95,11 +104,7 @@ def scan_steps_fn(
 
         return jax.lax.scan(body, state, None, length=n_steps, unroll=unroll)
 
-    return jax.jit(run, donate_argnums=0)
-
-
-def _block(tree: Any) -> None:
-    jax.block_until_ready(tree)
+    return run
 
 
 def time_repeated(
@@ -109,18 +114,18 @@ def time_repeated(
     blocked on. Seconds: compile, median, min."""
     start = time.perf_counter()
     out = fn(carry)
-    _block(out)
+    jax.block_until_ready(out)
     compile_s = time.perf_counter() - start
     carry = out[0] if unpack else out
     for _ in range(warmup):
         out = fn(carry)
         carry = out[0] if unpack else out
-    _block(out)
+    jax.block_until_ready(out)
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         out = fn(carry)
-        _block(out)
+        jax.block_until_ready(out)
         times.append(time.perf_counter() - start)
         carry = out[0] if unpack else out
     return {
@@ -351,16 +356,19 @@ def kernel_census(cfg: Config = SMOKETEST) -> dict[str, int]:
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        "| component | method | switched off | us/step | share of full |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['component']} | {r['method']} | {r['switch']} | "
-            f"{r['us_per_step']:.1f} | {100 * r['share']:.0f}% |"
-        )
-    return "\n".join(lines)
+    return markdown_table(
+        ("component", "method", "switched off", "us/step", "share of full"),
+        (
+            (
+                r["component"],
+                r["method"],
+                r["switch"],
+                f"{r['us_per_step']:.1f}",
+                f"{r['share']:.0%}",
+            )
+            for r in rows
+        ),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> None:

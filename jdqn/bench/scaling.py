@@ -22,12 +22,11 @@ import sys
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from jdqn.bench.breakdown import ALPHA, BETA, time_repeated
+from jdqn.bench import markdown_table
+from jdqn.bench.breakdown import scan_steps, time_repeated
 from jdqn.bench.seeds import seeded_states
 from jdqn.config import SMOKETEST, Config
-from jdqn.learner import LearnerState, pack_metrics
 from jdqn.placement import Placement
 
 FORCED_CPU_DEVICES = 4
@@ -44,18 +43,8 @@ def _throughput(
 ) -> dict[str, float]:
     place = Placement(devices, learners)
     learner, states = seeded_states(cfg, learners)
-
-    def run(state: LearnerState) -> tuple[LearnerState, Any]:  # this device's learners
-        step = jax.vmap(learner.step, in_axes=(0, None, None, None))
-
-        def body(carry: LearnerState, _: None) -> tuple[LearnerState, Any]:
-            clock = carry.step[0]  # lock-step learners: the unbatched clock, as in jdqn.train
-            carry, metrics = step(carry, jnp.float32(ALPHA), jnp.float32(BETA), clock)
-            return carry, pack_metrics(metrics)
-
-        return jax.lax.scan(body, state, None, length=steps)
-
-    fn = place.local(run, (True,), donate_argnums=0)
+    # Each device steps its own learners.
+    fn = place.local(scan_steps(learner, steps, vmapped=True), (True,), donate_argnums=0)
     timing, _ = time_repeated(fn, place.learner_arrays(states), repeats)
     return {
         "seed_steps_per_s": learners * steps / timing["median_s"],
@@ -122,18 +111,22 @@ def section(quick: bool, cfg: Config) -> dict[str, Any]:
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    lines = [
-        "| scaling | devices | learners | seed-steps/s | efficiency |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['scaling']} | {r['devices']} | {r['learners']} | "
-            f"{r['seed_steps_per_s']:,.0f} | {r['efficiency']:.2f} |"
-        )
+    table = markdown_table(
+        ("scaling", "devices", "learners", "seed-steps/s", "efficiency"),
+        (
+            (
+                r["scaling"],
+                r["devices"],
+                r["learners"],
+                f"{r['seed_steps_per_s']:,.0f}",
+                f"{r['efficiency']:.2f}",
+            )
+            for r in rows
+        ),
+    )
     if rows and rows[0]["platform"] == "cpu":
-        lines.append("\n(CPU: forced host devices share the cores; this shows overhead, not speed)")
-    return "\n".join(lines)
+        table += "\n\n(CPU: forced host devices share the cores; this shows overhead, not speed)"
+    return table
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from typing import Any
 
 import jax
 
-from jdqn.bench import breakdown, scaling, seeds, torch_peer, walkforward_run
+from jdqn.bench import breakdown, markdown_table, scaling, seeds, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, Config, apply_overrides
 
 # The step every speed section times: the smoketest learner with the seed's donors (the
@@ -89,19 +89,24 @@ def _torch_peer(quick: bool, cfg: Config) -> dict[str, Any]:
 def _fmt_peer(result: dict[str, Any], jdqn_rows: list[dict[str, Any]]) -> str:
     if not result["rows"] or len(jdqn_rows) < 2:
         return f"skipped: {result.get('skipped', 'no peer rows or no jdqn rows')}"
-    lines = [
-        "| implementation | us/step | jdqn per call is faster by | jdqn in-scan is faster by |"
-    ]
-    lines.append("|---|---|---|---|")
     per_call, in_scan = (r["us_per_step"] for r in jdqn_rows[:2])
-    for r in jdqn_rows:
-        lines.append(f"| jdqn {r['mode']} | {r['us_per_step']:.1f} | | |")
-    for r in result["rows"]:
-        lines.append(
-            f"| {r['impl']} ({r['device']}) | {r['us_per_step']:.1f} | "
-            f"{r['us_per_step'] / per_call:.1f}x | {r['us_per_step'] / in_scan:.1f}x |"
+    cells = [(f"jdqn {r['mode']}", f"{r['us_per_step']:.1f}", "", "") for r in jdqn_rows]
+    cells += [
+        (
+            f"{r['impl']} ({r['device']})",
+            f"{r['us_per_step']:.1f}",
+            f"{r['us_per_step'] / per_call:.1f}x",
+            f"{r['us_per_step'] / in_scan:.1f}x",
         )
-    return "\n".join(lines)
+        for r in result["rows"]
+    ]
+    header = (
+        "implementation",
+        "us/step",
+        "jdqn per call is faster by",
+        "jdqn in-scan is faster by",
+    )
+    return markdown_table(header, cells)
 
 
 def _learning(quick: bool, cfg: Config) -> dict[str, Any]:
@@ -116,9 +121,7 @@ def _fmt_rows(rows: list[dict[str, Any]]) -> str:
         return "(no rows)"
     keys = [k for k in rows[0] if not isinstance(rows[0][k], dict | list)]
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
+    return markdown_table(keys, [[fmt(r.get(k, "")) for k in keys] for r in rows])
 
 
 SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {

@@ -367,12 +367,9 @@ class TorchPeer:
             updated = priorities.index_fill(0, batch.indices, 0.0)
             updated = updated.scatter_reduce(0, batch.indices, new_p, reduce="amax")
             priorities.copy_(torch.where(ok, updated, priorities))
-            self.replay["max_priority"].copy_(
-                torch.where(
-                    ok,
-                    torch.maximum(self.replay["max_priority"], new_p.max()),
-                    self.replay["max_priority"],
-                )
+            max_priority = self.replay["max_priority"]
+            max_priority.copy_(
+                torch.where(ok, torch.maximum(max_priority, new_p.max()), max_priority)
             )
             self.step_count.add_(1)
         return parts

@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jdqn.bench import markdown_table
+
 RESULT_TAG = "JDQN_BENCH_RESULT "
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
@@ -205,17 +207,13 @@ def run(quick: bool = False, overrides: Sequence[str] = ()) -> list[dict[str, An
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        "| run | process wall s | walkforward s | compile s, summed | compiling s, wall "
-        "| training-program compile s | run s | imports s | compiles |",
-        "|---|---|---|---|---|---|---|---|---|",
+    seconds = "process_wall_s walkforward_s compile_s compiling_s training_compile_s run_s import_s"
+    header = ["run", "process wall s", "walkforward s", "compile s, summed", "compiling s, wall"]
+    header += ["training-program compile s", "run s", "imports s", "compiles"]
+    cells = [
+        (r["run"], *(f"{r[k]:.1f}" for k in seconds.split()), r["backend_compiles"]) for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['run']} | {r['process_wall_s']:.1f} | {r['walkforward_s']:.1f} | "
-            f"{r['compile_s']:.1f} | {r['compiling_s']:.1f} | {r['training_compile_s']:.1f} | "
-            f"{r['run_s']:.1f} | {r['import_s']:.1f} | {r['backend_compiles']} |"
-        )
+    lines = [markdown_table(header, cells)]
     lines.append(
         "\ncompile s, summed: trace + lower + compile over every program and thread; compiling "
         "s, wall: the time in which any of those ran; run s: walkforward s less that."

@@ -11,6 +11,7 @@ JAX. :func:`check_numbers` runs first in ``Config`` validation and names the fie
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import typing
@@ -22,13 +23,12 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)  # ~3.4e38
 INT32_MAX = int(np.iinfo(np.int32).max)  # 2,147,483,647
 SEED_FIELDS = ("data.synthetic_seed", "train.seed")  # keys and numpy generators: [0, 2**31)
 
-_TYPES: dict[type, dict[str, Any]] = {}
 
-
-def _field_types(section_cls: type) -> dict[str, Any]:
-    if section_cls not in _TYPES:
-        _TYPES[section_cls] = typing.get_type_hints(section_cls)
-    return _TYPES[section_cls]
+@functools.cache
+def field_types(section_cls: type) -> dict[str, Any]:
+    """A section's field annotations, resolved (the modules use ``from __future__ import
+    annotations``)."""
+    return typing.get_type_hints(section_cls)
 
 
 def _is_float_field(annotation: Any) -> bool:
@@ -70,7 +70,7 @@ def _check_value(name: str, value: Any, float_field: bool) -> None:
 def check_section(section: str, section_cls: type, values: dict[str, Any]) -> None:
     """The numbers of one section's field values, before the section's own checks (which would
     otherwise name another field: ``v_max=-inf`` fails ``v_min < v_max``)."""
-    types = _field_types(section_cls)
+    types = field_types(section_cls)
     for key, value in values.items():
         _check_value(f"{section}.{key}", value, _is_float_field(types[key]))
 

@@ -11,20 +11,8 @@ import types
 import typing
 from typing import Any, Literal
 
-from jdqn.config.limits import check_section
-from jdqn.config.sections import (
-    AccelConfig,
-    Config,
-    DataConfig,
-    EnvConfig,
-    LossConfig,
-    NetworkConfig,
-    OptimConfig,
-    OutputConfig,
-    ReplayConfig,
-    TrainConfig,
-    WalkForwardConfig,
-)
+from jdqn.config.limits import check_section, field_types
+from jdqn.config.sections import Config
 
 # Keys that older config.json files hold and that no longer exist: they chose an implementation
 # per GPU kernel (now ``accel.kernels``), never the numbers, so a run written with them resumes
@@ -61,15 +49,6 @@ def _reject_unknown(section_cls: type, values: dict[str, Any], section: str) -> 
         raise ValueError(f"unknown key {section}.{unknown[0]}; valid keys of {section}: {valid}")
 
 
-_HINTS_CACHE: dict[type, dict[str, Any]] = {}
-
-
-def _field_types(section_cls: type) -> dict[str, Any]:
-    if section_cls not in _HINTS_CACHE:
-        _HINTS_CACHE[section_cls] = typing.get_type_hints(section_cls)
-    return _HINTS_CACHE[section_cls]
-
-
 def _coerce(value: Any, annotation: Any, name: str) -> Any:
     """Convert a JSON value (or CLI string) to the field's declared type."""
     if isinstance(annotation, str):
@@ -87,8 +66,15 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
             raise ValueError(f"{name}: {value!r} is not one of {list(args)}")
         return value
     if origin is tuple:
-        if isinstance(value, str):
-            value = _json_list(value, name) if value.strip().startswith("[") else value.split(",")
+        if isinstance(value, str) and value.strip().startswith("["):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(
+                    f"{name}: {value!r} is not a JSON list; fix: write it like [64, 64]"
+                ) from None
+        elif isinstance(value, str):
+            value = value.split(",")
         if not isinstance(value, list | tuple):
             raise ValueError(f"{name}: expected a list, e.g. [64, 64]; got {value!r}")
         return tuple(_coerce(v, args[0], name) for v in value)
@@ -113,35 +99,16 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
     return value
 
 
-def _json_list(text: str, name: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise ValueError(
-            f"{name}: {text!r} is not a JSON list; fix: write it like [64, 64]"
-        ) from None
-
-
-def _resolved_config_types() -> None:
-    """Resolve string annotations (``from __future__ import annotations``) once."""
-    for section_cls in (
-        DataConfig,
-        EnvConfig,
-        NetworkConfig,
-        LossConfig,
-        ReplayConfig,
-        OptimConfig,
-        TrainConfig,
-        WalkForwardConfig,
-        OutputConfig,
-        AccelConfig,
-    ):
-        hints = _field_types(section_cls)
+def _resolve_annotations() -> None:
+    """Resolve string annotations (``from __future__ import annotations``) once, for _coerce."""
+    for section in dataclasses.fields(Config):
+        section_cls: Any = section.default_factory  # a section dataclass
+        hints = field_types(section_cls)
         for f in dataclasses.fields(section_cls):
             f.type = hints[f.name]
 
 
-_resolved_config_types()
+_resolve_annotations()
 
 
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:

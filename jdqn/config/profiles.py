@@ -17,10 +17,9 @@ from jdqn.config.sections import (
 # +-1, the +-10 support with 51 atoms (0.4 apart) resolves the return distribution at gamma 0.9
 # (its standard deviation is about 1 / sqrt(1 - gamma^2) = 2.3 units), and the C51 part carries
 # information. Donors for every other action (no market impact: their rewards are known) teach
-# the cost of trading; slice ends are time limits, so they bootstrap. Measured on the learning
-# scorecard (jdqn.bench.learning), H200, 4 seeds x 3 folds: rewards in points with the +-240
-# support lost on every case (planted 0.3 median -$48K, 171 position changes per 1,000 bars);
-# these settings take 0.92 of the oracle on planted 0.3 and sit out a martingale.
+# the cost of trading; slice ends are time limits, so they bootstrap. On the learning scorecard
+# (jdqn.bench.learning) rewards in points with the +-240 support lost on every case, while these
+# settings take most of the oracle's PnL on a planted edge and sit out a martingale.
 _VOLATILITY_UNITS = EnvConfig(reward_unit="train_volatility")
 _V_MIN, _V_MAX = -10.0, 10.0
 

@@ -50,10 +50,6 @@ class TradingCalendar:
     def has_session(self) -> bool:
         return self.trading_days_per_week < 7
 
-    @property
-    def has_rth(self) -> bool:
-        return self.rth_open is not None
-
 
 def _cme(name: str, rth_open: str, rth_close: str) -> TradingCalendar:
     return TradingCalendar(

@@ -104,18 +104,15 @@ def split_folds(
 ) -> tuple[tuple[FoldArrays, ...], tuple[FoldArrays, ...], tuple[Normaliser, ...]]:
     """Per fold: fit on train rows, normalise train and test rows -> (train, test, normalisers)."""
     close32 = close.astype(np.float32)
-    train: list[FoldArrays] = []
-    test: list[FoldArrays] = []
-    normalisers: list[Normaliser] = []
-    for fold in folds:
-        normaliser = fit_normaliser(values, fold.train_start, fold.train_end)
-        for window, (lo, hi) in (
-            (train, (fold.train_start, fold.train_end)),
-            (test, (fold.test_start, fold.test_end)),
-        ):
-            window.append(FoldArrays(normalise(values[lo:hi], normaliser, clip), close32[lo:hi]))
-        normalisers.append(normaliser)
-    return tuple(train), tuple(test), tuple(normalisers)
+    normalisers = tuple(fit_normaliser(values, f.train_start, f.train_end) for f in folds)
+
+    def window(lo: int, hi: int, normaliser: Normaliser) -> FoldArrays:
+        return FoldArrays(normalise(values[lo:hi], normaliser, clip), close32[lo:hi])
+
+    pairs = list(zip(folds, normalisers, strict=True))
+    train = tuple(window(f.train_start, f.train_end, n) for f, n in pairs)
+    test = tuple(window(f.test_start, f.test_end, n) for f, n in pairs)
+    return train, test, normalisers
 
 
 def prepare_walkforward(bars: Bars, cfg: Config, source: str = "") -> WalkForwardData:

@@ -56,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from jdqn.data.bars import Bars
+from jdqn.data.bars.reading import file_kind
 
 TICK = 0.25  # ES tick, index points
 SESSION_BARS = 1_380  # 17:00-16:00 CT
@@ -132,12 +133,7 @@ def synthetic_path(
     shocks = vol_shock.tolist()
     z = price_shock.tolist()
     gaps = (_GAP_SIGMAS * gap_shock).tolist()
-    log_close = [0.0] * n_bars
-    opens = [0.0] * n_bars
-    closes = [0.0] * n_bars
-    sigma = [0.0] * n_bars
-    momentum = [0.0] * n_bars
-    drift = [0.0] * n_bars
+    log_close, opens, closes, sigma, momentum, drift = ([0.0] * n_bars for _ in range(6))
     h = 0.0
     x = math.log(start_price)
     mu = 0.0
@@ -181,15 +177,7 @@ def synthetic_path(
         + 0.3 * volume_noise
     )
     volume = np.maximum(1.0, np.round(np.exp(log_volume)))
-    bars = Bars(
-        timestamp=timestamp,
-        open=open_,
-        high=high,
-        low=low,
-        close=close_,
-        volume=volume,
-        has_volume=True,
-    )
+    bars = Bars(timestamp=timestamp, open=open_, high=high, low=low, close=close_, volume=volume)
     drift_ = np.asarray(drift)
     return SyntheticPath(bars, sigma_, np.asarray(momentum), drift_, drift_ * close_)
 
@@ -201,7 +189,6 @@ def synthetic_bars(n_bars: int = 60_000, seed: int = 0, signal_strength: float =
 
 def write_bars(bars: Bars, path: str | os.PathLike[str]) -> None:
     """Write bars as CSV (.csv, .txt, .gz) or Parquet (.parquet, .pq) that load_bars reads back."""
-    name = Path(path).name.lower()
     volume = bars.volume
     if np.all(volume == np.round(volume)):
         volume = volume.astype(np.int64)
@@ -215,9 +202,10 @@ def write_bars(bars: Bars, path: str | os.PathLike[str]) -> None:
             "volume": volume,
         }
     )
-    if name.endswith((".parquet", ".pq")):
+    kind = file_kind(Path(path))
+    if kind == "parquet":
         frame.to_parquet(path, index=False)
-    elif name.endswith((".csv", ".txt", ".csv.gz", ".txt.gz")):
+    elif kind == "csv":
         frame.to_csv(path, index=False, date_format="%Y-%m-%d %H:%M:%S")
     else:
         raise ValueError(f"write_bars: unsupported extension of {path}; fix: use .csv or .parquet")

@@ -7,10 +7,9 @@ import os
 import numpy as np
 import pandas as pd
 
-from jdqn.data.bars.core import EXCHANGE_TZ, BarFileError, first_row, more_rows
+from jdqn.data.bars.core import EXCHANGE_TZ, PRICE_COLUMNS, BarFileError, more_rows, reject_rows
 from jdqn.data.bars.timestamps import missing_mask
 
-_PRICE_COLUMNS = ("open", "high", "low", "close")
 _LISTED_ROWS = 5  # rows named in a duplicate message before "and N more"
 
 
@@ -23,25 +22,20 @@ def numeric(raw: pd.Series, path: str | os.PathLike[str], column: str) -> np.nda
         non_numeric = np.isnan(values) & ~missing_mask(raw)
         text = raw.astype("string").str.strip().astype(object).astype(str)
         non_numeric &= ~text.str.lower().isin(("nan", "-nan", "+nan")).to_numpy()
-        if non_numeric.any():
-            row, more = first_row(non_numeric)
-            raise BarFileError(
-                path,
-                f"'{text.iloc[row - 1]}' is not a number{more}",
-                "write plain decimal numbers such as 1640.25 (no thousands separators or units)",
-                row,
-                column,
-            )
-    if np.isnan(values).any():
-        row, more = first_row(np.isnan(values))
-        raise BarFileError(
-            path, f"value is missing or NaN{more}", "fill in or delete the bar", row, column
+        reject_rows(
+            non_numeric,
+            path,
+            "'{text}' is not a number",
+            "write plain decimal numbers such as 1640.25 (no thousands separators or units)",
+            column,
+            text=text,
         )
-    if np.isinf(values).any():
-        row, more = first_row(np.isinf(values))
-        raise BarFileError(
-            path, f"value is infinite{more}", "replace it with the real value", row, column
-        )
+    reject_rows(
+        np.isnan(values), path, "value is missing or NaN", "fill in or delete the bar", column
+    )
+    reject_rows(
+        np.isinf(values), path, "value is infinite", "replace it with the real value", column
+    )
     return values.copy()  # pandas hands out read-only views
 
 
@@ -51,51 +45,45 @@ def check_values(
     columns: dict[str, str],
     path: str | os.PathLike[str],
 ) -> None:
-    for name in _PRICE_COLUMNS:
-        bad = prices[name] <= 0
-        if bad.any():
-            row, more = first_row(bad)
-            raise BarFileError(
-                path,
-                f"price {prices[name][row - 1]:g} is not positive{more}",
-                "prices must be > 0 index points; correct or drop the bar",
-                row,
-                columns[name],
-            )
+    """Positive prices, low <= open, close <= high, and volume >= 0."""
+    for name in PRICE_COLUMNS:
+        reject_rows(
+            prices[name] <= 0,
+            path,
+            "price {price:g} is not positive",
+            "prices must be > 0 index points; correct or drop the bar",
+            columns[name],
+            price=prices[name],
+        )
     high, low = prices["high"], prices["low"]
-    bad = high < low
-    if bad.any():
-        row, more = first_row(bad)
-        raise BarFileError(
-            path,
-            f"high {high[row - 1]:g} is below low {low[row - 1]:g}{more}",
-            "check that the high and low columns are not swapped",
-            row,
-            columns["high"],
-        )
+    reject_rows(
+        high < low,
+        path,
+        "high {high:g} is below low {low:g}",
+        "check that the high and low columns are not swapped",
+        columns["high"],
+        high=high,
+        low=low,
+    )
     for name in ("open", "close"):
-        value = prices[name]
-        bad = (value < low) | (value > high)
-        if bad.any():
-            row, more = first_row(bad)
-            raise BarFileError(
-                path,
-                f"{name} {value[row - 1]:g} is outside the bar's range "
-                f"[low {low[row - 1]:g}, high {high[row - 1]:g}]{more}",
-                f"correct the bar so low <= {name} <= high",
-                row,
-                columns[name],
-            )
-    bad = volume < 0
-    if bad.any():
-        row, more = first_row(bad)
-        raise BarFileError(
+        reject_rows(
+            (prices[name] < low) | (prices[name] > high),
             path,
-            f"volume {volume[row - 1]:g} is negative{more}",
-            "volume must be >= 0 contracts",
-            row,
-            columns["volume"],
+            name + " {value:g} is outside the bar's range [low {low:g}, high {high:g}]",
+            f"correct the bar so low <= {name} <= high",
+            columns[name],
+            value=prices[name],
+            low=low,
+            high=high,
         )
+    reject_rows(
+        volume < 0,
+        path,
+        "volume {volume:g} is negative",
+        "volume must be >= 0 contracts",
+        columns.get("volume"),  # absent: volume is zeros
+        volume=volume,
+    )
 
 
 def newest_first(

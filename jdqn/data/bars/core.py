@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 EXCHANGE_TZ = "America/Chicago"
+PRICE_COLUMNS = ("open", "high", "low", "close")
 
 
 @dataclass(frozen=True, eq=False)  # eq=False: element-wise array equality has no single truth
@@ -64,10 +66,27 @@ class BarFileError(ValueError):
         self.fix = fix
 
 
-def first_row(mask: np.ndarray) -> tuple[int, str]:
-    """1-based row of the first True and a note on how many more there are."""
-    hits = np.flatnonzero(mask)
-    return int(hits[0]) + 1, more_rows(len(hits) - 1)
+def error_detail(error: BaseException) -> str:
+    """The first line of an error's message, or its type's name when it has none."""
+    return str(error).splitlines()[0].strip() if str(error) else type(error).__name__
+
+
+def reject_rows(
+    bad: np.ndarray,
+    path: str | os.PathLike[str],
+    problem: str,
+    fix: str,
+    column: str | None,
+    **values: Any,
+) -> None:
+    """Raises :class:`BarFileError` at the first row where ``bad`` [T] holds (none: returns),
+    noting how many more there are. ``problem`` is formatted with each of ``values`` ([T] arrays
+    or Series, by position) at that row."""
+    hits = np.flatnonzero(bad)
+    if len(hits):
+        at = {name: np.asarray(array)[hits[0]] for name, array in values.items()}
+        message = problem.format(**at) + more_rows(len(hits) - 1)
+        raise BarFileError(path, message, fix, int(hits[0]) + 1, column)
 
 
 def more_rows(count: int) -> str:

@@ -10,11 +10,10 @@ import numpy as np
 
 from jdqn.data.bars.checks import check_order, check_values, newest_first, numeric
 from jdqn.data.bars.columns import check_one_symbol, fixed_point_scale, map_columns
-from jdqn.data.bars.core import EXCHANGE_TZ, BarFileError, Bars
+from jdqn.data.bars.core import EXCHANGE_TZ, PRICE_COLUMNS, BarFileError, Bars
 from jdqn.data.bars.reading import read_frame
 from jdqn.data.bars.timestamps import parse_bar_times
 
-_PRICE_COLUMNS = ("open", "high", "low", "close")
 logger = logging.getLogger("jdqn.data")
 
 
@@ -43,7 +42,7 @@ def load_bars(
     scale = fixed_point_scale(frame, mapped)
     prices = {
         name: numeric(frame[mapped.prices[name]], path, mapped.prices[name]) * scale
-        for name in _PRICE_COLUMNS
+        for name in PRICE_COLUMNS
     }
     has_volume = "volume" in mapped.prices
     volume = (
@@ -69,10 +68,7 @@ def load_bars(
         )
     return Bars(
         timestamp=local_ns.astype("datetime64[ns]"),
-        open=np.ascontiguousarray(prices["open"]),
-        high=np.ascontiguousarray(prices["high"]),
-        low=np.ascontiguousarray(prices["low"]),
-        close=np.ascontiguousarray(prices["close"]),
+        **{name: np.ascontiguousarray(prices[name]) for name in PRICE_COLUMNS},
         volume=np.ascontiguousarray(volume),
         has_volume=has_volume,
     )

@@ -11,6 +11,7 @@ vendor's column names.
 from __future__ import annotations
 
 import gzip
+import itertools
 import os
 import re
 import zlib
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from jdqn.data.bars.core import BarFileError
+from jdqn.data.bars.core import BarFileError, error_detail
 
 _SEPARATORS = (",", ";", "\t", "|")
 _SAMPLE_LINES = 64
@@ -100,10 +101,9 @@ def read_frame(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, CsvLayout | 
         ) from None
     except (EOFError, zlib.error, gzip.BadGzipFile) as error:
         # gzip's own errors: cut short (a partial download or copy), damaged, or not gzip.
-        detail = str(error).splitlines()[0].strip() if str(error) else type(error).__name__
         raise BarFileError(
             path,
-            f"compressed file is truncated or corrupt ({detail})",
+            f"compressed file is truncated or corrupt ({error_detail(error)})",
             "copy or download the file again (gzip -t checks it)",
         ) from None
     except pd.errors.EmptyDataError:
@@ -116,8 +116,9 @@ def read_frame(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, CsvLayout | 
             "give every line the same number of fields as the header",
         ) from None
     except (OSError, ValueError) as error:
-        detail = str(error).splitlines()[0].strip() if str(error) else type(error).__name__
-        raise BarFileError(path, f"cannot be read ({detail})", "check the file format") from None
+        raise BarFileError(
+            path, f"cannot be read ({error_detail(error)})", "check the file format"
+        ) from None
     # Blank lines are kept as all-missing rows so row numbers match the file; trailing ones are
     # an editor's habit, not bars.
     filled = frame.notna().any(axis=1).to_numpy()
@@ -128,20 +129,10 @@ def read_frame(path: str | os.PathLike[str]) -> tuple[pd.DataFrame, CsvLayout | 
     return frame, layout
 
 
-def _open_text(path: Path):  # type: ignore[no-untyped-def]  # a text handle, gzip or plain
-    if path.name.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
-
-
 def _sample_lines(path: Path) -> list[str]:
-    lines: list[str] = []
-    with _open_text(path) as handle:
-        for line in handle:
-            lines.append(line.rstrip("\r\n"))
-            if len(lines) >= _SAMPLE_LINES:
-                break
-    return lines
+    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8-sig", newline="") as handle:
+        return [line.rstrip("\r\n") for line in itertools.islice(handle, _SAMPLE_LINES)]
 
 
 def sniff_layout(lines: list[str]) -> CsvLayout:
@@ -198,9 +189,8 @@ def sniff_layout(lines: list[str]) -> CsvLayout:
 
 def _read_csv(path: Path, layout: CsvLayout) -> pd.DataFrame:
     skip = list(range(layout.header_line))
-    skip += range(layout.header_line + 1, layout.header_line + 1 + layout.extra_header_lines)
-    if layout.names is not None:  # header-less: the "header" line is the first bar
-        skip = list(range(layout.header_line))
+    if layout.names is None:  # else header-less: the "header" line is the first bar
+        skip += range(layout.header_line + 1, layout.header_line + 1 + layout.extra_header_lines)
     frame = pd.read_csv(
         path,
         sep=layout.separator,
@@ -233,9 +223,10 @@ def _read_parquet(path: Path) -> pd.DataFrame:
     try:
         frame = pd.read_parquet(path)
     except Exception as error:  # pyarrow raises several unrelated types for a bad file
-        detail = str(error).splitlines()[0].strip() if str(error) else type(error).__name__
         raise BarFileError(
-            path, f"cannot be read as Parquet ({detail})", "write it with pandas or pyarrow"
+            path,
+            f"cannot be read as Parquet ({error_detail(error)})",
+            "write it with pandas or pyarrow",
         ) from None
     if not isinstance(frame.index, pd.RangeIndex):  # a timestamp index saved by pandas
         frame = frame.reset_index()

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from jdqn.data.bars.columns import ColumnMap
-from jdqn.data.bars.core import BarFileError, first_row
+from jdqn.data.bars.core import BarFileError, error_detail, reject_rows
 
 # Naive timestamp formats tried in order; the first that parses every row wins. Day-first slash
 # dates (DD/MM/YYYY) are deliberately absent: they are ambiguous with the US form for days <= 12.
@@ -42,6 +42,7 @@ _NAIVE_FORMATS = (
 # Digit-only timestamps: compact calendar forms by length, anything else is a unix epoch.
 _COMPACT_FORMATS = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
 _AWARE_SUFFIX = re.compile(r"(?:Z|[+-]\d{2}:?\d{2})$", re.IGNORECASE)
+_MISSING_FIX = "fill in or delete the row"
 _TIMESTAMP_FIX = (
     "write timestamps as 'YYYY-MM-DD HH:MM:SS' (exchange time) or ISO 8601 with a UTC offset, "
     "or as unix epoch seconds"
@@ -71,22 +72,12 @@ def parse_bar_times(
     name = columns.timestamp_name
     if len(columns.timestamp) == 2:
         for part in columns.timestamp:
-            missing = missing_mask(frame[part])
-            if missing.any():
-                row, more = first_row(missing)
-                raise BarFileError(
-                    path, f"timestamp is missing{more}", "fill in or delete the row", row, part
-                )
+            reject_rows(missing_mask(frame[part]), path, "timestamp is missing", _MISSING_FIX, part)
         date, time = (frame[c] for c in columns.timestamp)
         raw = _as_date_text(date) + " " + _as_time_text(time)
     else:
         raw = frame[columns.timestamp[0]]
-    missing = missing_mask(raw)
-    if missing.any():
-        row, more = first_row(missing)
-        raise BarFileError(
-            path, f"timestamp is missing{more}", "fill in or delete the row", row, name
-        )
+    reject_rows(missing_mask(raw), path, "timestamp is missing", _MISSING_FIX, name)
     parsed = _parse_timestamps(raw, path, name)  # tz-aware UTC or naive
     source = timezone or ("UTC" if columns.utc else None)
     if parsed.dt.tz is None and source is not None and source != exchange_timezone:
@@ -105,10 +96,10 @@ def _localise(parsed: pd.Series, zone: str, path: str | os.PathLike[str], column
     try:
         return parsed.dt.tz_localize(zone, ambiguous="infer", nonexistent="raise")
     except Exception as error:  # pytz/zoneinfo raise several types for impossible local times
-        detail = str(error).splitlines()[0] if str(error) else type(error).__name__
         raise BarFileError(
             path,
-            f"timestamps are not valid wall-clock times in data.timezone={zone} ({detail})",
+            f"timestamps are not valid wall-clock times in data.timezone={zone} "
+            f"({error_detail(error)})",
             "check data.timezone, or write the timestamps in UTC or with a UTC offset",
             column=column,
         ) from None
@@ -133,12 +124,8 @@ def _as_time_text(raw: pd.Series) -> pd.Series:
     if digits.all():
         width = 6 if text.astype(np.int64).max() > 2359 else 4
         text = text.str.zfill(width)
-        text = (
-            text.str.slice(0, 2)
-            + ":"
-            + text.str.slice(2, 4)
-            + ((":" + text.str.slice(4, 6)) if width == 6 else "")
-        )
+        seconds = (":" + text.str.slice(4, 6)) if width == 6 else ""
+        text = text.str.slice(0, 2) + ":" + text.str.slice(2, 4) + seconds
     return text
 
 
@@ -158,14 +145,14 @@ def _parse_timestamps(raw: pd.Series, path: str | os.PathLike[str], column: str)
         numbers = text.astype(np.int64 if exact else np.float64).to_numpy()
         return _parse_digits(numbers, path, column)
     aware = text.str.contains(_AWARE_SUFFIX).to_numpy()
-    if aware.any() and not aware.all():
-        row, more = first_row(aware != aware[0])
-        raise BarFileError(
+    if aware.any():
+        reject_rows(
+            aware != aware[0],
             path,
-            f"timestamp '{text.iloc[row - 1]}' mixes forms with and without a UTC offset{more}",
+            "timestamp '{text}' mixes forms with and without a UTC offset",
             "give every timestamp a UTC offset, or none (exchange time)",
-            row,
             column,
+            text=text,
         )
     if aware.all():
         parsed = pd.to_datetime(text, format="ISO8601", utc=True, errors="coerce")
@@ -187,15 +174,7 @@ def _require_parsed(
     parsed: pd.Series | None, text: pd.Series, path: str | os.PathLike[str], column: str
 ) -> pd.Series:
     bad = np.ones(len(text), bool) if parsed is None else parsed.isna().to_numpy()
-    if bad.any():
-        row, more = first_row(bad)
-        raise BarFileError(
-            path,
-            f"cannot parse timestamp '{text.iloc[row - 1]}'{more}",
-            _TIMESTAMP_FIX,
-            row,
-            column,
-        )
+    reject_rows(bad, path, "cannot parse timestamp '{text}'", _TIMESTAMP_FIX, column, text=text)
     assert parsed is not None
     return parsed
 
@@ -216,15 +195,8 @@ def _parse_digits(values: np.ndarray, path: str | os.PathLike[str], column: str)
                 return parsed
         values = integers
     magnitude = float(np.max(np.abs(values)))
-    unit = (
-        "s"
-        if magnitude < 1e11
-        else "ms"
-        if magnitude < 1e14
-        else "us"
-        if magnitude < 1e17
-        else "ns"
-    )
+    limits = (("s", 1e11), ("ms", 1e14), ("us", 1e17))
+    unit = next((unit for unit, limit in limits if magnitude < limit), "ns")
     try:
         return pd.Series(pd.to_datetime(values, unit=unit, utc=True))
     except (OverflowError, ValueError, pd.errors.OutOfBoundsDatetime):
