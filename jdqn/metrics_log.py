@@ -7,17 +7,32 @@ On resume, rows of epochs that the checkpoint already covers are kept and later 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
 from jdqn import report, rundir
-from jdqn.config import Config
+from jdqn.config import Config, apply_overrides
 from jdqn.train import TrainState
 
 TENSORBOARD = "tensorboardX"  # the module, for callers that import it ahead of use
+
+
+def without_missing_tensorboard(cfg: Config, log: Callable[[str], None]) -> Config:
+    """``cfg``, with ``output.tensorboard`` off and a one-line notice where tensorboardX is not
+    installed: its event files are an extra, not a reason to lose a run."""
+    if not cfg.output.tensorboard or importlib.util.find_spec(TENSORBOARD) is not None:
+        return cfg
+    log(
+        f"jdqn: no TensorBoard logs: {TENSORBOARD} is not installed (pip install {TENSORBOARD}; "
+        "--set output.tensorboard=false silences this)"
+    )
+    return apply_overrides(cfg, ["output.tensorboard=false"])
+
 
 # Learner metrics measured only on some steps, with the metric that flags those steps: a
 # chunk's row averages them over the flagged steps (None when the chunk has none).

@@ -23,6 +23,7 @@ from jdqn import (
     background,
     faults,
     memory,
+    metrics_log,
     placement,
     policy_bundle,
     provenance,
@@ -159,6 +160,7 @@ def _run_walkforward(
                 f"--resume {run.path}: cannot read its config.json ({error}); fix: start a new run"
             ) from None
     assert cfg is not None
+    cfg = metrics_log.without_missing_tensorboard(cfg, log)
     enable_compilation_cache(cfg)
     # Before any memory is taken and any directory exists: a request too large, or bad input,
     # leaves nothing behind (the second check, with the data's own feature count).
