@@ -93,17 +93,18 @@ def label_smooth(target: jax.Array, epsilon: float) -> jax.Array:
 
 
 def q_regression_loss(
-    q: jax.Array, y: jax.Array, v_min: float, v_max: float, huber_delta: float | None
+    q: jax.Array, y: jax.Array, unit: float, huber_delta: float | None
 ) -> jax.Array:
-    """(Q - y)^2 / (v_max - v_min)^2 per element (Mnih et al., 2015), Huber optional.
+    """((Q - y) / unit)^2 per element (Mnih et al., 2015), Huber optional.
 
-    The error is first scaled by the support width, so one scale serves any ``v`` range. The
-    Huber form is ``e^2`` inside ``|e| <= delta`` and ``2 delta |e| - delta^2`` outside (twice
-    the textbook Huber), so it equals the squared loss wherever both are quadratic.
+    ``unit`` is what the error is measured in (``loss.mse_unit``): the support's width, so that
+    one scale serves any ``v`` range, or 1 (reward units). The Huber form is ``e^2`` inside
+    ``|e| <= delta`` and ``2 delta |e| - delta^2`` outside (twice the textbook Huber), so it
+    equals the squared loss wherever both are quadratic.
     """
     chex.assert_equal_shape([q, y])
     chex.assert_type([q, y], jnp.float32)
-    error = (q - y) / (v_max - v_min)
+    error = (q - y) / unit
     if huber_delta is None:
         return error**2
     abs_error = jnp.abs(error)
@@ -346,7 +347,8 @@ def loss_parts(
     net = cfg.network
     q, c51 = c51_head(logits, networks.atoms(net), action[:, None], target.distribution)
     q_taken = select_action(q, action[:, None])  # [R, K]
-    mse = q_regression_loss(q_taken, target.y, net.v_min, net.v_max, cfg.loss.huber_delta)
+    unit = net.v_max - net.v_min if cfg.loss.mse_unit == "support" else 1.0
+    mse = q_regression_loss(q_taken, target.y, unit, cfg.loss.huber_delta)
     parts = [jnp.mean(weights * mse), jnp.mean(weights * c51)]
     if "diversity" in part_names(cfg):
         parts.append(ensemble_diversity(q, net.lambda_div))

@@ -200,12 +200,12 @@ def test_q_regression_loss_and_huber():
     y = jnp.array([2.0, -4.0, 10.0], jnp.float32)
     error = (np.array([0, 4, -10.0]) - np.array([2, -4, 10.0])) / 20.0  # [-0.1, 0.4, -1.0]
     np.testing.assert_allclose(
-        losses.q_regression_loss(q, y, V_MIN, V_MAX, None), error**2, rtol=1e-6
+        losses.q_regression_loss(q, y, V_MAX - V_MIN, None), error**2, rtol=1e-6
     )
     delta = 0.3
     huber = np.where(np.abs(error) <= delta, error**2, 2 * delta * np.abs(error) - delta**2)
     np.testing.assert_allclose(
-        losses.q_regression_loss(q, y, V_MIN, V_MAX, delta), huber, rtol=1e-6
+        losses.q_regression_loss(q, y, V_MAX - V_MIN, delta), huber, rtol=1e-6
     )
     np.testing.assert_allclose(huber, [0.01, 0.15, 0.51])  # hand values
 
@@ -299,3 +299,25 @@ def test_causal_kl_closed_form_gradient_against_float64_differences():
 def test_edge_mass():
     m = jnp.array([[0.1, 0.3, 0.2, 0.4]])
     np.testing.assert_allclose(losses.edge_mass(m), [0.5], rtol=1e-6)
+
+
+def test_mse_unit_reward_measures_the_error_in_reward_units():
+    """``loss.mse_unit=reward``: the MSE part is the plain squared error, (v_max - v_min)^2 times
+    the support-width part; the C51 part does not change."""
+    from jdqn.config import SMOKETEST, apply_overrides
+
+    rng = np.random.default_rng(0)
+    cfg = apply_overrides(SMOKETEST, ["network.v_min=-10", "network.v_max=10"])
+    n = cfg.network.n_atoms
+    logits = jnp.asarray(rng.normal(size=(4, 1, 3, n)), jnp.float32)  # [R, K, A, N]
+    target = jnp.asarray(rng.dirichlet(np.ones(n), size=(4, 1)), jnp.float32)  # [R, K, N]
+    y = jnp.asarray(rng.normal(size=(4, 1)), jnp.float32)
+    td = losses.TdTarget(target, target, y, jnp.zeros((4, 1, 3)), jnp.zeros((4, 1)))
+    action, weights = jnp.array([0, 1, 2, 1]), jnp.ones((4, 1), jnp.float32)
+    width_parts, online = losses.loss_parts(logits, action, weights, td, cfg)
+    reward_cfg = apply_overrides(cfg, ["loss.mse_unit=reward"])
+    reward_parts, _ = losses.loss_parts(logits, action, weights, td, reward_cfg)
+    q_taken = np.asarray(online.q_taken, np.float64)
+    np.testing.assert_allclose(reward_parts[0], np.mean((q_taken - np.asarray(y)) ** 2), rtol=1e-5)
+    np.testing.assert_allclose(reward_parts[0], 400.0 * width_parts[0], rtol=1e-5)
+    np.testing.assert_allclose(reward_parts[1], width_parts[1])

@@ -211,7 +211,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         y = losses.scalar_target(reward, discount, q_star, net.v_min, net.v_max)
         q, cross_entropy = losses.c51_head(logits[:rows], support, action, target)
         q_taken = losses.select_action(q, action)
-        total = jnp.mean(losses.q_regression_loss(q_taken, y, net.v_min, net.v_max, None))
+        total = jnp.mean(losses.q_regression_loss(q_taken, y, net.v_max - net.v_min, None))
         total += jnp.mean(cross_entropy)
         # As in the step: the causal reference is the sampled rows of the log-softmax that
         # c51_head computes too (XLA computes it once).

@@ -109,6 +109,8 @@ class TorchPeer:
         frac = cfg.loss.donor_fraction if cfg.loss.donor_mode == "best" else 0.0
         if cfg.loss.donor_mode == "all":
             raise ValueError("TorchPeer: loss.donor_mode 'all' is not implemented in the peer")
+        if cfg.loss.mse_unit != "support":
+            raise ValueError("TorchPeer: loss.mse_unit must be 'support' (the peer's MSE)")
         self.n_donors = min(int(round(frac * self.batch_size)), self.batch_size)
 
     # ------------------------------------------------------------------ network

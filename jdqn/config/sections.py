@@ -208,6 +208,8 @@ class LossConfig:
     alpha_schedule: tuple[float, ...] = (0.0, 0.2)  # C51 weight per epoch; last value repeats
     label_smoothing: float = 0.01  # eps of (1 - eps) m + eps / N on the C51 target
     huber_delta: float | None = None  # None = squared error; else Huber on the scaled error
+    # the MSE's error measured in support widths (v_max - v_min; the seed's) or reward units
+    mse_unit: Literal["support", "reward"] = "support"
     # hindsight donors: none, best action, all actions
     donor_mode: Literal["none", "best", "all"] = "best"
     donor_fraction: float = 0.25  # donors appended, as a fraction of the batch
@@ -238,6 +240,7 @@ class LossConfig:
         _require(
             self.huber_delta is None or self.huber_delta > 0, "loss.huber_delta", "None or > 0"
         )
+        _require(self.mse_unit in ("support", "reward"), "loss.mse_unit", "'support' or 'reward'")
         _require(
             self.donor_mode in ("none", "best", "all"), "loss.donor_mode", "'none', 'best', 'all'"
         )
