@@ -148,10 +148,22 @@ class Checkpointer:
     def _manager(self) -> Any:
         if self._manager_ is None:
             ocp = _ocp()
+            # This process alone: in a run of several processes, process 0 writes and reads
+            # the checkpoints of all of them (jdqn.walkforward.GroupCheckpoints), without
+            # orbax's barriers with the others (its default: every process saves together).
+            this = jax.process_index()
+            alone = ocp.options.MultiprocessingOptions(
+                primary_host=this, active_processes={this}, barrier_sync_key_prefix=f"p{this}"
+            )
+            self._directory.mkdir(parents=True, exist_ok=True)  # orbax's create=True refuses
             self._manager_ = ocp.CheckpointManager(
                 self._directory.absolute(),
                 options=ocp.CheckpointManagerOptions(
-                    max_to_keep=2, enable_async_checkpointing=True, enable_background_delete=True
+                    max_to_keep=2,
+                    enable_async_checkpointing=True,
+                    enable_background_delete=True,
+                    multiprocessing_options=alone,
+                    create=False,
                 ),
             )
         return self._manager_

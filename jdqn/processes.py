@@ -6,7 +6,9 @@ process do (``jdqn.placement``): each wave of learners is padded to a multiple o
 count (copies of its last learner, whose results are dropped) and process ``i`` trains the
 ``i``-th contiguous share on its own local devices, with the seeds of those learners in the
 one-process run. Process 0 gathers what judging needs (``multihost_utils.process_allgather``)
-and alone writes the run directory; every process writes its own checkpoints.
+and alone writes the run directory, checkpoints included: a checkpoint holds the whole wave's
+state as one process would (gathered from every share), and a resume hands each process its
+share of it (``jdqn.walkforward.GroupCheckpoints``).
 
 ``jax.distributed.initialize`` must run before any other use of a JAX backend. On CPU the
 cross-process collectives are gloo's, jax's default (``jax_cpu_collectives_implementation``)
@@ -77,17 +79,29 @@ class Processes:
         padded[: min(size, data.size)] = data[:size]
         return bytes(np.asarray(multihost_utils.broadcast_one_to_all(padded))).decode()
 
+    def broadcast(self, tree: Any) -> Any:
+        """Process 0's host arrays ``tree`` on every process (the others pass arrays of the
+        same shapes)."""
+        if self.count == 1:
+            return tree
+        from jax.experimental import multihost_utils
+
+        return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(tree))
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Process 0's ``flag`` on every process."""
+        return bool(self.broadcast(np.asarray(flag)))
+
+    def any_of(self, flag: bool) -> bool:
+        """Whether any process's ``flag`` is set (every process learns the same)."""
+        return bool(self.gather(np.asarray([flag]), self.count).any())
+
     def smallest(self, values: Sequence[int]) -> list[int]:
         """Each entry's smallest value over the processes (all of them must agree on waves)."""
         if self.count == 1 or not values:
             return list(values)
         gathered = self.gather(np.asarray(values, np.int64)[None], self.count)
         return [int(v) for v in gathered.min(axis=0)]
-
-    def checkpoint_dir(self, checkpoints: Path) -> Path:
-        """Where this process's checkpoints go: the run's own folder for one process, a folder
-        per process otherwise (each process restores its own learners)."""
-        return checkpoints if self.count == 1 else checkpoints / f"process{self.index}"
 
     def record(self, run_path: Path) -> None:
         """Write the process count into the run directory, so that ``--resume`` can check it."""

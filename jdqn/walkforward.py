@@ -212,8 +212,7 @@ def _run_walkforward(
         if run is None or not processes.writer:
             raise  # no directory was made, or process 0 owns it
         with rundir.interrupts_deferred():  # a second Ctrl-C must not stop the clean-up half-way
-            checkpoints = processes.checkpoint_dir(run.checkpoint_dir)
-            resumable = any(checkpoints.glob("group*/[0-9]*"))
+            resumable = any(run.checkpoint_dir.glob("group*/[0-9]*"))
             if not resumable:
                 rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
             elif faults.io_problem(error) is None:  # a storage failure's line says it instead
@@ -742,20 +741,18 @@ def _train_group(
 ) -> tuple[TrainState, dict[int, int]]:
     """Every epoch of this process's share of a group, from its initial (or last checkpointed)
     state, checkpointed per epoch and at a SIGTERM's chunk boundary (steps count chunks done);
-    returns the trained state and the epoch at which each halted run halted. Process 0 logs
-    the metrics of the whole wave (gathered each chunk)."""
-    program, place = programs.program, programs.place
-    local_fold, train = programs.local_fold, programs.train
+    returns the trained state and the epoch at which each halted run halted (by this process's
+    run index). Process 0 logs the metrics of the whole wave, gathered each chunk."""
+    program, local_fold, train = programs.program, programs.local_fold, programs.train
     run_ids = processes.share(wave)
-    directory = processes.checkpoint_dir(run.checkpoint_dir) / f"group{group_index}"
-    checkpoints = Checkpointer(directory) if cfg.output.checkpoints else None
+    checkpoints = GroupCheckpoints(cfg, run, group_index, programs, processes, len(wave))
     start_epoch, start_chunk, halted_epoch = 0, 0, {}
-    param_layout = program.learner.layout.record()  # saved with, and checked against, each one
-    if checkpoints is not None and checkpoints.latest_step() is not None:
-        state, meta = _restore(checkpoints, state, place, param_layout, directory, log)
+    resumed = checkpoints.resume(state, log)
+    if resumed is not None:
+        state, meta = resumed
         start_epoch = int(meta["epochs_done"])
         start_chunk = int(meta.get("chunks_done", 0))  # > 0: saved mid-epoch, at a SIGTERM
-        halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
+        halted_epoch = meta["halted_epoch"]
         within = f", chunk {start_chunk} of epoch {start_epoch + 1}" if start_chunk else ""
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}{within}")
     metrics_log = (
@@ -763,26 +760,12 @@ def _train_group(
         if processes.writer
         else None
     )
-
-    def checkpoint(epochs_done: int, chunks_done: int) -> None:
-        # Numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends.
-        assert checkpoints is not None
-        meta = {
-            "epochs_done": epochs_done,
-            "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
-            "param_layout": param_layout,
-        }
-        if chunks_done:
-            meta["chunks_done"] = chunks_done
-        step = epochs_done * program.chunks_per_epoch + chunks_done
-        checkpoints.save(step, place.real(state), meta)  # stored without the padding
-
     # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
     later_imports = [
         module
         for module, needed in (
             (TENSORBOARD, cfg.output.tensorboard),
-            (ORBAX, checkpoints is not None),
+            (ORBAX, checkpoints.enabled),
         )
         if needed
     ]
@@ -809,9 +792,18 @@ def _train_group(
                         # writer thread imports what the metrics and the checkpoint need.
                         writes.prefetch(later_imports)
                     error, (state, chunk_metrics) = result if debug else (None, result)
-                    record = _chunk_record(state, chunk_metrics, len(run_ids))
-                    record = processes.gather(record, len(wave))
-                    summary = {} if metrics_log is None else metrics_log.add(epoch, chunk, *record)
+                    # Gathered with the metrics: every process stops at the chunk where any
+                    # of them saw a SIGTERM (a checkpoint gathers from all of them).
+                    steps, metrics, stop = processes.gather(
+                        (
+                            *_chunk_record(state, chunk_metrics, len(run_ids)),
+                            np.full(len(run_ids), boundaries.requested),
+                        ),
+                        len(wave),
+                    )
+                    summary = (
+                        {} if metrics_log is None else metrics_log.add(epoch, chunk, steps, metrics)
+                    )
                     if error is not None:  # fetched once per chunk, with the chunk's metrics
                         debug_mode.raise_if_failed(
                             error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
@@ -825,13 +817,11 @@ def _train_group(
                             refresh=False,
                         )
                         bar.update(1)
-                    if boundaries.requested and chunk + 1 < program.chunks_per_epoch:
-                        if checkpoints is not None:
-                            checkpoint(epoch, chunk + 1)
+                    if stop.any() and chunk + 1 < program.chunks_per_epoch:
+                        checkpoints.save(epoch, chunk + 1, state, halted_epoch)
                         raise termination.Terminated
-                if checkpoints is not None:
-                    checkpoint(epoch + 1, 0)
-                if boundaries.requested:
+                checkpoints.save(epoch + 1, 0, state, halted_epoch)
+                if processes.any_of(boundaries.requested):
                     raise termination.Terminated
         completed = True
     finally:  # also on failure: no thread or file left open behind the one-line error
@@ -839,23 +829,86 @@ def _train_group(
             bar.close()
         if metrics_log is not None:
             metrics_log.close(write_plots=completed)
-        if checkpoints is not None:
-            checkpoints.close()
+        checkpoints.close()
     return state, halted_epoch
 
 
-def _restore(
-    checkpoints: Checkpointer,
-    state: TrainState,
-    place: placement.Placement,
-    param_layout: list[list[Any]],
-    directory: Path,
-    log: Callable[[str], None],
-) -> tuple[TrainState, dict[str, Any]]:
-    """The newest intact checkpoint's state, placed as ``state`` is, and its metadata."""
-    restored, meta, _ = checkpoints.restore_intact(place.real(state), log)  # no padding
-    check_param_layout(meta, param_layout, directory)
-    return place.learner_arrays(restored), meta
+class GroupCheckpoints:
+    """A group's checkpoints, in the one-process run's form whatever the process count: the
+    whole wave's state on the host without padding, gathered from every process's share and
+    written by process 0 (orbax writes numpy arrays from process 0 only, its NumpyHandler);
+    a resume reads it there and hands each process its share (``jdqn.processes``)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run: rundir.RunDir,
+        group_index: int,
+        programs: GroupPrograms,
+        processes: Processes,
+        learners: int,
+    ) -> None:
+        self.enabled = cfg.output.checkpoints
+        self._directory = run.checkpoint_dir / f"group{group_index}"
+        self._store = Checkpointer(self._directory) if self.enabled and processes.writer else None
+        self._place, self._processes, self._learners = programs.place, processes, learners
+        self._indices = processes.share(list(range(learners)))  # this process's runs in the wave
+        self._chunks_per_epoch = programs.program.chunks_per_epoch
+        self._param_layout = programs.program.learner.layout.record()  # saved with each one
+
+    def resume(
+        self, state: TrainState, log: Callable[[str], None]
+    ) -> tuple[TrainState, dict[str, Any]] | None:
+        """The newest intact checkpoint's share of the state, placed as ``state`` is, and its
+        metadata (``halted_epoch`` by this process's run index); None without one."""
+        found = self._store is not None and self._store.latest_step() is not None
+        if not self.enabled or not self._processes.broadcast_flag(found):
+            return None
+        whole = self._whole(state)
+        meta: dict[str, Any] = {}
+        if self._store is not None:
+            whole, meta, _ = self._store.restore_intact(whole, log)
+            check_param_layout(meta, self._param_layout, self._directory)
+        whole = self._processes.broadcast(whole)
+        meta = json.loads(self._processes.broadcast_text(json.dumps(meta)))
+        halted = meta["halted_epoch"]
+        meta["halted_epoch"] = {
+            r: halted[str(g)] for r, g in enumerate(self._indices) if str(g) in halted
+        }
+        share = jax.tree.map(lambda x: np.asarray(x)[self._indices], whole)
+        return self._place.learner_arrays(share), meta
+
+    def save(
+        self, epochs_done: int, chunks_done: int, state: TrainState, halted_epoch: dict[int, int]
+    ) -> None:
+        """Checkpoint after ``epochs_done`` epochs and ``chunks_done`` chunks of the next one
+        (numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends); every
+        process calls it."""
+        if not self.enabled:
+            return
+        whole = self._whole(state)
+        local = np.asarray([halted_epoch.get(r, -1) for r in range(len(self._indices))])
+        halted = self._processes.gather(local, self._learners)
+        if self._store is None:
+            return
+        meta: dict[str, Any] = {
+            "epochs_done": epochs_done,
+            "halted_epoch": {str(g): int(e) for g, e in enumerate(halted) if e >= 0},
+            "param_layout": self._param_layout,
+        }
+        if chunks_done:
+            meta["chunks_done"] = chunks_done
+        step = epochs_done * self._chunks_per_epoch + chunks_done
+        self._store.save(step, whole, meta)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def _whole(self, state: TrainState) -> Any:
+        """The wave's state on the host, without padding: the one-process run's."""
+        share = jax.tree.map(lambda x: np.asarray(x)[: len(self._indices)], self._place.real(state))
+        return self._processes.gather(share, self._learners)
 
 
 def _chunk_record(state: TrainState, chunk_metrics: Any, learners: int) -> tuple[Any, Any]:
