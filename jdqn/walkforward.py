@@ -639,7 +639,7 @@ def _run_group(
         )
         by_fold = None if baselines is None else baselines()
     outputs = processes.gather(outputs, len(wave))
-    if by_fold is None:
+    if by_fold is None:  # not process 0, which judges the whole wave
         return []
     rows = _judge_group(cfg, data, outputs, wave, run, writes, by_fold, series)
     policy_bundle.save_run_policies(
@@ -792,15 +792,8 @@ def _train_group(
                         # writer thread imports what the metrics and the checkpoint need.
                         writes.prefetch(later_imports)
                     error, (state, chunk_metrics) = result if debug else (None, result)
-                    # Gathered with the metrics: every process stops at the chunk where any
-                    # of them saw a SIGTERM (a checkpoint gathers from all of them).
-                    steps, metrics, stop = processes.gather(
-                        (
-                            *_chunk_record(state, chunk_metrics, len(run_ids)),
-                            np.full(len(run_ids), boundaries.requested),
-                        ),
-                        len(wave),
-                    )
+                    record = _chunk_record(state, chunk_metrics, len(run_ids))
+                    steps, metrics = processes.gather(record, len(wave))  # the whole wave's
                     summary = (
                         {} if metrics_log is None else metrics_log.add(epoch, chunk, steps, metrics)
                     )
@@ -817,7 +810,10 @@ def _train_group(
                             refresh=False,
                         )
                         bar.update(1)
-                    if stop.any() and chunk + 1 < program.chunks_per_epoch:
+                    # Every process stops at the chunk where any of them saw a SIGTERM (a
+                    # checkpoint gathers from all of them).
+                    stop = processes.any_of(boundaries.requested)
+                    if stop and chunk + 1 < program.chunks_per_epoch:
                         checkpoints.save(epoch, chunk + 1, state, halted_epoch)
                         raise termination.Terminated
                 checkpoints.save(epoch + 1, 0, state, halted_epoch)
