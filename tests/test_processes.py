@@ -96,14 +96,16 @@ def test_resuming_with_another_process_count_is_a_one_line_error(tmp_path, capsy
     assert {p.name for p in run.iterdir()} == {".lock", "processes.json"}  # nothing more
 
 
-# The command in a child process; "stop" ends it (as a Ctrl-C would) once the first epoch's
-# checkpoint is written, on every process.
+# The command in a child process. With --process-id it is stopped (as by a Ctrl-C) once the
+# first epoch's checkpoint is written, on every process, and resumed in the same processes (one
+# start-up each, jax.distributed initialised once).
 _CHILD = """
 import sys
 from jdqn import walkforward
 from jdqn.cli import main
 
-if sys.argv[1] == "stop":
+argv = sys.argv[1:]
+if "--process-id" in argv:
     save = walkforward.GroupCheckpoints.save
 
     def save_then_stop(self, *args):
@@ -112,7 +114,12 @@ if sys.argv[1] == "stop":
         raise KeyboardInterrupt
 
     walkforward.GroupCheckpoints.save = save_then_stop
-sys.exit(main(sys.argv[2:]))
+    assert main(argv) == 130
+    walkforward.GroupCheckpoints.save = save
+    stopped = argv[argv.index("--out") + 1] + "/two.incomplete"
+    walkforward.run_walkforward(None, resume=stopped, progress=False, log=print)
+    sys.exit(0)
+sys.exit(main(argv))
 """
 
 
@@ -122,7 +129,7 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _launch(mode: str, argv: list[str], processes: int) -> list[subprocess.CompletedProcess]:
+def _launch(argv: list[str], processes: int) -> list[subprocess.CompletedProcess]:
     """The command in ``processes`` child processes on localhost; waits for all of them."""
     flags: list[list[str]] = [[]]
     if processes > 1:
@@ -140,7 +147,7 @@ def _launch(mode: str, argv: list[str], processes: int) -> list[subprocess.Compl
         ]
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", _CHILD, mode, *argv, *extra],
+            [sys.executable, "-c", _CHILD, *argv, *extra],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -167,12 +174,12 @@ def _states(directory: Path) -> list[np.ndarray]:
 
 
 @pytest.mark.slow
-def test_two_processes_killed_and_resumed_equal_the_one_process_run(tmp_path, capsys):
+def test_two_processes_stopped_and_resumed_equal_the_one_process_run(tmp_path):
     """1 fold x 3 seeds: process 0 trains seeds 0 and 1, process 1 seed 2 and a padding copy.
-    Stopped after the first epoch's checkpoint and resumed by two processes, the run equals the
-    one-process run bit for bit on CPU: results.json's folds and summary, metrics.jsonl and the
-    checkpointed states (each learner's computation is the same; only the vmap's width
-    differs). Resuming it with one process is refused."""
+    Stopped after the first epoch's checkpoint and resumed by the two processes, the run equals
+    the one-process run bit for bit on CPU: results.json's folds and summary, metrics.jsonl and
+    the checkpointed states (each learner's computation is the same; only the vmap's width
+    differs)."""
     argv = ["walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "-q"]
     argv += ["--folds", "1", "--seeds", "3", "--epochs", "2"]
     for item in (
@@ -183,17 +190,12 @@ def test_two_processes_killed_and_resumed_equal_the_one_process_run(tmp_path, ca
         "output.tensorboard=false",
     ):
         argv += ["--set", item]
-    (one,) = _launch("run", [*argv, "--name", "one"], processes=1)
+    (one,) = _launch([*argv, "--name", "one"], processes=1)
     assert one.returncode == 0, one.stderr[-3000:]
-    stopped = _launch("stop", [*argv, "--name", "two"], processes=2)
-    assert [c.returncode for c in stopped] == [130, 130], stopped[0].stderr[-3000:]
-    incomplete = tmp_path / "two.incomplete"
-
-    assert main(["walkforward", "--resume", str(incomplete)]) == EXIT_USER_ERROR
-    assert "fix: resume with --num-processes 2" in capsys.readouterr().err
-
-    resumed = _launch("run", ["walkforward", "--resume", str(incomplete), "-q"], processes=2)
-    assert [c.returncode for c in resumed] == [0, 0], resumed[0].stderr[-3000:]
+    two = _launch([*argv, "--name", "two"], processes=2)
+    assert [c.returncode for c in two] == [0, 0], two[0].stderr[-3000:] + two[1].stderr[-3000:]
+    assert "jdqn: resumed group 0 after epoch 1\n" in two[0].stdout  # process 0 logs
+    assert "jdqn:" not in two[1].stdout  # the others do not
     results = [json.loads((tmp_path / n / "results.json").read_text()) for n in ("one", "two")]
     assert len(results[0]["folds"]) == 3
     assert [r["seed"] for r in results[1]["folds"]] == [0, 1, 2]
