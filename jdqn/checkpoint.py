@@ -221,7 +221,8 @@ class Checkpointer:
                 ),
             )
         except Exception as error:  # whatever orbax fails on, the checkpoint is damaged
-            if isinstance(error, ValueError) and "tree structures do not match" in str(error):
+            mismatch = ("tree structures do not match", "Structure mismatch")  # jax, numpy targets
+            if isinstance(error, ValueError) and any(m in str(error) for m in mismatch):
                 # orbax's own message lists every mismatching leaf over many lines.
                 raise CheckpointLayoutError(
                     f"checkpoint {self._directory} (step {step}) holds a state of another layout "

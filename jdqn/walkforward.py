@@ -201,7 +201,9 @@ def _run_walkforward(
             )
             if processes.writer:
                 report.write_stitched(run.path, series, cfg.output.plots, writes)
-        summary = stats.summarise(fold_results, series, seed=cfg.train.seed) if series else {}
+        summary = (
+            stats.summarise(fold_results, series, seed=cfg.train.seed) if processes.writer else {}
+        )
     except debug_mode.DebugCheckFailed as failure:
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -257,21 +259,23 @@ def _new_run(
     count; the other processes are told its path."""
     run = None
     if processes.writer:
-        # A Ctrl-C cannot land between the mkdir and the writes' clean-up.
-        with rundir.interrupts_deferred():
-            try:
-                run = rundir.new_run_dir(cfg.output.out_dir, name)
-            except (ValueError, OSError) as error:
-                raise UserError(str(error)) from None
-            claimed.append(run)
-            try:
+        try:
+            # A Ctrl-C is held back until the directory is written, then removes it below.
+            with rundir.interrupts_deferred():
+                try:
+                    run = rundir.new_run_dir(cfg.output.out_dir, name)
+                except (ValueError, OSError) as error:
+                    raise UserError(str(error)) from None
+                claimed.append(run)
                 run.config_path.write_text(cfg.to_json() + "\n")
                 layout.record(run)
                 processes.record(run.path)
-            except BaseException as error:
-                rundir.discard(run)
-                faults.raise_as_user_error(error, None)  # disk full: one line
-                raise
+        except BaseException as error:
+            if run is not None:
+                with rundir.interrupts_deferred():
+                    rundir.discard(run)
+            faults.raise_as_user_error(error, None)  # disk full: one line
+            raise
     path = Path(processes.broadcast_text(str(run.path) if run is not None else ""))
     final = path.with_name(path.name.removesuffix(rundir.INCOMPLETE_SUFFIX))
     return run or rundir.RunDir(path=path, final_path=final)
