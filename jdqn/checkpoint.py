@@ -148,10 +148,22 @@ class Checkpointer:
     def _manager(self) -> Any:
         if self._manager_ is None:
             ocp = _ocp()
+            # This process alone: in a run of several processes, process 0 writes and reads
+            # the checkpoints of all of them (jdqn.walkforward.GroupCheckpoints), without
+            # orbax's barriers with the others (its default: every process saves together).
+            this = jax.process_index()
+            alone = ocp.options.MultiprocessingOptions(
+                primary_host=this, active_processes={this}, barrier_sync_key_prefix=f"p{this}"
+            )
+            self._directory.mkdir(parents=True, exist_ok=True)  # orbax's create=True refuses
             self._manager_ = ocp.CheckpointManager(
                 self._directory.absolute(),
                 options=ocp.CheckpointManagerOptions(
-                    max_to_keep=2, enable_async_checkpointing=True, enable_background_delete=True
+                    max_to_keep=2,
+                    enable_async_checkpointing=True,
+                    enable_background_delete=True,
+                    multiprocessing_options=alone,
+                    create=False,
                 ),
             )
         return self._manager_
@@ -209,7 +221,8 @@ class Checkpointer:
                 ),
             )
         except Exception as error:  # whatever orbax fails on, the checkpoint is damaged
-            if isinstance(error, ValueError) and "tree structures do not match" in str(error):
+            mismatch = ("tree structures do not match", "Structure mismatch")  # jax, numpy targets
+            if isinstance(error, ValueError) and any(m in str(error) for m in mismatch):
                 # orbax's own message lists every mismatching leaf over many lines.
                 raise CheckpointLayoutError(
                     f"checkpoint {self._directory} (step {step}) holds a state of another layout "

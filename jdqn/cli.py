@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from jdqn import console_log
 from jdqn.cli_extras import (
     add_config_command,
+    add_process_flags,
     add_version_flag,
     base_config,
     config_command,
@@ -87,6 +88,7 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="local devices that share the learners (default: all of them)",
     )
+    add_process_flags(wf)
 
     add_config_command(commands, common)
     ev = commands.add_parser(
@@ -161,6 +163,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
 
 def _walkforward(args: argparse.Namespace) -> int:
     from jdqn.debug import DebugCheckFailed
+    from jdqn.processes import start
     from jdqn.walkforward import UserError, run_walkforward
 
     config_flags: tuple[str, ...] = ("config", "profile", "data", "instrument", "out", "folds")
@@ -178,15 +181,19 @@ def _walkforward(args: argparse.Namespace) -> int:
         if args.print_config:
             print(cfg.to_json() if cfg is not None else resumed_config_text(args.resume))
             return 0
+        log = logging.getLogger(console_log.LOGGER_NAME).info
+        # Before any other use of a JAX backend (jax.distributed.initialize).
+        processes = start(args.coordinator, args.num_processes, args.process_id, log)
         outcome = run_walkforward(
             cfg,
             resume=args.resume,
             debug=args.debug,
             progress=not args.no_progress and not getattr(args, "quiet", False),
-            log=logging.getLogger(console_log.LOGGER_NAME).info,
+            log=log,
             name=args.name,
             plot_processes=True,
             devices=args.devices,
+            processes=processes,
         )
     except UserError as error:
         print(f"jdqn: error: {error}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """The command line's configuration and console flags: ``jdqn --version``, ``-v`` / ``-q``,
-``jdqn config keys``, and the base config of ``jdqn walkforward`` (``--config FILE`` or
-``--profile NAME``). Parsing only; the work is in :mod:`jdqn.config` and :mod:`jdqn.provenance`.
+``jdqn config keys``, the flags of a run of several processes, and the base config of
+``jdqn walkforward`` (``--config FILE`` or ``--profile NAME``). Parsing only; the work is in
+:mod:`jdqn.config`, :mod:`jdqn.processes` and :mod:`jdqn.provenance`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,22 @@ class _VersionAction(argparse.Action):
 
 def add_version_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
+
+
+def add_process_flags(walkforward: argparse.ArgumentParser) -> None:
+    """``--coordinator``, ``--num-processes`` and ``--process-id``: one run over several
+    processes (``jdqn.processes``); under SLURM or Open MPI they are read from the launch."""
+    walkforward.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="process 0's address, for a run of several processes (with the next two flags)",
+    )
+    walkforward.add_argument(
+        "--num-processes", type=int, metavar="N", help="processes that share the learners"
+    )
+    walkforward.add_argument(
+        "--process-id", type=int, metavar="I", help="this process's number, 0 to N - 1"
+    )
 
 
 def add_config_command(commands: Any, common: argparse.ArgumentParser) -> None:

@@ -17,7 +17,6 @@ import numpy as np
 
 from jdqn import report, rundir
 from jdqn.config import Config, apply_overrides
-from jdqn.train import TrainState
 
 TENSORBOARD = "tensorboardX"  # the module, for callers that import it ahead of use
 
@@ -71,14 +70,16 @@ class MetricsLog:
         self._group = group_index
         self._writer: Any = None  # made at the first add (below)
 
-    def add(self, epoch: int, chunk: int, state: TrainState, chunk_metrics: Any) -> dict[str, str]:
+    def add(self, epoch: int, chunk: int, learner_steps: Any, chunk_metrics: Any) -> dict[str, str]:
+        """Log a chunk's rows: ``learner_steps`` [R] and ``chunk_metrics`` (leaves [R, L]) of
+        the runs, on the host or the device."""
         if self._writer is None and self._cfg.output.tensorboard:
             # Here, not in __init__: the first chunk is queued on the device by now, so
             # tensorboardX's import runs while it trains instead of before.
             summary_writer = importlib.import_module(TENSORBOARD).SummaryWriter
             self._writer = summary_writer(str(self._run.tensorboard_dir / f"group{self._group}"))
         host = jax.device_get(chunk_metrics)
-        learner_steps = np.asarray(state.learner.step)
+        learner_steps = np.asarray(learner_steps)
         active = np.asarray(host.active)  # [R, L]; padding of the epoch's last chunk is False
         used = np.asarray(host.trained) & active
         learner = {name: np.asarray(values) for name, values in host.learner._asdict().items()}

@@ -332,9 +332,12 @@ def run_layout(
     *,
     debug: bool = False,
     resumed: Any = None,
+    processes: int = 1,
 ) -> RunLayout:
     """The devices (``--devices``, default all local ones) and each group's waves; a resumed
-    run (``resumed``: its ``rundir.RunDir``) keeps the waves recorded when it started."""
+    run (``resumed``: its ``rundir.RunDir``) keeps the waves recorded when it started. With
+    several ``processes`` each runs an equal share of every wave on its own devices
+    (``jdqn.processes``): the waves are planned for one share."""
     chosen = local_devices(devices)
     seeds = cfg.train.seeds
     recorded = None
@@ -354,13 +357,16 @@ def run_layout(
         if resumed is not None:
             sizes.append(learners)  # started without waves
             continue
-        plan = plan_waves(cfg, data.n_features, learners, chosen, shared, debug=debug)
-        sizes.append(plan.wave_size)
-        if plan.wave_size < learners:
-            n_waves = math.ceil(learners / plan.wave_size)
-            notices.append(
-                f"jdqn: {learners} learners do not fit at once ({_gb(plan.learner_bytes)} each, "
-                f"{plan.per_device_limit} per device by {plan.limit}): running {n_waves} waves "
-                f"of {plan.wave_size}"
-            )
+        share = math.ceil(learners / processes)
+        plan = plan_waves(cfg, data.n_features, share, chosen, shared, debug=debug)
+        if plan.wave_size >= share:
+            sizes.append(learners)
+            continue
+        size = plan.wave_size * processes
+        sizes.append(size)
+        notices.append(
+            f"jdqn: {learners} learners do not fit at once ({_gb(plan.learner_bytes)} each, "
+            f"{plan.per_device_limit} per device by {plan.limit}): running "
+            f"{math.ceil(learners / size)} waves of {size}"
+        )
     return RunLayout(devices=chosen, wave_sizes=tuple(sizes), seeds=seeds, notices=tuple(notices))

@@ -145,8 +145,9 @@ def new_run_dir(out_dir: str | os.PathLike[str], name: str | None = None) -> Run
     raise ValueError(f"--out {out}: no free run name from {stamp}; fix: choose another --name")
 
 
-def open_incomplete_run_dir(path: str | os.PathLike[str]) -> RunDir:
-    """Reopen and lock a killed run's ``.incomplete`` directory for ``--resume``."""
+def open_incomplete_run_dir(path: str | os.PathLike[str], lock: bool = True) -> RunDir:
+    """Reopen and lock a killed run's ``.incomplete`` directory for ``--resume`` (``lock``
+    False: unlocked, for the processes of a run whose process 0 holds the lock)."""
     p = Path(path)
     if not p.is_dir():
         raise ValueError(f"--resume {p}: no such directory; fix: pass the run's .incomplete dir")
@@ -157,11 +158,13 @@ def open_incomplete_run_dir(path: str | os.PathLike[str]) -> RunDir:
                 f"--resume {p}: {final} already exists, so the resumed run could not be renamed "
                 f"to it; fix: move {final} away first"
             )
-        lock = RunLock(p)
+        if not lock:
+            return RunDir(path=p, final_path=final)
+        run_lock = RunLock(p)
         if not p.is_dir():  # completed by the process that held the lock just now
-            lock.release()
+            run_lock.release()
             raise ValueError(f"--resume {p}: the run was just completed; nothing to resume")
-        return RunDir(path=p, final_path=final, lock=lock)
+        return RunDir(path=p, final_path=final, lock=run_lock)
     if (p / COMPLETE_MARKER).exists():
         raise ValueError(f"--resume {p}: this run is already complete; nothing to resume")
     raise ValueError(f"--resume {p}: not a run directory; fix: pass the run's .incomplete dir")

@@ -55,6 +55,7 @@ from jdqn.evaluate import baseline_results, baseline_rollouts, equity_curve, met
 from jdqn.executables import ExecutableCache
 from jdqn.learner import GUARD_REASONS
 from jdqn.metrics_log import TENSORBOARD, MetricsLog
+from jdqn.processes import ProcessError, Processes
 from jdqn.train import FoldData, TrainProgram, TrainState, make_train
 from jdqn.xla_flags import cache_root
 
@@ -101,6 +102,7 @@ def run_walkforward(
     log: Callable[[str], None] = print,
     plot_processes: bool = False,
     devices: int | None = None,
+    processes: Processes | None = None,
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
@@ -109,7 +111,12 @@ def run_walkforward(
     multiprocessing's spawn, which imports the caller's main module again in each: a script
     that turns this on must keep its top-level code under ``if __name__ == "__main__":``.
 
-    ``devices``: how many local devices share the learners (default: all; ``jdqn.placement``)."""
+    ``devices``: how many local devices share the learners (default: all; ``jdqn.placement``).
+
+    ``processes``: this process's place in a run of several processes (``jdqn.processes``;
+    default: jax's process count and index, so one process unless ``jax.distributed`` was
+    initialised). Process 0 writes the run directory and returns the results; the others
+    return its path, empty results and whether a run halted."""
     claimed: list[rundir.RunDir] = []  # the run directory this call locks, unlocked at its end
     try:
         with termination.sigterm_raises():  # SIGTERM stops the run as Ctrl-C does
@@ -123,6 +130,7 @@ def run_walkforward(
                 log=log,
                 plot_processes=plot_processes,
                 devices=devices,
+                processes=processes or Processes(jax.process_count(), jax.process_index()),
             )
     finally:
         for locked in claimed:
@@ -140,25 +148,18 @@ def _run_walkforward(
     log: Callable[[str], None],
     plot_processes: bool,
     devices: int | None,
+    processes: Processes,
 ) -> WalkForwardOutcome:
     run: rundir.RunDir | None = None
+    if not processes.writer:  # process 0 reports for all of them
+        log, progress, plot_processes = (lambda _: None), False, False
     if name is not None:
         try:
             rundir.check_name(name)
         except ValueError as error:
             raise UserError(str(error)) from None
     if resume is not None:
-        try:
-            run = rundir.open_incomplete_run_dir(resume)
-        except ValueError as error:
-            raise UserError(str(error)) from None
-        claimed.append(run)
-        try:
-            cfg = Config.from_json(run.config_path.read_text())
-        except (OSError, ValueError) as error:
-            raise UserError(
-                f"--resume {run.path}: cannot read its config.json ({error}); fix: start a new run"
-            ) from None
+        run, cfg = _open_resumed(resume, claimed, processes)
     assert cfg is not None
     cfg = metrics_log.without_missing_tensorboard(cfg, log)
     enable_compilation_cache(cfg)
@@ -169,36 +170,42 @@ def _run_walkforward(
     memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
     cfg = resolve_reward_unit(cfg, data)
     made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
-    layout = _layout(cfg, data, devices, debug, run)  # so is a request that cannot run
+    layout = _layout(cfg, data, devices, debug, run, processes)  # so is a request that cannot run
     try:
         if resume is None:
-            # A Ctrl-C lands once `run` names the directory, so the clean-up below removes it.
-            with rundir.interrupts_deferred():
-                try:
-                    run = rundir.new_run_dir(cfg.output.out_dir, name)
-                except (ValueError, OSError) as error:
-                    raise UserError(str(error)) from None
-                claimed.append(run)
-                run.config_path.write_text(cfg.to_json() + "\n")
-                layout.record(run)
+            run = _new_run(cfg, name, layout, processes, claimed)
         assert run is not None
         log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+        if processes.count > 1:
+            log(f"jdqn: {processes.count} processes share the learners")
         layout.announce(log)
         log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
         # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
-        preload = report.PLOT_MODULES if cfg.output.plots else ()
-        processes = (
+        preload = report.PLOT_MODULES if cfg.output.plots and processes.writer else ()
+        cores = (
             report.plot_processes(background.usable_cores())
             if cfg.output.plots and plot_processes
             else 0
         )
         series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
-        with report.BackgroundWrites(preload, plot_processes=processes) as writes:
+        with report.BackgroundWrites(preload, plot_processes=cores) as writes:
             fold_results = _run_all_folds(
-                cfg, data, run, writes, layout, series, debug=debug, progress=progress, log=log
+                cfg,
+                data,
+                run,
+                writes,
+                layout,
+                series,
+                processes,
+                debug=debug,
+                progress=progress,
+                log=log,
             )
-            report.write_stitched(run.path, series, cfg.output.plots, writes)
-        summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
+            if processes.writer:
+                report.write_stitched(run.path, series, cfg.output.plots, writes)
+        summary = (
+            stats.summarise(fold_results, series, seed=cfg.train.seed) if processes.writer else {}
+        )
     except debug_mode.DebugCheckFailed as failure:
         # Keep the .incomplete directory: it holds the failure record and the metrics so far.
         log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -206,8 +213,8 @@ def _run_walkforward(
     except (CheckpointLayoutError, NoIntactCheckpointError):
         raise  # resuming again cannot help (the error says to start again); the directory stays
     except BaseException as error:
-        if run is None:
-            raise  # no directory was made
+        if run is None or not processes.writer:
+            raise  # no directory was made, or process 0 owns it
         with rundir.interrupts_deferred():  # a second Ctrl-C must not stop the clean-up half-way
             resumable = any(run.checkpoint_dir.glob("group*/[0-9]*"))
             if not resumable:
@@ -216,6 +223,77 @@ def _run_walkforward(
                 log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
         faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
         raise
+    if not processes.writer:
+        ended = json.loads(processes.broadcast_text(""))  # once process 0 has renamed the run
+        return WalkForwardOutcome(Path(ended["run_dir"]), results={}, halted=ended["halted"])
+    return _finish(cfg, data, run, fold_results, summary, made_by, processes, log)
+
+
+def _open_resumed(
+    resume: str | os.PathLike[str], claimed: list[rundir.RunDir], processes: Processes
+) -> tuple[rundir.RunDir, Config]:
+    """A killed run's directory (locked by process 0) and its config, for ``--resume``."""
+    try:
+        run = rundir.open_incomplete_run_dir(resume, lock=processes.writer)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    claimed.append(run)
+    try:
+        processes.check_resume(run.path)
+    except ProcessError as error:
+        raise UserError(str(error)) from None
+    try:
+        return run, Config.from_json(run.config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(
+            f"--resume {run.path}: cannot read its config.json ({error}); fix: start a new run"
+        ) from None
+
+
+def _new_run(
+    cfg: Config,
+    name: str | None,
+    layout: placement.RunLayout,
+    processes: Processes,
+    claimed: list[rundir.RunDir],
+) -> rundir.RunDir:
+    """A new run directory: process 0 makes it and writes the config, the waves and the process
+    count; the other processes are told its path."""
+    run = None
+    if processes.writer:
+        try:
+            # A Ctrl-C is held back until the directory is written, then removes it below.
+            with rundir.interrupts_deferred():
+                try:
+                    run = rundir.new_run_dir(cfg.output.out_dir, name)
+                except (ValueError, OSError) as error:
+                    raise UserError(str(error)) from None
+                claimed.append(run)
+                run.config_path.write_text(cfg.to_json() + "\n")
+                layout.record(run)
+                processes.record(run.path)
+        except BaseException as error:
+            if run is not None:
+                with rundir.interrupts_deferred():
+                    rundir.discard(run)
+            faults.raise_as_user_error(error, None)  # disk full: one line
+            raise
+    path = Path(processes.broadcast_text(str(run.path) if run is not None else ""))
+    final = path.with_name(path.name.removesuffix(rundir.INCOMPLETE_SUFFIX))
+    return run or rundir.RunDir(path=path, final_path=final)
+
+
+def _finish(
+    cfg: Config,
+    data: WalkForwardData,
+    run: rundir.RunDir,
+    fold_results: list[dict[str, Any]],
+    summary: dict[str, Any],
+    made_by: dict[str, Any],
+    processes: Processes,
+    log: Callable[[str], None],
+) -> WalkForwardOutcome:
+    """Process 0 writes results.json, renames the run into place and reports it."""
     results = {
         "config": json.loads(cfg.to_json()),  # lists, as in results.json
         "source": data.source,
@@ -233,6 +311,7 @@ def _run_walkforward(
         faults.raise_as_user_error(error, run.path if cfg.output.checkpoints else None)
         raise
     halted = [r for r in fold_results if r["status"] != "ok"]
+    processes.broadcast_text(json.dumps({"run_dir": str(final), "halted": bool(halted)}))
     log(report.summary_table(fold_results))
     log(report.summary_text(summary))
     plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
@@ -259,11 +338,13 @@ def _run_all_folds(
     writes: report.BackgroundWrites,
     layout: placement.RunLayout,
     series: list[stats.RunSeries],
+    processes: Processes,
     *,
     debug: bool,
     progress: bool,
     log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
+    """Every group's result rows (process 0's; the others train their share and return none)."""
     non_causal = tuple(data.feature_groups.get(cfg.loss.non_causal_group, ()))
     rows: list[dict[str, Any]] = []
     # A group whose learners do not fit at once runs in waves, each a group of its own.
@@ -277,6 +358,7 @@ def _run_all_folds(
             run,
             writes,
             series,
+            processes,
             group_index=group_index,
             non_causal=non_causal,
             debug=debug,
@@ -303,14 +385,23 @@ def _layout(
     devices: int | None,
     debug: bool,
     run: rundir.RunDir | None,
+    processes: Processes,
 ) -> placement.RunLayout:
-    """Devices and waves of the run (a resumed run keeps the waves it started with)."""
+    """Devices and waves of the run (a resumed run keeps the waves it started with); every
+    process runs the smallest waves any of them can hold, so that their shares stay in step."""
     try:
-        return placement.run_layout(
-            cfg, data, _fold_groups(cfg, data), devices, debug=debug, resumed=run
+        layout = placement.run_layout(
+            cfg,
+            data,
+            _fold_groups(cfg, data),
+            devices,
+            debug=debug,
+            resumed=run,
+            processes=processes.count,
         )
     except placement.PlacementError as error:
         raise UserError(str(error)) from None
+    return dataclasses.replace(layout, wave_sizes=tuple(processes.smallest(layout.wave_sizes)))
 
 
 class RunKeys(NamedTuple):
@@ -360,27 +451,83 @@ def _take(stacked: FoldData, index: jax.Array) -> FoldData:
     return jax.tree.map(lambda a: a[index], stacked)
 
 
-def _run_group(
+class RunOutputs(NamedTuple):
+    """What judging and the policy bundles read of a group's trained runs: host arrays
+    ``[R, ...]``, the form process 0 gathers from every process (``jdqn.processes``)."""
+
+    rollouts: Any  # jdqn.env.Rollout of the greedy test-window pass, leaves [R, T]
+    guard: Any  # the learner's GuardRecord, leaves [R]
+    learner_steps: np.ndarray  # [R] int32
+    iterations: np.ndarray  # [R] int32
+    halted_epoch: np.ndarray  # [R] int32, the epoch in which a run halted; -1: it did not
+    network: policy_bundle.Network  # the trained parameters, masks and spectral-norm vectors
+
+
+@dataclass(frozen=True)
+class GroupPrograms:
+    """A group's placement, fold data and programs: the vmapped init, chunk and evaluation of
+    its runs, compiled on demand (each over the placement's devices, ``jdqn.placement``)."""
+
+    place: placement.Placement
+    train: FoldData  # [G, ...] the group's train windows, on every device
+    test: FoldData  # [G, ...] its test windows
+    program: TrainProgram
+    local_fold: jax.Array  # [padded] int32: run r trains the group's fold local_fold[r]
+    compile_program: Callable[..., Any]  # ExecutableCache.compile with the group's context
+    init_all: Callable[..., Any]  # jit(vmap(init)) over the runs
+    init_types: tuple[Any, ...]  # the init program's argument types
+    stored_init: Any  # a warm start's stored init program, or None
+    run_chunk: Callable[..., Any]  # one run's chunk (checked in debug mode)
+    evaluate_run: Callable[..., Any]  # one run's greedy test-window pass
+
+    def init(self, training_keys: jax.Array) -> TrainState:
+        """Every run's initial state."""
+        args = (training_keys, self.local_fold, self.train)
+        init_all = self.stored_init or self.compile_program("init_run", self.init_all, *args)
+        return init_all(*args)
+
+    def compile_chunk(self) -> Callable[..., Any]:
+        """The chunk program, compiled for the state's type, from the stored init program or
+        traced from init without running it; it runs any epoch and chunk number and any
+        restored state of that type."""
+        state_type = (
+            _abstract(self.stored_init.out_info)
+            if self.stored_init is not None
+            else jax.eval_shape(self.init_all, *self.init_types)
+        )
+        return self.compile_program(
+            "run_chunk",
+            self.place.vmap(self.run_chunk, (0, 0, None, None, None), donate_argnums=0),
+            state_type,
+            self.local_fold,
+            jnp.int32(0),
+            jnp.int32(0),
+            self.train,
+        )
+
+    def compile_evaluate(self, state_type: Any, evaluation_keys: jax.Array) -> Callable[..., Any]:
+        return self.compile_program(
+            "evaluate_run",
+            self.place.vmap(self.evaluate_run, (0, 0, 0, None)),
+            state_type,
+            self.local_fold,
+            evaluation_keys,
+            self.place.shared(self.test),
+        )
+
+
+def _group_programs(
     cfg: Config,
     data: WalkForwardData,
     fold_ids: list[int],
     run_ids: list[tuple[int, int]],
     devices: tuple[Any, ...],
-    run: rundir.RunDir,
-    writes: report.BackgroundWrites,
-    series: list[stats.RunSeries],
-    *,
-    group_index: int,
     non_causal: tuple[int, ...],
     debug: bool,
-    progress: bool,
-    log: Callable[[str], None],
-) -> list[dict[str, Any]]:
-    """Train the (fold, seed) runs ``run_ids`` of folds ``fold_ids`` as one vmapped program,
-    sharded over ``devices`` (``jdqn.placement``), then evaluate them."""
+) -> GroupPrograms:
+    """The placement, data and programs of the runs ``run_ids`` of folds ``fold_ids``."""
     place = placement.Placement(devices[: len(run_ids)], len(run_ids))  # no idle device
     train = place.shared(_stack([data.train[k] for k in fold_ids]))
-    test = _stack([data.test[k] for k in fold_ids])
     program = make_train(
         cfg,
         train.features.shape[-1],
@@ -391,8 +538,6 @@ def _run_group(
     )
     # Run r trains fold run_ids[r][0] with seed run_ids[r][1]; the padding repeats the last.
     local_fold = place.learner_arrays(np.asarray([fold_ids.index(f) for f, _ in run_ids], np.int32))
-    run_folds = np.asarray([f for f, _ in run_ids], np.int32)
-    run_seeds = np.asarray([s for _, s in run_ids], np.int32)
 
     # The programs take the folds' data as an argument (not a closure), so that a compiled
     # program depends only on what ``context`` and the arguments' types say (jdqn.executables).
@@ -401,7 +546,6 @@ def _run_group(
     context = _program_context(cfg, non_causal, debug)
     if len(place.devices) > 1:
         context += f"|devices={len(place.devices)}"
-    compile_program = functools.partial(executables.compile, context=context)
 
     # Named functions: the compile events and the stored programs carry these names.
     def init_run(key: jax.Array, i: jax.Array, data: FoldData) -> TrainState:
@@ -413,113 +557,166 @@ def _run_group(
     def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
         return program.evaluate(s, _take(data, i), key)
 
-    init_all_program = place.vmap(init_run, (0, 0, None))
     key_type = place.padded_type(
-        jax.eval_shape(functools.partial(run_keys, cfg.train.seed), run_folds, run_seeds)
+        jax.eval_shape(functools.partial(run_keys, cfg.train.seed), *_folds_and_seeds(run_ids))
     )
     init_types = (key_type.training, local_fold, train)
-    # A warm start's stored init program; its output type is the state's (no tracing).
-    stored_init = executables.load("init_run", *init_types, context=context)
+    return GroupPrograms(
+        place=place,
+        train=train,
+        test=_stack([data.test[k] for k in fold_ids]),
+        program=program,
+        local_fold=local_fold,
+        compile_program=functools.partial(executables.compile, context=context),
+        init_all=place.vmap(init_run, (0, 0, None)),
+        init_types=init_types,
+        # A warm start's stored init program; its output type is the state's (no tracing).
+        stored_init=executables.load("init_run", *init_types, context=context),
+        # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
+        run_chunk=debug_mode.checked(run_chunk) if debug else run_chunk,
+        evaluate_run=evaluate_run,
+    )
 
-    def compile_chunk() -> Callable[..., Any]:
-        # Compiled for the state's type, from the stored init program or traced from init
-        # without running it; the same program runs any epoch and chunk number and any restored
-        # state of that type.
-        state_type = (
-            _abstract(stored_init.out_info)
-            if stored_init is not None
-            else jax.eval_shape(init_all_program, *init_types)
-        )
-        return compile_program(
-            "run_chunk",
-            # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
-            place.vmap(
-                debug_mode.checked(run_chunk) if debug else run_chunk,
-                (0, 0, None, None, None),
-                donate_argnums=0,
-            ),
-            state_type,
-            local_fold,
-            jnp.int32(0),
-            jnp.int32(0),
-            train,
-        )
 
+def _folds_and_seeds(run_ids: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each run's fold and seed index, [R] int32 each (the arguments of :func:`run_keys`)."""
+    return (
+        np.asarray([f for f, _ in run_ids], np.int32),
+        np.asarray([s for _, s in run_ids], np.int32),
+    )
+
+
+def _run_group(
+    cfg: Config,
+    data: WalkForwardData,
+    fold_ids: list[int],
+    wave: list[tuple[int, int]],
+    devices: tuple[Any, ...],
+    run: rundir.RunDir,
+    writes: report.BackgroundWrites,
+    series: list[stats.RunSeries],
+    processes: Processes,
+    *,
+    group_index: int,
+    non_causal: tuple[int, ...],
+    debug: bool,
+    progress: bool,
+    log: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """Train this process's share of the (fold, seed) runs ``wave`` of folds ``fold_ids`` as one
+    vmapped program, sharded over ``devices`` (``jdqn.placement``), and evaluate them; process 0
+    judges the whole wave (``jdqn.processes``) and returns its result rows, the others none."""
+    run_ids = processes.share(wave)
+    programs = _group_programs(cfg, data, fold_ids, run_ids, devices, non_causal, debug)
     with background.Overlap() as overlap:
         # The training program compiles on a worker thread while the keys, the baselines, the
         # init program and the evaluation program's compile (none of which it needs) run
         # (jdqn.background).
-        compiling_chunk = overlap.submit(compile_chunk)
-        keys = place.learner_arrays(run_keys(cfg.train.seed, run_folds, run_seeds))
-        baselines = overlap.submit(
-            _baselines,
-            cfg,
-            compile_program,
-            test,
-            fold_ids,
-            run_ids,
-            np.asarray(keys.baselines),
-            data.bars_per_year,
+        compiling_chunk = overlap.submit(programs.compile_chunk)
+        keys = programs.place.learner_arrays(run_keys(cfg.train.seed, *_folds_and_seeds(run_ids)))
+        baselines = (
+            _submit_baselines(overlap, cfg, data, programs, fold_ids, wave)
+            if processes.writer
+            else None
         )
-        extras = overlap.submit(_extra_baselines, cfg, data, fold_ids)
-        init_args = (keys.training, local_fold, train)
-        init_all = (
-            stored_init
-            if stored_init is not None
-            else compile_program("init_run", init_all_program, *init_args)
-        )
-        state = init_all(*init_args)
+        state = programs.init(keys.training)
         # For the state's type, not its buffers: the first chunk donates them while the
         # evaluation program may still be compiling.
         compiling_evaluate = overlap.submit(
-            compile_program,
-            "evaluate_run",
-            place.vmap(evaluate_run, (0, 0, 0, None)),
-            _abstract(state),
-            local_fold,
-            keys.evaluation,
-            place.shared(test),
+            programs.compile_evaluate, _abstract(state), keys.evaluation
         )
         state, halted_epoch = _train_group(
             cfg,
-            program,
+            programs,
             state,
-            local_fold,
-            train,
             run,
             writes,
             compiling_chunk.result(),
-            place,
+            processes,
             group_index=group_index,
             fold_ids=fold_ids,
-            run_ids=run_ids,
+            wave=wave,
             debug=debug,
             progress=progress,
             log=log,
         )
-        evaluate_all = compiling_evaluate.result()
-        rollouts = jax.device_get(
-            evaluate_all(state, local_fold, keys.evaluation, place.shared(test))
+        outputs = _evaluate_group(
+            programs, compiling_evaluate.result(), state, keys, halted_epoch, len(run_ids)
         )
-        by_fold = {
-            fold: baselines.result()[fold] | extras.result()[fold] for fold in baselines.result()
-        }
-        rows = _judge_group(
-            cfg,
-            data,
-            state,
-            rollouts,
-            run_ids,
-            run,
-            writes,
-            halted_epoch,
-            by_fold,
-            series,
-        )
-        policy_bundle.save_run_policies(
-            run.path, cfg, data, program.learner.layout, state.learner, run_ids, rows, writes.submit
-        )
-        return rows
+        by_fold = None if baselines is None else baselines()
+    outputs = processes.gather(outputs, len(wave))
+    if by_fold is None:  # not process 0, which judges the whole wave
+        return []
+    rows = _judge_group(cfg, data, outputs, wave, run, writes, by_fold, series)
+    policy_bundle.save_run_policies(
+        run.path,
+        cfg,
+        data,
+        programs.program.learner.layout,
+        outputs.network,
+        wave,
+        rows,
+        writes.submit,
+    )
+    return rows
+
+
+def _submit_baselines(
+    overlap: Any,
+    cfg: Config,
+    data: WalkForwardData,
+    programs: GroupPrograms,
+    fold_ids: list[int],
+    wave: list[tuple[int, int]],
+) -> Callable[[], dict[int, dict[str, Any]]]:
+    """Start each fold's baselines on ``overlap``'s threads (seeded by the keys of the whole
+    wave's runs, as in one process); returns the function that waits for them."""
+    keys = run_keys(cfg.train.seed, *_folds_and_seeds(wave))
+    baselines = overlap.submit(
+        _baselines,
+        cfg,
+        programs.compile_program,
+        programs.test,
+        fold_ids,
+        wave,
+        np.asarray(keys.baselines),
+        data.bars_per_year,
+    )
+    extras = overlap.submit(_extra_baselines, cfg, data, fold_ids)
+
+    def by_fold() -> dict[int, dict[str, Any]]:
+        return {fold: rows | extras.result()[fold] for fold, rows in baselines.result().items()}
+
+    return by_fold
+
+
+def _evaluate_group(
+    programs: GroupPrograms,
+    evaluate_all: Callable[..., Any],
+    state: TrainState,
+    keys: RunKeys,
+    halted_epoch: dict[int, int],
+    learners: int,
+) -> RunOutputs:
+    """The trained runs' greedy test-window pass and what judging reads of their state, on the
+    host, without the padding."""
+    rollouts = evaluate_all(
+        state, programs.local_fold, keys.evaluation, programs.place.shared(programs.test)
+    )
+    learner = state.learner
+    network = policy_bundle.Network(learner.params, learner.masks, learner.sn_u)
+    host = jax.device_get((rollouts, learner.guard, learner.step, state.iteration, network))
+    rollouts, guard, steps, iterations, network = jax.tree.map(
+        lambda x: np.asarray(x)[:learners], host
+    )
+    return RunOutputs(
+        rollouts=rollouts,
+        guard=guard,
+        learner_steps=steps,
+        iterations=iterations,
+        halted_epoch=np.asarray([halted_epoch.get(r, -1) for r in range(learners)], np.int32),
+        network=network,
+    )
 
 
 def _abstract(tree: Any) -> Any:
@@ -534,60 +731,47 @@ def _abstract(tree: Any) -> Any:
 
 def _train_group(
     cfg: Config,
-    program: TrainProgram,
+    programs: GroupPrograms,
     state: TrainState,
-    local_fold: jax.Array,
-    train: FoldData,
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
     chunk_all: Callable[..., Any],
-    place: placement.Placement,
+    processes: Processes,
     *,
     group_index: int,
     fold_ids: list[int],
-    run_ids: list[tuple[int, int]],
+    wave: list[tuple[int, int]],
     debug: bool,
     progress: bool,
     log: Callable[[str], None],
 ) -> tuple[TrainState, dict[int, int]]:
-    """Every epoch of a group from its initial (or last checkpointed) state, checkpointed per
-    epoch and at a SIGTERM's chunk boundary (steps count chunks done); returns the trained
-    state and the epoch at which each halted run halted."""
-    checkpoints = (
-        Checkpointer(run.checkpoint_dir / f"group{group_index}") if cfg.output.checkpoints else None
-    )
+    """Every epoch of this process's share of a group, from its initial (or last checkpointed)
+    state, checkpointed per epoch and at a SIGTERM's chunk boundary (steps count chunks done);
+    returns the trained state and the epoch at which each halted run halted (by this process's
+    run index). Process 0 logs the metrics of the whole wave, gathered each chunk."""
+    program, local_fold, train = programs.program, programs.local_fold, programs.train
+    run_ids = processes.share(wave)
+    checkpoints = GroupCheckpoints(cfg, run, group_index, programs, processes, len(wave))
     start_epoch, start_chunk, halted_epoch = 0, 0, {}
-    param_layout = program.learner.layout.record()  # saved with, and checked against, each one
-    if checkpoints is not None and checkpoints.latest_step() is not None:
-        restored, meta, _ = checkpoints.restore_intact(place.real(state), log)  # no padding
-        state = place.learner_arrays(restored)
-        check_param_layout(meta, param_layout, run.checkpoint_dir / f"group{group_index}")
+    resumed = checkpoints.resume(state, log)
+    if resumed is not None:
+        state, meta = resumed
         start_epoch = int(meta["epochs_done"])
         start_chunk = int(meta.get("chunks_done", 0))  # > 0: saved mid-epoch, at a SIGTERM
-        halted_epoch = {int(k): v for k, v in meta["halted_epoch"].items()}
+        halted_epoch = meta["halted_epoch"]
         within = f", chunk {start_chunk} of epoch {start_epoch + 1}" if start_chunk else ""
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}{within}")
-    metrics_log = MetricsLog(run, cfg, run_ids, group_index, start_epoch, writes, start_chunk)
-
-    def checkpoint(epochs_done: int, chunks_done: int) -> None:
-        # Numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends.
-        assert checkpoints is not None
-        meta = {
-            "epochs_done": epochs_done,
-            "halted_epoch": {str(k): v for k, v in halted_epoch.items()},
-            "param_layout": param_layout,
-        }
-        if chunks_done:
-            meta["chunks_done"] = chunks_done
-        step = epochs_done * program.chunks_per_epoch + chunks_done
-        checkpoints.save(step, place.real(state), meta)  # stored without the padding
-
+    metrics_log = (
+        MetricsLog(run, cfg, wave, group_index, start_epoch, writes, start_chunk)
+        if processes.writer
+        else None
+    )
     # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
     later_imports = [
         module
         for module, needed in (
             (TENSORBOARD, cfg.output.tensorboard),
-            (ORBAX, checkpoints is not None),
+            (ORBAX, checkpoints.enabled),
         )
         if needed
     ]
@@ -614,7 +798,11 @@ def _train_group(
                         # writer thread imports what the metrics and the checkpoint need.
                         writes.prefetch(later_imports)
                     error, (state, chunk_metrics) = result if debug else (None, result)
-                    summary = metrics_log.add(epoch, chunk, state, chunk_metrics)
+                    record = _chunk_record(state, chunk_metrics, len(run_ids))
+                    steps, metrics = processes.gather(record, len(wave))  # the whole wave's
+                    summary = (
+                        {} if metrics_log is None else metrics_log.add(epoch, chunk, steps, metrics)
+                    )
                     if error is not None:  # fetched once per chunk, with the chunk's metrics
                         debug_mode.raise_if_failed(
                             error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
@@ -628,22 +816,107 @@ def _train_group(
                             refresh=False,
                         )
                         bar.update(1)
-                    if boundaries.requested and chunk + 1 < program.chunks_per_epoch:
-                        if checkpoints is not None:
-                            checkpoint(epoch, chunk + 1)
+                    # Every process stops at the chunk where any of them saw a SIGTERM (a
+                    # checkpoint gathers from all of them).
+                    stop = processes.any_of(boundaries.requested)
+                    if stop and chunk + 1 < program.chunks_per_epoch:
+                        checkpoints.save(epoch, chunk + 1, state, halted_epoch)
                         raise termination.Terminated
-                if checkpoints is not None:
-                    checkpoint(epoch + 1, 0)
-                if boundaries.requested:
+                checkpoints.save(epoch + 1, 0, state, halted_epoch)
+                if processes.any_of(boundaries.requested):
                     raise termination.Terminated
         completed = True
     finally:  # also on failure: no thread or file left open behind the one-line error
         if bar is not None:
             bar.close()
-        metrics_log.close(write_plots=completed)
-        if checkpoints is not None:
-            checkpoints.close()
+        if metrics_log is not None:
+            metrics_log.close(write_plots=completed)
+        checkpoints.close()
     return state, halted_epoch
+
+
+class GroupCheckpoints:
+    """A group's checkpoints, in the one-process run's form whatever the process count: the
+    whole wave's state on the host without padding, gathered from every process's share and
+    written by process 0 (orbax writes numpy arrays from process 0 only, its NumpyHandler);
+    a resume reads it there and hands each process its share (``jdqn.processes``)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        run: rundir.RunDir,
+        group_index: int,
+        programs: GroupPrograms,
+        processes: Processes,
+        learners: int,
+    ) -> None:
+        self.enabled = cfg.output.checkpoints
+        self._directory = run.checkpoint_dir / f"group{group_index}"
+        self._store = Checkpointer(self._directory) if self.enabled and processes.writer else None
+        self._place, self._processes, self._learners = programs.place, processes, learners
+        self._indices = processes.share(list(range(learners)))  # this process's runs in the wave
+        self._chunks_per_epoch = programs.program.chunks_per_epoch
+        self._param_layout = programs.program.learner.layout.record()  # saved with each one
+
+    def resume(
+        self, state: TrainState, log: Callable[[str], None]
+    ) -> tuple[TrainState, dict[str, Any]] | None:
+        """The newest intact checkpoint's share of the state, placed as ``state`` is, and its
+        metadata (``halted_epoch`` by this process's run index); None without one."""
+        found = self._store is not None and self._store.latest_step() is not None
+        if not self.enabled or not self._processes.broadcast_flag(found):
+            return None
+        whole = self._whole(state)
+        meta: dict[str, Any] = {}
+        if self._store is not None:
+            whole, meta, _ = self._store.restore_intact(whole, log)
+            check_param_layout(meta, self._param_layout, self._directory)
+        whole = self._processes.broadcast(whole)
+        meta = json.loads(self._processes.broadcast_text(json.dumps(meta)))
+        halted = meta["halted_epoch"]
+        meta["halted_epoch"] = {
+            r: halted[str(g)] for r, g in enumerate(self._indices) if str(g) in halted
+        }
+        share = jax.tree.map(lambda x: np.asarray(x)[self._indices], whole)
+        return self._place.learner_arrays(share), meta
+
+    def save(
+        self, epochs_done: int, chunks_done: int, state: TrainState, halted_epoch: dict[int, int]
+    ) -> None:
+        """Checkpoint after ``epochs_done`` epochs and ``chunks_done`` chunks of the next one
+        (numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends); every
+        process calls it."""
+        if not self.enabled:
+            return
+        whole = self._whole(state)
+        local = np.asarray([halted_epoch.get(r, -1) for r in range(len(self._indices))])
+        halted = self._processes.gather(local, self._learners)
+        if self._store is None:
+            return
+        meta: dict[str, Any] = {
+            "epochs_done": epochs_done,
+            "halted_epoch": {str(g): int(e) for g, e in enumerate(halted) if e >= 0},
+            "param_layout": self._param_layout,
+        }
+        if chunks_done:
+            meta["chunks_done"] = chunks_done
+        step = epochs_done * self._chunks_per_epoch + chunks_done
+        self._store.save(step, whole, meta)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def _whole(self, state: TrainState) -> Any:
+        """The wave's state on the host, without padding: the one-process run's."""
+        share = jax.tree.map(lambda x: np.asarray(x)[: len(self._indices)], self._place.real(state))
+        return self._processes.gather(share, self._learners)
+
+
+def _chunk_record(state: TrainState, chunk_metrics: Any, learners: int) -> tuple[Any, Any]:
+    """A chunk's learner steps [R] and metrics [R, L] on the host, without the padding."""
+    host = jax.device_get((state.learner.step, chunk_metrics))
+    return jax.tree.map(lambda x: np.asarray(x)[:learners], host)
 
 
 def check_param_layout(meta: dict[str, Any], expected: list[list[Any]], directory: Path) -> None:
@@ -721,19 +994,17 @@ def _extra_baselines(
 def _judge_group(
     cfg: Config,
     data: WalkForwardData,
-    state: TrainState,
-    rollouts: Any,
+    outputs: RunOutputs,
     run_ids: list[tuple[int, int]],
     run: rundir.RunDir,
     writes: report.BackgroundWrites,
-    halted_epoch: dict[int, int],
     baselines_by_fold: dict[int, dict[str, Any]],
     series: list[stats.RunSeries],
 ) -> list[dict[str, Any]]:
     """Each run's result row from its test-window rollout, with its fold's baselines; the
     equity CSVs and plots are handed to the writer thread; each run's per-bar net PnL is added
     to ``series``."""
-    guard = jax.device_get(state.learner.guard)
+    guard, rollouts = outputs.guard, outputs.rollouts
     days_per_year = CALENDARS[cfg.data.calendar].trading_days_per_year
     rows: list[dict[str, Any]] = []
     for r, (fold, seed) in enumerate(run_ids):
@@ -746,7 +1017,8 @@ def _judge_group(
         if bool(guard.halted[r]):
             reason = GUARD_REASONS[int(guard.reason[r])]
             status = (
-                f"halted: {reason} at epoch {halted_epoch.get(r, 0) + 1} step {int(guard.step[r])}"
+                f"halted: {reason} at epoch {max(int(outputs.halted_epoch[r]), 0) + 1} "
+                f"step {int(guard.step[r])}"
             )
             agent = None
         else:
@@ -798,8 +1070,8 @@ def _judge_group(
                     for name, b in baselines.items()
                 },
                 "training": {
-                    "learner_steps": int(np.asarray(state.learner.step)[r]),
-                    "iterations": int(np.asarray(state.iteration)[r]),
+                    "learner_steps": int(outputs.learner_steps[r]),
+                    "iterations": int(outputs.iterations[r]),
                 },
             }
         )

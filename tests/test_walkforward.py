@@ -598,8 +598,7 @@ def test_a_chunk_row_averages_the_causal_kl_over_its_due_steps_only(tmp_path):
         epsilon=zeros,
         reward_mean=zeros,
     )
-    state = SimpleNamespace(learner=SimpleNamespace(step=np.array([4, 4])))
-    log.add(0, 0, state, chunk)
+    log.add(0, 0, np.array([4, 4]), chunk)
     log.close(write_plots=False)
     rows = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     assert [row["loss_causal"] for row in rows] == [pytest.approx(0.3), None]

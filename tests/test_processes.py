@@ -1,0 +1,217 @@
+"""Runs of several processes (jdqn.processes): the shares, the flags, the refusals, and a
+two-process ``jax.distributed`` run on localhost against the one-process run."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from es_sample import ES_SAMPLE
+from tiny_learner import TINY
+
+from jdqn import processes as processes_module
+from jdqn.cli import EXIT_USER_ERROR, main
+from jdqn.processes import ProcessError, Processes, launched_by, start
+
+
+def test_each_process_takes_a_contiguous_share_padded_with_the_last_run():
+    runs = ["a", "b", "c"]
+    assert Processes(2, 0).share(runs) == ["a", "b"]
+    assert Processes(2, 1).share(runs) == ["c", "c"]  # the copy's results are dropped
+    assert [Processes(3, i).share(list(range(7))) for i in range(3)] == [
+        [0, 1, 2],
+        [3, 4, 5],
+        [6, 6, 6],
+    ]
+    assert Processes().share(runs) == runs
+    tree = {"x": np.arange(3)}
+    assert Processes().gather(tree, 3) is tree  # one process: no collective
+
+
+def test_only_a_launch_of_several_processes_counts_as_a_cluster():
+    assert launched_by({"SLURM_NTASKS": "4"}) == "SLURM"
+    assert launched_by({"OMPI_COMM_WORLD_SIZE": "2"}) == "Open MPI"
+    assert launched_by({"SLURM_NTASKS": "1", "OMPI_COMM_WORLD_SIZE": "1"}) is None
+    assert launched_by({}) is None
+
+
+def test_without_flags_or_a_cluster_this_process_is_the_only_one(monkeypatch):
+    for variable in processes_module.CLUSTER_SIZES.values():
+        monkeypatch.delenv(variable, raising=False)
+    lines: list[str] = []
+    assert start(None, None, None, lines.append) == Processes()
+    assert start("127.0.0.1:1", 1, 0, lines.append) == Processes()  # one process: no service
+    assert lines == []
+    with pytest.raises(ProcessError, match="fix: pass all three"):
+        start("127.0.0.1:1", None, 0, lines.append)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--coordinator", "127.0.0.1:1"],
+            "--coordinator without --num-processes, --process-id; fix: pass all three",
+        ),
+        (
+            ["--num-processes", "2", "--process-id", "0"],
+            "--num-processes, --process-id without --coordinator; fix: pass all three",
+        ),
+        (
+            ["--coordinator", "127.0.0.1:1", "--num-processes", "2", "--process-id", "2"],
+            "--num-processes 2 --process-id 2: fix: pass N >= 1 and I from 0 to N - 1",
+        ),
+        (
+            ["--coordinator", "localhost", "--num-processes", "2", "--process-id", "0"],
+            "--coordinator localhost: fix: pass HOST:PORT",
+        ),
+    ],
+)
+def test_incomplete_or_impossible_process_flags_are_a_one_line_error(
+    tmp_path, capsys, flags, message
+):
+    code = main(["walkforward", "--out", str(tmp_path), *flags])
+    assert code == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err.startswith(f"jdqn: error: {message}") and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())  # nothing written, nothing started
+
+
+def test_resuming_with_another_process_count_is_a_one_line_error(tmp_path, capsys):
+    run = tmp_path / "run.incomplete"
+    run.mkdir()
+    Processes(2, 0).record(run)
+    assert main(["walkforward", "--resume", str(run)]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert err == (
+        f"jdqn: error: --resume {run}: the run was started by 2 process(es) and this launch "
+        "has 1; fix: resume with --num-processes 2\n"
+    )
+    assert {p.name for p in run.iterdir()} == {".lock", "processes.json"}  # nothing more
+
+
+# The command in a child process. With --process-id it is stopped (as by a Ctrl-C) once the
+# first epoch's checkpoint is written, on every process, and resumed in the same processes (one
+# start-up each, jax.distributed initialised once).
+_CHILD = """
+import sys
+from jdqn import walkforward
+from jdqn.cli import main
+
+argv = sys.argv[1:]
+if "--process-id" in argv:
+    save = walkforward.GroupCheckpoints.save
+
+    def save_then_stop(self, *args):
+        save(self, *args)
+        self.close()
+        raise KeyboardInterrupt
+
+    walkforward.GroupCheckpoints.save = save_then_stop
+    assert main(argv) == 130
+    walkforward.GroupCheckpoints.save = save
+    stopped = argv[argv.index("--out") + 1] + "/two.incomplete"
+    walkforward.run_walkforward(None, resume=stopped, progress=False, log=print)
+    sys.exit(0)
+sys.exit(main(argv))
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _launch(argv: list[str], processes: int) -> list[subprocess.CompletedProcess]:
+    """The command in ``processes`` child processes on localhost; waits for all of them."""
+    flags: list[list[str]] = [[]]
+    if processes > 1:
+        coordinator = f"127.0.0.1:{_free_port()}"
+        flags = [
+            [
+                "--coordinator",
+                coordinator,
+                "--num-processes",
+                str(processes),
+                "--process-id",
+                str(i),
+            ]
+            for i in range(processes)
+        ]
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, *argv, *extra],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for extra in flags
+    ]
+    done = []
+    for child in children:
+        out, err = child.communicate(timeout=600)
+        done.append(subprocess.CompletedProcess(child.args, child.returncode, out, err))
+    return done
+
+
+def _states(directory: Path) -> list[np.ndarray]:
+    import orbax.checkpoint as ocp
+
+    manager = ocp.CheckpointManager(directory.absolute())
+    restored = manager.restore(
+        manager.latest_step(),
+        args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
+    )
+    manager.close()
+    return [np.asarray(leaf) for leaf in jax.tree.leaves(restored.state)]
+
+
+@pytest.mark.slow
+def test_two_processes_stopped_and_resumed_equal_the_one_process_run(tmp_path):
+    """1 fold x 3 seeds: process 0 trains seeds 0 and 1, process 1 seed 2 and a padding copy.
+    Stopped after the first epoch's checkpoint and resumed by the two processes, the run equals
+    the one-process run bit for bit on CPU: results.json's folds and summary, metrics.jsonl and
+    the checkpointed states (each learner's computation is the same; only the vmap's width
+    differs)."""
+    argv = ["walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "-q"]
+    argv += ["--folds", "1", "--seeds", "3", "--epochs", "2"]
+    for item in (
+        *TINY,
+        "walkforward.train_bars=400",
+        "walkforward.test_bars=200",
+        "output.plots=false",
+        "output.tensorboard=false",
+    ):
+        argv += ["--set", item]
+    (one,) = _launch([*argv, "--name", "one"], processes=1)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = _launch([*argv, "--name", "two"], processes=2)
+    assert [c.returncode for c in two] == [0, 0], two[0].stderr[-3000:] + two[1].stderr[-3000:]
+    assert "jdqn: resumed group 0 after epoch 1\n" in two[0].stdout  # process 0 logs
+    assert "jdqn:" not in two[1].stdout  # the others do not
+    results = [json.loads((tmp_path / n / "results.json").read_text()) for n in ("one", "two")]
+    assert len(results[0]["folds"]) == 3
+    assert [r["seed"] for r in results[1]["folds"]] == [0, 1, 2]
+    assert results[1]["folds"] == results[0]["folds"]
+    assert results[1]["summary"] == results[0]["summary"]
+    metrics = [(tmp_path / n / "metrics.jsonl").read_text() for n in ("one", "two")]
+    assert metrics[1] == metrics[0]
+    states = [_states(tmp_path / n / "checkpoints" / "group0") for n in ("one", "two")]
+    assert len(states[0]) == len(states[1])
+    for a, b in zip(*states, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # Process 0 wrote the run directory: the one-process run's files and the process count.
+    files = [
+        {str(p.relative_to(tmp_path / n)) for p in (tmp_path / n).rglob("*") if p.is_file()}
+        for n in ("one", "two")
+    ]
+    outside = {f for f in files[0] ^ files[1] if not f.startswith("checkpoints/")}
+    assert outside == {"processes.json"}
+    assert json.loads((tmp_path / "two" / "processes.json").read_text()) == {"processes": 2}
