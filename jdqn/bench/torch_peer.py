@@ -75,6 +75,8 @@ class TorchPeer:
 
         if cfg.network.n_heads != 1:
             raise ValueError("TorchPeer: network.n_heads must be 1 (the peer has no ensemble)")
+        if cfg.loss.n_step != 1:
+            raise ValueError("TorchPeer: loss.n_step must be 1 (the peer has one-step targets)")
         self.torch = torch
         self.cfg = cfg
         self.device = torch.device(device)
