@@ -251,7 +251,12 @@ class TrainProgram:
 
         def rest_of_slice(state: LearnerState) -> LearnerState:
             tails = nstep.flushed(window, positions, gamma, min(n, per_epoch))
-            return self.learner.insert(state, tails)
+            # n x S rows can exceed the buffer: ring inserts of at most its capacity each
+            capacity, rows = self.cfg.replay.capacity, tails.reward.shape[0]
+            for start in range(0, rows, capacity):
+                part = jax.tree.map(lambda leaf, s=start: leaf[s : s + capacity], tails)
+                state = self.learner.insert(state, part)
+            return state
 
         branch = jnp.where(offset == per_epoch - 1, 2, jnp.where(offset >= n - 1, 1, 0))
         return jax.lax.switch(branch, (nothing, oldest, rest_of_slice), learner_state)

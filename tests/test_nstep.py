@@ -127,7 +127,7 @@ def _counting_step(state, alpha, beta, clock=None):
 
 
 @functools.cache
-def _trained(n, bootstrap_end):
+def _trained(n, bootstrap_end, capacity=32):
     """Two epochs of the training program over made-up bars (trains from the first epoch's
     end), with a counting learner step; its config, fold and final state."""
     cfg = apply_overrides(
@@ -136,7 +136,7 @@ def _trained(n, bootstrap_end):
             *TINY,
             "train.n_slices=2",
             "train.epochs=2",
-            "replay.capacity=32",  # holds both epochs' 20 transitions
+            f"replay.capacity={capacity}",  # 32 holds both epochs' 20 transitions
             "train.chunk_iterations=3",
             f"train.bootstrap_slice_ends={bootstrap_end}",
             f"loss.n_step={n}",
@@ -231,6 +231,19 @@ def test_stored_transitions_and_batch_targets_match_a_float64_loop(n, bootstrap_
     first = first_training_iteration(cfg.train, n, steps)
     np.testing.assert_array_equal(trained, np.arange(trained.size) >= first)
     assert int(state.learner.step) == trained.sum() > 0
+
+
+def test_a_slice_end_beyond_the_buffers_capacity_is_inserted_in_ring_order():
+    """n = 7 over slices of 5 steps inserts 10 rows at each slice end into a buffer of 8 (in
+    chunks of at most its capacity): the newest 8 rows, bars 1-4 of the second epoch, stay."""
+    cfg, program, _, state, _ = _trained(7, False, capacity=8)
+    replay = state.learner.replay
+    assert int(replay.inserted) == 20 and int(replay.size) == 8
+    slots = np.arange(12, 20) % 8  # insertion order of the newest 8
+    bars = (np.arange(12, 20) - 10) // cfg.train.n_slices  # bar of each in its slice
+    steps_left = program.iterations_per_epoch - bars
+    np.testing.assert_array_equal(np.asarray(replay.transitions.n_step.steps)[slots], steps_left)
+    np.testing.assert_array_equal(np.asarray(replay.transitions.n_step.done)[slots], 1.0)
 
 
 def test_a_learner_step_at_n3_bootstraps_with_gamma_to_the_m(monkeypatch):
