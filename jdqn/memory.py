@@ -89,11 +89,15 @@ def estimate(
     train, wf = cfg.train, cfg.walkforward
     params = n_params(cfg, f + 1)
     # Per learner: online and target params, masks, Adam's two moments; u; the replay ring
-    # (features and next features, 5 scalars, a priority per slot); the slices' positions.
+    # (features and next features, 5 scalars, a priority per slot; at loss.n_step > 1 the
+    # n-step return's next features and 4 scalars, and n - 1 pending steps per slice); the
+    # slices' positions.
+    n_step_row = f + 4 if cfg.loss.n_step > 1 else 0
     state = (
         5 * params
         + sum(cfg.network.hidden)
-        + cfg.replay.capacity * (2 * f + 6)
+        + cfg.replay.capacity * (2 * f + 6 + n_step_row)
+        + (cfg.loss.n_step - 1) * train.n_slices * (2 * f + 5)
         + 2 * train.n_slices
         + 64  # counters, keys, guard record, scalars
     ) * F32

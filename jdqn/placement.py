@@ -176,10 +176,14 @@ def estimate_state_bytes(cfg: Config, n_features: int) -> int:
     f32 = 4
     capacity = cfg.replay.capacity
     transition = 2 * n_features + 5  # features, next features and 5 scalars (jdqn.transition)
+    if cfg.loss.n_step > 1:
+        transition += n_features + 4  # the n-step return's next features and 4 scalars
     replay = capacity * (transition + 1) * f32 + 16  # a priority per slot; 4 scalars
     vectors = 5 * param_count(cfg, n_features) * f32  # params, target, masks, mu, nu
     torso_u = sum(cfg.network.hidden) * f32
     slices = cfg.train.n_slices * 2 * f32  # each slice's bar and position
+    # each slice's pending one-step transitions awaiting their n-step returns (jdqn.nstep)
+    slices += (cfg.loss.n_step - 1) * cfg.train.n_slices * (2 * n_features + 5) * f32
     scalars = 4 * 16  # step, keys, guard, phi_hat, Adam's count, tail bounds, iteration
     return replay + vectors + torso_u + slices + scalars
 

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jdqn import env as trading_env
+from jdqn import nstep
 from jdqn.config import Config, TrainConfig
 from jdqn.evaluate import Rollout, greedy_policy, rollout
 from jdqn.learner import (
@@ -29,7 +30,7 @@ from jdqn.learner import (
     pack_metrics,
     unpack_metrics,
 )
-from jdqn.transition import observation
+from jdqn.transition import Transition, observation
 
 
 class FoldData(NamedTuple):
@@ -47,6 +48,9 @@ class TrainState:
     env: trading_env.EnvState  # leaves [S], one per slice
     key: jax.Array  # [2] uint32, acting key (the learner has its own)
     iteration: jax.Array  # [] int32, iterations done since the start of training
+    # each slice's last n - 1 one-step transitions, leaves [n - 1, S, ...], awaiting their
+    # n-step returns (jdqn.nstep); None at loss.n_step=1
+    pending: Transition | None = None
 
 
 class IterationMetrics(NamedTuple):
@@ -68,6 +72,8 @@ class TrainProgram:
     iterations_per_epoch: int
     chunk_length: int
     chunks_per_epoch: int
+    n_features: int
+    first_training: int  # the first iteration whose insert leaves a batch in the buffer
 
     @property
     def total_iterations(self) -> int:
@@ -78,11 +84,17 @@ class TrainProgram:
         learner_key, env_key, act_key = jax.random.split(key, 3)
         params = _slice_params(self.cfg, fold)
         _, env_state = trading_env.reset_slices(env_key, params, self.cfg.train.n_slices)
+        n_step = self.cfg.loss.n_step
         return TrainState(
             learner=self.learner.init(learner_key),
             env=env_state,
             key=act_key,
             iteration=jnp.zeros((), jnp.int32),
+            pending=(
+                nstep.init_pending(n_step, self.cfg.train.n_slices, self.n_features)
+                if n_step > 1
+                else None
+            ),
         )
 
     def run_chunk(
@@ -156,14 +168,20 @@ class TrainProgram:
         if cfg.train.bootstrap_slice_ends:
             # The next bar's features are real (t+1 < end), so the bootstrap is well defined.
             transition = transition._replace(done=jnp.zeros_like(transition.done))
-        learner_state = self.learner.insert(state.learner, transition)
+        pending = state.pending
+        if pending is None:  # loss.n_step == 1
+            learner_state = self.learner.insert(state.learner, transition)
+        else:
+            window = nstep.append(pending, transition)  # [n, S, ...]
+            learner_state = self._insert_n_step(state.learner, window, params.positions, index)
+            pending = nstep.pending_after(window)
 
         beta = cfg.replay.beta_start + (1.0 - cfg.replay.beta_start) * progress
         # From the unbatched index, not the (batched) replay size: the learner gets its step
         # counter unbatched, so its own schedules can take real branches under vmap (its
         # `clock`), and so can the choice below whether to train at all.
-        ready, steps_before = learner_schedule(index, cfg.train)
-        statically_ready = cfg.train.train_every == 1 and cfg.train.n_slices >= cfg.train.batch_size
+        ready, steps_before = learner_schedule(index, cfg.train, self.first_training)
+        statically_ready = cfg.train.train_every == 1 and self.first_training == 0
 
         def train(learner_state: LearnerState) -> tuple[LearnerState, LearnerMetrics]:
             def update(carry: LearnerState, u: jax.Array) -> tuple[LearnerState, jax.Array]:
@@ -196,7 +214,11 @@ class TrainProgram:
             # Most iterations skip the learner: a real branch (the predicate is unbatched).
             learner_state, learner_metrics = jax.lax.cond(ready, train, skip, learner_state)
         new_state = TrainState(
-            learner=learner_state, env=env_state, key=key, iteration=state.iteration + 1
+            learner=learner_state,
+            env=env_state,
+            key=key,
+            iteration=state.iteration + 1,
+            pending=pending,
         )
         return new_state, IterationMetrics(
             learner=learner_metrics,
@@ -205,6 +227,39 @@ class TrainProgram:
             epsilon=epsilon,
             reward_mean=jnp.mean(reward),
         )
+
+    def _insert_n_step(
+        self,
+        learner_state: LearnerState,
+        window: Transition,
+        positions: jax.Array,
+        index: jax.Array,
+    ) -> LearnerState:
+        """Insert the n-step transitions that ``window`` (each slice's last n one-step
+        transitions) completes at iteration ``index``: none while the epoch's first window fills,
+        the oldest step's from then on, and at the epoch's last iteration, where every slice
+        ends, each remaining step's with the steps left (docs/design.md §5, step 4)."""
+        n, gamma = self.cfg.loss.n_step, self.cfg.loss.gamma
+        per_epoch = self.iterations_per_epoch
+        offset = index % per_epoch  # unbatched: the switch below stays a real branch
+
+        def nothing(state: LearnerState) -> LearnerState:
+            return state
+
+        def oldest(state: LearnerState) -> LearnerState:
+            return self.learner.insert(state, nstep.completed(window, positions, gamma))
+
+        def rest_of_slice(state: LearnerState) -> LearnerState:
+            tails = nstep.flushed(window, positions, gamma, min(n, per_epoch))
+            # n x S rows can exceed the buffer: ring inserts of at most its capacity each
+            capacity, rows = self.cfg.replay.capacity, tails.reward.shape[0]
+            for start in range(0, rows, capacity):
+                part = jax.tree.map(lambda leaf, s=start: leaf[s : s + capacity], tails)
+                state = self.learner.insert(state, part)
+            return state
+
+        branch = jnp.where(offset == per_epoch - 1, 2, jnp.where(offset >= n - 1, 1, 0))
+        return jax.lax.switch(branch, (nothing, oldest, rest_of_slice), learner_state)
 
     def evaluate(self, state: TrainState, fold: FoldData, key: jax.Array) -> Rollout:
         """Greedy pass of the trained agent over a test window, with costs (docs/design.md §8)."""
@@ -227,17 +282,34 @@ class TrainProgram:
         return state, history
 
 
-def learner_schedule(index: jax.Array, train: TrainConfig) -> tuple[jax.Array, jax.Array]:
+def first_training_iteration(train: TrainConfig, n_step: int, iterations_per_epoch: int) -> int:
+    """The first iteration (0-based, since the start of training) after whose insert the buffer
+    holds ``batch_size`` transitions. At ``n_step`` 1 every iteration inserts ``n_slices``; at
+    n > 1 an epoch's inserts per slice follow ``nstep.inserts_in_epoch``, still
+    ``iterations_per_epoch`` in all. The buffer never shrinks below ``batch_size`` again (the
+    config requires ``replay.capacity >= train.batch_size``)."""
+    per_epoch = iterations_per_epoch * train.n_slices
+    epochs_before = (train.batch_size - 1) // per_epoch
+    left = train.batch_size - epochs_before * per_epoch  # in [1, per_epoch]
+    per_slice = -(-left // train.n_slices)
+    offset = min(n_step - 2 + per_slice, iterations_per_epoch - 1)
+    return epochs_before * iterations_per_epoch + offset
+
+
+def learner_schedule(
+    index: jax.Array, train: TrainConfig, first: int | None = None
+) -> tuple[jax.Array, jax.Array]:
     """Whether iteration ``index`` (0-based, since the start of training) trains the learner,
     and how many learner steps ran before it, from the index alone.
 
-    Every iteration inserts ``n_slices`` transitions, so after iteration ``i``'s insert the
-    buffer holds ``min((i + 1) n_slices, capacity)``, which reaches ``batch_size`` exactly when
-    ``(i + 1) n_slices`` does (the config requires ``replay.capacity >= train.batch_size``).
-    From then on every ``train_every``-th iteration trains, ``updates_per_iteration`` learner
-    steps each (docs/design.md §7)."""
+    Training starts at ``first`` (default: the one-step trainer's, where every iteration
+    inserts ``n_slices`` transitions, so after iteration ``i``'s insert the buffer holds
+    ``min((i + 1) n_slices, capacity)``; see :func:`first_training_iteration`). From then on
+    every ``train_every``-th iteration trains, ``updates_per_iteration`` learner steps each
+    (docs/design.md §7)."""
     every = train.train_every
-    first = -(-train.batch_size // train.n_slices) - 1  # its insert fills the first batch
+    if first is None:
+        first = -(-train.batch_size // train.n_slices) - 1  # its insert fills the first batch
 
     def multiples_below(m: Any) -> Any:  # multiples of `every` in [0, m), m >= 0
         return (m + every - 1) // every
@@ -298,4 +370,6 @@ def make_train(
         iterations_per_epoch=iterations,
         chunk_length=chunk_length,
         chunks_per_epoch=math.ceil(iterations / chunk_length),
+        n_features=n_features,
+        first_training=first_training_iteration(cfg.train, cfg.loss.n_step, iterations),
     )

@@ -8,12 +8,27 @@ import jax
 import jax.numpy as jnp
 
 
+class NStepReturn(NamedTuple):
+    """What the target of a stored transition bootstraps from when ``loss.n_step`` > 1
+    (Sutton & Barto, ch. 7): the discounted rewards of the ``m`` steps from bar t, with
+    ``m = n_step`` or fewer where the slice ends first, and the state at bar t+m."""
+
+    reward: jax.Array  # [] float32, sum_{k<m} gamma^k r_(t+k)
+    next_features: jax.Array  # [F] float32, features at bar t+m
+    next_position: jax.Array  # [] float32, position the behaviour policy held at bar t+m
+    done: jax.Array  # [] float32, 1.0 when there is no bootstrap from bar t+m
+    steps: jax.Array  # [] int32, m in [1, n_step]; the target's discount is gamma^m (1 - done)
+
+
 class Transition(NamedTuple):
     """One environment step of one slice. Leaves gain leading batch axes ([B, ...], [C, ...]).
 
     The observation at bar t is ``concat(features[t], position_held)``. Storing the price change
     and the position held before acting (rather than only the reward) is what lets HER donors
     recompute the reward of every other action at the same bar: trading has no market impact.
+    The first seven fields describe the one step from bar t, which is what donors relabel;
+    ``n_step`` is ``None`` at ``loss.n_step=1`` (the stored form is then unchanged) and else the
+    n-step return the sampled row's target uses (``jdqn.nstep``).
     """
 
     features: jax.Array  # [F] float32, features at bar t (computed from bars <= t)
@@ -23,6 +38,7 @@ class Transition(NamedTuple):
     next_features: jax.Array  # [F] float32, features at bar t+1
     price_change: jax.Array  # [] float32, close[t+1] - close[t], index points
     done: jax.Array  # [] float32, 1.0 when bar t+1 ends the slice (no bootstrap)
+    n_step: NStepReturn | None = None
 
 
 def observation(features: jax.Array, position: jax.Array) -> jax.Array:
@@ -30,8 +46,17 @@ def observation(features: jax.Array, position: jax.Array) -> jax.Array:
     return jnp.concatenate([features, position[..., None].astype(features.dtype)], axis=-1)
 
 
-def example_transition(n_features: int) -> Transition:
+def example_transition(n_features: int, n_step: int = 1) -> Transition:
     """A zero transition with the right shapes and dtypes (for buffer initialisation)."""
+    n_step_return = None
+    if n_step > 1:
+        n_step_return = NStepReturn(
+            reward=jnp.zeros((), jnp.float32),
+            next_features=jnp.zeros((n_features,), jnp.float32),
+            next_position=jnp.zeros((), jnp.float32),
+            done=jnp.zeros((), jnp.float32),
+            steps=jnp.ones((), jnp.int32),
+        )
     return Transition(
         features=jnp.zeros((n_features,), jnp.float32),
         position=jnp.zeros((), jnp.float32),
@@ -40,4 +65,5 @@ def example_transition(n_features: int) -> Transition:
         next_features=jnp.zeros((n_features,), jnp.float32),
         price_change=jnp.zeros((), jnp.float32),
         done=jnp.zeros((), jnp.float32),
+        n_step=n_step_return,
     )

@@ -132,6 +132,12 @@ def test_torch_peer_computes_the_same_losses_and_gradients_as_the_jax_step() -> 
     assert changed.size > 0 and changed.max() < cfg.replay.capacity
 
 
+def test_torch_peer_refuses_n_step_returns() -> None:
+    cfg = apply_overrides(SMOKETEST, ["loss.n_step=3"])
+    with pytest.raises(ValueError, match=r"loss\.n_step must be 1"):
+        torch_peer.TorchPeer(cfg, (), {}, {}, {}, {})
+
+
 def test_torch_peer_reports_unavailable_without_torch() -> None:
     if torch_peer.available():
         pytest.skip("torch is importable here")

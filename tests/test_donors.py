@@ -147,7 +147,7 @@ def test_donor_rows_depend_on_the_key_and_jit_matches_eager():
     a, b = make(jax.random.key(0)), make(jax.random.key(1))
     assert not np.array_equal(a.features, b.features)
     jitted = jax.jit(make)(jax.random.key(0))
-    for x, y in zip(jitted, a, strict=True):
+    for x, y in zip(jax.tree.leaves(jitted), jax.tree.leaves(a), strict=True):
         np.testing.assert_array_equal(x, y)
 
 
@@ -161,7 +161,7 @@ def test_make_donors_vmaps_over_a_seed_axis():
     batched = jax.vmap(make)(keys, stacked)
     for i in range(2):
         single = make(keys[i], batches[i])
-        for x, y in zip(batched, single, strict=True):
+        for x, y in zip(jax.tree.leaves(batched), jax.tree.leaves(single), strict=True):
             np.testing.assert_array_equal(x[i], y)
 
 
@@ -171,7 +171,7 @@ def test_empty_donors(mode, n):
     donors = make_donors(
         jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, mode, n
     )
-    for leaf, ref in zip(donors, batch, strict=True):
+    for leaf, ref in zip(jax.tree.leaves(donors), jax.tree.leaves(batch), strict=True):
         assert leaf.shape == (0, *ref.shape[1:]) and leaf.dtype == ref.dtype
 
 

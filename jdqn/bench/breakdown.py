@@ -34,7 +34,7 @@ from jdqn.config import SMOKETEST, Config, apply_overrides
 from jdqn.learner import Learner, LearnerState, make_learner, pack_metrics
 from jdqn.replay import replay_sample, replay_update
 from jdqn.surgery import gradient_surgery
-from jdqn.transition import Transition
+from jdqn.transition import NStepReturn, Transition
 
 # Synthetic ES features of the smoketest run: 4 returns + 4 range + 1 volume + 6 calendar
 # columns (jdqn.data.features); the calendar group (columns 9..14) is the non-causal one.
@@ -45,7 +45,8 @@ ALPHA, BETA = 0.2, 0.7  # epoch-2 blend: every component (C51 included) on
 
 def random_transitions(key: jax.Array, n: int, n_features: int, cfg: Config) -> Transition:
     """``n`` plausible transitions: normal features, positions/actions on the grid, rewards
-    from price changes with costs (so donors recompute consistent rewards), 2% terminal."""
+    from price changes with costs (so donors recompute consistent rewards), 2% terminal; at
+    ``loss.n_step`` > 1 with n-step returns of 1..n steps."""
     keys = jax.random.split(key, 6)
     positions = jnp.asarray(cfg.env.positions, jnp.float32)
     held = jax.random.randint(keys[0], (n,), 0, len(cfg.env.positions))
@@ -54,6 +55,18 @@ def random_transitions(key: jax.Array, n: int, n_features: int, cfg: Config) -> 
     reward = positions[action] * price_change - cfg.env.cost_points * jnp.abs(
         positions[action] - positions[held]
     )
+    done = (jax.random.uniform(keys[5], (n,)) < 0.02).astype(jnp.float32)
+    n_step = None
+    if cfg.loss.n_step > 1:  # the rows' n-step returns: m steps of rewards like the first one
+        n_keys = jax.random.split(keys[5], 3)
+        steps = jax.random.randint(n_keys[0], (n,), 1, cfg.loss.n_step + 1).astype(jnp.int32)
+        n_step = NStepReturn(
+            reward=(cfg.env.reward_scale * reward * steps).astype(jnp.float32),
+            next_features=jax.random.normal(n_keys[1], (n, n_features), jnp.float32),
+            next_position=positions[jax.random.randint(n_keys[2], (n,), 0, len(cfg.env.positions))],
+            done=done,
+            steps=steps,
+        )
     return Transition(
         features=jax.random.normal(keys[3], (n, n_features), jnp.float32),
         position=positions[held],
@@ -61,7 +74,8 @@ def random_transitions(key: jax.Array, n: int, n_features: int, cfg: Config) -> 
         reward=(cfg.env.reward_scale * reward).astype(jnp.float32),
         next_features=jax.random.normal(keys[4], (n, n_features), jnp.float32),
         price_change=price_change.astype(jnp.float32),
-        done=(jax.random.uniform(keys[5], (n,)) < 0.02).astype(jnp.float32),
+        done=done,
+        n_step=n_step,
     )
 
 

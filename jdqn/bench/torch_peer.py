@@ -71,10 +71,13 @@ class TorchPeer:
         device: str = "cpu",
         seed: int = 0,
     ) -> None:
-        import torch
-
+        # Settings the peer does not implement are refused before torch is needed.
         if cfg.network.n_heads != 1:
             raise ValueError("TorchPeer: network.n_heads must be 1 (the peer has no ensemble)")
+        if cfg.loss.n_step != 1:
+            raise ValueError("TorchPeer: loss.n_step must be 1 (the peer has one-step targets)")
+        import torch
+
         self.torch = torch
         self.cfg = cfg
         self.device = torch.device(device)

@@ -205,6 +205,10 @@ class LossConfig:
     """Blended MSE/C51 loss and gradient surgery (docs/design.md §5)."""
 
     gamma: float = 0.9  # discount factor
+    # steps n of the n-step return the target bootstraps after (Sutton & Barto ch. 7; Rainbow
+    # uses 3): r_t + ... + gamma^(m-1) r_(t+m-1) + gamma^m Q(s_(t+m)), m = n or fewer at a
+    # slice's end; 1 = one-step TD. HER donors stay one-step
+    n_step: int = 1
     alpha_schedule: tuple[float, ...] = (0.0, 0.2)  # C51 weight per epoch; last value repeats
     label_smoothing: float = 0.01  # eps of (1 - eps) m + eps / N on the C51 target
     huber_delta: float | None = None  # None = squared error; else Huber on the scaled error
@@ -230,6 +234,11 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         _require(0 <= self.gamma < 1, "loss.gamma", "must be in [0, 1)")
+        _require(
+            isinstance(self.n_step, int) and not isinstance(self.n_step, bool) and self.n_step >= 1,
+            "loss.n_step",
+            f"must be an integer >= 1 (1 = one-step TD, 3 as in Rainbow); got {self.n_step!r}",
+        )
         _require(len(self.alpha_schedule) > 0, "loss.alpha_schedule", "give one value per epoch")
         _require(
             all(0 <= a <= 1 for a in self.alpha_schedule),

@@ -11,19 +11,25 @@ import jax.numpy as jnp
 from jdqn import networks
 from jdqn.config import Config
 from jdqn.donors import make_donors
+from jdqn.nstep import gamma_powers
 from jdqn.replay import ReplayState, replay_sample, replay_serials
 from jdqn.transition import Transition, observation
 
 
 class Batch(NamedTuple):
-    """``B`` sampled transitions, then ``R - B`` donors (R rows)."""
+    """``B`` sampled transitions, then ``R - B`` donors (R rows).
+
+    The target of a row is ``reward + discount * Q(next_obs)``. At ``loss.n_step`` n > 1 a
+    sampled row bootstraps after its ``m <= n`` steps (``Transition.n_step``); donors stay
+    one-step, since another action at bar t changes every later position and cost."""
 
     indices: jax.Array  # [B] int32, the sampled rows' replay slots (donors have none)
     is_weights: jax.Array  # [B] float32, PER importance weights normalised by their max
-    transitions: Transition  # leaves [R, ...]: sampled rows, then donors
+    transitions: Transition  # leaves [R, ...]: sampled rows, then donors (one-step fields only)
     obs: jax.Array  # [R, F+1] float32, features and the position held before acting
-    next_obs: jax.Array  # [R, F+1] float32, next features and the position taken
-    discount: jax.Array  # [R] float32, gamma * (1 - done)
+    reward: jax.Array  # [R] float32, sum_{k<m} gamma^k r_(t+k) (m = 1: the one-step reward)
+    next_obs: jax.Array  # [R, F+1] float32, features at bar t+m and the position held then
+    discount: jax.Array  # [R] float32, gamma^m * (1 - done)
     weights: jax.Array  # [R, K] float32, IS weight (1 for donors) times bootstrap head mask
 
 
@@ -49,6 +55,18 @@ def sample_batch(
         indices, sampled, is_weights = replay_sample(
             replay, sample_key, batch_size, cfg.replay.alpha, jnp.asarray(beta, jnp.float32)
         )
+    # The sampled rows' targets: one-step, or their stored n-step returns.
+    if sampled.n_step is None:
+        reward = sampled.reward
+        next_obs = observation(sampled.next_features, positions[sampled.action])
+        discount = cfg.loss.gamma * (1.0 - sampled.done)
+    else:
+        n_step = sampled.n_step
+        reward = n_step.reward
+        next_obs = observation(n_step.next_features, n_step.next_position)
+        powers = jnp.asarray(gamma_powers(cfg.loss.gamma, cfg.loss.n_step))  # [n+1] float32
+        discount = powers[n_step.steps] * (1.0 - n_step.done)
+        sampled = sampled._replace(n_step=None)
     rows, row_weights = sampled, is_weights
     if n_donors > 0:
         with jax.named_scope("donors"):
@@ -63,6 +81,13 @@ def sample_batch(
             )
             rows = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), sampled, donors)
             row_weights = jnp.concatenate([is_weights, jnp.ones((n_donors,), jnp.float32)])
+            # Donors are one-step: their recomputed reward, the next bar with the donor's
+            # position, discount gamma.
+            reward = jnp.concatenate([reward, donors.reward])
+            next_obs = jnp.concatenate(
+                [next_obs, observation(donors.next_features, positions[donors.action])]
+            )
+            discount = jnp.concatenate([discount, cfg.loss.gamma * (1.0 - donors.done)])
     n_rows = batch_size + n_donors
     if net.n_heads > 1 and net.bootstrap_prob < 1:
         head_masks = jnp.concatenate(
@@ -82,7 +107,8 @@ def sample_batch(
         is_weights=is_weights,
         transitions=rows,
         obs=observation(rows.features, rows.position),
-        next_obs=observation(rows.next_features, positions[rows.action]),
-        discount=cfg.loss.gamma * (1.0 - rows.done),
+        reward=reward,
+        next_obs=next_obs,
+        discount=discount,
         weights=row_weights[:, None] * head_masks,
     )

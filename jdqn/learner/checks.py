@@ -28,7 +28,7 @@ def check_batch(checks: Any, batch: Batch) -> None:
     checks.within("replay", "is_weights", batch.is_weights, 0.0, 1.0)
     checks.finite("batch", "observation", batch.obs)
     checks.finite("batch", "next_observation", batch.next_obs)
-    checks.finite("batch", "reward", batch.transitions.reward)
+    checks.finite("batch", "reward", batch.reward)
     checks.finite("batch", "price_change", batch.transitions.price_change)
 
 

@@ -115,7 +115,9 @@ def make_learner(
             masks=network.masks,
             opt_state=accel_module.adam_init(cfg, network.params),
             phi_hat=jnp.zeros((), jnp.float32),
-            replay=replay_init(cfg.replay.capacity, example_transition(n_features)),
+            replay=replay_init(
+                cfg.replay.capacity, example_transition(n_features, cfg.loss.n_step)
+            ),
             step=jnp.zeros((), jnp.int32),
             guard=GuardRecord(
                 halted=jnp.zeros((), bool),
@@ -183,9 +185,7 @@ def learner_step(
     checks.finite("online_network", "logits_next", logits_next)
 
     # 4. Double-DQN target, projection, label smoothing (stop-gradient).
-    target = losses.td_target(
-        logits_next, target_logits_next, batch.transitions.reward, batch.discount, cfg
-    )
+    target = losses.td_target(logits_next, target_logits_next, batch.reward, batch.discount, cfg)
     check_target(checks, target, net)
 
     # 5-6. The loss parts and each one's gradient (one forward, one VJP per part).
@@ -346,7 +346,7 @@ def _failures_before_update(
     """The guard's checks that do not depend on the update: [batch, loss, q_nonfinite, q_clip,
     priorities, q_edge, edge_mass] bool (GUARD_REASONS without gradient and params)."""
     loss_cfg, net = cfg.loss, cfg.network
-    rows = (batch.obs, batch.next_obs, batch.transitions.reward, batch.transitions.price_change)
+    rows = (batch.obs, batch.next_obs, batch.reward, batch.transitions.price_change)
     q_edge, edge_mass = losses.support_collapse(
         online.q, target.projected, net.v_min, net.v_max, net.n_atoms, loss_cfg.edge_mass_limit
     )
