@@ -264,11 +264,6 @@ def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: Par
     ) -> Update:
         del checks  # debug mode runs the XLA update (the kernels write no intermediates)
         rows = [g.reshape(g.shape[0], -1) for g in jax.tree.leaves(grads)]  # [parts, n_k]
-        # XLA's layout assignment lets the first of the head's two backward GEMMs in the loop
-        # body's post order set the layout of the cotangent they share; the operands of this
-        # barrier, last segment first, put the input-gradient GEMM (rows outermost, as
-        # jdqn.dense_stack writes the cotangent) first, and the cotangent is written once.
-        rows = jax.lax.optimization_barrier(rows[::-1])[::-1]
         with jax.named_scope("surgery"):
             row_max, gram = flat_tail.gram(tuple(rows), impl=impl)
             scalars = surgery.surgery_scalars(row_max, gram, *inputs)

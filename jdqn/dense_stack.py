@@ -139,10 +139,17 @@ def _parts_backward(
     """P cotangents ``g [P, R, O]`` -> (torso grads, head grads, x grad [P, R, F]), [P, ...]."""
     g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
     with jax.named_scope("head"):
-        head_kernel_grad, head_bias_grad = _weight_grads(
-            g, inputs[-1], dtype, out_major=True, bias_apart=True
-        )
-        g = _rounded(jnp.einsum("rpo,oi->rpi", g, _rounded(head_kernel, dtype)), dtype)
+        g_input = _rounded(jnp.einsum("rpo,oi->rpi", g, _rounded(head_kernel, dtype)), dtype)
+        # XLA's layout assignment lets the first of the head's two GEMMs in the program's post
+        # order set the layout of the cotangent both read. Read through this barrier, the
+        # kernel gradient's GEMM comes after the input gradient's (rows outermost, as written
+        # here) whatever order the caller consumes the gradients in; else the cotangent is
+        # written twice, [R, P, O] and [P, O, R]. The bias's sum reads it through the barrier
+        # too: fused into the pass that writes the cotangent, that pass is slower than the write
+        # and the sum apart.
+        g_input, g = jax.lax.optimization_barrier((g_input, g))
+        head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)
+        g = g_input
     torso_grads = []
     for layer in reversed(range(len(kernels))):
         with jax.named_scope(f"torso_{layer}"):
@@ -154,20 +161,14 @@ def _parts_backward(
     return tuple(reversed(torso_grads)), head_grads, jnp.swapaxes(g, 0, 1)
 
 
-def _weight_grads(
-    g: jax.Array, x: jax.Array, dtype: str, *, out_major: bool, bias_apart: bool = False
-) -> Layer:
+def _weight_grads(g: jax.Array, x: jax.Array, dtype: str, *, out_major: bool) -> Layer:
     """One layer's (kernel gradient, bias gradient), each [P, ...], from its output cotangent
     ``g [R, P, out]`` and its input ``x [R, in]``. The kernel gradient is [P, out, in] when
-    ``out_major`` (the head's storage), else [P, in, out]. ``bias_apart``: the bias's sum reads
-    ``g`` once it is written, in a pass of its own (below)."""
+    ``out_major`` (the head's storage), else [P, in, out]. (The torso's cotangents are
+    narrower than the head's, and their bias sums are better left fused into their writes.)"""
     x = _rounded(x, dtype)
     spec, operands = ("rpo,ri->poi", (g, x)) if out_major else ("ri,rpo->pio", (x, g))
-    # XLA fuses the rows' sum into the pass that writes the head's cotangent, and that pass is
-    # slower than the write and the sum apart at many learners: the barrier keeps them apart.
-    # The torso's cotangents are narrower, and their sums are better left fused.
-    summed = jax.lax.optimization_barrier(g) if bias_apart else g
-    return _rounded(jnp.einsum(spec, *operands), dtype), jnp.sum(summed, axis=0)
+    return _rounded(jnp.einsum(spec, *operands), dtype), jnp.sum(g, axis=0)
 
 
 def _rounded(a: jax.Array, dtype: str) -> jax.Array:

@@ -139,7 +139,9 @@ def test_under_the_parts_vmap_the_cotangent_is_carried_rows_outermost():
     assert f"f32[{PARTS},{ROWS},{OUT}]" in jaxpr(_autodiff_stack)  # the check reads shapes
     assert rows_outermost not in jaxpr(_autodiff_stack)
     assert rows_outermost in jaxpr(dense_stack)
-    # The head bias's sum reads the cotangent through a barrier (a pass of its own, C1), and
-    # only the head's: one optimization_barrier on [R, P, out].
+    # The head's kernel gradient and bias sum read its cotangent through one barrier with its
+    # input gradient (that GEMM first in layout assignment's order; the sum a pass of its own),
+    # and only the head's: one optimization_barrier on [R, P, out] and [R, P, in].
     barriers = [line for line in jaxpr(dense_stack).splitlines() if "optimization_barrier" in line]
     assert len(barriers) == 1 and rows_outermost in barriers[0]
+    assert f"f32[{ROWS},{PARTS},{HIDDEN[-1]}]" in barriers[0]
