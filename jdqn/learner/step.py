@@ -173,16 +173,8 @@ def learner_step(
         state.params,
         has_aux=True,
     )
-    with jax.named_scope("target_net"):
-        target_eff, _, _ = networks.effective_params(
-            state.target_params, masks, state.sn_u, net, False
-        )
-        target_logits_next = networks.apply(target_eff, batch.next_obs, cfg)
-    with jax.named_scope("online_forward"):
-        logits_next = networks.apply(eff, batch.next_obs, cfg)  # picks a*: no gradient
-    checks.finite("target_network", "logits_next", target_logits_next)
     checks.finite("spectral_norm", "u", new_u)
-    checks.finite("online_network", "logits_next", logits_next)
+    target_logits_next, logits_next = _logits_next(state, eff, masks, batch.next_obs, cfg, checks)
 
     # 4. Double-DQN target, projection, label smoothing (stop-gradient).
     target = losses.td_target(logits_next, target_logits_next, batch.reward, batch.discount, cfg)
@@ -205,27 +197,21 @@ def learner_step(
     td = jnp.mean(jnp.abs(target.y - online.q_taken), axis=-1)[:batch_size]  # [B]
     checks.finite("per", "priorities", td)
 
-    # 9's branch (below) holds the causal part's pass. The main parts are pulled back to the
-    # parameters before it: inside, the pull-back's fusions could not read the backward's
-    # kernel gradients as its GEMMs wrote them, and each was transposed to [parts, in, out]
-    # by a kernel of its own, as the branch's operand. Without the branch one pull-back
-    # takes every part, the causal one stacked with the others.
+    # With 9's branch (below) the main parts are pulled back before it (inside, each kernel
+    # gradient became a transposed copy, the branch's operand); without it, with the causal part.
     causal_branch = bool(setup.non_causal) and accel.causal_under_cond and clock is not None
     main_grads = jax.vmap(pull_back)(part_grads)[0] if causal_branch else None
 
     def pulled_back_and_updated(causal_scale: jax.Array | None) -> tuple[jax.Array, Any]:
-        """9. The causal term scaled by ``causal_scale`` (None: absent this step) joins the
-        parts; every part's gradient is pulled back to the parameters; 13 (the checks that do
-        not depend on the update); 7-8, 10-11: surgery, Adam, masks, target sync, kept only
-        if the guard passes. -> (the causal KL, (failures before the update, Update))."""
+        """9 (the causal part at ``causal_scale``; None: absent), the pull-back, 13's checks
+        before the update and 7-8, 10-11 -> (causal KL, (failures before the update, Update))."""
         loss_causal, causal_grads = jnp.float32(0), None
         if causal_scale is not None:
             reference = jax.lax.stop_gradient(online.log_probs[:batch_size])
             loss_causal, causal_grads = _causal_part(
                 eff, batch.obs[:batch_size], reference, causal_key, causal_scale, setup, checks
             )
-        # parameter tree, leaves [parts, ...]
-        grads = _pulled_back(pull_back, part_grads, causal_grads, main_grads)
+        grads = _pulled_back(pull_back, part_grads, causal_grads, main_grads)  # [parts, ...]
         checks.finite("gradient", "grad_mse", jax.tree.map(lambda g: g[0], grads))
         checks.finite("gradient", "grad_c51", jax.tree.map(lambda g: g[1], grads))
         with jax.named_scope("guard"):
@@ -241,21 +227,19 @@ def learner_step(
         )
         return loss_causal, (before_update, update)
 
-    # 9. The causal intervention is due every causal_every steps. Given the unbatched clock,
-    # and where jdqn.accel says a branch pays, its pass runs only on those steps; else every
-    # step, its gradient switched by a 0/1 weight.
+    # 9. The causal term, due every causal_every steps: under a branch given the unbatched clock
+    # where jdqn.accel says it pays, else every step, switched by a 0/1 weight.
     causal_due = schedule % loss_cfg.causal_every == 0
-    if not setup.non_causal:
-        loss_causal, (before_update, update) = pulled_back_and_updated(None)
-    elif causal_branch:
-        loss_causal, (before_update, update) = jax.lax.cond(
+    weight = jnp.float32(loss_cfg.causal_weight)
+    if causal_branch:
+        outcome = jax.lax.cond(
             causal_due,
-            lambda: pulled_back_and_updated(jnp.float32(loss_cfg.causal_weight)),
+            lambda: pulled_back_and_updated(weight),
             lambda: pulled_back_and_updated(None),
         )
     else:
-        weight = loss_cfg.causal_weight * causal_due.astype(jnp.float32)
-        loss_causal, (before_update, update) = pulled_back_and_updated(weight)
+        outcome = pulled_back_and_updated(weight * causal_due if setup.non_causal else None)
+    loss_causal, (before_update, update) = outcome
 
     # 13. Guard: the first failing quantity, in GUARD_REASONS order; then the state (12: the
     # PER priorities of the sampled rows), the update kept only where the guard passed.
@@ -317,6 +301,23 @@ def _kept_state(
         bootstrap_key=state.bootstrap_key,
         tail_bounds=update.state.bounds,
     )
+
+
+def _logits_next(
+    state: LearnerState, eff: Any, masks: Any, next_obs: jax.Array, cfg: Config, checks: Any
+) -> tuple[jax.Array, jax.Array]:
+    """The target net's and the online net's logits at s' ``[R, K, A, N]`` (the online ones
+    pick a* for the double-DQN target: no gradient)."""
+    with jax.named_scope("target_net"):
+        target_eff, _, _ = networks.effective_params(
+            state.target_params, masks, state.sn_u, cfg.network, False
+        )
+        target_logits_next = networks.apply(target_eff, next_obs, cfg)
+    with jax.named_scope("online_forward"):
+        logits_next = networks.apply(eff, next_obs, cfg)
+    checks.finite("target_network", "logits_next", target_logits_next)
+    checks.finite("online_network", "logits_next", logits_next)
+    return target_logits_next, logits_next
 
 
 def _effective(
