@@ -173,11 +173,11 @@ def learner_step(
         state.params,
         has_aux=True,
     )
-    checks.finite("spectral_norm", "u", new_u)
-    target_logits_next, logits_next = _logits_next(state, eff, masks, batch.next_obs, cfg, checks)
+    # The online and the target net's logits at s'.
+    next_logits = _logits_next(setup, state, eff, masks, new_u, batch.next_obs, checks)
 
     # 4. Double-DQN target, projection, label smoothing (stop-gradient).
-    target = losses.td_target(logits_next, target_logits_next, batch.reward, batch.discount, cfg)
+    target = losses.td_target(*next_logits, batch.reward, batch.discount, cfg)
     check_target(checks, target, net)
 
     # 5-6. The loss parts and each one's gradient (one forward, one VJP per part).
@@ -304,10 +304,18 @@ def _kept_state(
 
 
 def _logits_next(
-    state: LearnerState, eff: Any, masks: Any, next_obs: jax.Array, cfg: Config, checks: Any
+    setup: Setup,
+    state: LearnerState,
+    eff: Any,
+    masks: Any,
+    new_u: Any,
+    next_obs: jax.Array,
+    checks: Any,
 ) -> tuple[jax.Array, jax.Array]:
-    """The target net's and the online net's logits at s' ``[R, K, A, N]`` (the online ones
-    pick a* for the double-DQN target: no gradient)."""
+    """The online net's and the target net's logits at s' ``[R, K, A, N]`` (the online ones
+    pick a* for the double-DQN target: no gradient), checked with the spectral norm's new
+    ``u`` in the order debug mode names the first failure."""
+    cfg = setup.cfg
     with jax.named_scope("target_net"):
         target_eff, _, _ = networks.effective_params(
             state.target_params, masks, state.sn_u, cfg.network, False
@@ -316,8 +324,9 @@ def _logits_next(
     with jax.named_scope("online_forward"):
         logits_next = networks.apply(eff, next_obs, cfg)
     checks.finite("target_network", "logits_next", target_logits_next)
+    checks.finite("spectral_norm", "u", new_u)
     checks.finite("online_network", "logits_next", logits_next)
-    return target_logits_next, logits_next
+    return logits_next, target_logits_next
 
 
 def _effective(
