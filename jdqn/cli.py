@@ -296,10 +296,10 @@ def console() -> int:
     process's end.
 
     A command that finished (status 0 or 3) flushes stdout and stderr and ends the process at
-    once (``os._exit``): the interpreter's teardown, JAX's exit handlers and module clean-up,
-    took 0.65-0.88 s of the H200's ~7 s warm walk-forward after its last line, and 0.15 s
-    without, on the H200. So does an interrupted one (130): its run directory is
-    already removed or its --resume command printed, and its files are closed; what is left is
+    once (``os._exit``): the interpreter's teardown, JAX's exit handlers and module clean-up
+    would add a sizeable share of a warm walk-forward's time after its last line. So does an
+    interrupted one (130): its run directory is already removed or its --resume command
+    printed, and its files are closed; what is left is
     at most a compile on a worker thread, which the interpreter's exit would wait for. A Ctrl-C
     pressed again during that wait, or once Python had restored the default SIGINT action late
     in its shutdown, killed the process by the signal (exit -2) after "jdqn: interrupted" had

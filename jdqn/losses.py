@@ -46,9 +46,9 @@ def select_action(values: jax.Array, action: jax.Array, n_trailing: int = 0) -> 
 
     A select and a sum over the actions axis instead of a gather. Its gradient is a select that
     XLA fuses into the neighbouring elementwise work, where a gather's gradient is a scatter-add
-    kernel of its own (45 us of the 1,024-learner step on the H200). The
-    other actions' values are selected away, never multiplied by zero, so an inf or NaN there
-    cannot leak into the result (0 * inf is NaN).
+    kernel of its own, a visible part of the step at many vmapped learners. The other actions'
+    values are selected away, never multiplied by zero, so an inf or NaN there cannot leak into
+    the result (0 * inf is NaN).
     """
     axis = values.ndim - 1 - n_trailing
     taken = _taken(action, values.shape[axis])
@@ -140,9 +140,9 @@ def c51_head(
     The gradient is written in closed form: dq_a/dl_a = p_a (z - q_a) and, with M = sum_i m_i,
     dce/dl_taken = M p - m. Autodiff of the same forward goes back through the log-softmax,
     which needs a reduction over the atoms of the cotangent first; at 1,024 vmapped learners
-    that was a pass of its own over both loss parts' [R, K, A, N] cotangents (84 us on the H200,
-    on the H200). Here the cotangent is one elementwise expression. Exact as autodiff's
-    (M is summed, not assumed to be 1); only float32 rounding differs.
+    that was a pass of its own over both loss parts' [R, K, A, N] cotangents. Here the cotangent
+    is one elementwise expression. Exact as autodiff's (M is summed, not assumed to be 1); only
+    float32 rounding differs.
     """
     q, ce, _ = _c51_head_forward(logits, support, action, target)
     return q, ce
@@ -224,8 +224,8 @@ def causal_kl(log_p: jax.Array, logits_intervened: jax.Array) -> jax.Array:
     The gradient is written in closed form, d KL / d logits_intervened = M q - p with
     q = softmax(logits_intervened) and M = sum_i p_i summed in the forward (1 up to rounding).
     Autodiff goes back through the log-softmax, which first reduces the cotangent over the atoms:
-    a pass of its own at 1,024 vmapped learners (24 us on the H200). Exact as
-    autodiff's; only float32 rounding differs.
+    a pass of its own at 1,024 vmapped learners. Exact as autodiff's; only float32 rounding
+    differs.
     """
     kl, _ = _causal_kl_fwd(log_p, logits_intervened)
     return kl

@@ -12,6 +12,7 @@ ends at once and leaves nothing instead of dying of an out-of-memory error minut
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,14 +29,6 @@ NON_RETURN_FEATURES = 11
 HOST_BYTES_PER_BAR = 144
 HOST_BYTES_PER_FEATURE_BAR = 12
 
-# What the learner step holds besides its state, per learner: gradients (two parts, their
-# sum, surgery's copies) as ~4 parameter vectors, and per batch row the activations of the
-# online and target passes over s and s' and their backward passes, ~6 copies of each layer.
-STEP_PARAMETER_COPIES = 4
-STEP_ACTIVATION_COPIES = 6
-# The metrics a chunk returns: ~32 float32 scalars per iteration.
-METRICS_PER_ITERATION = 32
-
 # Fraction of the limit a request may use: the interpreter, XLA's compiled programs and the
 # allocator's slack take the rest.
 USABLE_FRACTION = 0.8
@@ -46,11 +39,45 @@ def n_features(cfg: Any) -> int:
     return len(cfg.return_horizons) + NON_RETURN_FEATURES
 
 
-def n_params(cfg: Any, n_inputs: int) -> int:
-    """Entries of the flat parameter vector: the MLP torso and the K-head C51 output layer."""
+def param_count(cfg: Any, n_features: int) -> int:
+    """Entries of one network's flat parameter vector (the MLP torso and the K-head C51 output
+    layer): the observation is the features plus the held position."""
     net = cfg.network
-    widths = [n_inputs, *net.hidden, net.n_heads * cfg.env.n_actions * net.n_atoms]
+    widths = [n_features + 1, *net.hidden, net.n_heads * cfg.env.n_actions * net.n_atoms]
     return sum(a * b + b for a, b in zip(widths[:-1], widths[1:], strict=False))
+
+
+def state_bytes(cfg: Any, n_features: int) -> int:
+    """One learner's carried state in bytes (replay buffer, params, target, masks, Adam's
+    moments, spectral-norm vectors, slices, scalars), from the config."""
+    transition = 2 * n_features + 5  # features, next features and 5 scalars (jdqn.transition)
+    if cfg.loss.n_step > 1:
+        transition += n_features + 4  # the n-step return's next features and 4 scalars
+    replay = cfg.replay.capacity * (transition + 1) * F32 + 16  # a priority per slot; 4 scalars
+    vectors = 5 * param_count(cfg, n_features) * F32  # params, target, masks, mu, nu
+    torso_u = sum(cfg.network.hidden) * F32
+    slices = cfg.train.n_slices * 2 * F32  # each slice's bar and position
+    # each slice's pending one-step transitions awaiting their n-step returns (jdqn.nstep)
+    slices += (cfg.loss.n_step - 1) * cfg.train.n_slices * (2 * n_features + 5) * F32
+    scalars = 4 * 16  # step, keys, guard, phi_hat, Adam's count, tail bounds, iteration
+    return replay + vectors + torso_u + slices + scalars
+
+
+def learner_bytes(cfg: Any, n_features: int) -> int:
+    """One learner's device memory in bytes, from the config: its carried state
+    (:func:`state_bytes`) plus the working set of a learner step and of a chunk's metrics
+    (generous: the rows of the batch and its donors through three forward passes and their
+    backward pass, the [N, N] hat projection per row and head, the loss parts' gradients with
+    the surgery's and Adam's temporaries)."""
+    from jdqn.learner.state import LearnerMetrics
+
+    net = cfg.network
+    rows = math.ceil(cfg.train.batch_size * (1 + cfg.loss.donor_fraction))
+    head_out = net.n_heads * cfg.env.n_actions * net.n_atoms
+    per_row = 6 * (n_features + 1 + sum(net.hidden) + head_out) + net.n_heads * net.n_atoms**2
+    step = (rows * per_row + 12 * param_count(cfg, n_features)) * F32
+    metrics = cfg.train.chunk_iterations * (len(LearnerMetrics._fields) + 4) * F32
+    return state_bytes(cfg, n_features) + step + metrics
 
 
 def learners(cfg: Any) -> int:
@@ -74,49 +101,24 @@ class MemoryEstimate:
     def device_bytes(self) -> int:
         return sum(self.device.values())
 
-    def largest(self) -> str:
-        parts = {**self.host, **self.device}
-        return max(parts, key=lambda name: parts[name])
-
 
 def estimate(
     cfg: Any, *, n_learners: int, n_bars: int | None, features: int | None = None
 ) -> MemoryEstimate:
     """Host and device bytes of a walk-forward run of ``cfg`` (a ``Config``) with ``n_learners``
-    learners vmapped in one program over a series of ``n_bars`` bars (``None``: the series is
-    not counted, e.g. a file not yet read)."""
+    learners over a series of ``n_bars`` bars (``None``: the series is not counted, e.g. a file
+    not yet read). The device holds one learner at the least: those that do not fit at once run
+    in waves (``jdqn.placement.plan_waves``, from the same :func:`learner_bytes`)."""
     f = n_features(cfg.data) if features is None else features
-    train, wf = cfg.train, cfg.walkforward
-    params = n_params(cfg, f + 1)
-    # Per learner: online and target params, masks, Adam's two moments; u; the replay ring
-    # (features and next features, 5 scalars, a priority per slot; at loss.n_step > 1 the
-    # n-step return's next features and 4 scalars, and n - 1 pending steps per slice); the
-    # slices' positions.
-    n_step_row = f + 4 if cfg.loss.n_step > 1 else 0
-    state = (
-        5 * params
-        + sum(cfg.network.hidden)
-        + cfg.replay.capacity * (2 * f + 6 + n_step_row)
-        + (cfg.loss.n_step - 1) * train.n_slices * (2 * f + 5)
-        + 2 * train.n_slices
-        + 64  # counters, keys, guard record, scalars
-    ) * F32
-    rows = int(train.batch_size * (1 + cfg.loss.donor_fraction))
-    layer_widths = sum(cfg.network.hidden) + cfg.network.n_heads * cfg.env.n_actions * (
-        cfg.network.n_atoms
-    )
-    working = (
-        STEP_PARAMETER_COPIES * params
-        + STEP_ACTIVATION_COPIES * rows * (f + 1 + layer_widths)
-        + train.chunk_iterations * METRICS_PER_ITERATION
-    ) * F32
+    wf = cfg.walkforward
+    state = state_bytes(cfg, f)
     if wf.mode == "rolling":
         fold_bars = wf.n_folds * (wf.train_bars + wf.test_bars)
     else:  # one fold at a time; the last has the longest train window
         fold_bars = wf.train_bars + wf.n_folds * wf.test_bars
     device = {
-        "learner states (params, Adam, replay buffers)": n_learners * state,
-        "learner step working set": n_learners * working,
+        "learner states (params, Adam, replay buffers)": state,
+        "learner step working set": learner_bytes(cfg, f) - state,
         "fold arrays": fold_bars * (f + 1) * F32,
     }
     host = {
@@ -144,14 +146,15 @@ def limits() -> MemoryLimits:
     """The host's available memory (``MemAvailable``) and the default device's byte limit."""
     import jax
 
-    host = _available_host_bytes()
+    host = host_available_bytes()
     device = jax.devices()[0]
     stats = device.memory_stats() if device.platform != "cpu" else None
     limit = None if not stats else stats.get("bytes_limit")
     return MemoryLimits(host_bytes=host, device_bytes=None if limit is None else int(limit))
 
 
-def _available_host_bytes() -> int:
+def host_available_bytes() -> int:
+    """MemAvailable of /proc/meminfo where there is one, else the free physical pages."""
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
@@ -169,9 +172,9 @@ class RequestTooLarge(ValueError):
 # The settings that make each part smaller, for the fix.
 _FIXES = {
     "learner states (params, Adam, replay buffers)": (
-        "fewer --seeds or folds, a smaller network.hidden or replay.capacity"
+        "a smaller network.hidden or replay.capacity"
     ),
-    "learner step working set": "fewer --seeds or folds, a smaller train.batch_size or network",
+    "learner step working set": "a smaller train.batch_size or network",
     "fold arrays": "shorter walkforward.train_bars / test_bars or fewer folds",
     "checkpoint copy of the states": "fewer --seeds or folds, or a smaller network",
     "test-window rollouts": "fewer --seeds or a shorter walkforward.test_bars",

@@ -9,7 +9,7 @@ their own replay buffers, and the Pallas kernels see the local learner count. Th
 replicated. One device keeps the programs exactly as they were (plain ``vmap``, no mesh).
 
 Before anything compiles, :func:`plan_waves` compares an estimate of one learner's device memory
-(:func:`estimate_learner_bytes`, from the config) with the devices' free memory: learners that do
+(``jdqn.memory.learner_bytes``, from the config) with the devices' free memory: learners that do
 not fit run in waves of equal size, one after another; a learner that cannot run at all (too big
 for one device, or past the flat tail's 2^31 int32 offsets) is a :class:`PlacementError`.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jdqn import rundir
+from jdqn import memory, rundir
 from jdqn.accel import update_impl
 from jdqn.config import Config
 from jdqn.data import WalkForwardData
-from jdqn.learner.state import LearnerMetrics
 from pallas_kernels.flat_tail import BLOCK as FLAT_TAIL_BLOCK
 
 AXIS = "learners"
@@ -161,50 +159,6 @@ def local_devices(requested: int | None) -> tuple[Any, ...]:
 # --- memory ------------------------------------------------------------------------------------
 
 
-def param_count(cfg: Config, n_features: int) -> int:
-    """Entries of one network's flat parameter vector (torso and every head): the observation
-    is the features plus the held position."""
-    widths = (n_features + 1, *cfg.network.hidden)
-    torso = sum(a * b + b for a, b in zip(widths, widths[1:], strict=False))
-    head_out = cfg.network.n_heads * cfg.env.n_actions * cfg.network.n_atoms
-    return torso + cfg.network.hidden[-1] * head_out + head_out
-
-
-def estimate_state_bytes(cfg: Config, n_features: int) -> int:
-    """One learner's carried state in bytes (replay buffer, params, target, masks, Adam's
-    moments, spectral-norm vectors, slices, scalars), from the config."""
-    f32 = 4
-    capacity = cfg.replay.capacity
-    transition = 2 * n_features + 5  # features, next features and 5 scalars (jdqn.transition)
-    if cfg.loss.n_step > 1:
-        transition += n_features + 4  # the n-step return's next features and 4 scalars
-    replay = capacity * (transition + 1) * f32 + 16  # a priority per slot; 4 scalars
-    vectors = 5 * param_count(cfg, n_features) * f32  # params, target, masks, mu, nu
-    torso_u = sum(cfg.network.hidden) * f32
-    slices = cfg.train.n_slices * 2 * f32  # each slice's bar and position
-    # each slice's pending one-step transitions awaiting their n-step returns (jdqn.nstep)
-    slices += (cfg.loss.n_step - 1) * cfg.train.n_slices * (2 * n_features + 5) * f32
-    scalars = 4 * 16  # step, keys, guard, phi_hat, Adam's count, tail bounds, iteration
-    return replay + vectors + torso_u + slices + scalars
-
-
-def estimate_learner_bytes(cfg: Config, n_features: int) -> int:
-    """One learner's device memory in bytes, from the config: its carried state
-    (:func:`estimate_state_bytes`) plus the working set of a learner step and of a chunk's
-    metrics (generous: the rows of the batch and its donors through three forward passes and
-    their backward pass, the [N, N] hat projection per row and head, the loss parts' gradients
-    with the surgery's and Adam's temporaries)."""
-    f32 = 4
-    n_params = param_count(cfg, n_features)
-    rows = math.ceil(cfg.train.batch_size * (1 + cfg.loss.donor_fraction))
-    head_out = cfg.network.n_heads * cfg.env.n_actions * cfg.network.n_atoms
-    per_row = 6 * (n_features + 1 + sum(cfg.network.hidden) + head_out)
-    per_row += cfg.network.n_heads * cfg.network.n_atoms**2
-    step = (rows * per_row + 12 * n_params) * f32
-    metrics = cfg.train.chunk_iterations * (len(LearnerMetrics._fields) + 4) * f32
-    return estimate_state_bytes(cfg, n_features) + step + metrics
-
-
 def free_bytes(device: Any) -> int:
     """What ``device`` can still allocate: its allocator's limit less what is in use, or, where
     the backend reports no memory stats (CPU), the host's available memory shared by its
@@ -213,19 +167,7 @@ def free_bytes(device: Any) -> int:
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
     sharing = sum(1 for d in jax.local_devices() if d.platform == device.platform)
-    return host_available_bytes() // max(sharing, 1)
-
-
-def host_available_bytes() -> int:
-    """MemAvailable of /proc/meminfo where there is one, else the free physical pages."""
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return memory.host_available_bytes() // max(sharing, 1)
 
 
 @dataclass(frozen=True)
@@ -251,7 +193,7 @@ def plan_waves(
 ) -> WavePlan:
     """Learners per wave for ``learners`` runs on ``devices`` (each also holding
     ``shared_bytes`` of fold data), or a :class:`PlacementError` when even one cannot run."""
-    each = estimate_learner_bytes(cfg, n_features)
+    each = memory.learner_bytes(cfg, n_features)
     budget = min((free or free_bytes)(d) for d in devices)
     room = int(budget * MEMORY_FRACTION) - shared_bytes
     by_memory = max(room, 0) // each
@@ -268,7 +210,7 @@ def plan_waves(
         "pallas",
         "interpret",
     )
-    n_params = param_count(cfg, n_features)
+    n_params = memory.param_count(cfg, n_features)
     by_offsets = (INT32_OFFSETS - 1 - FLAT_TAIL_BLOCK) // (FLAT_TAIL_PARTS * n_params)
     if uses_tail and per_device > by_offsets:
         if by_offsets < 1:

@@ -27,17 +27,7 @@ Cost (C = capacity, B = batch, F = features per row):
   in the learner, the scatter is in place).
 - ``replay_add`` of n rows: O(n F).
 
-Measured (``python -m benchmarks.replay``; jit, median of 50 calls, each ended by
-``block_until_ready``; jax 0.11.2; the shared 2-core AMD EPYC dev CPU at load average ~12, so
-upper bounds):
-
-    capacity    batch  sample/call  update/call  sample+update in lax.scan
-    256         64     223 us       77 us        14 us/step
-    1,000,000   256    12.3 ms      89 us        11.8 ms/step
-
-Per call from Python, dispatch dominates at C = 256; inside a scan a step costs 14 us. At 1e6 the
-O(C) pass (one log and one exp per slot on CPU) dominates, about 12 ns per slot; update
-stays O(B) and flat in C.
+``python -m benchmarks.replay`` times sample and update per call and inside a ``lax.scan``.
 """
 
 from __future__ import annotations
@@ -168,7 +158,7 @@ def _first_positive_above(mass: jax.Array, cumulative: jax.Array, position: jax.
         mass, cumulative = mass[None, :], cumulative[None, :]
     hit = (mass > 0) & (cumulative > position[:, None])  # [B, n] bool
     # The first hit as a min over the hits' indices, not argmax: XLA's argmax is a (value,
-    # index) reduction, 14 us per call where a min takes 2-3 at 1,024 learners on the H200
+    # index) reduction, several times slower than a min at many vmapped learners on the GPU.
     # No hit (an empty buffer) gives 0, as argmax does.
     n = hit.shape[-1]
     first = jnp.min(jnp.where(hit, jnp.arange(n, dtype=jnp.int32), n), axis=-1)

@@ -32,15 +32,19 @@ class VaccineResult(NamedTuple):
     applied: jax.Array  # [] bool, whether the gradients were changed
 
 
+def _divisor(x: jax.Array) -> jax.Array:
+    """``x`` where positive, else 1: dividing a zero vector (or by a zero norm) gives 0."""
+    return jnp.where(x > 0, x, 1.0)
+
+
 def _norm(g: jax.Array) -> jax.Array:
     """Euclidean norm without float32 overflow/underflow of the squares; 0 for a zero vector."""
     scale = jnp.max(jnp.abs(g))  # [] float32
-    safe_scale = jnp.where(scale > 0, scale, 1.0)
-    return scale * jnp.sqrt(jnp.sum(jnp.square(g / safe_scale)))
+    return scale * jnp.sqrt(jnp.sum(jnp.square(g / _divisor(scale))))
 
 
 def _unit(g: jax.Array, norm: jax.Array) -> jax.Array:
-    return g / jnp.where(norm > 0, norm, 1.0)
+    return g / _divisor(norm)
 
 
 def gradient_vaccine(
@@ -69,11 +73,9 @@ def gradient_vaccine(
     norm1, norm2 = _norm(g1), _norm(g2)  # [] float32
     unit1, unit2 = _unit(g1, norm1), _unit(g2, norm2)  # [P] float32, 0 for zero vectors
     phi = jnp.clip(jnp.dot(unit1, unit2), -1.0, 1.0)  # [] float32, 0 when a norm is 0
-    ratio, applied, new_phi_hat = _vaccine_scalars(norm1, norm2, phi, phi_hat, beta)
+    _, applied, coef1, coef2, new_phi_hat = _vaccine_scalars(norm1, norm2, phi, phi_hat, beta)
     # |g1| / |g2| * g2 == |g1| * unit(g2): written with unit vectors so no ratio of norms can
     # overflow when one gradient is much smaller than the other.
-    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
-    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
     new_g1 = g1 + coef1 * unit2
     new_g2 = g2 + coef2 * unit1
     return VaccineResult(g1=new_g1, g2=new_g2, phi_hat=new_phi_hat, phi=phi, applied=applied)
@@ -85,25 +87,34 @@ def _vaccine_scalars(
     phi: jax.Array,
     phi_hat: float | jax.Array,
     beta: float | jax.Array,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Scalar part of the vaccine: (ratio k, applied, new phi_hat), see ``gradient_vaccine``."""
+    due: bool | jax.Array = True,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Scalar part of the vaccine: (ratio k, applied, coef1 = |g1| k, coef2 = |g2| k, new
+    phi_hat), see ``gradient_vaccine``; when not ``due``, nothing is applied or updated."""
     phi_hat = jnp.asarray(phi_hat, jnp.float32)
     beta = jnp.asarray(beta, jnp.float32)
+    due = jnp.asarray(due, jnp.bool_)
     skip = (norm1 == 0) | (norm2 == 0) | (norm2 < SKIP_RATIO * norm1)
-    applied = (phi < phi_hat) & ~skip
+    applied = due & (phi < phi_hat) & ~skip
     # (1 - x)(1 + x) rather than 1 - x^2: accurate near |x| = 1.
     sin_phi = jnp.sqrt(jnp.maximum((1.0 - phi) * (1.0 + phi), 0.0))
     sin_phi_hat = jnp.sqrt(jnp.maximum((1.0 - phi_hat) * (1.0 + phi_hat), 0.0))
     # phi_hat is kept in [-0.99, 0.99]; the floor only guards a caller's out-of-range value.
     ratio = (phi_hat * sin_phi - phi * sin_phi_hat) / jnp.maximum(sin_phi_hat, 1e-6)  # [] <= 7.1
     ema = jnp.clip((1.0 - beta) * phi_hat + beta * phi, -PHI_HAT_BOUND, PHI_HAT_BOUND)
-    new_phi_hat = jnp.where(skip, phi_hat, ema).astype(jnp.float32)
-    return ratio, applied, new_phi_hat
+    new_phi_hat = jnp.where(skip | ~due, phi_hat, ema).astype(jnp.float32)
+    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
+    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
+    return ratio, applied, coef1, coef2, new_phi_hat
 
 
-def _budget_scale(norm: jax.Array, limit: jax.Array) -> jax.Array:
-    """``min(1, limit / norm)``, 1 for a zero norm; NaN norms give 1 (the NaN stays in g)."""
-    scale = jnp.where(norm > limit, limit / jnp.where(norm > 0, norm, 1.0), 1.0)
+def _budget_scale(
+    norm: jax.Array, share: float | jax.Array, budget: float | jax.Array
+) -> jax.Array:
+    """``min(1, share * budget / norm)``, 1 for a zero norm; NaN norms give 1 (the NaN stays
+    in g)."""
+    limit = jnp.asarray(share, jnp.float32) * jnp.asarray(budget, jnp.float32)  # []
+    scale = jnp.where(norm > limit, limit / _divisor(norm), 1.0)
     return jnp.minimum(scale, 1.0).astype(jnp.float32)
 
 
@@ -132,8 +143,7 @@ def budget_clip(
     the result stays non-finite, for the learner's guard to catch.
     """
     g = jnp.asarray(g, jnp.float32)
-    limit = jnp.asarray(share, jnp.float32) * jnp.asarray(budget, jnp.float32)  # []
-    scale = _budget_scale(_norm(g), limit)
+    scale = _budget_scale(_norm(g), share, budget)
     return g * scale, scale
 
 
@@ -183,20 +193,22 @@ def surgery_scalars(
     parts = row_max.shape[0]
     root = jnp.sqrt(jnp.diagonal(gram))  # [parts], |g_k| / max|g_k|
     norm1, norm2 = row_max[0] * root[0], row_max[1] * root[1]
-    phi = jnp.clip(gram[0, 1] / jnp.where(root[0] * root[1] > 0, root[0] * root[1], 1.0), -1, 1)
-    ratio, applied, new_phi_hat = _vaccine_scalars(norm1, norm2, phi, phi_hat, beta)
-    applied = vaccine_due & applied
-    coef1 = jnp.where(applied, norm1 * ratio, 0.0)
-    coef2 = jnp.where(applied, norm2 * ratio, 0.0)
+    phi = jnp.clip(gram[0, 1] / _divisor(root[0] * root[1]), -1, 1)
+    ratio, applied, coef1, coef2, new_phi_hat = _vaccine_scalars(
+        norm1, norm2, phi, phi_hat, beta, vaccine_due
+    )
     growth = jnp.where(applied, jnp.sqrt(jnp.maximum(1.0 + 2.0 * ratio * phi + ratio**2, 0.0)), 1.0)
-    budget = jnp.asarray(budget, jnp.float32)
-    scale1 = _budget_scale(norm1 * growth, jnp.asarray(shares[0], jnp.float32) * budget)
-    scale2 = _budget_scale(norm2 * growth, jnp.asarray(shares[1], jnp.float32) * budget)
+    scale1 = _budget_scale(norm1 * growth, shares[0], budget)
+    scale2 = _budget_scale(norm2 * growth, shares[1], budget)
     # total = sum_k w_k g_k: g1' = scale1 (g1 + coef1 / |g2| g2) and symmetrically.
-    safe1, safe2 = jnp.where(norm1 > 0, norm1, 1.0), jnp.where(norm2 > 0, norm2, 1.0)
     weights = jnp.concatenate(
         [
-            jnp.stack([scale1 + scale2 * coef2 / safe1, scale2 + scale1 * coef1 / safe2]),
+            jnp.stack(
+                [
+                    scale1 + scale2 * coef2 / _divisor(norm1),
+                    scale2 + scale1 * coef1 / _divisor(norm2),
+                ]
+            ),
             jnp.ones((parts - 2,), jnp.float32),
         ]
     )  # [parts]
@@ -205,10 +217,10 @@ def surgery_scalars(
     # products, not a matmul (which could run in TF32 on the GPU).
     scaled_weights = row_max * weights
     bound = jnp.sum(jnp.abs(scaled_weights))
-    unit_weights = scaled_weights / jnp.where(bound > 0, bound, 1.0)
+    unit_weights = scaled_weights / _divisor(bound)
     quadratic = jnp.sum(unit_weights[:, None] * gram * unit_weights[None, :])
     return SurgeryScalars(
-        phi_hat=jnp.where(vaccine_due, new_phi_hat, jnp.asarray(phi_hat, jnp.float32)),
+        phi_hat=new_phi_hat,
         phi=phi,
         applied=applied,
         norms=jnp.stack([norm1, norm2]),
@@ -249,7 +261,7 @@ def gradient_surgery(
     """
     g = jnp.asarray(grads, jnp.float32)  # [parts, P]
     row_max = jnp.max(jnp.abs(g), axis=1)  # [parts]
-    scaled = g / jnp.where(row_max > 0, row_max, 1.0)[:, None]
+    scaled = g / _divisor(row_max)[:, None]
     gram = jnp.sum(scaled[:, None, :] * scaled[None, :, :], axis=-1)  # [parts]^2, entries <= P
     s = surgery_scalars(row_max, gram, phi_hat, beta, vaccine_due, shares, budget)
     norm1, norm2 = s.norms[0], s.norms[1]

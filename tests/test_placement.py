@@ -14,7 +14,7 @@ from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 from tiny_learner import TINY
 
-from jdqn import accel, placement
+from jdqn import accel, memory, placement
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import DEFAULT, SMOKETEST, apply_overrides
 from jdqn.train import FoldData, make_train
@@ -51,9 +51,9 @@ def test_the_state_estimate_is_the_traced_state_within_a_few_scalars(cfg):
     )
     state = jax.eval_shape(program.init, jax.random.PRNGKey(0), fold)
     exact = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(state))
-    estimate = placement.estimate_state_bytes(cfg, n_features)
+    estimate = memory.state_bytes(cfg, n_features)
     assert exact <= estimate <= exact + 64
-    assert placement.estimate_learner_bytes(cfg, n_features) > estimate
+    assert memory.learner_bytes(cfg, n_features) > estimate
 
 
 def _plan(learners, free_bytes, cfg=SMOKETEST, devices=4, shared=0):
@@ -63,7 +63,7 @@ def _plan(learners, free_bytes, cfg=SMOKETEST, devices=4, shared=0):
 
 
 def test_learners_that_fit_run_at_once_and_others_in_equal_waves():
-    each = placement.estimate_learner_bytes(SMOKETEST, 7)
+    each = memory.learner_bytes(SMOKETEST, 7)
     assert _plan(6, 10**12).wave_size == 6
     # Room for one learner per device (and a half): 6 learners on 4 devices run as 4 + 2.
     tight = _plan(6, int(1.5 * each / placement.MEMORY_FRACTION))
@@ -89,7 +89,7 @@ def test_a_learner_too_big_for_a_device_is_one_line_naming_the_fix():
 def test_the_flat_tails_int32_offsets_cap_the_learners_per_device(monkeypatch):
     monkeypatch.setenv(accel.KERNELS_ENV, "tail=interpret")  # the flat tail on a CPU
     wide = apply_overrides(SMOKETEST, ["network.hidden=[4096]"])
-    n_params = placement.param_count(wide, 7)
+    n_params = memory.param_count(wide, 7)
     per_device = (2**31 - 1 - 1024) // (3 * n_params)
     plan = _plan(4 * per_device + 1, 10**15, cfg=wide)
     assert plan.per_device_limit == per_device and "int32" in plan.limit
@@ -117,7 +117,7 @@ _SHARDED_RUNS = textwrap.dedent(
     sys.path.insert(0, "tests")
     from es_sample import ES_FOLDS, ES_SAMPLE
     from tiny_learner import TINY
-    from jdqn import placement
+    from jdqn import memory, placement
     from jdqn.checkpoint import Checkpointer
     from jdqn.config import SMOKETEST, apply_overrides
     from jdqn.walkforward import load_data, run_walkforward
@@ -132,7 +132,7 @@ _SHARDED_RUNS = textwrap.dedent(
         run_walkforward(cfg, progress=False, name=name, log=lambda _: None, devices=devices)
     # Room for one learner per device: waves of 4 and 2 (padded to 4) on the 4 devices.
     data = load_data(cfg)
-    each = placement.estimate_learner_bytes(cfg, data.n_features)
+    each = memory.learner_bytes(cfg, data.n_features)
     shared = sum(a.features.nbytes + a.close.nbytes for a in (*data.train, *data.test))
     placement.free_bytes = lambda _: int((1.5 * each + shared) / placement.MEMORY_FRACTION)
     # Killed after the first wave's first epoch (its checkpoint written), then resumed.

@@ -84,11 +84,18 @@ def filled_learner(
 ) -> tuple[Learner, LearnerState]:
     """The learner of ``cfg`` and a state whose buffer is full of random transitions."""
     learner = make_learner(cfg, n_features, NON_CAUSAL if n_features == N_FEATURES else ())
-    key, data_key = jax.random.split(jax.random.PRNGKey(seed))
+    return learner, filled_state(learner, jax.random.PRNGKey(seed), cfg, n_features)
+
+
+def filled_state(
+    learner: Learner, key: jax.Array, cfg: Config, n_features: int = N_FEATURES
+) -> LearnerState:
+    """A fresh state of ``learner`` whose buffer is full of random transitions (``key``: the
+    init's and the transitions')."""
+    key, data_key = jax.random.split(key)
     state = learner.init(key)
     capacity = cfg.replay.capacity
-    state = jax.jit(learner.insert)(state, random_transitions(data_key, capacity, n_features, cfg))
-    return learner, state
+    return jax.jit(learner.insert)(state, random_transitions(data_key, capacity, n_features, cfg))
 
 
 def scan_steps_fn(

@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from jdqn import stats
+from jdqn.bench import markdown_table
 from jdqn.config import DEFAULT, Config, apply_overrides
 
 ES_SAMPLE = Path(__file__).resolve().parents[2] / "tests" / "data" / "es_2013-09_1min.csv"
@@ -197,65 +198,62 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:+,.0f}"
 
 
+def _money_ci(median: float | None, ci: Sequence[float] | None) -> str:
+    """``median [low, high]`` in dollars, ``-`` for what is missing."""
+    low, high = ci or (None, None)
+    return f"{_money(median)} [{_money(low)}, {_money(high)}]"
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table: one line per case."""
-    lines = [
-        "| case | runs | > 0 | > b&h | > tsmom | > ridge | median net $ [95 % CI] | IQM net $ "
-        "| median Sharpe | changes / 1,000 bars | / oracle | s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    header = ("case", "runs", "> 0", "> b&h", "> tsmom", "> ridge", "median net $ [95 % CI]",
+              "IQM net $", "median Sharpe", "changes / 1,000 bars", "/ oracle", "s")  # fmt: skip
+    lines = []
     for r in rows:
         net, sharpe, above = r["net_usd"], r["sharpe"], r["share_above"]
-        ratio = r.get("oracle_ratio")
-        changes = r["changes_per_1000_bars"]
-        lines.append(
-            f"| {r['case']} | {r['runs']} | {r['share_positive']:.0%} "
-            f"| {above.get('buy_and_hold', 0):.0%} | {above.get('momentum', 0):.0%} "
-            f"| {above.get('ridge', 0):.0%} "
-            f"| {_money(net and net['median'])} [{_money(net and net['median_ci'][0])}, "
-            f"{_money(net and net['median_ci'][1])}] | {_money(net and net['iqm'])} "
-            f"| {'-' if sharpe is None else format(sharpe['median'], '.2f')} "
-            f"| {'-' if changes is None else format(changes, '.1f')} "
-            f"| {'-' if ratio is None else format(ratio, '.2f')} | {r['wall_s']:.0f} |"
-        )
-    return "\n".join(lines)
+        ratio, changes = r.get("oracle_ratio"), r["changes_per_1000_bars"]
+        lines.append((
+            r["case"], r["runs"], f"{r['share_positive']:.0%}",
+            f"{above.get('buy_and_hold', 0):.0%}", f"{above.get('momentum', 0):.0%}",
+            f"{above.get('ridge', 0):.0%}",
+            _money_ci(net and net["median"], net and net["median_ci"]),
+            _money(net and net["iqm"]),
+            "-" if sharpe is None else format(sharpe["median"], ".2f"),
+            "-" if changes is None else format(changes, ".1f"),
+            "-" if ratio is None else format(ratio, ".2f"),
+            f"{r['wall_s']:.0f}",
+        ))  # fmt: skip
+    return markdown_table(header, lines)
 
 
 def format_baselines(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table: per case and baseline, the agent's net minus the baseline's on the same
     seed-folds (median, 95 % CI)."""
-    lines = ["| case | baseline | median agent - baseline net $ [95 % CI] |", "|---|---|---|"]
+    lines = []
     for r in rows:
         for name, diff in r.get("agent_minus_baseline_net_usd", {}).items():
-            low, high = diff["median_ci"] or (None, None)
-            lines.append(
-                f"| {r['case']} | {name} | {_money(diff['median'])} [{_money(low)}, "
-                f"{_money(high)}] |"
-            )
-    return "\n".join(lines)
+            lines.append((r["case"], name, _money_ci(diff["median"], diff["median_ci"])))
+    return markdown_table(("case", "baseline", "median agent - baseline net $ [95 % CI]"), lines)
 
 
 def format_paired(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table of the ``versus`` comparisons: one line per case."""
-    lines = [
-        "| case | versus | pairs | A >= B | median A - B net $ [95 % CI] | IQM A - B net $ "
-        "| median B net $ |",
-        "|---|---|---|---|---|---|---|",
-    ]
+    header = ("case", "versus", "pairs", "A >= B", "median A - B net $ [95 % CI]",
+              "IQM A - B net $", "median B net $")  # fmt: skip
+    lines = []
     for r in rows:
         if "versus" not in r:
             continue
         pair, b = r["versus"]["paired"], r["versus"]["score"]
         diff, b_net = pair["net_usd_a_minus_b"], b["net_usd"]
         share = pair["share_a_at_least_b"]
-        lines.append(
-            f"| {r['case']} | {' '.join(r['versus']['overrides'])} | {pair['pairs']} "
-            f"| {'-' if share is None else format(share, '.0%')} "
-            f"| {_money(diff['median'])} [{_money(diff['median_ci'] and diff['median_ci'][0])}, "
-            f"{_money(diff['median_ci'] and diff['median_ci'][1])}] | {_money(diff['iqm'])} "
-            f"| {_money(b_net and b_net['median'])} |"
-        )
-    return "\n".join(lines)
+        lines.append((
+            r["case"], " ".join(r["versus"]["overrides"]), pair["pairs"],
+            "-" if share is None else format(share, ".0%"),
+            _money_ci(diff["median"], diff["median_ci"]),
+            _money(diff["iqm"]), _money(b_net and b_net["median"]),
+        ))  # fmt: skip
+    return markdown_table(header, lines)
 
 
 def section(quick: bool, cfg: Config) -> dict[str, Any]:

@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import jax
 
 from jdqn.accel import update_impl
+from jdqn.bench import markdown_table
 from jdqn.bench.breakdown import (
     N_FEATURES,
     NON_CAUSAL,
-    random_transitions,
+    filled_state,
     scan_steps_fn,
     time_repeated,
 )
@@ -37,14 +39,8 @@ def seeded_states(cfg: Config, n_seeds: int) -> tuple[Learner, LearnerState]:
     """The learner and ``n_seeds`` states (leaves ``[S, ...]``), each buffer full."""
     learner = make_learner(cfg, N_FEATURES, NON_CAUSAL, learners=n_seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), n_seeds)
-
-    def one(key: jax.Array) -> LearnerState:
-        init_key, data_key = jax.random.split(key)
-        state = learner.init(init_key)
-        data = random_transitions(data_key, cfg.replay.capacity, N_FEATURES, cfg)
-        return learner.insert(state, data)
-
-    return learner, jax.jit(jax.vmap(one))(keys)
+    fill = partial(filled_state, learner, cfg=cfg, n_features=N_FEATURES)
+    return learner, jax.jit(jax.vmap(fill))(keys)
 
 
 def steps_for(n_seeds: int, quick: bool) -> int:
@@ -98,17 +94,16 @@ def run(
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    lines = [
-        "| seeds S | us per vmapped step | seed-steps/s | vs S=1 | compile s | flat tail |",
-        "|---|---|---|---|---|---|",
-    ]
     base = rows[0]["seed_steps_per_s"] if rows else 1.0
-    for r in rows:
-        lines.append(
-            f"| {r['seeds']} | {r['us_per_vmapped_step']:.1f} | {r['seed_steps_per_s']:,.0f} | "
-            f"{r['seed_steps_per_s'] / base:.1f}x | {r['compile_s']:.1f} | {r['update_impl']} |"
-        )
-    return "\n".join(lines)
+    header = ("seeds S", "us per vmapped step", "seed-steps/s", "vs S=1", "compile s", "flat tail")
+    return markdown_table(
+        header,
+        (
+            (r["seeds"], f"{r['us_per_vmapped_step']:.1f}", f"{r['seed_steps_per_s']:,.0f}",
+             f"{r['seed_steps_per_s'] / base:.1f}x", f"{r['compile_s']:.1f}", r["update_impl"])
+            for r in rows
+        ),
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -19,6 +19,12 @@ def _require(ok: bool, field_name: str, message: str) -> None:
         raise ValueError(f"{field_name}: {message}")
 
 
+def _require_one_of(value: str, choices: tuple[str, ...], field_name: str) -> None:
+    """``value`` is one of ``choices``, else "field: 'a', 'b' or 'c'"."""
+    quoted = [f"'{c}'" for c in choices]
+    _require(value in choices, field_name, ", ".join(quoted[:-1]) + " or " + quoted[-1])
+
+
 # The names of jdqn.data.calendars.CALENDARS (a test keeps the two lists equal).
 _CALENDAR_NAMES = Literal[
     "cme_equity", "cme_energy", "cme_metals", "cme_rates_fx", "fx_24x5", "crypto_24x7"
@@ -132,11 +138,7 @@ class EnvConfig:
         _require(self.slippage_ticks >= 0, "env.slippage_ticks", "must be >= 0")
         _require(self.commission_ticks >= 0, "env.commission_ticks", "must be >= 0")
         _require(self.reward_scale > 0, "env.reward_scale", "must be > 0")
-        _require(
-            self.reward_unit in ("points", "train_volatility"),
-            "env.reward_unit",
-            "'points' or 'train_volatility'",
-        )
+        _require_one_of(self.reward_unit, ("points", "train_volatility"), "env.reward_unit")
 
     @property
     def n_actions(self) -> int:
@@ -176,9 +178,7 @@ class NetworkConfig:
         )
         _require(self.n_atoms >= 2, "network.n_atoms", "use at least 2 atoms (C51: 51)")
         _require(self.v_min < self.v_max, "network.v_min", "v_min must be < v_max")
-        _require(
-            self.spectral_mode in ("clip", "divide"), "network.spectral_mode", "'clip' or 'divide'"
-        )
+        _require_one_of(self.spectral_mode, ("clip", "divide"), "network.spectral_mode")
         _require(self.n_heads >= 1, "network.n_heads", "must be >= 1")
         _require(0 < self.bootstrap_prob <= 1, "network.bootstrap_prob", "must be in (0, 1]")
         _require(self.lambda_div >= 0, "network.lambda_div", "must be >= 0")
@@ -189,11 +189,7 @@ class NetworkConfig:
             "need 0 <= prune_start <= prune_end",
         )
         _require(self.prune_every >= 1, "network.prune_every", "must be >= 1")
-        _require(
-            self.matmul_dtype in ("float32", "bfloat16"),
-            "network.matmul_dtype",
-            "'float32' or 'bfloat16'",
-        )
+        _require_one_of(self.matmul_dtype, ("float32", "bfloat16"), "network.matmul_dtype")
 
     @property
     def delta_z(self) -> float:
@@ -249,10 +245,8 @@ class LossConfig:
         _require(
             self.huber_delta is None or self.huber_delta > 0, "loss.huber_delta", "None or > 0"
         )
-        _require(self.mse_unit in ("support", "reward"), "loss.mse_unit", "'support' or 'reward'")
-        _require(
-            self.donor_mode in ("none", "best", "all"), "loss.donor_mode", "'none', 'best', 'all'"
-        )
+        _require_one_of(self.mse_unit, ("support", "reward"), "loss.mse_unit")
+        _require_one_of(self.donor_mode, ("none", "best", "all"), "loss.donor_mode")
         _require(0 <= self.donor_fraction <= 4, "loss.donor_fraction", "must be in [0, 4]")
         _require(self.gv_every >= 1, "loss.gv_every", "must be >= 1")
         _require(0 < self.gv_beta <= 1, "loss.gv_beta", "must be in (0, 1]")
@@ -261,7 +255,7 @@ class LossConfig:
         _require(self.causal_every >= 1, "loss.causal_every", "must be >= 1")
         _require(self.causal_weight >= 0, "loss.causal_weight", "must be >= 0")
         _require(self.q_clip > 0, "loss.q_clip", "must be > 0")
-        _require(self.budget_split in ("alpha", "fixed"), "loss.budget_split", "'alpha' or 'fixed'")
+        _require_one_of(self.budget_split, ("alpha", "fixed"), "loss.budget_split")
         _require(0 < self.edge_mass_limit <= 1, "loss.edge_mass_limit", "must be in (0, 1]")
 
     def alpha_for_epoch(self, epoch: int) -> float:
@@ -358,9 +352,7 @@ class WalkForwardConfig:
 
     def __post_init__(self) -> None:
         _require(self.n_folds >= 1, "walkforward.n_folds", "must be >= 1")
-        _require(
-            self.mode in ("rolling", "expanding"), "walkforward.mode", "'rolling' or 'expanding'"
-        )
+        _require_one_of(self.mode, ("rolling", "expanding"), "walkforward.mode")
         _require(self.train_bars >= 2, "walkforward.train_bars", "must be >= 2")
         _require(self.test_bars >= 2, "walkforward.test_bars", "must be >= 2")
         _require(self.purge_bars >= 0, "walkforward.purge_bars", "must be >= 0")
@@ -395,7 +387,7 @@ class AccelConfig:
     kernels: Literal["auto", "off"] = "auto"
 
     def __post_init__(self) -> None:
-        _require(self.kernels in ("auto", "off"), "accel.kernels", "'auto' or 'off'")
+        _require_one_of(self.kernels, ("auto", "off"), "accel.kernels")
 
 
 @dataclass(frozen=True)
