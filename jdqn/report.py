@@ -67,7 +67,7 @@ class BackgroundWrites:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jdqn-writes")
         self._pending: list[Future[None]] = []
         self._plots = _plot_pool(plot_processes, tuple(preload)) if plot_processes > 0 else None
-        if self._plots is None:
+        if self._plots is None and preload:
             self.prefetch(preload)
 
     def prefetch(self, modules: Sequence[str]) -> None:
