@@ -5,7 +5,8 @@ state's arrays (path, dtype, shape and bytes of every leaf) and of its metadata,
 host copy that is saved. A restore recomputes both from what it read and refuses a checkpoint
 whose digests differ, that cannot be read, or that has no manifest: orbax reads flipped bytes
 in a data file without complaint. :meth:`Checkpointer.restore_intact` then falls back to the
-newest checkpoint that verifies.
+newest checkpoint that verifies. In a run of several processes each process writes its own
+share in its own folder (:class:`ShareCheckpointer`: one ``.npz`` per step, same manifests).
 
 orbax is imported when a checkpoint is first read or written, not with this module: its import
 (with tensorstore's) takes 0.2-0.3 s of a warm start's GIL-bound start-up on the H200.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import importlib
+import io
 import json
 import threading
 import warnings
@@ -118,9 +120,12 @@ class Checkpointer:
 
     def _write_manifest(self, step: int, host: Any, meta: dict[str, Any]) -> None:
         try:
-            self._write_manifest_now(step, host, meta)
+            self._write_in_background(step, host, meta)
         except BaseException as error:  # e.g. a full disk: reported by the thread that waits
             self._hashing_error = error
+
+    def _write_in_background(self, step: int, host: Any, meta: dict[str, Any]) -> None:
+        self._write_manifest_now(step, host, meta)  # orbax writes the state on its own threads
 
     def _write_manifest_now(self, step: int, host: Any, meta: dict[str, Any]) -> None:
         record = {
@@ -130,10 +135,13 @@ class Checkpointer:
         }
         rundir.write_json(self.manifest_path(step), record)
 
+    def _step_path(self, step: int) -> Path:
+        return self._directory / str(step)  # orbax's directory of the step
+
     def _prune_manifests(self) -> None:
-        """Drop the manifests of steps orbax has deleted (it keeps the latest two)."""
+        """Drop the manifests of deleted steps (orbax keeps the latest two)."""
         for manifest in self._manifests.glob("*.json"):
-            if not (self._directory / manifest.stem).exists():
+            if not self._step_path(int(manifest.stem)).exists():
                 manifest.unlink(missing_ok=True)
 
     def _wait_for_manifest(self) -> None:
@@ -148,9 +156,8 @@ class Checkpointer:
     def _manager(self) -> Any:
         if self._manager_ is None:
             ocp = _ocp()
-            # This process alone: in a run of several processes, process 0 writes and reads
-            # the checkpoints of all of them (jdqn.walkforward.GroupCheckpoints), without
-            # orbax's barriers with the others (its default: every process saves together).
+            # This process alone, without orbax's barriers with others (its default: every
+            # process saves together); runs of several processes use ShareCheckpointer.
             this = jax.process_index()
             alone = ocp.options.MultiprocessingOptions(
                 primary_host=this, active_processes={this}, barrier_sync_key_prefix=f"p{this}"
@@ -171,7 +178,6 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         # The host copy is taken now: the next training chunk donates the state's device buffers.
         host = jax.device_get(_to_storable(state))
-        ocp = _ocp()
         if not all_finite(host):
             # The guard keeps non-finite values out of the state; this is the last line of defence
             # so that a checkpoint can never hold one.
@@ -184,12 +190,28 @@ class Checkpointer:
             target=self._write_manifest, args=(step, host, meta), name="jdqn-checkpoint-digest"
         )
         self._hashing.start()
+        self._write(step, host, meta)
+
+    def _write(self, step: int, host: Any, meta: dict[str, Any]) -> None:
+        ocp = _ocp()
         self._manager.save(
             step,
             args=ocp.args.Composite(
                 state=ocp.args.StandardSave(host), meta=ocp.args.JsonSave(meta)
             ),
         )
+
+    def _read(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
+        """The step's storable state (in the structure of ``like``) and metadata."""
+        ocp = _ocp()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_storable(like))
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+            ),
+        )
+        return restored.state, dict(restored.meta)
 
     def latest_step(self) -> int | None:
         # orbax names a committed step's directory by its number, and a step being written by
@@ -201,25 +223,18 @@ class Checkpointer:
     def restore(self, like: Any, step: int | None = None) -> tuple[Any, dict[str, Any]]:
         """Restore into the structure of ``like`` (e.g. a freshly initialised state), verified
         against the step's manifest (:class:`CheckpointCorruptError` when it fails)."""
-        ocp = _ocp()
         self._manager.wait_until_finished()  # a save of this process may still be writing
         self._wait_for_manifest()
         step = self._manager.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError("no checkpoint to resume from")
-        where = f"checkpoint {self._directory / str(step)}"
+        where = f"checkpoint {self._step_path(step)}"
         try:
             manifest = json.loads(self.manifest_path(step).read_text())
         except (OSError, ValueError):
             raise CheckpointCorruptError(f"{where} has no readable checksum manifest") from None
-        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_storable(like))
         try:
-            restored = self._manager.restore(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-                ),
-            )
+            stored, meta = self._read(step, like)
         except Exception as error:  # whatever orbax fails on, the checkpoint is damaged
             mismatch = ("tree structures do not match", "Structure mismatch")  # jax, numpy targets
             if isinstance(error, ValueError) and any(m in str(error) for m in mismatch):
@@ -237,13 +252,12 @@ class Checkpointer:
                 warnings.simplefilter("ignore", ResourceWarning)
                 gc.collect()
             raise CheckpointCorruptError(f"{where} cannot be read ({reason})") from None
-        host_state = jax.device_get(restored.state)
-        meta = dict(restored.meta)
+        host_state = jax.device_get(stored)
         if manifest.get("state_sha256") != state_digest(host_state):
             raise CheckpointCorruptError(f"{where}: its arrays do not match their SHA-256")
         if manifest.get("meta_sha256") != meta_digest(meta):
             raise CheckpointCorruptError(f"{where}: its metadata does not match its SHA-256")
-        return _from_storable(restored.state, like), meta
+        return _from_storable(stored, like), meta
 
     def restore_intact(
         self, like: Any, log: Callable[[str], None]
@@ -252,6 +266,7 @@ class Checkpointer:
         does not is refused in one line and deleted (so that training writes its step again).
         :class:`NoIntactCheckpointError` when none verifies."""
         self._manager.wait_until_finished()
+        self._wait_for_manifest()
         refused: list[int] = []
         for step in sorted(self._manager.all_steps(), reverse=True):
             try:
@@ -271,6 +286,15 @@ class Checkpointer:
             f"{', '.join(map(str, refused)) or 'none'}); fix: start the run again"
         )
 
+    def discard_after(self, step: int) -> None:
+        """Delete the checkpoints newer than ``step`` and their manifests."""
+        self._manager.wait_until_finished()
+        self._wait_for_manifest()
+        for newer in self._manager.all_steps():
+            if newer > step:
+                self._manager.delete(newer)
+                self.manifest_path(newer).unlink(missing_ok=True)
+
     def close(self) -> None:
         """Wait for the pending write and deletion, then release orbax's threads."""
         try:
@@ -280,3 +304,90 @@ class Checkpointer:
                 self._manager_.wait_until_finished()
                 self._manager_.close()
                 self._prune_manifests()
+
+
+META = "__meta__"  # the metadata's entry (JSON text) in a share's .npz
+
+
+def leaf_name(path: Any) -> str:
+    """A leaf's tree path as dotted names (``learner.params.0``), an entry of a share's .npz."""
+    keys = (getattr(k, "name", getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    return ".".join(map(str, keys))
+
+
+def _named(tree: Any) -> dict[str, Any]:
+    """The leaves of ``tree`` by :func:`leaf_name`, in its flattening order."""
+    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+    named = {leaf_name(path): x for path, x in leaves}
+    if len(named) != len(leaves):
+        raise ValueError("two leaves of the state have one dotted name")
+    return named
+
+
+class ShareCheckpointer(Checkpointer):
+    """One process's share of the learners in a run of several processes: each step is one
+    ``<step>.npz`` in this process's own folder (its state's leaves and its metadata, written
+    atomically on the digest thread before its manifest, ``sha256/<step>.json`` in the same
+    folder); the latest two are kept, and verification and fallback are :class:`Checkpointer`'s.
+
+    Not orbax: its NumpyHandler writes numpy arrays from process 0 only, and it refuses a
+    ``jax.Array`` held by one process when there are several.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self._manifests = directory / "sha256"
+        self._manager_ = _ShareFiles(directory)
+
+    def _step_path(self, step: int) -> Path:
+        return self._directory / f"{step}.npz"
+
+    def _write(self, step: int, host: Any, meta: dict[str, Any]) -> None:
+        pass  # written with its manifest, on the digest thread (_write_in_background)
+
+    def _write_in_background(self, step: int, host: Any, meta: dict[str, Any]) -> None:
+        buffer = io.BytesIO()
+        entries: dict[str, Any] = {name: np.asarray(x) for name, x in _named(host).items()}
+        entries[META] = np.asarray(json.dumps(meta))
+        np.savez(buffer, **entries)
+        rundir.write_atomic(self._step_path(step), buffer.getvalue())
+        self._write_manifest_now(step, host, meta)
+        for old in self._manager.all_steps()[:-2]:
+            self._manager.delete(old)
+        self._prune_manifests()
+
+    def _read(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
+        storable = _to_storable(like)
+        expected = _named(storable)
+        with np.load(self._step_path(step)) as stored:
+            meta = json.loads(str(stored[META]))
+            if set(stored.files) != {*expected, META}:  # the wording Checkpointer.restore reads
+                raise ValueError("Structure mismatch: other leaves")
+            leaves = [stored[name] for name in expected]
+        for name, leaf in zip(expected, leaves, strict=True):
+            if leaf.shape != np.shape(expected[name]) or leaf.dtype != expected[name].dtype:
+                raise ValueError(f"Structure mismatch: {name} is {leaf.dtype}{leaf.shape}")
+        return jax.tree.unflatten(jax.tree.structure(storable), leaves), meta
+
+
+class _ShareFiles:
+    """The calls :class:`Checkpointer` makes of orbax's CheckpointManager, on ``<step>.npz``."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+
+    def all_steps(self) -> list[int]:
+        return sorted(int(path.stem) for path in self._directory.glob("[0-9]*.npz"))
+
+    def latest_step(self) -> int | None:
+        steps = self.all_steps()
+        return steps[-1] if steps else None
+
+    def delete(self, step: int) -> None:
+        (self._directory / f"{step}.npz").unlink(missing_ok=True)
+
+    def wait_until_finished(self) -> None:
+        pass  # the digest thread writes; Checkpointer waits for it
+
+    def close(self) -> None:
+        pass

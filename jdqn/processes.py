@@ -6,10 +6,9 @@ process do (``jdqn.placement``): each wave of learners is padded to a multiple o
 count (copies of its last learner, whose results are dropped) and process ``i`` trains the
 ``i``-th contiguous share on its own local devices. A learner's keys come from its (fold, seed
 index), as in one process, so it trains the same wherever it runs. Process 0 gathers what
-judging needs (``multihost_utils.process_allgather``) and alone writes the run directory,
-checkpoints included: a checkpoint holds the whole wave's state as one process would (gathered
-from every share), and a resume hands each process its share of it
-(``jdqn.walkforward.GroupCheckpoints``).
+judging needs (``multihost_utils.process_allgather``) and writes the run directory, except the
+checkpoints: each process writes its own share's state in its own folder, with no gather of it,
+and a resume reads it back there (``jdqn.walkforward.GroupCheckpoints``).
 
 ``jax.distributed.initialize`` must run before any other use of a JAX backend. On CPU the
 cross-process collectives are gloo's, the default of jax 0.11's

@@ -39,6 +39,7 @@ from jdqn.checkpoint import (
     Checkpointer,
     CheckpointLayoutError,
     NoIntactCheckpointError,
+    ShareCheckpointer,
 )
 from jdqn.config import Config
 from jdqn.data import (
@@ -216,7 +217,9 @@ def _run_walkforward(
         if run is None or not processes.writer:
             raise  # no directory was made, or process 0 owns it
         with rundir.interrupts_deferred():  # a second Ctrl-C must not stop the clean-up half-way
-            resumable = any(run.checkpoint_dir.glob("group*/[0-9]*"))
+            resumable = any(run.checkpoint_dir.glob("group*/[0-9]*")) or any(
+                run.checkpoint_dir.glob("group*/process-*/[0-9]*")  # several processes' shares
+            )
             if not resumable:
                 rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
             elif faults.io_problem(error) is None:  # a storage failure's line says it instead
@@ -836,10 +839,11 @@ def _train_group(
 
 
 class GroupCheckpoints:
-    """A group's checkpoints, in the one-process run's form whatever the process count: the
-    whole wave's state on the host without padding, gathered from every process's share and
-    written by process 0 (orbax writes numpy arrays from process 0 only, its NumpyHandler);
-    a resume reads it there and hands each process its share (``jdqn.processes``)."""
+    """A group's checkpoints. One process writes them in ``checkpoints/group<g>/`` (orbax, the
+    wave's state on the host without padding). In a run of several processes each process
+    writes its own share, padding included, in ``checkpoints/group<g>/process-<i>/``
+    (:class:`ShareCheckpointer`), with no gather of the state; a resume reads it back there,
+    from the newest step every process holds intact."""
 
     def __init__(
         self,
@@ -852,8 +856,13 @@ class GroupCheckpoints:
     ) -> None:
         self.enabled = cfg.output.checkpoints
         self._directory = run.checkpoint_dir / f"group{group_index}"
-        self._store = Checkpointer(self._directory) if self.enabled and processes.writer else None
-        self._place, self._processes, self._learners = programs.place, processes, learners
+        self._store: Checkpointer | None = None
+        if self.enabled and processes.count > 1:
+            self._directory /= f"process-{processes.index}"
+            self._store = ShareCheckpointer(self._directory)
+        elif self.enabled:
+            self._store = Checkpointer(self._directory)
+        self._place, self._processes = programs.place, processes
         self._indices = processes.share(list(range(learners)))  # this process's runs in the wave
         self._chunks_per_epoch = programs.program.chunks_per_epoch
         self._param_layout = programs.program.learner.layout.record()  # saved with each one
@@ -863,21 +872,35 @@ class GroupCheckpoints:
     ) -> tuple[TrainState, dict[str, Any]] | None:
         """The newest intact checkpoint's share of the state, placed as ``state`` is, and its
         metadata (``halted_epoch`` by this process's run index); None without one."""
-        found = self._store is not None and self._store.latest_step() is not None
-        if not self.enabled or not self._processes.broadcast_flag(found):
+        if self._store is None:
             return None
-        whole = self._whole(state)
-        meta: dict[str, Any] = {}
-        if self._store is not None:
-            whole, meta, _ = self._store.restore_intact(whole, log)
-            check_param_layout(meta, self._param_layout, self._directory)
-        whole = self._processes.broadcast(whole)
-        meta = json.loads(self._processes.broadcast_text(json.dumps(meta)))
+        missing = self._store.latest_step() is None
+        if self._processes.any_of(missing):  # every process starts afresh, or none does
+            if self._processes.count > 1:
+                self._store.discard_after(-1)  # so that no older run's step outlives the new
+            return None
+        share = self._share(state)
+        try:
+            share, meta, step = self._store.restore_intact(share, log)
+        except NoIntactCheckpointError:
+            if self._processes.count == 1:
+                raise
+            step = -1  # told to the others first, so that they do not wait for this one
+        agreed = self._processes.smallest([step])[0]
+        if agreed < 0:
+            raise NoIntactCheckpointError(
+                f"{self._directory.parent}: a process has no checkpoint that passes "
+                "verification; fix: start the run again"
+            )
+        if agreed != step:  # another process holds no intact checkpoint this new
+            share, meta = self._store.restore(share, agreed)
+            self._store.discard_after(agreed)  # training writes them again
+            log(f"jdqn: resuming from step {agreed}, the newest every process holds intact")
+        check_param_layout(meta, self._param_layout, self._directory)
         halted = meta["halted_epoch"]
         meta["halted_epoch"] = {
             r: halted[str(g)] for r, g in enumerate(self._indices) if str(g) in halted
         }
-        share = jax.tree.map(lambda x: np.asarray(x)[self._indices], whole)
         return self._place.learner_arrays(share), meta
 
     def save(
@@ -886,31 +909,28 @@ class GroupCheckpoints:
         """Checkpoint after ``epochs_done`` epochs and ``chunks_done`` chunks of the next one
         (numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends); every
         process calls it."""
-        if not self.enabled:
-            return
-        whole = self._whole(state)
-        local = np.asarray([halted_epoch.get(r, -1) for r in range(len(self._indices))])
-        halted = self._processes.gather(local, self._learners)
         if self._store is None:
             return
+        # halted_epoch by the wave's run index g, as one process would record it.
+        halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}
         meta: dict[str, Any] = {
             "epochs_done": epochs_done,
-            "halted_epoch": {str(g): int(e) for g, e in enumerate(halted) if e >= 0},
+            "halted_epoch": halted,
             "param_layout": self._param_layout,
         }
         if chunks_done:
             meta["chunks_done"] = chunks_done
         step = epochs_done * self._chunks_per_epoch + chunks_done
-        self._store.save(step, whole, meta)
+        self._store.save(step, self._share(state), meta)
 
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
 
-    def _whole(self, state: TrainState) -> Any:
-        """The wave's state on the host, without padding: the one-process run's."""
-        share = jax.tree.map(lambda x: np.asarray(x)[: len(self._indices)], self._place.real(state))
-        return self._processes.gather(share, self._learners)
+    def _share(self, state: TrainState) -> Any:
+        """This process's share of the wave's state on the host, without the device padding:
+        with one process, the whole wave."""
+        return jax.tree.map(lambda x: np.asarray(x)[: len(self._indices)], self._place.real(state))
 
 
 def _chunk_record(state: TrainState, chunk_metrics: Any, learners: int) -> tuple[Any, Any]:

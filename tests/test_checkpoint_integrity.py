@@ -14,6 +14,7 @@ from jdqn.checkpoint import (
     CheckpointCorruptError,
     Checkpointer,
     NoIntactCheckpointError,
+    ShareCheckpointer,
     meta_digest,
     state_digest,
 )
@@ -129,3 +130,30 @@ def test_the_manifests_of_the_kept_steps_remain_and_only_those(tmp_path):
     assert step == 9
     reopened.restore(_state(0), 8)
     reopened.close()
+
+
+def test_a_process_share_is_one_npz_per_step_verified_and_with_the_same_fallback(tmp_path):
+    """A run of several processes: each writes its share in its own folder (ShareCheckpointer),
+    keeps the latest two steps with their manifests, refuses a damaged one and falls back."""
+    directory = tmp_path / "group0" / "process-1"
+    checkpointer = ShareCheckpointer(directory)
+    for step in (4, 6, 8, 9):
+        checkpointer.save(step, _state(step), {"epochs_done": step})
+    checkpointer.close()
+    assert sorted(p.name for p in directory.iterdir()) == ["8.npz", "9.npz", "sha256"]
+    assert sorted(p.name for p in (directory / "sha256").iterdir()) == ["8.json", "9.json"]
+    with np.load(directory / "9.npz") as stored:
+        assert sorted(stored.files) == ["__meta__", "step", "w"]
+        np.testing.assert_array_equal(stored["w"], np.arange(20_000.0, dtype=np.float32) * 9)
+    _flip_64_bytes(directory / "9.npz")
+    lines: list[str] = []
+    reopened = ShareCheckpointer(directory)
+    state, meta, step = reopened.restore_intact(_state(0), log=lines.append)
+    assert step == 8 and meta == {"epochs_done": 8} and int(state["step"]) == 8
+    assert lines[0].startswith(f"jdqn: refused checkpoint {directory / '9.npz'}")
+    assert sorted(p.name for p in directory.glob("*.npz")) == ["8.npz"]
+    with pytest.raises(ValueError, match="another layout"):
+        reopened.restore({"w": jnp.zeros(3)}, 8)
+    reopened.discard_after(-1)
+    reopened.close()
+    assert reopened.latest_step() is None and not list((directory / "sha256").iterdir())

@@ -16,6 +16,7 @@ from es_sample import ES_SAMPLE
 from tiny_learner import TINY
 
 from jdqn import processes as processes_module
+from jdqn.checkpoint import META, leaf_name
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.processes import ProcessError, Processes, launched_by, start
 
@@ -161,7 +162,8 @@ def _launch(argv: list[str], processes: int) -> list[subprocess.CompletedProcess
     return done
 
 
-def _states(directory: Path) -> list[np.ndarray]:
+def _states(directory: Path) -> dict[str, np.ndarray]:
+    """The latest checkpoint of a one-process run's group, by leaf name."""
     import orbax.checkpoint as ocp
 
     manager = ocp.CheckpointManager(directory.absolute())
@@ -170,7 +172,15 @@ def _states(directory: Path) -> list[np.ndarray]:
         args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
     )
     manager.close()
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(restored.state)]
+    flat = jax.tree_util.tree_flatten_with_path(restored.state)[0]
+    return {leaf_name(path): np.asarray(leaf) for path, leaf in flat}
+
+
+def _share(directory: Path) -> dict[str, np.ndarray]:
+    """The latest checkpoint of one process's share, by leaf name."""
+    latest = max(directory.glob("*.npz"), key=lambda path: int(path.stem))
+    with np.load(latest) as stored:
+        return {name: stored[name] for name in stored.files if name != META}
 
 
 @pytest.mark.slow
@@ -179,7 +189,7 @@ def test_two_processes_stopped_and_resumed_equal_the_one_process_run(tmp_path):
     Stopped after the first epoch's checkpoint and resumed by the two processes, the run equals
     the one-process run bit for bit on CPU: results.json's folds and summary, metrics.jsonl and
     the checkpointed states (each learner's computation is the same; only the vmap's width
-    differs)."""
+    differs). Each process checkpoints its own share in its own folder."""
     argv = ["walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "-q"]
     argv += ["--folds", "1", "--seeds", "3", "--epochs", "2"]
     for item in (
@@ -203,10 +213,17 @@ def test_two_processes_stopped_and_resumed_equal_the_one_process_run(tmp_path):
     assert results[1]["summary"] == results[0]["summary"]
     metrics = [(tmp_path / n / "metrics.jsonl").read_text() for n in ("one", "two")]
     assert metrics[1] == metrics[0]
-    states = [_states(tmp_path / n / "checkpoints" / "group0") for n in ("one", "two")]
-    assert len(states[0]) == len(states[1])
-    for a, b in zip(*states, strict=True):
-        np.testing.assert_array_equal(a, b)
+    # Each process wrote its own share (2 learners: seeds 0 and 1; seed 2 and its copy) in its
+    # own folder, nothing gathered; the shares together are the one-process run's state.
+    group = tmp_path / "two" / "checkpoints" / "group0"
+    assert sorted(p.name for p in group.iterdir()) == ["process-0", "process-1"]
+    one = _states(tmp_path / "one" / "checkpoints" / "group0")
+    shares = [_share(group / f"process-{i}") for i in range(2)]
+    assert set(shares[0]) == set(shares[1]) == set(one) and len(one) > 10
+    for name, whole in one.items():
+        assert whole.shape[0] == 3
+        assert shares[0][name].shape == shares[1][name].shape == (2, *whole.shape[1:])
+        np.testing.assert_array_equal(np.concatenate([s[name] for s in shares])[:3], whole)
     # Process 0 wrote the run directory: the one-process run's files and the process count.
     files = [
         {str(p.relative_to(tmp_path / n)) for p in (tmp_path / n).rglob("*") if p.is_file()}
