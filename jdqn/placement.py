@@ -1,5 +1,5 @@
 """Where the learners run: the learner axis (folds x seeds) over a one-axis device mesh, in
-waves when they do not fit (DESIGN section 11).
+waves when they do not fit (docs/design.md, §11 and §17).
 
 The learners never talk to each other, so scaling out is placement, not a new algorithm: the
 learner axis is padded to a multiple of the device count (copies of the last learner, whose

@@ -1,5 +1,5 @@
 """Several processes (hosts) sharing one walk-forward run through ``jax.distributed``
-(DESIGN section 11).
+(docs/design.md, §11).
 
 The learners never talk to each other, so several processes split them as the devices of one
 process do (``jdqn.placement``): each wave of learners is padded to a multiple of the process
