@@ -25,6 +25,9 @@ GEMMs one column wider and twice as slow.)
 Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
 math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s, and bfloat16 matmul
 inputs round where autodiff's do. Only the order of float32 sums may differ.
+
+``JDQN_KERNELS=dense=autodiff`` (tests and benchmarks only, ``jdqn.pieces``) runs the same
+forward under JAX's autodiff instead, the plain path this backward is measured against.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jdqn import pieces
 
 Layer = tuple[jax.Array, jax.Array]  # (kernel, bias) float32
 Grads = tuple[tuple[Layer, ...], Layer, jax.Array]  # (torso layers', head's, the input's)
@@ -46,8 +51,11 @@ def dense_stack(
 
     Matmul inputs are cast to ``matmul_dtype``; products and everything else are float32.
     Differentiable in reverse mode, to first order (``jax.custom_vjp``; the backward's vmap rule
-    has no derivative of its own), which is all the learner takes.
+    has no derivative of its own), which is all the learner takes. Under ``dense=autodiff``
+    (:data:`jdqn.pieces.KERNELS_ENV`, read at trace time) JAX differentiates the forward.
     """
+    if pieces.piece("dense") == "autodiff":
+        return _forward(torso, head, x.astype(jnp.float32), matmul_dtype)[0]
     return _stack(torso, head, x.astype(jnp.float32), matmul_dtype)
 
 
@@ -147,7 +155,7 @@ def _parts_backward(
         # written twice, [R, P, O] and [P, O, R]. The bias's sum reads it through the barrier
         # too: fused into the pass that writes the cotangent, that pass is slower than the write
         # and the sum apart.
-        g_input, g = jax.lax.optimization_barrier((g_input, g))
+        g_input, g = pieces.barrier((g_input, g))
         head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)
         g = g_input
     torso_grads = []
