@@ -191,9 +191,10 @@ def _xla_update(optimizer: optax.GradientTransformation, layout: ParamLayout, ta
         checks.finite("surgery", "grad_c51", result.g2)
         # On CPU the total is materialised before Adam, as the debug checks of it force: fused
         # into Adam's loop it rounds differently (contracted multiply-adds), and a --debug run
-        # would no longer reproduce the plain run bit for bit.
+        # would no longer reproduce the plain run bit for bit. (The branches are new functions
+        # per trace: JAX caches their traces by function, and barriers=off reads at trace time.)
         total = jax.lax.platform_dependent(
-            result.total, cpu=pieces.barrier, default=lambda total: total
+            result.total, cpu=lambda total: pieces.barrier(total), default=lambda total: total
         )
         checks.finite("gradient", "grad_total", total)
         with jax.named_scope("adam"):

@@ -56,11 +56,14 @@ def dense_stack(
     """
     if pieces.piece("dense") == "autodiff":
         return _forward(torso, head, x.astype(jnp.float32), matmul_dtype)[0]
-    return _stack(torso, head, x.astype(jnp.float32), matmul_dtype)
+    # The barriers' choice as an argument: JAX caches the backward's traces by function.
+    return _stack(torso, head, x.astype(jnp.float32), matmul_dtype, pieces.piece("barriers"))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _stack(torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _stack(
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, barriers: str
+) -> jax.Array:
     return _forward(torso, head, x, matmul_dtype)[0]
 
 
@@ -86,24 +89,28 @@ def _forward(
 
 
 def _stack_fwd(
-    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, barriers: str
 ) -> tuple[jax.Array, tuple[Any, ...]]:
+    del barriers
     out, inputs = _forward(torso, head, x, matmul_dtype)
     return out, (inputs, tuple(kernel for kernel, _ in torso), head[0])
 
 
-def _stack_bwd(matmul_dtype: str, residuals: tuple[Any, ...], cotangent: jax.Array) -> Grads:
+def _stack_bwd(
+    matmul_dtype: str, barriers: str, residuals: tuple[Any, ...], cotangent: jax.Array
+) -> Grads:
     inputs, kernels, head_kernel = residuals
-    return _backward(matmul_dtype)(cotangent, inputs, kernels, head_kernel)
+    return _backward(matmul_dtype, barriers)(cotangent, inputs, kernels, head_kernel)
 
 
 _stack.defvjp(_stack_fwd, _stack_bwd)
 
 
 @functools.cache
-def _backward(dtype: str) -> Any:
+def _backward(dtype: str, barriers: str) -> Any:
     """The one-part backward ``(g [R, O], inputs, kernels, head_kernel) -> (torso grads, head
-    grads, x grad)``, whose vmap over the cotangent alone runs :func:`_parts_backward`."""
+    grads, x grad)``, whose vmap over the cotangent alone runs :func:`_parts_backward`.
+    ``barriers``: ``"on"``, or ``"off"`` to leave out the head's barrier (``jdqn.pieces``)."""
 
     def one_part(
         g: jax.Array,
@@ -111,7 +118,7 @@ def _backward(dtype: str) -> Any:
         kernels: tuple[jax.Array, ...],
         head_kernel: jax.Array,
     ) -> Grads:
-        grads = _parts_backward(g[None], inputs, kernels, head_kernel, dtype)
+        grads = _parts_backward(g[None], inputs, kernels, head_kernel, dtype, barriers)
         return jax.tree.map(lambda a: a[0], grads)
 
     backward = jax.custom_batching.custom_vmap(one_part)
@@ -128,7 +135,7 @@ def _backward(dtype: str) -> Any:
         del axis_size
         g_batched, *rest = in_batched
         if g_batched and not any(jax.tree.leaves(rest)):  # the loss parts: rows outermost
-            grads = _parts_backward(g, inputs, kernels, head_kernel, dtype)
+            grads = _parts_backward(g, inputs, kernels, head_kernel, dtype, barriers)
         else:  # another vmap (learners, say): the one-part form, mapped
             axes = jax.tree.map(lambda batched: 0 if batched else None, in_batched)
             grads = jax.vmap(one_part, in_axes=tuple(axes))(g, inputs, kernels, head_kernel)
@@ -143,6 +150,7 @@ def _parts_backward(
     kernels: tuple[jax.Array, ...],
     head_kernel: jax.Array,
     dtype: str,
+    barriers: str,
 ) -> Grads:
     """P cotangents ``g [P, R, O]`` -> (torso grads, head grads, x grad [P, R, F]), [P, ...]."""
     g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
@@ -155,7 +163,8 @@ def _parts_backward(
         # written twice, [R, P, O] and [P, O, R]. The bias's sum reads it through the barrier
         # too: fused into the pass that writes the cotangent, that pass is slower than the write
         # and the sum apart.
-        g_input, g = pieces.barrier((g_input, g))
+        if barriers == "on":
+            g_input, g = jax.lax.optimization_barrier((g_input, g))
         head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)
         g = g_input
     torso_grads = []

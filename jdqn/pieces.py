@@ -7,15 +7,17 @@ its plain form. It imports nothing of jdqn, so the modules that hold the pieces 
 ``jdqn.dense_stack``, ``jdqn.losses``, ``jdqn.learner.step``) all read it without a cycle.
 
 The variable is read when a function is traced, so programs traced under different values
-differ; it is part of the stored executables' key (``jdqn.executables``). A function jitted once
-at module level keeps the program of its first trace.
+differ; it is part of the stored executables' key (``jdqn.executables``). JAX caches traces by
+function: the same function traced again at the same shapes keeps its first trace, so trace a
+new one under another value. A learner's step traces under the value ``make_learner`` saw
+(:func:`traced_under`), as its update was chosen then.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import jax
 
@@ -53,9 +55,14 @@ def parse(spec: str) -> dict[str, str]:
     return pieces
 
 
+def spec_now() -> str:
+    """:data:`KERNELS_ENV`'s value now ("" when unset)."""
+    return os.environ.get(KERNELS_ENV, "")
+
+
 def forced_now() -> dict[str, str]:
     """The pieces :data:`KERNELS_ENV` names now."""
-    return parse(os.environ.get(KERNELS_ENV, ""))
+    return parse(spec_now())
 
 
 def piece(name: str) -> str:
@@ -66,7 +73,9 @@ def piece(name: str) -> str:
 
 
 def barrier[T](x: T) -> T:
-    """``jax.lax.optimization_barrier(x)``, or ``x`` itself under ``barriers=off``."""
+    """``jax.lax.optimization_barrier(x)``, or ``x`` itself under ``barriers=off``. Call it in
+    the traced code itself: a function handed to a cached trace (a cond's branch, a custom rule)
+    keeps its first trace's choice unless it is new per trace or the choice is its argument."""
     return jax.lax.optimization_barrier(x) if piece("barriers") == "on" else x
 
 
@@ -84,3 +93,14 @@ def forced(spec: str) -> Iterator[None]:
             os.environ.pop(KERNELS_ENV, None)
         else:
             os.environ[KERNELS_ENV] = before
+
+
+def traced_under[**P, R](spec: str, fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run under ``forced(spec)``: whenever it is traced, the pieces read inside are
+    those of ``spec`` (a learner's step traces under the override its ``make_learner`` saw)."""
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with forced(spec):
+            return fn(*args, **kwargs)
+
+    return run
