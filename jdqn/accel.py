@@ -33,25 +33,35 @@ Which implementation each piece runs. Users choose with the ``accel`` config sec
 Tests and benchmarks need more: one piece at a time, and Pallas's interpret mode, which runs a
 kernel on the CPU (slowly) so that CI checks the kernels without a GPU. That is not a user
 setting; it is reached only through the environment variable :data:`KERNELS_ENV`, e.g.
-``JDQN_KERNELS=tail=interpret,projection=reference`` (see :func:`forced`). The variable is part
-of the stored executables' key (``jdqn.executables``), so programs built under it are never
-mixed up with others.
+``JDQN_KERNELS=tail=interpret,projection=reference`` (see :func:`forced`; ``jdqn.pieces``). The
+variable is part of the stored executables' key (``jdqn.executables``), so programs built under
+it are never mixed up with others. Besides ``projection`` and ``tail`` it switches off, one at a
+time, the step's other GPU specialisations, each "auto" (today's) or its plain form, so that each
+can be measured against it (``benchmarks/ab.py --b-kernels``):
+
+- ``dense=custom|autodiff``: ``jdqn.dense_stack``'s hand-written backward and vmap rule, or JAX's
+  autodiff of the same forward;
+- ``vjp=closed|autodiff``: ``jdqn.losses``' closed-form gradients of ``c51_head`` and
+  ``causal_kl``, or JAX's autodiff of the same forwards;
+- ``barriers=on|off``: the ``lax.optimization_barrier`` calls that steer XLA's layouts and
+  fusions (the dense stack's head, the step's ``q_mean``, the CPU update's total), or none.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-from jdqn import surgery
+from jdqn import pieces, surgery
 from jdqn.config import AccelConfig, Config
 from jdqn.networks import ParamLayout, Params
+from jdqn.pieces import CHOICES as CHOICES  # the test override's names, re-exported
+from jdqn.pieces import KERNELS_ENV as KERNELS_ENV
+from jdqn.pieces import forced as forced
 from pallas_kernels import flat_tail
 
 # From this many vmapped learners on, accel.kernels=auto uses the Pallas flat tail.
@@ -102,17 +112,9 @@ class Accel(NamedTuple):
     update: Callable[..., Update]
 
 
-KERNELS_ENV = "JDQN_KERNELS"
-
-# Each piece's implementations (the projection's are pallas_kernels.c51_projection's ``impl``).
-CHOICES: dict[str, tuple[str, ...]] = {
-    "projection": ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
-    "tail": ("auto", "pallas", "interpret", "xla"),
-}
-
-
 class Kernels(NamedTuple):
-    """The implementation of each piece, before ``auto`` meets the backend and learner count."""
+    """The implementation of each Pallas piece, before ``auto`` meets the backend and learner
+    count (the other pieces of :data:`CHOICES` are read where they run, :func:`pieces.piece`)."""
 
     projection: str  # one of CHOICES["projection"]
     tail: str  # one of CHOICES["tail"]
@@ -123,36 +125,8 @@ def kernels_for(accel: AccelConfig) -> Kernels:
     chosen = Kernels("auto", "auto")
     if accel.kernels == "off":
         chosen = Kernels("reference", "xla")
-    return chosen._replace(**_parse(os.environ.get(KERNELS_ENV, "")))
-
-
-def _parse(spec: str) -> dict[str, str]:
-    pieces: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        piece, _, impl = item.partition("=")
-        if impl not in CHOICES.get(piece, ()):
-            raise ValueError(
-                f"{KERNELS_ENV}={spec!r}: {item!r} is not PIECE=IMPL; fix: give comma-separated "
-                f"choices from {CHOICES}, or unset {KERNELS_ENV}"
-            )
-        pieces[piece] = impl
-    return pieces
-
-
-@contextlib.contextmanager
-def forced(spec: str) -> Iterator[None]:
-    """For tests and benchmarks: learners built inside run the pieces ``spec`` names (e.g.
-    ``"tail=interpret"``); :data:`KERNELS_ENV`'s previous value is restored on exit."""
-    _parse(spec)  # a bad spec raises here, not at the next make_learner
-    before = os.environ.get(KERNELS_ENV)
-    os.environ[KERNELS_ENV] = spec
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(KERNELS_ENV, None)
-        else:
-            os.environ[KERNELS_ENV] = before
+    forced_now = pieces.forced_now()
+    return chosen._replace(**{k: v for k, v in forced_now.items() if k in Kernels._fields})
 
 
 def update_impl(cfg: Config, backend: str, *, debug: bool, learners: int) -> str:
@@ -217,9 +191,10 @@ def _xla_update(optimizer: optax.GradientTransformation, layout: ParamLayout, ta
         checks.finite("surgery", "grad_c51", result.g2)
         # On CPU the total is materialised before Adam, as the debug checks of it force: fused
         # into Adam's loop it rounds differently (contracted multiply-adds), and a --debug run
-        # would no longer reproduce the plain run bit for bit.
+        # would no longer reproduce the plain run bit for bit. (The branches are new functions
+        # per trace: JAX caches their traces by function, and barriers=off reads at trace time.)
         total = jax.lax.platform_dependent(
-            result.total, cpu=jax.lax.optimization_barrier, default=lambda total: total
+            result.total, cpu=lambda total: pieces.barrier(total), default=lambda total: total
         )
         checks.finite("gradient", "grad_total", total)
         with jax.named_scope("adam"):

@@ -25,6 +25,9 @@ GEMMs one column wider and twice as slow.)
 Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
 math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s, and bfloat16 matmul
 inputs round where autodiff's do. Only the order of float32 sums may differ.
+
+``JDQN_KERNELS=dense=autodiff`` (tests and benchmarks only, ``jdqn.pieces``) runs the same
+forward under JAX's autodiff instead, the plain path this backward is measured against.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+
+from jdqn import pieces
 
 Layer = tuple[jax.Array, jax.Array]  # (kernel, bias) float32
 Grads = tuple[tuple[Layer, ...], Layer, jax.Array]  # (torso layers', head's, the input's)
@@ -46,13 +51,19 @@ def dense_stack(
 
     Matmul inputs are cast to ``matmul_dtype``; products and everything else are float32.
     Differentiable in reverse mode, to first order (``jax.custom_vjp``; the backward's vmap rule
-    has no derivative of its own), which is all the learner takes.
+    has no derivative of its own), which is all the learner takes. Under ``dense=autodiff``
+    (:data:`jdqn.pieces.KERNELS_ENV`, read at trace time) JAX differentiates the forward.
     """
-    return _stack(torso, head, x.astype(jnp.float32), matmul_dtype)
+    if pieces.piece("dense") == "autodiff":
+        return _forward(torso, head, x.astype(jnp.float32), matmul_dtype)[0]
+    # The barriers' choice as an argument: JAX caches the backward's traces by function.
+    return _stack(torso, head, x.astype(jnp.float32), matmul_dtype, pieces.piece("barriers"))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _stack(torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _stack(
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, barriers: str
+) -> jax.Array:
     return _forward(torso, head, x, matmul_dtype)[0]
 
 
@@ -78,24 +89,28 @@ def _forward(
 
 
 def _stack_fwd(
-    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, barriers: str
 ) -> tuple[jax.Array, tuple[Any, ...]]:
+    del barriers
     out, inputs = _forward(torso, head, x, matmul_dtype)
     return out, (inputs, tuple(kernel for kernel, _ in torso), head[0])
 
 
-def _stack_bwd(matmul_dtype: str, residuals: tuple[Any, ...], cotangent: jax.Array) -> Grads:
+def _stack_bwd(
+    matmul_dtype: str, barriers: str, residuals: tuple[Any, ...], cotangent: jax.Array
+) -> Grads:
     inputs, kernels, head_kernel = residuals
-    return _backward(matmul_dtype)(cotangent, inputs, kernels, head_kernel)
+    return _backward(matmul_dtype, barriers)(cotangent, inputs, kernels, head_kernel)
 
 
 _stack.defvjp(_stack_fwd, _stack_bwd)
 
 
 @functools.cache
-def _backward(dtype: str) -> Any:
+def _backward(dtype: str, barriers: str) -> Any:
     """The one-part backward ``(g [R, O], inputs, kernels, head_kernel) -> (torso grads, head
-    grads, x grad)``, whose vmap over the cotangent alone runs :func:`_parts_backward`."""
+    grads, x grad)``, whose vmap over the cotangent alone runs :func:`_parts_backward`.
+    ``barriers``: ``"on"``, or ``"off"`` to leave out the head's barrier (``jdqn.pieces``)."""
 
     def one_part(
         g: jax.Array,
@@ -103,7 +118,7 @@ def _backward(dtype: str) -> Any:
         kernels: tuple[jax.Array, ...],
         head_kernel: jax.Array,
     ) -> Grads:
-        grads = _parts_backward(g[None], inputs, kernels, head_kernel, dtype)
+        grads = _parts_backward(g[None], inputs, kernels, head_kernel, dtype, barriers)
         return jax.tree.map(lambda a: a[0], grads)
 
     backward = jax.custom_batching.custom_vmap(one_part)
@@ -120,7 +135,7 @@ def _backward(dtype: str) -> Any:
         del axis_size
         g_batched, *rest = in_batched
         if g_batched and not any(jax.tree.leaves(rest)):  # the loss parts: rows outermost
-            grads = _parts_backward(g, inputs, kernels, head_kernel, dtype)
+            grads = _parts_backward(g, inputs, kernels, head_kernel, dtype, barriers)
         else:  # another vmap (learners, say): the one-part form, mapped
             axes = jax.tree.map(lambda batched: 0 if batched else None, in_batched)
             grads = jax.vmap(one_part, in_axes=tuple(axes))(g, inputs, kernels, head_kernel)
@@ -135,6 +150,7 @@ def _parts_backward(
     kernels: tuple[jax.Array, ...],
     head_kernel: jax.Array,
     dtype: str,
+    barriers: str,
 ) -> Grads:
     """P cotangents ``g [P, R, O]`` -> (torso grads, head grads, x grad [P, R, F]), [P, ...]."""
     g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
@@ -147,7 +163,8 @@ def _parts_backward(
         # written twice, [R, P, O] and [P, O, R]. The bias's sum reads it through the barrier
         # too: fused into the pass that writes the cotangent, that pass is slower than the write
         # and the sum apart.
-        g_input, g = jax.lax.optimization_barrier((g_input, g))
+        if barriers == "on":
+            g_input, g = jax.lax.optimization_barrier((g_input, g))
         head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)
         g = g_input
     torso_grads = []

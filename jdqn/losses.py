@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 import pallas_kernels
-from jdqn import accel, networks
+from jdqn import accel, networks, pieces
 from jdqn.config import Config
 
 
@@ -127,7 +127,6 @@ def cross_entropy(log_probs: jax.Array, target: jax.Array) -> jax.Array:
     return -jnp.sum(target * log_probs, axis=-1)
 
 
-@jax.custom_vjp
 def c51_head(
     logits: jax.Array, support: jax.Array, action: jax.Array, target: jax.Array
 ) -> tuple[jax.Array, jax.Array]:
@@ -142,8 +141,18 @@ def c51_head(
     which needs a reduction over the atoms of the cotangent first; at 1,024 vmapped learners
     that was a pass of its own over both loss parts' [R, K, A, N] cotangents. Here the cotangent
     is one elementwise expression. Exact as autodiff's (M is summed, not assumed to be 1); only
-    float32 rounding differs.
+    float32 rounding differs. Under ``vjp=autodiff`` (:data:`jdqn.pieces.KERNELS_ENV`, read at
+    trace time) JAX differentiates the forward instead.
     """
+    if pieces.piece("vjp") == "autodiff":
+        return _c51_head_forward(logits, support, action, target)[:2]
+    return _c51_head_closed(logits, support, action, target)
+
+
+@jax.custom_vjp
+def _c51_head_closed(
+    logits: jax.Array, support: jax.Array, action: jax.Array, target: jax.Array
+) -> tuple[jax.Array, jax.Array]:
     q, ce, _ = _c51_head_forward(logits, support, action, target)
     return q, ce
 
@@ -179,7 +188,7 @@ def _c51_head_bwd(
     return grad, None, None, None
 
 
-c51_head.defvjp(_c51_head_fwd, _c51_head_bwd)
+_c51_head_closed.defvjp(_c51_head_fwd, _c51_head_bwd)
 
 
 def ensemble_diversity(q: jax.Array, lambda_div: float) -> jax.Array:
@@ -213,7 +222,6 @@ def causal_intervention(key: jax.Array, obs: jax.Array, non_causal: tuple[int, .
     return obs.at[:, columns].set(obs[permutation][:, columns])
 
 
-@jax.custom_vjp
 def causal_kl(log_p: jax.Array, logits_intervened: jax.Array) -> jax.Array:
     """KL(stop_grad(p(s)) || p(do(s))) over the atoms, float32. [..., N] -> [...].
 
@@ -225,8 +233,16 @@ def causal_kl(log_p: jax.Array, logits_intervened: jax.Array) -> jax.Array:
     q = softmax(logits_intervened) and M = sum_i p_i summed in the forward (1 up to rounding).
     Autodiff goes back through the log-softmax, which first reduces the cotangent over the atoms:
     a pass of its own at 1,024 vmapped learners. Exact as autodiff's; only float32 rounding
-    differs.
+    differs. Under ``vjp=autodiff`` (:data:`jdqn.pieces.KERNELS_ENV`, read at trace time) JAX
+    differentiates the forward instead.
     """
+    if pieces.piece("vjp") == "autodiff":
+        return _causal_kl_fwd(log_p, logits_intervened)[0]
+    return _causal_kl_closed(log_p, logits_intervened)
+
+
+@jax.custom_vjp
+def _causal_kl_closed(log_p: jax.Array, logits_intervened: jax.Array) -> jax.Array:
     kl, _ = _causal_kl_fwd(log_p, logits_intervened)
     return kl
 
@@ -252,7 +268,7 @@ def _causal_kl_bwd(
     return jnp.zeros_like(p), grad
 
 
-causal_kl.defvjp(_causal_kl_fwd, _causal_kl_bwd)
+_causal_kl_closed.defvjp(_causal_kl_fwd, _causal_kl_bwd)
 
 
 def edge_mass(target: jax.Array) -> jax.Array:

@@ -1,8 +1,9 @@
 """jdqn.accel: the user's accel.kernels choice and the test override, as implementations."""
 
+import jax
 import pytest
 
-from jdqn import accel
+from jdqn import accel, pieces
 from jdqn.accel import Kernels, kernels_for
 from jdqn.config import SMOKETEST, apply_overrides
 
@@ -24,7 +25,10 @@ def test_the_test_override_replaces_the_pieces_it_names_and_restores_the_variabl
         assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
 
 
-@pytest.mark.parametrize("spec", ["tail", "tail=triton", "adam=pallas", "pick=xla"])
+@pytest.mark.parametrize(
+    "spec",
+    ["tail", "tail=triton", "adam=pallas", "pick=xla", "dense=xla", "vjp=custom", "barriers=0"],
+)
 def test_a_bad_override_names_the_variable_and_the_choices(spec, monkeypatch):
     with (
         pytest.raises(ValueError, match=f"{accel.KERNELS_ENV}=.*not PIECE=IMPL"),
@@ -34,6 +38,8 @@ def test_a_bad_override_names_the_variable_and_the_choices(spec, monkeypatch):
     monkeypatch.setenv(accel.KERNELS_ENV, spec)
     with pytest.raises(ValueError, match="unset JDQN_KERNELS"):
         kernels_for(SMOKETEST.accel)
+    with pytest.raises(ValueError, match="unset JDQN_KERNELS"):
+        pieces.piece("dense")  # as the dense stack reads it when traced
 
 
 def test_interpret_is_not_a_user_value_and_old_config_files_still_load():
@@ -46,3 +52,33 @@ def test_interpret_is_not_a_user_value_and_old_config_files_still_load():
     old["optim"]["update_impl"] = "interpret"
     del old["accel"]
     assert type(SMOKETEST).from_dict(old) == SMOKETEST
+
+
+def test_the_other_pieces_resolve_auto_to_todays_form_and_take_their_plain_form(monkeypatch):
+    monkeypatch.delenv(accel.KERNELS_ENV, raising=False)
+    assert [pieces.piece(p) for p in ("dense", "vjp", "barriers")] == ["custom", "closed", "on"]
+    assert pieces.piece("tail") == "auto"  # resolved against the backend by update_impl
+    plain = "dense=autodiff,vjp=autodiff,barriers=off"
+    with accel.forced(plain):
+        assert [pieces.piece(p) for p in ("dense", "vjp", "barriers")] == [
+            "autodiff",
+            "autodiff",
+            "off",
+        ]
+        # The Pallas pieces are untouched, whatever accel.kernels says.
+        assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
+    with accel.forced("dense=auto,barriers=on"):
+        assert (pieces.piece("dense"), pieces.piece("barriers")) == ("custom", "on")
+    x = jax.numpy.ones(3)
+    with accel.forced("barriers=off"):
+        assert pieces.barrier(x) is x
+
+
+def test_a_step_traces_under_the_override_its_learner_was_built_under():
+    seen = []
+    with accel.forced("vjp=autodiff"):
+        traced = pieces.traced_under(pieces.spec_now(), lambda: seen.append(pieces.piece("vjp")))
+    traced()
+    with accel.forced("vjp=closed"):
+        traced()
+    assert seen == ["autodiff", "autodiff"]

@@ -97,11 +97,36 @@ def test_ab_cli_refuses_a_bad_override_and_zero_seeds_before_any_compile(capsys)
     for argv, message in (
         (["--b", "loss.no_such_field=1"], "loss.no_such_field"),
         (["--seeds", "0"], "every S must be at least 1"),
+        (["--b-kernels", "dense=fast"], "not PIECE=IMPL"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             ab.main(argv)
         assert exit_info.value.code == 2
         assert message in capsys.readouterr().err
+
+
+def test_ab_times_each_side_under_its_kernels_spec_added_to_the_environments(monkeypatch) -> None:
+    """A side's ``--a-kernels``/``--b-kernels`` is in force while its learner is built, traced
+    and timed (``time_seeds`` does all three), on top of ``JDQN_KERNELS`` as it was."""
+    from benchmarks import ab
+    from jdqn import pieces
+    from jdqn.config import SMOKETEST
+
+    seen = []
+
+    def timed(cfg, n_seeds, quick):
+        seen.append((pieces.piece("dense"), pieces.piece("barriers"), pieces.piece("tail")))
+        return {
+            "median_s": 2e-6 if pieces.piece("dense") == "autodiff" else 1e-6,
+            "compile_s": 0,
+        }, 1
+
+    monkeypatch.setattr(ab, "time_seeds", timed)
+    monkeypatch.setenv(pieces.KERNELS_ENV, "tail=xla")
+    rows = ab.compare(SMOKETEST, SMOKETEST, True, (1,), ("barriers=off", "dense=autodiff"))
+    a, b = ("custom", "off", "xla"), ("autodiff", "on", "xla")
+    assert seen == [a, b, b, a] and rows[0]["b_over_a"] == 2.0
+    assert pieces.spec_now() == "tail=xla"
 
 
 def test_the_product_never_imports_the_research_probes_nor_the_cli_from_bench() -> None:

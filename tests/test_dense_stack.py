@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jdqn import pieces
 from jdqn.dense_stack import dense_stack
 
 ROWS, FEATURES, HIDDEN, OUT, PARTS = 9, 5, (6, 4), 7, 3
@@ -145,3 +146,28 @@ def test_under_the_parts_vmap_the_cotangent_is_carried_rows_outermost():
     barriers = [line for line in jaxpr(dense_stack).splitlines() if "optimization_barrier" in line]
     assert len(barriers) == 1 and rows_outermost in barriers[0]
     assert f"f32[{ROWS},{PARTS},{HIDDEN[-1]}]" in barriers[0]
+
+
+@pytest.mark.parametrize("plain", ["dense=autodiff", "barriers=off"])
+def test_the_plain_forms_forced_by_the_test_override_give_the_same_gradients(plain):
+    """``JDQN_KERNELS`` (jdqn.pieces) switches the hand-written backward for JAX's autodiff, or
+    drops its barrier: the same gradients under the parts' vmap, only the program differs."""
+    torso, head, x, weights = _network(3)
+
+    def traced():
+        grads = jax.jit(lambda *a: _part_grads(dense_stack, *a))(torso, head, x, weights)
+        forward = str(jax.make_jaxpr(lambda *a: dense_stack(*a, "float32"))(torso, head, x))
+        _, vjp = jax.vjp(lambda t, h: dense_stack(t, h, x, "float32"), torso, head)
+        return grads, forward, str(jax.make_jaxpr(jax.vmap(vjp))(weights))
+
+    want, want_forward, want_backward = traced()
+    with pieces.forced(plain):
+        got, forward, backward = traced()
+    _close_to_autodiff(got, want)
+    assert "custom_vjp_call" in want_forward and "optimization_barrier" in want_backward
+    assert "optimization_barrier" not in backward
+    rows_outermost = f"f32[{ROWS},{PARTS},{OUT}]"
+    if plain == "dense=autodiff":  # autodiff's layout, no custom_vjp
+        assert "custom_vjp_call" not in forward and rows_outermost not in backward
+    else:  # the custom backward, its layout kept
+        assert "custom_vjp_call" in forward and rows_outermost in backward

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn import accel, networks
+from jdqn import accel, losses, networks
 from jdqn.accel import FUSED_TAIL_MIN_LEARNERS, update_impl
 from jdqn.checkpoint import Checkpointer
 from jdqn.config import SMOKETEST, apply_overrides
@@ -365,6 +365,39 @@ def test_fused_tail_matches_the_xla_tail(extra):
         assert got.shape == want.shape and got.dtype == want.dtype
     # The kernels bound what they wrote; XLA's update knows nothing (float32's largest value).
     assert float(fused_state.tail_bounds.params) < float(xla_state.tail_bounds.params)
+
+
+@pytest.mark.parametrize(
+    "plain",
+    ["dense=autodiff", "vjp=autodiff", "barriers=off", "dense=autodiff,vjp=autodiff,barriers=off"],
+)
+def test_each_specialisation_switched_off_gives_the_default_step(plain, monkeypatch):
+    """The test override's plain forms (jdqn.pieces: JAX's autodiff for the dense stack and the
+    loss heads, no optimization barriers), set when the learner is built and in force when its
+    step is traced later: six steps equal the default's to float32 rounding, and the program
+    has none of what was switched off."""
+    names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
+    _six_steps_agree((), (f"kernels:{plain}",), names)
+
+    closed_calls = []
+    closed = losses._c51_head_closed
+    monkeypatch.setattr(losses, "_c51_head_closed", lambda *a: closed_calls.append(1) or closed(*a))
+
+    def program(*extra):
+        learner = _learner(*extra)
+        closed_calls.clear()
+        fresh = lambda *args: learner.step(*args)  # noqa: E731 (jax caches traces by function)
+        text = str(jax.make_jaxpr(fresh)(_filled(learner), 0.2, 0.4))
+        return f"{text} closed_calls={len(closed_calls)}"
+
+    default, switched = program(), program(f"kernels:{plain}")
+    for piece, marker in (
+        ("dense=autodiff", "custom_vmap_call"),  # the dense stack's backward and its vmap rule
+        ("vjp=autodiff", "closed_calls=1"),  # c51_head's closed-form VJP
+        ("barriers=off", "optimization_barrier"),
+    ):
+        assert marker in default
+        assert (marker in switched) == (piece not in plain), marker
 
 
 def _conds_with_a_network_pass(jaxpr) -> int:

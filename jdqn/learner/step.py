@@ -15,7 +15,8 @@ All four are ``jax.jit``-able (``step`` with ``donate_argnums=0``) and ``jax.vma
 leading seed/fold axis of the state. Periodic parts (vaccine, causal term, pruning, target sync)
 are selects or ``lax.cond`` on the step counter; Python branches exist only on the static config
 (a component that is off costs nothing). How the update runs (XLA or Pallas kernels) is
-``jdqn.accel``'s choice, made once here.
+``jdqn.accel``'s choice, made once here; the step is traced under the test override
+``JDQN_KERNELS`` (``jdqn.pieces``) that was set here, whatever it is when the step is traced.
 
 Under ``vmap`` the state's step counter is batched, so a ``lax.cond`` on it becomes a select that
 runs both branches. ``clock`` is the same counter given unbatched, for programs whose learners
@@ -33,7 +34,7 @@ import jax.numpy as jnp
 
 from jdqn import accel as accel_module
 from jdqn import debug as debug_mode
-from jdqn import losses, networks, surgery
+from jdqn import losses, networks, pieces, surgery
 from jdqn.accel import Accel, SurgeryInputs, TailState, Update, all_finite, select
 from jdqn.config import Config
 from jdqn.donors import n_donors_for
@@ -137,7 +138,8 @@ def make_learner(
         eff, _, _ = networks.effective_params(state.params, masks, state.sn_u, net, False)
         return jnp.mean(networks.q_values(networks.apply(eff, obs, cfg), networks.atoms(net)), -2)
 
-    step = functools.partial(learner_step, setup)
+    # Traced under the test override this learner was built under, as the update was chosen.
+    step = pieces.traced_under(pieces.spec_now(), functools.partial(learner_step, setup))
     return Learner(init=init, insert=insert, step=step, act_q=act_q, layout=layout)
 
 
@@ -410,7 +412,7 @@ def _metrics(
         vaccine_applied=surgery.applied,
         # Q as the loss pass wrote it: without the barrier XLA merges the mean into a pass of
         # its own over the [R, K, A, N] distributions (21.5 us at 1,024 learners on the H200).
-        q_mean=jnp.mean(jax.lax.optimization_barrier(online.q)),
+        q_mean=jnp.mean(pieces.barrier(online.q)),
         q_max=jnp.max(jnp.abs(online.q)),
         edge_mass=jnp.mean(losses.edge_mass(target.projected)),
         priority_mean=jnp.mean(priorities),

@@ -1,0 +1,106 @@
+"""The test and benchmark override of which implementation each piece runs: the environment
+variable :data:`KERNELS_ENV` (``JDQN_KERNELS``), e.g. ``tail=interpret,dense=autodiff``.
+
+Not a user setting (users have ``accel.kernels``, :mod:`jdqn.accel`); it exists so that a test
+can check one piece's forms against each other, and a benchmark time each specialisation against
+its plain form. It imports nothing of jdqn, so the modules that hold the pieces (``jdqn.accel``,
+``jdqn.dense_stack``, ``jdqn.losses``, ``jdqn.learner.step``) all read it without a cycle.
+
+The variable is read when a function is traced, so programs traced under different values
+differ; it is part of the stored executables' key (``jdqn.executables``). JAX caches traces by
+function: the same function traced again at the same shapes keeps its first trace, so trace a
+new one under another value. A learner's step traces under the value ``make_learner`` saw
+(:func:`traced_under`), as its update was chosen then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+
+import jax
+
+KERNELS_ENV = "JDQN_KERNELS"
+
+# Each piece's implementations; "auto" is the default (the projection's are
+# pallas_kernels.c51_projection's ``impl``; jdqn.accel resolves the projection's and the tail's
+# "auto" against the backend and the number of learners).
+CHOICES: dict[str, tuple[str, ...]] = {
+    "projection": ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
+    "tail": ("auto", "pallas", "interpret", "xla"),
+    # jdqn.dense_stack: the hand-written backward with its vmap rule, or JAX's autodiff.
+    "dense": ("auto", "custom", "autodiff"),
+    # jdqn.losses.c51_head and causal_kl: closed-form custom_vjp gradients, or JAX's autodiff.
+    "vjp": ("auto", "closed", "autodiff"),
+    # The layout/fusion-steering lax.optimization_barrier calls (:func:`barrier`), or identity.
+    "barriers": ("auto", "on", "off"),
+}
+
+# What "auto" is for the pieces whose choice needs no backend.
+_AUTO = {"dense": "custom", "vjp": "closed", "barriers": "on"}
+
+
+def parse(spec: str) -> dict[str, str]:
+    """``"PIECE=IMPL,..."`` as ``{piece: impl}``; a ValueError naming the choices if malformed."""
+    pieces: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        piece, _, impl = item.partition("=")
+        if impl not in CHOICES.get(piece, ()):
+            raise ValueError(
+                f"{KERNELS_ENV}={spec!r}: {item!r} is not PIECE=IMPL; fix: give comma-separated "
+                f"choices from {CHOICES}, or unset {KERNELS_ENV}"
+            )
+        pieces[piece] = impl
+    return pieces
+
+
+def spec_now() -> str:
+    """:data:`KERNELS_ENV`'s value now ("" when unset)."""
+    return os.environ.get(KERNELS_ENV, "")
+
+
+def forced_now() -> dict[str, str]:
+    """The pieces :data:`KERNELS_ENV` names now."""
+    return parse(spec_now())
+
+
+def piece(name: str) -> str:
+    """``name``'s implementation under :data:`KERNELS_ENV` now: "auto" resolved for the pieces
+    that need no backend (``dense``, ``vjp``, ``barriers``); "auto" itself for the others."""
+    choice = forced_now().get(name, "auto")
+    return _AUTO.get(name, choice) if choice == "auto" else choice
+
+
+def barrier[T](x: T) -> T:
+    """``jax.lax.optimization_barrier(x)``, or ``x`` itself under ``barriers=off``. Call it in
+    the traced code itself: a function handed to a cached trace (a cond's branch, a custom rule)
+    keeps its first trace's choice unless it is new per trace or the choice is its argument."""
+    return jax.lax.optimization_barrier(x) if piece("barriers") == "on" else x
+
+
+@contextlib.contextmanager
+def forced(spec: str) -> Iterator[None]:
+    """For tests and benchmarks: what is traced inside runs the pieces ``spec`` names (e.g.
+    ``"tail=interpret"``); :data:`KERNELS_ENV`'s previous value is restored on exit."""
+    parse(spec)  # a bad spec raises here, not at the next make_learner
+    before = os.environ.get(KERNELS_ENV)
+    os.environ[KERNELS_ENV] = spec
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(KERNELS_ENV, None)
+        else:
+            os.environ[KERNELS_ENV] = before
+
+
+def traced_under[**P, R](spec: str, fn: Callable[P, R]) -> Callable[P, R]:
+    """``fn`` run under ``forced(spec)``: whenever it is traced, the pieces read inside are
+    those of ``spec`` (a learner's step traces under the override its ``make_learner`` saw)."""
+
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        with forced(spec):
+            return fn(*args, **kwargs)
+
+    return run
