@@ -6,6 +6,7 @@ measure a specialisation against the plain path, e.g. the GPU kernels against XL
 
     python -m benchmarks.ab --b accel.kernels=off --seeds 1 1024
     python -m benchmarks.ab --a loss.causal_weight=0 --b loss.causal_weight=0.1
+    python -m benchmarks.ab --profile default --b-kernels dense=autodiff --seeds 24
 
 ``--a-kernels`` / ``--b-kernels`` give a side the test override ``JDQN_KERNELS`` (``jdqn.pieces``),
 which switches one specialisation at a time to its plain form, none of them a config value:
@@ -23,7 +24,7 @@ from typing import Any
 
 from jdqn import pieces
 from jdqn.bench.seeds import SEEDS, seed_counts, time_seeds
-from jdqn.config import SMOKETEST, Config, apply_overrides
+from jdqn.config import PROFILES, Config, apply_overrides
 
 
 def compare(
@@ -64,6 +65,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="smoketest")
     parser.add_argument("--a", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--b", action="append", default=[], metavar="KEY=VALUE")
     for side in ("a", "b"):
@@ -79,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
-        a, b = (apply_overrides(SMOKETEST, o) for o in (args.a, args.b))
+        a, b = (apply_overrides(PROFILES[args.profile], o) for o in (args.a, args.b))
         for spec in (args.a_kernels, args.b_kernels):
             pieces.parse(spec)
     except ValueError as error:

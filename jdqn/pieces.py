@@ -35,10 +35,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "vjp": ("auto", "closed", "autodiff"),
     # The layout/fusion-steering lax.optimization_barrier calls (:func:`barrier`), or identity.
     "barriers": ("auto", "on", "off"),
+    # jdqn.executables: compiled programs stored on disk (on a GPU), or none (JAX's own cache).
+    "executables": ("auto", "on", "off"),
 }
 
 # What "auto" is for the pieces whose choice needs no backend.
-_AUTO = {"dense": "custom", "vjp": "closed", "barriers": "on"}
+_AUTO = {"dense": "custom", "vjp": "closed", "barriers": "on", "executables": "on"}
 
 
 def parse(spec: str) -> dict[str, str]:
@@ -67,7 +69,8 @@ def forced_now() -> dict[str, str]:
 
 def piece(name: str) -> str:
     """``name``'s implementation under :data:`KERNELS_ENV` now: "auto" resolved for the pieces
-    that need no backend (``dense``, ``vjp``, ``barriers``); "auto" itself for the others."""
+    that need no backend (``dense``, ``vjp``, ``barriers``, ``executables``); "auto" itself
+    for the others."""
     choice = forced_now().get(name, "auto")
     return _AUTO.get(name, choice) if choice == "auto" else choice
 

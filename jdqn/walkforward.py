@@ -24,6 +24,7 @@ from jdqn import (
     faults,
     memory,
     metrics_log,
+    pieces,
     placement,
     policy_bundle,
     provenance,
@@ -433,6 +434,7 @@ def _executable_cache(cfg: Config, debug: bool) -> ExecutableCache:
     so an executable compiled after another is not whole when serialised (a fresh process that
     loaded one failed with "Function wrapped_iota not found")."""
     on = cfg.output.compilation_cache and not debug and jax.default_backend() == "gpu"
+    on = on and pieces.piece("executables") == "on"  # off: to time them (benchmarks)
     return ExecutableCache(cache_root() / "executables" if on else None)
 
 

@@ -58,11 +58,13 @@ def test_the_other_pieces_resolve_auto_to_todays_form_and_take_their_plain_form(
     monkeypatch.delenv(accel.KERNELS_ENV, raising=False)
     assert [pieces.piece(p) for p in ("dense", "vjp", "barriers")] == ["custom", "closed", "on"]
     assert pieces.piece("tail") == "auto"  # resolved against the backend by update_impl
-    plain = "dense=autodiff,vjp=autodiff,barriers=off"
+    assert pieces.piece("executables") == "on"
+    plain = "dense=autodiff,vjp=autodiff,barriers=off,executables=off"
     with accel.forced(plain):
-        assert [pieces.piece(p) for p in ("dense", "vjp", "barriers")] == [
+        assert [pieces.piece(p) for p in ("dense", "vjp", "barriers", "executables")] == [
             "autodiff",
             "autodiff",
+            "off",
             "off",
         ]
         # The Pallas pieces are untouched, whatever accel.kernels says.

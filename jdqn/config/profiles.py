@@ -17,10 +17,11 @@ from jdqn.config.sections import (
 # Both profiles learn in units of the train window's volatility: a bar's reward is then about
 # +-1, the +-10 support with 51 atoms (0.4 apart) resolves the return distribution (at gamma
 # 0.85 its standard deviation is about 1 / sqrt(1 - gamma^2) = 1.9 units), and the C51 part
-# carries information. Donors for every other action (no market impact: their rewards are known) teach
-# the cost of trading; slice ends are time limits, so they bootstrap. On the learning scorecard
-# (jdqn.bench.learning) rewards in points with the +-240 support lost on every case, while these
-# settings take most of the oracle's PnL on a planted edge and sit out a martingale.
+# carries information. Donors for every other action (no market impact: their rewards are
+# known) teach the cost of trading; slice ends are time limits, so they bootstrap. On the
+# learning scorecard (jdqn.bench.learning) rewards in points with the +-240 support lost on
+# every case, while these settings take most of the oracle's PnL on a planted edge and sit out
+# a martingale.
 _VOLATILITY_UNITS = EnvConfig(reward_unit="train_volatility")
 _V_MIN, _V_MAX = -10.0, 10.0
 
