@@ -6,11 +6,12 @@ expanding folds differ in length and run in sequence (docs/design.md §7, §8, �
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -66,6 +67,15 @@ class UserError(Exception):
     """A problem with the user's input: reported as one line, exit status 2, no traceback."""
 
 
+@contextlib.contextmanager
+def _as_user_error(*errors: type[Exception]) -> Iterator[None]:
+    """``errors`` raised inside become a ``UserError`` with the same one-line message."""
+    try:
+        yield
+    except errors as error:
+        raise UserError(str(error)) from None
+
+
 @dataclass(frozen=True)
 class WalkForwardOutcome:
     run_dir: Path
@@ -87,11 +97,9 @@ def load_data(cfg: Config) -> WalkForwardData:
     """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
     if cfg.data.path and not Path(cfg.data.path).exists():
         raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
-    try:
+    with _as_user_error(ValueError):  # BarFileError included: one line naming file, row and fix
         bars = load_source(cfg.data)
         return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
-    except ValueError as error:  # BarFileError included: one line naming file, row and fix
-        raise UserError(str(error)) from None
 
 
 def run_walkforward(
@@ -156,10 +164,8 @@ def _run_walkforward(
     if not processes.writer:  # process 0 reports for all of them
         log, progress, plot_processes = (lambda _: None), False, False
     if name is not None:
-        try:
+        with _as_user_error(ValueError):
             rundir.check_name(name)
-        except ValueError as error:
-            raise UserError(str(error)) from None
     if resume is not None:
         run, cfg = _open_resumed(resume, claimed, processes)
     assert cfg is not None
@@ -237,15 +243,11 @@ def _open_resumed(
     resume: str | os.PathLike[str], claimed: list[rundir.RunDir], processes: Processes
 ) -> tuple[rundir.RunDir, Config]:
     """A killed run's directory (locked by process 0) and its config, for ``--resume``."""
-    try:
+    with _as_user_error(ValueError):
         run = rundir.open_incomplete_run_dir(resume, lock=processes.writer)
-    except ValueError as error:
-        raise UserError(str(error)) from None
     claimed.append(run)
-    try:
+    with _as_user_error(ProcessError):
         processes.check_resume(run.path)
-    except ProcessError as error:
-        raise UserError(str(error)) from None
     try:
         return run, Config.from_json(run.config_path.read_text())
     except (OSError, ValueError) as error:
@@ -268,10 +270,8 @@ def _new_run(
         try:
             # A Ctrl-C is held back until the directory is written, then removes it below.
             with rundir.interrupts_deferred():
-                try:
+                with _as_user_error(ValueError, OSError):
                     run = rundir.new_run_dir(cfg.output.out_dir, name)
-                except (ValueError, OSError) as error:
-                    raise UserError(str(error)) from None
                 claimed.append(run)
                 run.config_path.write_text(cfg.to_json() + "\n")
                 layout.record(run)
@@ -328,11 +328,8 @@ def _finish(
 def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
     """The config with ``env.reward_unit`` resolved to points (``env.volatility_reward_scale``)
     from the first fold's train window, which precedes every test window."""
-    try:
-        env_cfg = volatility_reward_scale(cfg.env, data.train[0].close)
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    return dataclasses.replace(cfg, env=env_cfg)
+    with _as_user_error(ValueError):
+        return dataclasses.replace(cfg, env=volatility_reward_scale(cfg.env, data.train[0].close))
 
 
 def _run_all_folds(
@@ -393,7 +390,7 @@ def _layout(
 ) -> placement.RunLayout:
     """Devices and waves of the run (a resumed run keeps the waves it started with); every
     process runs the smallest waves any of them can hold, so that their shares stay in step."""
-    try:
+    with _as_user_error(placement.PlacementError):
         layout = placement.run_layout(
             cfg,
             data,
@@ -403,8 +400,6 @@ def _layout(
             resumed=run,
             processes=processes.count,
         )
-    except placement.PlacementError as error:
-        raise UserError(str(error)) from None
     return dataclasses.replace(layout, wave_sizes=tuple(processes.smallest(layout.wave_sizes)))
 
 
