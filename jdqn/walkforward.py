@@ -127,125 +127,98 @@ def run_walkforward(
     default: jax's process count and index, so one process unless ``jax.distributed`` was
     initialised). Process 0 writes the run directory and returns the results; the others
     return its path, empty results and whether a run halted."""
-    claimed: list[rundir.RunDir] = []  # the run directory this call locks, unlocked at its end
-    try:
-        with termination.sigterm_raises():  # SIGTERM stops the run as Ctrl-C does
-            return _run_walkforward(
-                cfg,
-                claimed,
-                resume=resume,
-                debug=debug,
-                progress=progress,
-                name=name,
-                log=log,
-                plot_processes=plot_processes,
-                devices=devices,
-                processes=processes or Processes(jax.process_count(), jax.process_index()),
+    processes = processes or Processes(jax.process_count(), jax.process_index())
+    # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
+    with contextlib.ExitStack() as unlocks, termination.sigterm_raises():
+        run: rundir.RunDir | None = None
+        if not processes.writer:  # process 0 reports for all of them
+            log, progress, plot_processes = (lambda _: None), False, False
+        if name is not None:
+            with _as_user_error(ValueError):
+                rundir.check_name(name)
+        if resume is not None:
+            run, cfg = _open_resumed(resume, unlocks, processes)
+        assert cfg is not None
+        cfg = metrics_log.without_missing_tensorboard(cfg, log)
+        enable_compilation_cache(cfg)
+        # Before any memory is taken and any directory exists: a request too large, or bad input,
+        # leaves nothing behind (the second check, with the data's own feature count).
+        memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
+        data = load_data(cfg)
+        memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
+        cfg = resolve_reward_unit(cfg, data)
+        made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
+        layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
+        try:
+            if resume is None:
+                run = _new_run(cfg, name, layout, processes, unlocks)
+            assert run is not None
+            log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+            if processes.count > 1:
+                log(f"jdqn: {processes.count} processes share the learners")
+            layout.announce(log)
+            log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
+            # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
+            preload = report.PLOT_MODULES if cfg.output.plots and processes.writer else ()
+            cores = (
+                report.plot_processes(background.usable_cores())
+                if cfg.output.plots and plot_processes
+                else 0
             )
-    finally:
-        for locked in claimed:
-            rundir.unlock(locked)
-
-
-def _run_walkforward(
-    cfg: Config | None,
-    claimed: list[rundir.RunDir],
-    *,
-    resume: str | os.PathLike[str] | None,
-    debug: bool,
-    progress: bool,
-    name: str | None,
-    log: Callable[[str], None],
-    plot_processes: bool,
-    devices: int | None,
-    processes: Processes,
-) -> WalkForwardOutcome:
-    run: rundir.RunDir | None = None
-    if not processes.writer:  # process 0 reports for all of them
-        log, progress, plot_processes = (lambda _: None), False, False
-    if name is not None:
-        with _as_user_error(ValueError):
-            rundir.check_name(name)
-    if resume is not None:
-        run, cfg = _open_resumed(resume, claimed, processes)
-    assert cfg is not None
-    cfg = metrics_log.without_missing_tensorboard(cfg, log)
-    enable_compilation_cache(cfg)
-    # Before any memory is taken and any directory exists: a request too large, or bad input,
-    # leaves nothing behind (the second check, with the data's own feature count).
-    memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
-    data = load_data(cfg)
-    memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
-    cfg = resolve_reward_unit(cfg, data)
-    made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
-    layout = _layout(cfg, data, devices, debug, run, processes)  # so is a request that cannot run
-    try:
-        if resume is None:
-            run = _new_run(cfg, name, layout, processes, claimed)
-        assert run is not None
-        log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
-        if processes.count > 1:
-            log(f"jdqn: {processes.count} processes share the learners")
-        layout.announce(log)
-        log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
-        # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
-        preload = report.PLOT_MODULES if cfg.output.plots and processes.writer else ()
-        cores = (
-            report.plot_processes(background.usable_cores())
-            if cfg.output.plots and plot_processes
-            else 0
-        )
-        series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
-        with report.BackgroundWrites(preload, plot_processes=cores) as writes:
-            fold_results = _run_all_folds(
-                cfg,
-                data,
-                run,
-                writes,
-                layout,
-                series,
-                processes,
-                debug=debug,
-                progress=progress,
-                log=log,
+            series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
+            with report.BackgroundWrites(preload, plot_processes=cores) as writes:
+                fold_results = _run_all_folds(
+                    cfg,
+                    data,
+                    run,
+                    writes,
+                    layout,
+                    series,
+                    processes,
+                    debug=debug,
+                    progress=progress,
+                    log=log,
+                )
+                if processes.writer:
+                    report.write_stitched(run.path, series, cfg.output.plots, writes)
+            summary = (
+                stats.summarise(fold_results, series, seed=cfg.train.seed)
+                if processes.writer
+                else {}
             )
-            if processes.writer:
-                report.write_stitched(run.path, series, cfg.output.plots, writes)
-        summary = (
-            stats.summarise(fold_results, series, seed=cfg.train.seed) if processes.writer else {}
-        )
-    except debug_mode.DebugCheckFailed as failure:
-        # Keep the .incomplete directory: it holds the failure record and the metrics so far.
-        log(f"jdqn: {failure}; recorded in {failure.record}")
-        raise
-    except (CheckpointLayoutError, NoIntactCheckpointError):
-        raise  # resuming again cannot help (the error says to start again); the directory stays
-    except BaseException as error:
-        if run is None or not processes.writer:
-            raise  # no directory was made, or process 0 owns it
-        with rundir.interrupts_deferred():  # a second Ctrl-C must not stop the clean-up half-way
-            resumable = any(run.checkpoint_dir.glob("group*/[0-9]*")) or any(
-                run.checkpoint_dir.glob("group*/process-*/[0-9]*")  # several processes' shares
-            )
-            if not resumable:
-                rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
-            elif faults.io_problem(error) is None:  # a storage failure's line says it instead
-                log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
-        faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
-        raise
-    if not processes.writer:
-        ended = json.loads(processes.broadcast_text(""))  # once process 0 has renamed the run
-        return WalkForwardOutcome(Path(ended["run_dir"]), results={}, halted=ended["halted"])
-    return _finish(cfg, data, run, fold_results, summary, made_by, processes, log)
+        except debug_mode.DebugCheckFailed as failure:
+            # Keep the .incomplete directory: it holds the failure record and the metrics so far.
+            log(f"jdqn: {failure}; recorded in {failure.record}")
+            raise
+        except (CheckpointLayoutError, NoIntactCheckpointError):
+            raise  # resuming cannot help (the error says to start again); the directory stays
+        except BaseException as error:
+            if run is None or not processes.writer:
+                raise  # no directory was made, or process 0 owns it
+            # A second Ctrl-C must not stop the clean-up half-way.
+            with rundir.interrupts_deferred():
+                resumable = any(run.checkpoint_dir.glob("group*/[0-9]*")) or any(
+                    run.checkpoint_dir.glob("group*/process-*/[0-9]*")  # several processes' shares
+                )
+                if not resumable:
+                    rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
+                elif faults.io_problem(error) is None:  # a storage failure's line says it instead
+                    log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
+            faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
+            raise
+        if not processes.writer:
+            ended = json.loads(processes.broadcast_text(""))  # once process 0 has renamed the run
+            return WalkForwardOutcome(Path(ended["run_dir"]), results={}, halted=ended["halted"])
+        return _finish(cfg, data, run, fold_results, summary, made_by, processes, log)
 
 
 def _open_resumed(
-    resume: str | os.PathLike[str], claimed: list[rundir.RunDir], processes: Processes
+    resume: str | os.PathLike[str], unlocks: contextlib.ExitStack, processes: Processes
 ) -> tuple[rundir.RunDir, Config]:
     """A killed run's directory (locked by process 0) and its config, for ``--resume``."""
     with _as_user_error(ValueError):
         run = rundir.open_incomplete_run_dir(resume, lock=processes.writer)
-    claimed.append(run)
+    unlocks.callback(rundir.unlock, run)
     with _as_user_error(ProcessError):
         processes.check_resume(run.path)
     try:
@@ -261,7 +234,7 @@ def _new_run(
     name: str | None,
     layout: placement.RunLayout,
     processes: Processes,
-    claimed: list[rundir.RunDir],
+    unlocks: contextlib.ExitStack,
 ) -> rundir.RunDir:
     """A new run directory: process 0 makes it and writes the config, the waves and the process
     count; the other processes are told its path."""
@@ -272,7 +245,7 @@ def _new_run(
             with rundir.interrupts_deferred():
                 with _as_user_error(ValueError, OSError):
                     run = rundir.new_run_dir(cfg.output.out_dir, name)
-                claimed.append(run)
+                unlocks.callback(rundir.unlock, run)
                 run.config_path.write_text(cfg.to_json() + "\n")
                 layout.record(run)
                 processes.record(run.path)
