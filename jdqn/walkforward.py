@@ -678,9 +678,8 @@ def _evaluate_group(
     )
     learner = state.learner
     network = policy_bundle.Network(learner.params, learner.masks, learner.sn_u)
-    host = jax.device_get((rollouts, learner.guard, learner.step, state.iteration, network))
-    rollouts, guard, steps, iterations, network = jax.tree.map(
-        lambda x: np.asarray(x)[:learners], host
+    rollouts, guard, steps, iterations, network = _host(
+        (rollouts, learner.guard, learner.step, state.iteration, network), learners
     )
     return RunOutputs(
         rollouts=rollouts,
@@ -690,6 +689,11 @@ def _evaluate_group(
         halted_epoch=np.asarray([halted_epoch.get(r, -1) for r in range(learners)], np.int32),
         network=network,
     )
+
+
+def _host(tree: Any, learners: int) -> Any:
+    """The first ``learners`` runs of every leaf, on the host: without the device padding."""
+    return jax.tree.map(lambda x: np.asarray(x)[:learners], jax.device_get(tree))
 
 
 def _abstract(tree: Any) -> Any:
@@ -771,8 +775,8 @@ def _train_group(
                         # writer thread imports what the metrics and the checkpoint need.
                         writes.prefetch(later_imports)
                     error, (state, chunk_metrics) = result if debug else (None, result)
-                    record = _chunk_record(state, chunk_metrics, len(run_ids))
-                    steps, metrics = processes.gather(record, len(wave))  # the whole wave's
+                    record = _host((state.learner.step, chunk_metrics), len(run_ids))
+                    steps, metrics = processes.gather(record, len(wave))  # [R], [R, L] of the wave
                     summary = (
                         {} if metrics_log is None else metrics_log.add(epoch, chunk, steps, metrics)
                     )
@@ -900,13 +904,7 @@ class GroupCheckpoints:
     def _share(self, state: TrainState) -> Any:
         """This process's share of the wave's state on the host, without the device padding:
         with one process, the whole wave."""
-        return jax.tree.map(lambda x: np.asarray(x)[: len(self._indices)], self._place.real(state))
-
-
-def _chunk_record(state: TrainState, chunk_metrics: Any, learners: int) -> tuple[Any, Any]:
-    """A chunk's learner steps [R] and metrics [R, L] on the host, without the padding."""
-    host = jax.device_get((state.learner.step, chunk_metrics))
-    return jax.tree.map(lambda x: np.asarray(x)[:learners], host)
+        return _host(self._place.real(state), len(self._indices))
 
 
 def check_param_layout(meta: dict[str, Any], expected: list[list[Any]], directory: Path) -> None:
