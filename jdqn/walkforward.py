@@ -88,8 +88,7 @@ def enable_compilation_cache(cfg: Config) -> None:
     if not cfg.output.compilation_cache:
         return
     jax.config.update("jax_compilation_cache_dir", str(cache_root()))
-    # Cache every program, not only slow ones: the many small ones add up (on the H200 a warm
-    # start's compiles went from 5.2 s to 3.3 s).
+    # Cache every program, not only slow ones: the many small ones add up.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
@@ -399,8 +398,7 @@ def _executable_cache(cfg: Config, debug: bool) -> ExecutableCache:
     """Compiled programs on disk next to the compilation cache, on the GPU. Off with that cache,
     for debug runs (their checked programs are compiled in each process) and on CPU: XLA:CPU
     shares the machine code of identical small kernels between the executables of one process,
-    so an executable compiled after another is not whole when serialised (a fresh process that
-    loaded one failed with "Function wrapped_iota not found")."""
+    so an executable compiled after another is not whole when serialised."""
     on = cfg.output.compilation_cache and not debug and jax.default_backend() == "gpu"
     on = on and pieces.piece("executables") == "on"  # off: to time them (benchmarks)
     return ExecutableCache(cache_root() / "executables" if on else None)
@@ -582,9 +580,7 @@ def _run_group(
     run_ids = processes.share(wave)
     programs = _group_programs(cfg, data, fold_ids, run_ids, devices, non_causal, debug)
     with background.Overlap() as overlap:
-        # The training program compiles on a worker thread while the keys, the baselines, the
-        # init program and the evaluation program's compile (none of which it needs) run
-        # (jdqn.background).
+        # The training program compiles on a worker thread meanwhile (docs/design.md §13).
         compiling_chunk = overlap.submit(programs.compile_chunk)
         keys = programs.place.learner_arrays(run_keys(cfg.train.seed, *_folds_and_seeds(run_ids)))
         baselines = (
@@ -723,9 +719,8 @@ def _train_group(
     log: Callable[[str], None],
 ) -> tuple[TrainState, dict[int, int]]:
     """Every epoch of this process's share of a group, from its initial (or last checkpointed)
-    state, checkpointed per epoch and at a SIGTERM's chunk boundary (steps count chunks done);
-    returns the trained state and the epoch at which each halted run halted (by this process's
-    run index). Process 0 logs the metrics of the whole wave, gathered each chunk."""
+    state; returns the trained state and the epoch in which each halted run halted (by this
+    process's run index). Process 0 logs the metrics of the whole wave."""
     program, local_fold, train = programs.program, programs.local_fold, programs.train
     run_ids = processes.share(wave)
     checkpoints = GroupCheckpoints(cfg, run, group_index, programs, processes, len(wave))
@@ -813,11 +808,8 @@ def _train_group(
 
 
 class GroupCheckpoints:
-    """A group's checkpoints. One process writes them in ``checkpoints/group<g>/`` (orbax, the
-    wave's state on the host without padding). In a run of several processes each process
-    writes its own share, padding included, in ``checkpoints/group<g>/process-<i>/``
-    (:class:`ShareCheckpointer`), with no gather of the state; a resume reads it back there,
-    from the newest step every process holds intact."""
+    """A group's checkpoints: orbax in ``checkpoints/group<g>/``, or each process's own share in
+    ``process-<i>/`` below it (:class:`ShareCheckpointer`; docs/design.md §11)."""
 
     def __init__(
         self,
@@ -928,9 +920,7 @@ def _baselines(
     bars_per_year: float,
 ) -> dict[int, dict[str, Any]]:
     """Each fold's baselines on its test window, seeded by the key of the fold's first run: one
-    program for the group's folds (``evaluate.baseline_rollouts`` vmapped), stored with the
-    others on the GPU. One rollout per fold and baseline was nine sequential scans of the test
-    window for the main command, each paying per iteration on a GPU."""
+    program for the group's folds (``evaluate.baseline_rollouts`` vmapped)."""
     first_run: dict[int, int] = {}
     for r, (fold, _) in enumerate(run_ids):
         first_run.setdefault(fold, r)
@@ -1024,7 +1014,7 @@ def _judge_group(
         agent_net = None if agent is None else net
         series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
         curves = {"agent": equity_curve(net)} | {
-            name: equity_curve(np.asarray(b["rollout"].net_points)) for name, b in baselines.items()
+            name: equity_curve(baseline_net) for name, baseline_net in baseline_nets.items()
         }
         held = {"agent": positions} | {
             name: np.asarray(b["rollout"].positions) for name, b in baselines.items()
