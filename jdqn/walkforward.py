@@ -166,18 +166,8 @@ def run_walkforward(
             )
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
-                fold_results = _run_all_folds(
-                    cfg,
-                    data,
-                    run,
-                    writes,
-                    layout,
-                    series,
-                    processes,
-                    debug=debug,
-                    progress=progress,
-                    log=log,
-                )
+                job = _Job(cfg, data, run, writes, series, processes, debug, progress, log)
+                fold_results = _run_all_folds(job, layout)
                 if processes.writer:
                     report.write_stitched(run.path, series, cfg.output.plots, writes)
             summary = (
@@ -304,40 +294,30 @@ def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
         return dataclasses.replace(cfg, env=volatility_reward_scale(cfg.env, data.train[0].close))
 
 
-def _run_all_folds(
-    cfg: Config,
-    data: WalkForwardData,
-    run: rundir.RunDir,
-    writes: report.BackgroundWrites,
-    layout: placement.RunLayout,
-    series: list[stats.RunSeries],
-    processes: Processes,
-    *,
-    debug: bool,
-    progress: bool,
-    log: Callable[[str], None],
-) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class _Job:
+    """A walk-forward run in progress, as each of its groups sees it: config, data, directory,
+    writer thread, this process's place among the processes, and how the run reports."""
+
+    cfg: Config
+    data: WalkForwardData
+    run: rundir.RunDir
+    writes: report.BackgroundWrites
+    series: list[stats.RunSeries]  # each run's test-window PnL, for the summary (process 0)
+    processes: Processes
+    debug: bool
+    progress: bool
+    log: Callable[[str], None]
+
+
+def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
     """Every group's result rows (process 0's; the others train their share and return none)."""
+    cfg, data = job.cfg, job.data
     non_causal = tuple(data.feature_groups.get(cfg.loss.non_causal_group, ()))
     rows: list[dict[str, Any]] = []
     # A group whose learners do not fit at once runs in waves, each a group of its own.
     for group_index, (fold_ids, runs) in enumerate(layout.groups(_fold_groups(cfg, data))):
-        rows += _run_group(
-            cfg,
-            data,
-            fold_ids,
-            runs,
-            layout.devices,
-            run,
-            writes,
-            series,
-            processes,
-            group_index=group_index,
-            non_causal=non_causal,
-            debug=debug,
-            progress=progress,
-            log=log,
-        )
+        rows += _run_group(job, fold_ids, runs, layout.devices, group_index, non_causal)
     return rows
 
 
@@ -558,27 +538,19 @@ def _folds_and_seeds(run_ids: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np
 
 
 def _run_group(
-    cfg: Config,
-    data: WalkForwardData,
+    job: _Job,
     fold_ids: list[int],
     wave: list[tuple[int, int]],
     devices: tuple[Any, ...],
-    run: rundir.RunDir,
-    writes: report.BackgroundWrites,
-    series: list[stats.RunSeries],
-    processes: Processes,
-    *,
     group_index: int,
     non_causal: tuple[int, ...],
-    debug: bool,
-    progress: bool,
-    log: Callable[[str], None],
 ) -> list[dict[str, Any]]:
     """Train this process's share of the (fold, seed) runs ``wave`` of folds ``fold_ids`` as one
     vmapped program, sharded over ``devices`` (``jdqn.placement``), and evaluate them; process 0
     judges the whole wave (``jdqn.processes``) and returns its result rows, the others none."""
+    cfg, data, processes = job.cfg, job.data, job.processes
     run_ids = processes.share(wave)
-    programs = _group_programs(cfg, data, fold_ids, run_ids, devices, non_causal, debug)
+    programs = _group_programs(cfg, data, fold_ids, run_ids, devices, non_causal, job.debug)
     with background.Overlap() as overlap:
         # The training program compiles on a worker thread meanwhile (docs/design.md §13).
         compiling_chunk = overlap.submit(programs.compile_chunk)
@@ -595,19 +567,7 @@ def _run_group(
             programs.compile_evaluate, _abstract(state), keys.evaluation
         )
         state, halted_epoch = _train_group(
-            cfg,
-            programs,
-            state,
-            run,
-            writes,
-            compiling_chunk.result(),
-            processes,
-            group_index=group_index,
-            fold_ids=fold_ids,
-            wave=wave,
-            debug=debug,
-            progress=progress,
-            log=log,
+            job, programs, state, compiling_chunk.result(), group_index, fold_ids, wave
         )
         outputs = _evaluate_group(
             programs, compiling_evaluate.result(), state, keys, halted_epoch, len(run_ids)
@@ -616,16 +576,16 @@ def _run_group(
     outputs = processes.gather(outputs, len(wave))
     if by_fold is None:  # not process 0, which judges the whole wave
         return []
-    rows = _judge_group(cfg, data, outputs, wave, run, writes, by_fold, series)
+    rows = _judge_group(job, outputs, wave, by_fold)
     policy_bundle.save_run_policies(
-        run.path,
+        job.run.path,
         cfg,
         data,
         programs.program.learner.layout,
         outputs.network,
         wave,
         rows,
-        writes.submit,
+        job.writes.submit,
     )
     return rows
 
@@ -703,24 +663,18 @@ def _abstract(tree: Any) -> Any:
 
 
 def _train_group(
-    cfg: Config,
+    job: _Job,
     programs: GroupPrograms,
     state: TrainState,
-    run: rundir.RunDir,
-    writes: report.BackgroundWrites,
     chunk_all: Callable[..., Any],
-    processes: Processes,
-    *,
     group_index: int,
     fold_ids: list[int],
     wave: list[tuple[int, int]],
-    debug: bool,
-    progress: bool,
-    log: Callable[[str], None],
 ) -> tuple[TrainState, dict[int, int]]:
     """Every epoch of this process's share of a group, from its initial (or last checkpointed)
     state; returns the trained state and the epoch in which each halted run halted (by this
     process's run index). Process 0 logs the metrics of the whole wave."""
+    cfg, run, writes, processes, log = job.cfg, job.run, job.writes, job.processes, job.log
     program, local_fold, train = programs.program, programs.local_fold, programs.train
     run_ids = processes.share(wave)
     checkpoints = GroupCheckpoints(cfg, run, group_index, programs, processes, len(wave))
@@ -751,7 +705,7 @@ def _train_group(
     total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch - start_chunk
     bar = _progress_bar(
         total,
-        progress,
+        job.progress,
         f"folds {fold_ids} x {cfg.train.seeds} seed(s)",
         # Counted in iterations, so the rate reads lock-step iterations/s (x slices x runs).
         iterations_per_chunk=program.chunk_length,
@@ -769,7 +723,7 @@ def _train_group(
                         # The chunk is queued and this thread now waits on the device: the
                         # writer thread imports what the metrics and the checkpoint need.
                         writes.prefetch(later_imports)
-                    error, (state, chunk_metrics) = result if debug else (None, result)
+                    error, (state, chunk_metrics) = result if job.debug else (None, result)
                     record = _host((state.learner.step, chunk_metrics), len(run_ids))
                     steps, metrics = processes.gather(record, len(wave))  # [R], [R, L] of the wave
                     summary = (
@@ -970,18 +924,15 @@ def _extra_baselines(
 
 
 def _judge_group(
-    cfg: Config,
-    data: WalkForwardData,
+    job: _Job,
     outputs: RunOutputs,
     run_ids: list[tuple[int, int]],
-    run: rundir.RunDir,
-    writes: report.BackgroundWrites,
     baselines_by_fold: dict[int, dict[str, Any]],
-    series: list[stats.RunSeries],
 ) -> list[dict[str, Any]]:
     """Each run's result row from its test-window rollout, with its fold's baselines; the
     equity CSVs and plots are handed to the writer thread; each run's per-bar net PnL is added
-    to ``series``."""
+    to ``job.series``."""
+    cfg, data, run, writes = job.cfg, job.data, job.run, job.writes
     guard, rollouts = outputs.guard, outputs.rollouts
     days_per_year = CALENDARS[cfg.data.calendar].trading_days_per_year
     rows: list[dict[str, Any]] = []
@@ -1012,7 +963,7 @@ def _judge_group(
             agent = stats.with_daily_sharpe(agent, net, realised_at, days_per_year)
         baseline_nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
         agent_net = None if agent is None else net
-        series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
+        job.series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
         curves = {"agent": equity_curve(net)} | {
             name: equity_curve(baseline_net) for name, baseline_net in baseline_nets.items()
         }
