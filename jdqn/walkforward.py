@@ -693,14 +693,8 @@ def _train_group(
         else None
     )
     # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
-    later_imports = [
-        module
-        for module, needed in (
-            (TENSORBOARD, cfg.output.tensorboard),
-            (ORBAX, checkpoints.enabled),
-        )
-        if needed
-    ]
+    later_imports = [TENSORBOARD] if cfg.output.tensorboard else []
+    later_imports += [ORBAX] if checkpoints.enabled else []
 
     total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch - start_chunk
     bar = _progress_bar(
