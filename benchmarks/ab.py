@@ -91,7 +91,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     kernels = (args.a_kernels, args.b_kernels)
     print(
         "; ".join(
-            f"{side}: {' '.join(o) or args.profile}" + (f" ({pieces.KERNELS_ENV}={k})" if k else "")
+            " ".join((f"{side}: {args.profile}", *o))
+            + (f" ({pieces.KERNELS_ENV}={k})" if k else "")
             for side, o, k in (("A", args.a, kernels[0]), ("B", args.b, kernels[1]))
         )
     )
