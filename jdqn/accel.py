@@ -2,49 +2,25 @@
 and the guard's keep-or-reject; docs/design.md, section 5, steps 7-8 and 10-11) runs.
 
 :func:`choose` picks an :class:`Accel` once from (config, backend, learners per program, debug);
-the learner step calls ``accel.update`` and never asks which one it got. Both take and return
-the state in its one form (parameter trees, optax's Adam state over them) and give the same
-numbers to float32 rounding:
+the learner step calls ``accel.update`` and never asks which one it got. Both take and return the
+state in its one form (parameter trees, optax's Adam state over them) and agree to float32
+rounding:
 
 - ``xla``: :func:`jdqn.surgery.gradient_surgery` on the ``[parts, n_params]`` gradient, optax's
   Adam, the masks, the sync and a select, as jnp that XLA fuses. Fastest for few learners.
-- ``kernels`` (``pallas_kernels.flat_tail``): the surgery's reductions in one Pallas kernel,
-  :func:`jdqn.surgery.surgery_scalars` on them, then Adam, masks, sync and the guard's select in
-  two kernels that write the state in place, reading the gradients where the backward pass
-  wrote them. Pays from ``FUSED_TAIL_MIN_LEARNERS`` vmapped learners on a GPU, where the tail's
-  passes over the vectors are bound by memory bandwidth. Interpret mode runs the same kernels
-  on a CPU (tests).
+- ``kernels`` (``pallas_kernels.flat_tail``): the surgery's reductions in one Pallas kernel, then
+  Adam, masks, sync and the guard's select in two kernels that write the state in place. Pays
+  from :data:`FUSED_TAIL_MIN_LEARNERS` vmapped learners on a GPU, where the tail's passes over
+  the vectors are bound by memory bandwidth. With the kernels the causal term runs under a
+  ``lax.cond`` on the unbatched clock (``causal_under_cond``); with XLA's few learners a 0/1
+  weight is cheaper than a cond.
 
-``causal_under_cond``: with the kernels the causal term's pass (its forward and backward, its
-row's pull-back through the spectral norm and the update's reads of that row) runs under a
-``lax.cond`` when the caller gives the unbatched clock, only on the steps it is due; with XLA's
-few learners it runs every step, switched by a 0/1 weight (a cond costs more than it saves
-there).
-
-Which implementation each piece runs. Users choose with the ``accel`` config section:
-
-- ``accel.kernels=auto`` (default): each Pallas kernel where it pays off. The C51 projection runs
-  as a kernel on any GPU; the step's flat tail (surgery reductions, Adam, target sync, guard
-  select) runs as kernels on a GPU for programs that step 16 or more vmapped learners together,
-  outside debug mode (:func:`update_impl`); XLA runs the rest.
-- ``accel.kernels=off``: no kernel anywhere (the projection's pure-jnp form, XLA's fusions for the
-  tail): the plain path, to compare against or to rule the kernels out.
-
-Tests and benchmarks need more: one piece at a time, and Pallas's interpret mode, which runs a
-kernel on the CPU (slowly) so that CI checks the kernels without a GPU. That is not a user
-setting; it is reached only through the environment variable :data:`KERNELS_ENV`, e.g.
-``JDQN_KERNELS=tail=interpret,projection=reference`` (see :func:`forced`; ``jdqn.pieces``). The
-variable is part of the stored executables' key (``jdqn.executables``), so programs built under
-it are never mixed up with others. Besides ``projection`` and ``tail`` it switches off, one at a
-time, the step's other GPU specialisations, each "auto" (today's) or its plain form, so that each
-can be measured against it (``benchmarks/ab.py --b-kernels``):
-
-- ``dense=custom|autodiff``: ``jdqn.dense_stack``'s hand-written backward and vmap rule, or JAX's
-  autodiff of the same forward;
-- ``vjp=closed|autodiff``: ``jdqn.losses``' closed-form gradients of ``c51_head`` and
-  ``causal_kl``, or JAX's autodiff of the same forwards;
-- ``barriers=on|off``: the ``lax.optimization_barrier`` calls that steer XLA's layouts and
-  fusions (the dense stack's head, the step's ``q_mean``, the CPU update's total), or none.
+Users choose with ``accel.kernels``: ``auto`` (default) runs the C51 projection as a Pallas kernel
+on any GPU and the flat tail as kernels from 16 learners on, outside debug mode
+(:func:`update_impl`); ``off`` runs no kernel anywhere, the plain path to compare against. Tests
+and benchmarks switch one piece at a time, Pallas's interpret mode included, through the
+environment variable :data:`KERNELS_ENV` (``jdqn.pieces``, which lists every piece and its plain
+form; docs/performance.md has what each one gains).
 """
 
 from __future__ import annotations
