@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from jdqn.config.sections import (
     Config,
-    DataConfig,
     EnvConfig,
     LossConfig,
     NetworkConfig,
@@ -26,7 +25,6 @@ _VOLATILITY_UNITS = EnvConfig(reward_unit="train_volatility")
 _V_MIN, _V_MAX = -10.0, 10.0
 
 SMOKETEST = Config(
-    data=DataConfig(),
     env=_VOLATILITY_UNITS,
     network=NetworkConfig(hidden=(64, 64), n_atoms=51, v_min=_V_MIN, v_max=_V_MAX),
     loss=LossConfig(alpha_schedule=(0.0, 0.2), donor_mode="all", donor_fraction=2.0),
@@ -52,11 +50,7 @@ DEFAULT = Config(
     optim=OptimConfig(target_every=300),
     replay=ReplayConfig(capacity=100_000),
     train=TrainConfig(
-        n_slices=64,
-        batch_size=256,
-        epochs=8,
-        updates_per_iteration=1,
-        bootstrap_slice_ends=True,
+        n_slices=64, batch_size=256, epochs=8, updates_per_iteration=1, bootstrap_slice_ends=True
     ),
     walkforward=WalkForwardConfig(n_folds=3),
 )
