@@ -1,22 +1,19 @@
-"""Trading calendars: which clock bars are kept in, when a trading day starts, and which
-calendar/session features exist for an instrument.
+"""Trading calendars: the clock bars are kept in, when a trading day starts, and which calendar
+features an instrument has.
 
-A calendar's times are wall-clock times of its ``timezone``; bars loaded for an instrument are in
-that zone (:func:`jdqn.data.load_bars`'s ``exchange_timezone``). The trading day starts at
-``day_open`` (a bar at or after it belongs to the next calendar day's session, as on CME Globex,
-where Sunday 17:00 CT opens Monday's session). Features (:func:`calendar_features`):
+Times are wall-clock times of the calendar's ``timezone``, the zone bars are loaded into. The
+trading day starts at ``day_open``: a bar at or after it belongs to the next calendar day's
+session, as on CME Globex, where Sunday 17:00 CT opens Monday's. Features
+(:func:`calendar_features`): ``tod_sin``, ``tod_cos`` (time of day on a 24 h circle);
+``session_progress`` (minutes since ``day_open`` / ``session_minutes``; not in a 24/7 market,
+whose "day" is only a date); ``rth_progress`` and ``is_rth`` (position in, and membership of, the
+main trading hours ``[rth_open, rth_close)``, where a market has them); ``day_of_week`` (of the
+trading day, Monday 0 .. last trading weekday 1).
 
-* ``tod_sin``, ``tod_cos``: time of day on a 24 h circle (every calendar);
-* ``session_progress``: minutes since ``day_open`` / ``session_minutes`` (calendars with a daily
-  session: not a 24/7 market, whose "day" is only a date);
-* ``rth_progress``, ``is_rth``: position inside, and membership of, the day's main trading hours
-  ``[rth_open, rth_close)`` (calendars that have them);
-* ``day_of_week``: weekday of the trading day, Monday 0 .. last trading weekday 1.
-
-Hours: CME Group product pages (Globex Sunday-Friday 17:00-16:00 CT; the "regular" hours below
-are the former pit / day-session hours CME still publishes for settlement); spot FX trades from
-Sunday 17:00 to Friday 17:00 New York, its busiest hours being the London/New York overlap;
-crypto exchanges trade around the clock and date days in UTC.
+Hours: CME Group product pages (Globex Sunday-Friday 17:00-16:00 CT; the "regular" hours are the
+former pit / day-session hours CME still publishes for settlement); spot FX trades Sunday 17:00
+to Friday 17:00 New York, busiest in the London/New York overlap; crypto trades around the clock
+and dates days in UTC.
 """
 
 from __future__ import annotations
@@ -93,7 +90,6 @@ CALENDARS: dict[str, TradingCalendar] = {
         ),
     )
 }
-DEFAULT_CALENDAR = "cme_equity"
 
 
 def trading_day(timestamp: np.ndarray, calendar: TradingCalendar) -> np.ndarray:

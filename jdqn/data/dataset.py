@@ -16,7 +16,7 @@ import numpy as np
 
 from jdqn.config import Config, DataConfig
 from jdqn.data.bars import Bars, load_bars
-from jdqn.data.calendars import CALENDARS, DEFAULT_CALENDAR, TradingCalendar, trading_day
+from jdqn.data.calendars import CALENDARS, TradingCalendar, trading_day
 from jdqn.data.features import Normaliser, compute_features, fit_normaliser, normalise
 from jdqn.data.folds import Fold, make_folds
 from jdqn.data.synth import synthetic_bars
@@ -86,9 +86,7 @@ def load_source(cfg: DataConfig) -> Bars:
     return synthetic_bars(cfg.synthetic_bars, cfg.synthetic_seed, cfg.signal_strength)
 
 
-def bars_per_year(
-    timestamp: np.ndarray, calendar: TradingCalendar = CALENDARS[DEFAULT_CALENDAR]
-) -> float:
+def bars_per_year(timestamp: np.ndarray, calendar: TradingCalendar) -> float:
     """Median bars per trading day x the calendar's trading days per year (252 or 365).
 
     A trading day is the calendar's session: on CME Globex bars from 17:00 CT count toward the
