@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from jdqn.data.bars import Bars
+from jdqn.data.bars.core import PRICE_COLUMNS
 from jdqn.data.bars.reading import file_kind
 
 TICK = 0.25  # ES tick, index points
@@ -98,8 +99,8 @@ def synthetic_path(
         raise ValueError(f"synthetic_bars: signal_strength={signal_strength}; fix: use >= 0")
     rng = np.random.default_rng(seed)
     timestamp = session_timestamps(n_bars)
-    minutes = timestamp.astype("datetime64[m]").astype(np.int64)
-    minute_of_day = minutes % 1440
+    minute_of_day = timestamp.astype("datetime64[m]").astype(np.int64) % 1440
+    season = _season(minute_of_day)
     session = np.arange(n_bars) // SESSION_BARS
     session_start = np.arange(n_bars) % SESSION_BARS == 0
     session_start[0] = False
@@ -114,26 +115,20 @@ def synthetic_path(
     volume_noise = rng.standard_normal(n_bars)
 
     # Log-vol AR(1) and the price recursion are sequential; plain-float loops keep them fast.
-    sigma_scale = (_BASE_SIGMA * _season(minute_of_day) * day_level).tolist()
+    sigma_scale = (_BASE_SIGMA * season * day_level).tolist()
     vol_gain = math.sqrt(1.0 - _VOL_PHI**2) * _VOL_TAU
     vol_bias = 0.5 * _VOL_TAU**2  # so E[exp(h)] = 1
-    shocks = vol_shock.tolist()
-    z = price_shock.tolist()
-    gaps = (_GAP_SIGMAS * gap_shock).tolist()
+    shocks, z, gaps = vol_shock.tolist(), price_shock.tolist(), (_GAP_SIGMAS * gap_shock).tolist()
     log_close, opens, closes, sigma, momentum, drift = ([0.0] * n_bars for _ in range(6))
-    h = 0.0
-    x = math.log(start_price)
-    mu = 0.0
-    previous_close = start_price
+    h, mu, x = 0.0, 0.0, math.log(start_price)
+    opens[0] = start_price
     exp, log, tanh, sqrt = math.exp, math.log, math.tanh, math.sqrt
     for t in range(n_bars):
         h = _VOL_PHI * h + vol_gain * shocks[t]
         s_t = sigma_scale[t] * exp(h - vol_bias)
-        if t == 0:
-            opens[0] = start_price
-        else:
+        if t:
             x += gaps[t] * s_t
-            opens[t] = previous_close if gaps[t] == 0.0 else TICK * max(1, round(exp(x) / TICK))
+            opens[t] = closes[t - 1] if gaps[t] == 0.0 else TICK * max(1, round(exp(x) / TICK))
             x += mu + s_t * z[t]
         close = TICK * max(1, round(exp(x) / TICK))
         log_c = log(close)
@@ -142,24 +137,16 @@ def synthetic_path(
         m = (log_c - log_close[t - k]) / (s_t * sqrt(k)) if k else 0.0
         mu = signal_strength * s_t * tanh(m)
         closes[t], sigma[t], momentum[t], drift[t] = close, s_t, m, mu
-        previous_close = close
 
-    open_ = np.asarray(opens)
-    close_ = np.asarray(closes)
-    sigma_ = np.asarray(sigma)
-    sigma_points = sigma_ * close_
-    high = np.maximum(open_, close_) + TICK * np.round(
-        _HIGH_LOW_SCALE * sigma_points * wick_up / TICK
-    )
-    low = np.minimum(open_, close_) - TICK * np.round(
-        _HIGH_LOW_SCALE * sigma_points * wick_down / TICK
-    )
-    low = np.maximum(low, TICK)
+    open_, close_, sigma_ = np.asarray(opens), np.asarray(closes), np.asarray(sigma)
+    wick = _HIGH_LOW_SCALE * (sigma_ * close_)  # [T] points
+    high = np.maximum(open_, close_) + TICK * np.round(wick * wick_up / TICK)
+    low = np.maximum(np.minimum(open_, close_) - TICK * np.round(wick * wick_down / TICK), TICK)
     # Volume follows the intraday shape, the volatility state and the size of the move.
     log_volume = (
         math.log(3000.0)
-        + 2.5 * np.log(_season(minute_of_day))
-        + 0.8 * np.log(sigma_ / (_BASE_SIGMA * _season(minute_of_day)))
+        + 2.5 * np.log(season)
+        + 0.8 * np.log(sigma_ / (_BASE_SIGMA * season))
         + 0.35 * np.abs(price_shock)
         + 0.3 * volume_noise
     )
@@ -179,15 +166,9 @@ def write_bars(bars: Bars, path: str | os.PathLike[str]) -> None:
     volume = bars.volume
     if np.all(volume == np.round(volume)):
         volume = volume.astype(np.int64)
+    prices = {name: getattr(bars, name) for name in PRICE_COLUMNS}
     frame = pd.DataFrame(
-        {
-            "timestamp": bars.timestamp.astype("datetime64[ns]"),
-            "open": bars.open,
-            "high": bars.high,
-            "low": bars.low,
-            "close": bars.close,
-            "volume": volume,
-        }
+        {"timestamp": bars.timestamp.astype("datetime64[ns]"), **prices, "volume": volume}
     )
     kind = file_kind(Path(path))
     if kind == "parquet":
