@@ -84,11 +84,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check_column_map(self.columns)
         _check_timezone(self.timezone, "data.timezone")
-        _require(
-            self.calendar in typing.get_args(_CALENDAR_NAMES),
-            "data.calendar",
-            f"{self.calendar!r} is not one of {list(typing.get_args(_CALENDAR_NAMES))}",
-        )
+        _require_one_of(self.calendar, typing.get_args(_CALENDAR_NAMES), "data.calendar")
         _require(self.synthetic_bars >= 1_000, "data.synthetic_bars", "use at least 1000 bars")
         _require(
             len(self.return_horizons) > 0 and all(h >= 1 for h in self.return_horizons),

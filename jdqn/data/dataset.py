@@ -1,9 +1,6 @@
-"""Walk-forward arrays: bars -> past-only features -> folds -> per-fold train-normalised arrays.
-
-What the trainer and evaluator consume (docs/design.md §3). Features are computed once over
-the whole series (each row uses only its own and earlier bars), then each fold's normaliser is fit
-on that fold's train rows only and applied to its train and test rows; so nothing in a fold's
-training inputs depends on its test window or later bars.
+"""Walk-forward arrays: bars -> past-only features -> folds -> per-fold train-normalised arrays,
+what the trainer and evaluator consume (docs/design.md §3). Each fold's normaliser is fit on its
+train rows only, so nothing in a fold's training inputs depends on its test window or later bars.
 """
 
 from __future__ import annotations
@@ -87,12 +84,9 @@ def load_source(cfg: DataConfig) -> Bars:
 
 
 def bars_per_year(timestamp: np.ndarray, calendar: TradingCalendar) -> float:
-    """Median bars per trading day x the calendar's trading days per year (252 or 365).
-
-    A trading day is the calendar's session: on CME Globex bars from 17:00 CT count toward the
-    next calendar day, so a full session is 1,380 bars and RTH-only data give 390. The median
-    ignores partial first and last days and holiday sessions once there are several days.
-    """
+    """Median bars per trading day (the calendar's session: a full Globex one is 1,380 bars,
+    RTH-only data give 390) x the calendar's trading days per year; the median ignores partial
+    first and last days and holiday sessions."""
     _, counts = np.unique(trading_day(timestamp, calendar), return_counts=True)
     return float(np.median(counts)) * calendar.trading_days_per_year
 
