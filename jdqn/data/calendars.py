@@ -36,12 +36,12 @@ class TradingCalendar:
 
     name: str
     timezone: str  # IANA zone of the bars' naive timestamps
-    day_open: int  # the trading day starts here (the previous calendar day's evening if > rth)
-    session_minutes: int  # length of the daily session (1440 = no daily break)
-    rth_open: int | None  # main trading hours, or None when the market has none
-    rth_close: int | None
-    trading_days_per_week: int  # 5 (Monday-Friday sessions) or 7
-    trading_days_per_year: int  # annualises Sharpe: 252 or 365
+    rth_open: int | None = None  # main trading hours, or None when the market has none
+    rth_close: int | None = None
+    day_open: int = 17 * 60  # the trading day starts here (the evening before, if after the rth)
+    session_minutes: int = 1440  # length of the daily session (1440 = no daily break)
+    trading_days_per_week: int = 5  # 5 (Monday-Friday sessions) or 7
+    trading_days_per_year: int = 252  # annualises Sharpe: 252 or 365
 
     @property
     def has_session(self) -> bool:
@@ -49,16 +49,9 @@ class TradingCalendar:
 
 
 def _cme(name: str, rth_open: str, rth_close: str) -> TradingCalendar:
-    return TradingCalendar(
-        name=name,
-        timezone="America/Chicago",
-        day_open=_minute("17:00"),
-        session_minutes=1380,  # 17:00-16:00 CT, one hour's maintenance break
-        rth_open=_minute(rth_open),
-        rth_close=_minute(rth_close),
-        trading_days_per_week=5,
-        trading_days_per_year=252,
-    )
+    """A CME Globex market: 17:00-16:00 CT, one hour's maintenance break."""
+    rth = _minute(rth_open), _minute(rth_close)
+    return TradingCalendar(name, "America/Chicago", *rth, session_minutes=1380)
 
 
 CALENDARS: dict[str, TradingCalendar] = {
@@ -68,25 +61,10 @@ CALENDARS: dict[str, TradingCalendar] = {
         _cme("cme_energy", "08:00", "13:30"),  # CL: NYMEX day session
         _cme("cme_metals", "07:20", "12:30"),  # GC: COMEX day session
         _cme("cme_rates_fx", "07:20", "14:00"),  # ZN (CBOT) and 6E (CME FX) day sessions
+        # The FX value date rolls at 17:00 New York; main hours: the London/New York overlap.
+        TradingCalendar("fx_24x5", "America/New_York", _minute("08:00"), _minute("12:00")),
         TradingCalendar(
-            name="fx_24x5",
-            timezone="America/New_York",
-            day_open=_minute("17:00"),  # the FX value date rolls at 17:00 New York
-            session_minutes=1440,
-            rth_open=_minute("08:00"),  # London/New York overlap
-            rth_close=_minute("12:00"),
-            trading_days_per_week=5,
-            trading_days_per_year=252,
-        ),
-        TradingCalendar(
-            name="crypto_24x7",
-            timezone="UTC",
-            day_open=0,
-            session_minutes=1440,
-            rth_open=None,
-            rth_close=None,
-            trading_days_per_week=7,
-            trading_days_per_year=365,
+            "crypto_24x7", "UTC", day_open=0, trading_days_per_week=7, trading_days_per_year=365
         ),
     )
 }
