@@ -254,10 +254,6 @@ class LossConfig:
         _require_one_of(self.budget_split, ("alpha", "fixed"), "loss.budget_split")
         _require(0 < self.edge_mass_limit <= 1, "loss.edge_mass_limit", "must be in (0, 1]")
 
-    def alpha_for_epoch(self, epoch: int) -> float:
-        """C51 blend weight for 0-based ``epoch``; the last scheduled value repeats."""
-        return self.alpha_schedule[min(epoch, len(self.alpha_schedule) - 1)]
-
 
 @dataclass(frozen=True)
 class ReplayConfig:

@@ -51,7 +51,6 @@ SESSION_BARS = 1_380  # 17:00-16:00 CT
 MOMENTUM_BARS = 15  # lookback of the planted momentum signal
 FIRST_SESSION = np.datetime64("2021-01-03T17:00", "m")  # a Sunday
 _RTH_OPEN, _RTH_CLOSE = 8 * 60 + 30, 15 * 60  # minutes after midnight CT
-_SESSION_OPEN = 17 * 60
 _BASE_SIGMA = 3.0e-4  # log-vol per bar at season 1 (about 0.55 points at 1,800)
 _VOL_PHI, _VOL_TAU = 0.995, 0.35
 _DAY_SIGMA = 0.25
