@@ -80,7 +80,3 @@ def test_impossible_values_name_the_field(override, message):
 def test_unknown_profile_lists_valid_ones():
     with pytest.raises(ValueError, match="smoketest"):
         profile("huge")
-
-
-def test_alpha_schedule_repeats_last_value():
-    assert [SMOKETEST.loss.alpha_for_epoch(e) for e in range(4)] == [0.0, 0.2, 0.2, 0.2]

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from jdqn.config import Config, DataConfig, WalkForwardConfig
 from jdqn.data import (
+    CALENDARS,
     Bars,
     FoldArrays,
     bars_per_year,
@@ -125,11 +126,11 @@ def test_bars_per_year_by_hand():
     wednesday = np.datetime64("2013-09-11T08:30", "ns") + np.arange(5) * minute
     stamps = np.concatenate([sunday_evening, monday_rth, tuesday, wednesday])
     # Trading days: Monday 20 bars (Sunday evening counts toward Monday), Tuesday 30, Wed 5.
-    assert bars_per_year(stamps) == 20 * 252
+    assert bars_per_year(stamps, CALENDARS["cme_equity"]) == 20 * 252
     rth_only = np.concatenate(
         [np.datetime64(f"2013-09-{d:02d}T08:30", "ns") + np.arange(390) * minute for d in (9, 10)]
     )
-    assert bars_per_year(rth_only) == 390 * 252
+    assert bars_per_year(rth_only, CALENDARS["cme_equity"]) == 390 * 252
 
 
 def test_real_es_sample_walkforward():

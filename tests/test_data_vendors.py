@@ -294,6 +294,6 @@ def test_newest_first_duplicates_name_file_rows(tmp_path):
 
 def test_config_roles_are_the_loaders_roles():
     from jdqn.config.sections import COLUMN_ROLES
-    from jdqn.data.bars import USER_ROLES
+    from jdqn.data.bars.columns import COLUMN_ALIASES
 
-    assert COLUMN_ROLES == USER_ROLES
+    assert set(COLUMN_ROLES) == {"timestamp", "time", "date", *COLUMN_ALIASES}

@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from jdqn.config.limits import field_types
 from jdqn.config.sections import Config
 
 
@@ -32,45 +33,38 @@ def config_keys(cfg: Config | None = None) -> list[ConfigKey]:
     cfg = cfg if cfg is not None else Config()
     raw = cfg.to_dict()
     keys = []
-    for section_field in dataclasses.fields(Config):
-        section_cls = type(getattr(cfg, section_field.name))
+    for section in raw:
+        section_cls: type = type(getattr(cfg, section))
         comments = field_comments(section_cls)
-        for f in dataclasses.fields(section_cls):
+        for name, annotation in field_types(section_cls).items():
+            description = comments.get(name, "") + _choices(annotation)
             keys.append(
                 ConfigKey(
-                    key=f"{section_field.name}.{f.name}",
-                    type=type_name(f.type),
-                    value=raw[section_field.name][f.name],
-                    description=comments.get(f.name, "") + _choices(f.type),
+                    f"{section}.{name}", type_name(annotation), raw[section][name], description
                 )
             )
     return keys
 
 
-def field_comments(section_cls: type) -> dict[str, str]:
-    """Field name -> its comments (lines above, then the one on its line), one line."""
+def field_comments(section_cls: Any) -> dict[str, str]:
+    """Field name -> its comments (lines just above, then the one on its line), one line."""
     source = inspect.getsource(section_cls)
-    comments: dict[int, str] = {}  # line number -> comment text
-    code_lines: set[int] = set()
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            comments[token.start[0]] = token.string.lstrip("#").strip()
-        elif token.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
-            code_lines.add(token.start[0])
-    names = {f.name for f in dataclasses.fields(section_cls)}  # type: ignore[arg-type]
+    comments = {  # line number -> comment text
+        token.start[0]: token.string.lstrip("#").strip()
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    }
+    names = {f.name for f in dataclasses.fields(section_cls)}
     found: dict[str, str] = {}
-    lines = source.splitlines()
-    for number, line in enumerate(lines, start=1):
-        name = line.strip().split(":", 1)[0]
-        if name not in names or name in found or not line.startswith("    " + name):
+    above: list[str] = []  # the comment-only lines just above the current one
+    for number, line in enumerate(source.splitlines(), start=1):
+        if line.lstrip().startswith("#") and number in comments:
+            above.append(comments[number])
             continue
-        above: list[str] = []
-        previous = number - 1
-        while previous in comments and previous not in code_lines:
-            above.insert(0, comments[previous])
-            previous -= 1
-        own = [comments[number]] if number in comments else []
-        found[name] = " ".join(above + own)
+        name = line.strip().split(":", 1)[0]
+        if name in names and name not in found and line.startswith("    " + name):
+            found[name] = " ".join(above + ([comments[number]] if number in comments else []))
+        above = []
     return found
 
 

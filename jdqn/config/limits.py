@@ -1,11 +1,8 @@
 """Numbers every config field must hold, whatever its own section checks: finite floats within
-float32's range, ints within int32's, seeds that name distinct keys, and step counts that fit the
-program's int32 counters.
-
-The training program computes in float32 and counts in int32, so a value past those ranges is
-impossible however it is meant: ``optim.learning_rate=inf`` would train and fail only when
-``results.json`` refuses the non-finite number, ``train.seed=1e308`` would overflow deep inside
-JAX. :func:`check_numbers` runs first in ``Config`` validation and names the field and the fix.
+float32's range, ints within int32's, seeds in [0, 2**31), and step counts that fit the program's
+int32 counters (it computes in float32 and counts in int32). :func:`check_numbers` runs first in
+``Config`` validation, so ``optim.learning_rate=inf`` fails there, naming the field and the fix,
+not when ``results.json`` refuses it.
 """
 
 from __future__ import annotations
@@ -26,16 +23,13 @@ SEED_FIELDS = ("data.synthetic_seed", "train.seed")  # keys and numpy generators
 
 @functools.cache
 def field_types(section_cls: type) -> dict[str, Any]:
-    """A section's field annotations, resolved (the modules use ``from __future__ import
-    annotations``)."""
+    """A section's field name -> resolved annotation (the modules use postponed annotations)."""
     return typing.get_type_hints(section_cls)
 
 
 def _is_float_field(annotation: Any) -> bool:
     """``float``, ``float | None`` or ``tuple[float, ...]``."""
-    if annotation is float:
-        return True
-    return any(_is_float_field(arg) for arg in typing.get_args(annotation))
+    return annotation is float or any(_is_float_field(a) for a in typing.get_args(annotation))
 
 
 def _check_value(name: str, value: Any, float_field: bool) -> None:

@@ -28,11 +28,16 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
         values = dict(raw.get(f.name, {}))
         for key in RETIRED_KEYS.get(f.name, ()):
             values.pop(key, None)
-        _reject_unknown(section_cls, values, f.name)
+        hints = field_types(section_cls)
+        unknown_keys = sorted(set(values) - set(hints))
+        if unknown_keys:
+            raise ValueError(
+                f"unknown key {f.name}.{unknown_keys[0]}; valid keys of {f.name}: {list(hints)}"
+            )
         kwargs = {
-            sf.name: _coerce(values[sf.name], sf.type, f"{f.name}.{sf.name}")
-            for sf in dataclasses.fields(section_cls)
-            if sf.name in values
+            key: _coerce(values[key], annotation, f"{f.name}.{key}")
+            for key, annotation in hints.items()
+            if key in values
         }
         check_section(f.name, section_cls, kwargs)  # finite, in range: before its own checks
         sections[f.name] = section_cls(**kwargs)
@@ -42,17 +47,8 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     return Config(**sections)
 
 
-def _reject_unknown(section_cls: type, values: dict[str, Any], section: str) -> None:
-    valid = [f.name for f in dataclasses.fields(section_cls)]
-    unknown = sorted(set(values) - set(valid))
-    if unknown:
-        raise ValueError(f"unknown key {section}.{unknown[0]}; valid keys of {section}: {valid}")
-
-
 def _coerce(value: Any, annotation: Any, name: str) -> Any:
     """Convert a JSON value (or CLI string) to the field's declared type."""
-    if isinstance(annotation, str):
-        raise TypeError("annotations must be resolved first")
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
@@ -99,18 +95,6 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
     return value
 
 
-def _resolve_annotations() -> None:
-    """Resolve string annotations (``from __future__ import annotations``) once, for _coerce."""
-    for section in dataclasses.fields(Config):
-        section_cls: Any = section.default_factory  # a section dataclass
-        hints = field_types(section_cls)
-        for f in dataclasses.fields(section_cls):
-            f.type = hints[f.name]
-
-
-_resolve_annotations()
-
-
 def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     """Apply ``section.field=value`` strings; typed, validated, unknown keys rejected."""
     raw = cfg.to_dict()
@@ -128,7 +112,6 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
                 f"override {item!r}: unknown key {key!r}; valid keys of {section}: "
                 f"{sorted(raw[section])}"
             )
-        section_cls = type(getattr(cfg, section))
-        annotation = {f.name: f.type for f in dataclasses.fields(section_cls)}[name]
-        raw[section][name] = _coerce(value.strip(), annotation, key)
+        section_cls: type = type(getattr(cfg, section))
+        raw[section][name] = _coerce(value.strip(), field_types(section_cls)[name], key)
     return config_from_dict(raw)

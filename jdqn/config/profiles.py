@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from jdqn.config.sections import (
     Config,
-    DataConfig,
     EnvConfig,
     LossConfig,
     NetworkConfig,
@@ -14,19 +13,16 @@ from jdqn.config.sections import (
     WalkForwardConfig,
 )
 
-# Both profiles learn in units of the train window's volatility: a bar's reward is then about
-# +-1, the +-10 support with 51 atoms (0.4 apart) resolves the return distribution (at gamma
-# 0.85 its standard deviation is about 1 / sqrt(1 - gamma^2) = 1.9 units), and the C51 part
-# carries information. Donors for every other action (no market impact: their rewards are
-# known) teach the cost of trading; slice ends are time limits, so they bootstrap. On the
-# learning scorecard (jdqn.bench.learning) rewards in points with the +-240 support lost on
-# every case, while these settings take most of the oracle's PnL on a planted edge and sit out
-# a martingale.
+# Both profiles learn in units of the train window's volatility: a bar's reward is about +-1, so
+# a +-10 support of 51 atoms resolves the return distribution (its std at gamma 0.85 is about
+# 1 / sqrt(1 - gamma^2) = 1.9 units). Donors for every other action (no market impact: their
+# rewards are known) teach the cost of trading; slice ends are time limits, so they bootstrap.
+# On the learning scorecard (jdqn.bench.learning) these settings take most of the oracle's PnL
+# on a planted edge and sit out a martingale; rewards in points on a +-240 support lost on all.
 _VOLATILITY_UNITS = EnvConfig(reward_unit="train_volatility")
 _V_MIN, _V_MAX = -10.0, 10.0
 
 SMOKETEST = Config(
-    data=DataConfig(),
     env=_VOLATILITY_UNITS,
     network=NetworkConfig(hidden=(64, 64), n_atoms=51, v_min=_V_MIN, v_max=_V_MAX),
     loss=LossConfig(alpha_schedule=(0.0, 0.2), donor_mode="all", donor_fraction=2.0),
@@ -42,21 +38,15 @@ DEFAULT = Config(
     network=NetworkConfig(
         hidden=(64, 64), n_atoms=51, v_min=_V_MIN, v_max=_V_MAX, n_heads=5, bootstrap_prob=0.8
     ),
-    # Eight epochs with the target synced every 300 steps and gamma 0.85: on the scorecard (8 seeds
-    # x 3 folds, paired on the same seeds) the C51 blend then beats MSE only on both planted edges
-    # and the martingale, where four epochs, a sync every 100 and gamma 0.9 left it behind MSE
-    # only on planted 0.3; with gamma 0.9 the blend traded the martingale more.
+    # Eight epochs, a target sync every 300 steps and gamma 0.85: on the scorecard (8 seeds x 3
+    # folds) the C51 blend then beats MSE only on both planted edges and the martingale.
     loss=LossConfig(
         gamma=0.85, alpha_schedule=(0.0, 0.2, 0.5, 0.5), donor_mode="all", donor_fraction=2.0
     ),
     optim=OptimConfig(target_every=300),
     replay=ReplayConfig(capacity=100_000),
     train=TrainConfig(
-        n_slices=64,
-        batch_size=256,
-        epochs=8,
-        updates_per_iteration=1,
-        bootstrap_slice_ends=True,
+        n_slices=64, batch_size=256, epochs=8, updates_per_iteration=1, bootstrap_slice_ends=True
     ),
     walkforward=WalkForwardConfig(n_folds=3),
 )

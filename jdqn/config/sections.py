@@ -84,11 +84,7 @@ class DataConfig:
     def __post_init__(self) -> None:
         _check_column_map(self.columns)
         _check_timezone(self.timezone, "data.timezone")
-        _require(
-            self.calendar in typing.get_args(_CALENDAR_NAMES),
-            "data.calendar",
-            f"{self.calendar!r} is not one of {list(typing.get_args(_CALENDAR_NAMES))}",
-        )
+        _require_one_of(self.calendar, typing.get_args(_CALENDAR_NAMES), "data.calendar")
         _require(self.synthetic_bars >= 1_000, "data.synthetic_bars", "use at least 1000 bars")
         _require(
             len(self.return_horizons) > 0 and all(h >= 1 for h in self.return_horizons),
@@ -257,10 +253,6 @@ class LossConfig:
         _require(self.q_clip > 0, "loss.q_clip", "must be > 0")
         _require_one_of(self.budget_split, ("alpha", "fixed"), "loss.budget_split")
         _require(0 < self.edge_mass_limit <= 1, "loss.edge_mass_limit", "must be in (0, 1]")
-
-    def alpha_for_epoch(self, epoch: int) -> float:
-        """C51 blend weight for 0-based ``epoch``; the last scheduled value repeats."""
-        return self.alpha_schedule[min(epoch, len(self.alpha_schedule) - 1)]
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,19 @@
-"""Trading calendars: which clock bars are kept in, when a trading day starts, and which
-calendar/session features exist for an instrument.
+"""Trading calendars: the clock bars are kept in, when a trading day starts, and which calendar
+features an instrument has.
 
-A calendar's times are wall-clock times of its ``timezone``; bars loaded for an instrument are in
-that zone (:func:`jdqn.data.load_bars`'s ``exchange_timezone``). The trading day starts at
-``day_open`` (a bar at or after it belongs to the next calendar day's session, as on CME Globex,
-where Sunday 17:00 CT opens Monday's session). Features (:func:`calendar_features`):
+Times are wall-clock times of the calendar's ``timezone``, the zone bars are loaded into. The
+trading day starts at ``day_open``: a bar at or after it belongs to the next calendar day's
+session, as on CME Globex, where Sunday 17:00 CT opens Monday's. Features
+(:func:`calendar_features`): ``tod_sin``, ``tod_cos`` (time of day on a 24 h circle);
+``session_progress`` (minutes since ``day_open`` / ``session_minutes``; not in a 24/7 market,
+whose "day" is only a date); ``rth_progress`` and ``is_rth`` (position in, and membership of, the
+main trading hours ``[rth_open, rth_close)``, where a market has them); ``day_of_week`` (of the
+trading day, Monday 0 .. last trading weekday 1).
 
-* ``tod_sin``, ``tod_cos``: time of day on a 24 h circle (every calendar);
-* ``session_progress``: minutes since ``day_open`` / ``session_minutes`` (calendars with a daily
-  session: not a 24/7 market, whose "day" is only a date);
-* ``rth_progress``, ``is_rth``: position inside, and membership of, the day's main trading hours
-  ``[rth_open, rth_close)`` (calendars that have them);
-* ``day_of_week``: weekday of the trading day, Monday 0 .. last trading weekday 1.
-
-Hours: CME Group product pages (Globex Sunday-Friday 17:00-16:00 CT; the "regular" hours below
-are the former pit / day-session hours CME still publishes for settlement); spot FX trades from
-Sunday 17:00 to Friday 17:00 New York, its busiest hours being the London/New York overlap;
-crypto exchanges trade around the clock and date days in UTC.
+Hours: CME Group product pages (Globex Sunday-Friday 17:00-16:00 CT; the "regular" hours are the
+former pit / day-session hours CME still publishes for settlement); spot FX trades Sunday 17:00
+to Friday 17:00 New York, busiest in the London/New York overlap; crypto trades around the clock
+and dates days in UTC.
 """
 
 from __future__ import annotations
@@ -39,12 +36,12 @@ class TradingCalendar:
 
     name: str
     timezone: str  # IANA zone of the bars' naive timestamps
-    day_open: int  # the trading day starts here (the previous calendar day's evening if > rth)
-    session_minutes: int  # length of the daily session (1440 = no daily break)
-    rth_open: int | None  # main trading hours, or None when the market has none
-    rth_close: int | None
-    trading_days_per_week: int  # 5 (Monday-Friday sessions) or 7
-    trading_days_per_year: int  # annualises Sharpe: 252 or 365
+    rth_open: int | None = None  # main trading hours, or None when the market has none
+    rth_close: int | None = None
+    day_open: int = 17 * 60  # the trading day starts here (the evening before, if after the rth)
+    session_minutes: int = 1440  # length of the daily session (1440 = no daily break)
+    trading_days_per_week: int = 5  # 5 (Monday-Friday sessions) or 7
+    trading_days_per_year: int = 252  # annualises Sharpe: 252 or 365
 
     @property
     def has_session(self) -> bool:
@@ -52,16 +49,9 @@ class TradingCalendar:
 
 
 def _cme(name: str, rth_open: str, rth_close: str) -> TradingCalendar:
-    return TradingCalendar(
-        name=name,
-        timezone="America/Chicago",
-        day_open=_minute("17:00"),
-        session_minutes=1380,  # 17:00-16:00 CT, one hour's maintenance break
-        rth_open=_minute(rth_open),
-        rth_close=_minute(rth_close),
-        trading_days_per_week=5,
-        trading_days_per_year=252,
-    )
+    """A CME Globex market: 17:00-16:00 CT, one hour's maintenance break."""
+    rth = _minute(rth_open), _minute(rth_close)
+    return TradingCalendar(name, "America/Chicago", *rth, session_minutes=1380)
 
 
 CALENDARS: dict[str, TradingCalendar] = {
@@ -71,29 +61,13 @@ CALENDARS: dict[str, TradingCalendar] = {
         _cme("cme_energy", "08:00", "13:30"),  # CL: NYMEX day session
         _cme("cme_metals", "07:20", "12:30"),  # GC: COMEX day session
         _cme("cme_rates_fx", "07:20", "14:00"),  # ZN (CBOT) and 6E (CME FX) day sessions
+        # The FX value date rolls at 17:00 New York; main hours: the London/New York overlap.
+        TradingCalendar("fx_24x5", "America/New_York", _minute("08:00"), _minute("12:00")),
         TradingCalendar(
-            name="fx_24x5",
-            timezone="America/New_York",
-            day_open=_minute("17:00"),  # the FX value date rolls at 17:00 New York
-            session_minutes=1440,
-            rth_open=_minute("08:00"),  # London/New York overlap
-            rth_close=_minute("12:00"),
-            trading_days_per_week=5,
-            trading_days_per_year=252,
-        ),
-        TradingCalendar(
-            name="crypto_24x7",
-            timezone="UTC",
-            day_open=0,
-            session_minutes=1440,
-            rth_open=None,
-            rth_close=None,
-            trading_days_per_week=7,
-            trading_days_per_year=365,
+            "crypto_24x7", "UTC", day_open=0, trading_days_per_week=7, trading_days_per_year=365
         ),
     )
 }
-DEFAULT_CALENDAR = "cme_equity"
 
 
 def trading_day(timestamp: np.ndarray, calendar: TradingCalendar) -> np.ndarray:

@@ -1,9 +1,6 @@
-"""Walk-forward arrays: bars -> past-only features -> folds -> per-fold train-normalised arrays.
-
-What the trainer and evaluator consume (docs/design.md §3). Features are computed once over
-the whole series (each row uses only its own and earlier bars), then each fold's normaliser is fit
-on that fold's train rows only and applied to its train and test rows; so nothing in a fold's
-training inputs depends on its test window or later bars.
+"""Walk-forward arrays: bars -> past-only features -> folds -> per-fold train-normalised arrays,
+what the trainer and evaluator consume (docs/design.md §3). Each fold's normaliser is fit on its
+train rows only, so nothing in a fold's training inputs depends on its test window or later bars.
 """
 
 from __future__ import annotations
@@ -16,7 +13,7 @@ import numpy as np
 
 from jdqn.config import Config, DataConfig
 from jdqn.data.bars import Bars, load_bars
-from jdqn.data.calendars import CALENDARS, DEFAULT_CALENDAR, TradingCalendar, trading_day
+from jdqn.data.calendars import CALENDARS, TradingCalendar, trading_day
 from jdqn.data.features import Normaliser, compute_features, fit_normaliser, normalise
 from jdqn.data.folds import Fold, make_folds
 from jdqn.data.synth import synthetic_bars
@@ -86,15 +83,10 @@ def load_source(cfg: DataConfig) -> Bars:
     return synthetic_bars(cfg.synthetic_bars, cfg.synthetic_seed, cfg.signal_strength)
 
 
-def bars_per_year(
-    timestamp: np.ndarray, calendar: TradingCalendar = CALENDARS[DEFAULT_CALENDAR]
-) -> float:
-    """Median bars per trading day x the calendar's trading days per year (252 or 365).
-
-    A trading day is the calendar's session: on CME Globex bars from 17:00 CT count toward the
-    next calendar day, so a full session is 1,380 bars and RTH-only data give 390. The median
-    ignores partial first and last days and holiday sessions once there are several days.
-    """
+def bars_per_year(timestamp: np.ndarray, calendar: TradingCalendar) -> float:
+    """Median bars per trading day (the calendar's session: a full Globex one is 1,380 bars,
+    RTH-only data give 390) x the calendar's trading days per year; the median ignores partial
+    first and last days and holiday sessions."""
     _, counts = np.unique(trading_day(timestamp, calendar), return_counts=True)
     return float(np.median(counts)) * calendar.trading_days_per_year
 

@@ -1,33 +1,25 @@
-"""Past-only bar features and train-window normalisation.
+"""Past-only bar features and train-window normalisation (docs/design.md §3).
 
-The feature row at bar ``t`` is a function of bars ``0..t`` only (docs/design.md §3: nothing from
-bar t+1 or later, ever). Trailing statistics during warm-up (``t`` smaller than a window) use the
-bars that exist: a ``h``-bar return at ``t < h`` is the return since bar 0, a trailing mean over
-``W`` bars at ``t < W - 1`` is the mean over bars ``0..t``, and a statistic with no spread yet
-(e.g. the volume z-score at bar 0) is 0. So no row is NaN.
+The feature row at bar ``t`` is a function of bars ``0..t`` only. During warm-up, trailing
+statistics use the bars that exist (an ``h``-bar return at ``t < h`` is the return since bar 0; a
+mean over ``W`` bars at ``t < W - 1`` is the mean over bars ``0..t``; a statistic with no spread
+yet, like the volume z-score at bar 0, is 0), so no row is NaN.
 
-Groups (indices into the feature axis, in this order):
+Groups, in this order on the feature axis:
 
-* ``returns``: ``ret_<h>`` = ``log(close_t / close_{t-h})`` for each ``h`` in
-  ``cfg.return_horizons``.
-* ``range``: ``log_range`` = ``log(high_t / low_t)``; ``close_location`` = where the close sits in
-  the bar, ``2 (close - low) / (high - low) - 1`` in [-1, 1] (0 for a flat bar); ``range_ratio`` =
-  ``log_range`` over its trailing mean (``cfg.volume_window`` bars, 0 while that mean is 0);
-  ``realized_vol`` = trailing root-mean-square of 1-bar log returns over ``cfg.volume_window``.
-* ``volume``: ``volume_z`` = trailing z-score of ``log(1 + volume)`` over ``cfg.volume_window``
-  bars (all zeros when the source has no volume).
-* ``calendar``: the features of the instrument's trading calendar (``cfg.calendar``,
-  :mod:`jdqn.data.calendars`); for ES (``cme_equity``): ``tod_sin``, ``tod_cos`` (time of day on
-  a 24 h circle), ``session_progress`` (minutes since the 17:00 CT Globex open / 1380),
-  ``rth_progress`` (minutes since the 08:30 CT RTH open / 390 inside RTH, 0 outside),
-  ``day_of_week`` (Monday 0 .. Friday 1, of the trading day: an evening bar belongs to the next
-  day's session), ``is_rth`` (1 inside 08:30-15:00 CT); a 24/7 market has no session or RTH
-  features. This is the group the learner's causal intervention treats as non-causal.
+* ``returns``: ``ret_<h>`` = ``log(close_t / close_{t-h})`` for each ``h`` in ``return_horizons``;
+* ``range``: ``log_range`` = ``log(high_t / low_t)``; ``close_location`` = ``2 (close - low) /
+  (high - low) - 1`` (0 for a flat bar); ``range_ratio`` = ``log_range`` over its trailing mean
+  (0 while that is 0); ``realized_vol``, the trailing RMS of 1-bar log returns (both trailing
+  windows ``volume_window`` bars);
+* ``volume``: ``volume_z``, the trailing z-score of ``log(1 + volume)`` over ``volume_window``
+  bars (zeros when the source has no volume);
+* ``calendar``: the features of the instrument's calendar (:mod:`jdqn.data.calendars`), the group
+  the learner's causal intervention treats as non-causal.
 
-Normalisation (:func:`fit_normaliser`, :func:`normalise`) is a z-score with statistics of a train
-window only, clipped to +-``cfg.feature_clip``. All columns are z-scored, the bounded calendar
-columns too: one code path, and every network input on the same scale. A column that is constant
-over the train window (e.g. ``volume_z`` without volume) has its std set to 1, so it maps to 0.
+Normalisation z-scores every column (the bounded calendar ones too: one code path, every input on
+one scale) with the statistics of a train window only and clips to +-``feature_clip``; a column
+constant over the train window gets std 1, so it maps to 0.
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Walk-forward fold layout: train window, purge gap, test window (docs/design.md §3, §7).
 
-Rolling mode: every fold has ``train_bars`` of training, ``purge_bars`` of gap and ``test_bars`` of
-test; fold k+1 is fold k shifted by ``test_bars``, so the test windows tile the end of the series
-without overlap, and the last one ends at the last bar (the newest data are always used; any
-surplus bars at the start are left out). Expanding mode keeps the same test windows and purge gaps
-but every fold trains from the first rolling fold's train start, so its train window grows by
-``test_bars`` per fold. The purge gap (>= the feature lookback, checked by the config) means no
-test feature shares a bar with its fold's train window.
+Rolling mode: every fold has ``train_bars`` of training, ``purge_bars`` of gap and ``test_bars``
+of test, and fold k+1 is fold k shifted by ``test_bars``, so the test windows tile the end of the
+series and the last ends at the last bar (surplus bars at the start are left out). Expanding
+mode keeps the test windows and purge gaps but trains every fold from the first fold's train
+start. The purge gap covers the feature lookback (checked by the config), so no test feature
+shares a bar with its fold's train window.
 """
 
 from __future__ import annotations
@@ -25,19 +24,6 @@ class Fold:
     train_end: int
     test_start: int
     test_end: int
-
-    @property
-    def purge(self) -> int:
-        """Bars between the train and test windows."""
-        return self.test_start - self.train_end
-
-    @property
-    def train_bars(self) -> int:
-        return self.train_end - self.train_start
-
-    @property
-    def test_bars(self) -> int:
-        return self.test_end - self.test_start
 
 
 def make_folds(n_bars: int, cfg: WalkForwardConfig) -> list[Fold]:

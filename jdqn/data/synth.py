@@ -1,48 +1,35 @@
-"""Synthetic ES-like 1-minute bars with an optional planted, documented trading signal.
+"""Synthetic ES-like 1-minute bars with an optional planted trading signal of known size.
 
-The generator exists so that every part of jdqn can be run and tested without a data vendor, and so
-that learning tests have a known answer: with ``signal_strength = 0`` the close is a martingale (up
-to tick rounding) and no policy beats costs; with ``signal_strength > 0`` a momentum drift of known
-size is visible in the 15-bar return feature.
+They let every part of jdqn run without a data vendor and give learning tests a known answer: at
+``signal_strength = 0`` the close is a martingale (up to tick rounding) and no policy beats
+costs; above 0 a momentum drift of known size shows in the 15-bar return feature.
 
-Model (all per 1-minute bar ``t``; ``x_t`` is the latent log price, ``C_t`` the close):
+Model (per 1-minute bar ``t``; ``x_t`` is the latent log price, ``C_t`` the close):
 
-* Clock: Globex sessions Sunday-Thursday 17:00 to the next day 16:00 CT (1,380 bars each; no bars
-  16:00-17:00, none on Saturday or before Sunday 17:00; holidays are not modelled). The first
-  session opens Sunday 2021-01-03 17:00.
-* Volatility (log units per bar): ``sigma_t = base * season(time of day) * day_k * exp(h_t)``.
-  ``season`` is the intraday shape: low overnight, a bump for the 07:30 data releases, and a U over
-  regular trading hours (RTH, 08:30-15:00: high at the open, a trough at midday, a rise into the
-  close); ``day_k`` is a lognormal level per session; ``h_t`` is a log-volatility AR(1),
-  ``h_t = 0.995 h_{t-1} + sqrt(1 - 0.995^2) 0.35 eps_t`` (volatility clustering with a ~140-bar
-  half-life).
-* Price: ``x_t = x_{t-1} + gap_t + mu_{t-1} + sigma_t z_t`` with ``z_t ~ N(0, 1)``; ``gap_t`` is a
-  ``N(0, (8 sigma_t)^2)`` jump at each session's first bar (the hour without trading), zero
-  elsewhere. ``C_t = 0.25 * max(1, round(exp(x_t) / 0.25))`` (on the tick grid, always positive).
-  ``open_t = C_{t-1}`` except at a session's first bar, where it is the gapped price on the grid;
-  high and low extend ``max/min(open, close)`` by half-normal amounts on the tick grid.
-* Planted signal: ``mu_t = signal_strength * sigma_t * tanh(m_t)`` where
-  ``m_t = log(C_t / C_{t-k}) / (sigma_t sqrt(k))``, ``k = min(15, t)``: the past 15-bar return of
-  the (observed) close in units of its expected spread. So
-  ``E[x_{t+1} - x_t | bars <= t] = signal_strength * sigma_t * tanh(m_t)``: trends persist, and the
-  ``ret_15`` feature (with the volatility features to scale it) carries the edge. With strength 0,
-  ``mu = 0`` and the close is a martingale up to tick rounding.
+* Clock: Globex sessions Sunday-Thursday 17:00 to the next day 16:00 CT (1,380 bars each; no
+  holidays), the first opening Sunday 2021-01-03 17:00.
+* Volatility (log units per bar): ``sigma_t = base * season(time of day) * day_k * exp(h_t)``;
+  ``season`` is low overnight, bumps for the 07:30 data releases and is a U over regular trading
+  hours (RTH, 08:30-15:00); ``day_k`` is a lognormal level per session; ``h_t = 0.995 h_{t-1} +
+  sqrt(1 - 0.995^2) 0.35 eps_t`` (volatility clustering with a ~140-bar half-life).
+* Price: ``x_t = x_{t-1} + gap_t + mu_{t-1} + sigma_t z_t`` with ``z_t ~ N(0, 1)``; ``gap_t ~
+  N(0, (8 sigma_t)^2)`` at each session's first bar (the hour without trading), else 0.
+  ``C_t = 0.25 * max(1, round(exp(x_t) / 0.25))``; ``open_t = C_{t-1}`` except at a session's
+  first bar (the gapped price); high and low extend ``max/min(open, close)`` by half-normal
+  amounts; all on the tick grid.
+* Signal: ``mu_t = signal_strength * sigma_t * tanh(m_t)`` with ``m_t = log(C_t / C_{t-k}) /
+  (sigma_t sqrt(k))``, ``k = min(15, t)``: the past 15-bar return of the observed close in units
+  of its expected spread, so ``E[x_{t+1} - x_t | bars <= t] = mu_t`` and trends persist.
+* Volume: an integer lognormal count following the intraday shape and the size of the move.
 
-Known strength (measured on seeds 0 and 1, 60,000 bars; :func:`synthetic_path` returns the latent
-drift so tests can measure it; ES tick 0.25, cost 0.3 points per side):
-
-* edge per bar ``E|drift_points|`` ~ 0.22 x strength points (0.021 at 0.1, 0.045 at 0.2, 0.058
-  at 0.25);
-* correlation of ``tanh(m_t)`` with the next 15-bar close change (in units of ``sigma_t C_t``):
-  0.00 at strength 0, 0.13 at 0.1, 0.27 at 0.2, 0.34 at 0.25; with the next 1-bar change:
-  -0.02 at 0 (tick rounding makes the last close bounce, like a bid-ask bounce), 0.04, 0.11, 0.15;
-* an oracle that goes long when ``m_t > 1``, short when ``m_t < -1`` and otherwise keeps its
-  position nets, after costs, about -0.017 points per bar at strength 0, 0.00 at 0.1, +0.02 at 0.2
-  and +0.033 at 0.25 (about 2,300 round trips in 60,000 bars). So strength >= 0.2 beats costs.
-
-Strengths up to 0.3 keep the price within a few hundred points of the start over 60,000 bars;
-much larger values make trends feed themselves (``m_t`` pushed by its own drift).
-Volume is an integer lognormal count that follows the intraday shape and the size of the move.
+Measured on seeds 0 and 1, 60,000 bars, at strengths 0, 0.1, 0.2 and 0.25 (cost 0.3 points per
+side; :func:`synthetic_path` returns the latent drift): the edge ``E|drift_points|`` is about
+0.22 x strength points per bar; ``tanh(m_t)`` correlates with the next 15-bar close change (in
+units of ``sigma_t C_t``) at 0.00, 0.13, 0.27 and 0.34, with the next bar's at -0.02 (tick
+rounding bounces the close), 0.04, 0.11 and 0.15; an oracle long when ``m_t > 1``, short when
+``m_t < -1``, else holding, nets -0.017, 0.00, +0.02 and +0.033 points per bar after costs, so
+strength >= 0.2 beats costs. Up to 0.3 the price stays within a few hundred points of its start;
+much larger strengths make trends feed themselves.
 """
 
 from __future__ import annotations
@@ -56,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from jdqn.data.bars import Bars
+from jdqn.data.bars.core import PRICE_COLUMNS
 from jdqn.data.bars.reading import file_kind
 
 TICK = 0.25  # ES tick, index points
@@ -63,7 +51,6 @@ SESSION_BARS = 1_380  # 17:00-16:00 CT
 MOMENTUM_BARS = 15  # lookback of the planted momentum signal
 FIRST_SESSION = np.datetime64("2021-01-03T17:00", "m")  # a Sunday
 _RTH_OPEN, _RTH_CLOSE = 8 * 60 + 30, 15 * 60  # minutes after midnight CT
-_SESSION_OPEN = 17 * 60
 _BASE_SIGMA = 3.0e-4  # log-vol per bar at season 1 (about 0.55 points at 1,800)
 _VOL_PHI, _VOL_TAU = 0.995, 0.35
 _DAY_SIGMA = 0.25
@@ -111,8 +98,8 @@ def synthetic_path(
         raise ValueError(f"synthetic_bars: signal_strength={signal_strength}; fix: use >= 0")
     rng = np.random.default_rng(seed)
     timestamp = session_timestamps(n_bars)
-    minutes = timestamp.astype("datetime64[m]").astype(np.int64)
-    minute_of_day = minutes % 1440
+    minute_of_day = timestamp.astype("datetime64[m]").astype(np.int64) % 1440
+    season = _season(minute_of_day)
     session = np.arange(n_bars) // SESSION_BARS
     session_start = np.arange(n_bars) % SESSION_BARS == 0
     session_start[0] = False
@@ -127,26 +114,20 @@ def synthetic_path(
     volume_noise = rng.standard_normal(n_bars)
 
     # Log-vol AR(1) and the price recursion are sequential; plain-float loops keep them fast.
-    sigma_scale = (_BASE_SIGMA * _season(minute_of_day) * day_level).tolist()
+    sigma_scale = (_BASE_SIGMA * season * day_level).tolist()
     vol_gain = math.sqrt(1.0 - _VOL_PHI**2) * _VOL_TAU
     vol_bias = 0.5 * _VOL_TAU**2  # so E[exp(h)] = 1
-    shocks = vol_shock.tolist()
-    z = price_shock.tolist()
-    gaps = (_GAP_SIGMAS * gap_shock).tolist()
+    shocks, z, gaps = vol_shock.tolist(), price_shock.tolist(), (_GAP_SIGMAS * gap_shock).tolist()
     log_close, opens, closes, sigma, momentum, drift = ([0.0] * n_bars for _ in range(6))
-    h = 0.0
-    x = math.log(start_price)
-    mu = 0.0
-    previous_close = start_price
+    h, mu, x = 0.0, 0.0, math.log(start_price)
+    opens[0] = start_price
     exp, log, tanh, sqrt = math.exp, math.log, math.tanh, math.sqrt
     for t in range(n_bars):
         h = _VOL_PHI * h + vol_gain * shocks[t]
         s_t = sigma_scale[t] * exp(h - vol_bias)
-        if t == 0:
-            opens[0] = start_price
-        else:
+        if t:
             x += gaps[t] * s_t
-            opens[t] = previous_close if gaps[t] == 0.0 else TICK * max(1, round(exp(x) / TICK))
+            opens[t] = closes[t - 1] if gaps[t] == 0.0 else TICK * max(1, round(exp(x) / TICK))
             x += mu + s_t * z[t]
         close = TICK * max(1, round(exp(x) / TICK))
         log_c = log(close)
@@ -155,24 +136,16 @@ def synthetic_path(
         m = (log_c - log_close[t - k]) / (s_t * sqrt(k)) if k else 0.0
         mu = signal_strength * s_t * tanh(m)
         closes[t], sigma[t], momentum[t], drift[t] = close, s_t, m, mu
-        previous_close = close
 
-    open_ = np.asarray(opens)
-    close_ = np.asarray(closes)
-    sigma_ = np.asarray(sigma)
-    sigma_points = sigma_ * close_
-    high = np.maximum(open_, close_) + TICK * np.round(
-        _HIGH_LOW_SCALE * sigma_points * wick_up / TICK
-    )
-    low = np.minimum(open_, close_) - TICK * np.round(
-        _HIGH_LOW_SCALE * sigma_points * wick_down / TICK
-    )
-    low = np.maximum(low, TICK)
+    open_, close_, sigma_ = np.asarray(opens), np.asarray(closes), np.asarray(sigma)
+    wick = _HIGH_LOW_SCALE * (sigma_ * close_)  # [T] points
+    high = np.maximum(open_, close_) + TICK * np.round(wick * wick_up / TICK)
+    low = np.maximum(np.minimum(open_, close_) - TICK * np.round(wick * wick_down / TICK), TICK)
     # Volume follows the intraday shape, the volatility state and the size of the move.
     log_volume = (
         math.log(3000.0)
-        + 2.5 * np.log(_season(minute_of_day))
-        + 0.8 * np.log(sigma_ / (_BASE_SIGMA * _season(minute_of_day)))
+        + 2.5 * np.log(season)
+        + 0.8 * np.log(sigma_ / (_BASE_SIGMA * season))
         + 0.35 * np.abs(price_shock)
         + 0.3 * volume_noise
     )
@@ -192,15 +165,9 @@ def write_bars(bars: Bars, path: str | os.PathLike[str]) -> None:
     volume = bars.volume
     if np.all(volume == np.round(volume)):
         volume = volume.astype(np.int64)
+    prices = {name: getattr(bars, name) for name in PRICE_COLUMNS}
     frame = pd.DataFrame(
-        {
-            "timestamp": bars.timestamp.astype("datetime64[ns]"),
-            "open": bars.open,
-            "high": bars.high,
-            "low": bars.low,
-            "close": bars.close,
-            "volume": volume,
-        }
+        {"timestamp": bars.timestamp.astype("datetime64[ns]"), **prices, "volume": volume}
     )
     kind = file_kind(Path(path))
     if kind == "parquet":

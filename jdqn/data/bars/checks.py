@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from jdqn.data.bars.core import EXCHANGE_TZ, PRICE_COLUMNS, BarFileError, more_rows, reject_rows
+from jdqn.data.bars.core import PRICE_COLUMNS, BarFileError, more_rows, reject_rows
 from jdqn.data.bars.timestamps import missing_mask
 
 _LISTED_ROWS = 5  # rows named in a duplicate message before "and N more"
@@ -86,9 +86,7 @@ def check_values(
     )
 
 
-def newest_first(
-    local_ns: np.ndarray, order_ns: np.ndarray, exchange_timezone: str = EXCHANGE_TZ
-) -> bool:
+def newest_first(local_ns: np.ndarray, order_ns: np.ndarray, exchange_timezone: str) -> bool:
     """True when the file lists the newest bar first: at least two steps back in time and none
     forward (naive exchange time steps forward once when it enters the repeated autumn DST hour
     from its second pass; that step does not count). Duplicates are left to :func:`check_order`.
@@ -110,7 +108,7 @@ def check_order(
     rows: np.ndarray,
     column: str,
     path: str | os.PathLike[str],
-    exchange_timezone: str = EXCHANGE_TZ,
+    exchange_timezone: str,
 ) -> None:
     """Timestamps strictly increase (naive exchange time may repeat the autumn DST hour).
 

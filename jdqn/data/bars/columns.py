@@ -1,25 +1,14 @@
 """Which columns of a bar file hold the bar time, prices and volume.
 
-Header names are compared after lower-casing and stripping spaces and ``<>`` (MetaTrader and
-MetaStock exports), so ``<DATE>``, ``Date`` and ``date`` are one name. Besides the generic names
-the headers of common vendors are known:
-
-======================  ==========================================================================
-Binance klines          ``open_time`` (ms or us epoch), ``open`` ... ``volume``; header-less files
-                        get these names when read (:mod:`jdqn.data.bars.reading`)
-Polygon.io aggregates   ``t`` (ms epoch), ``o h l c v``; flat files ``window_start`` (ns epoch)
-Databento OHLCV         ``ts_event`` (ns epoch or ISO 8601 UTC); fixed-point prices (1e-9 units)
-                        are scaled to prices
-Dukascopy               ``Gmt time`` (``01.09.2013 17:00:00.000``, UTC)
-CryptoDataDownload      ``unix`` / ``Unix Timestamp`` (epoch) before ``date``; ``Volume BTC``
-MetaTrader 4/5          ``<DATE> <TIME>`` (``2013.09.01`` ``17:00``), ``<TICKVOL>``, ``<VOL>``
-yfinance                ``Datetime`` or ``Date``, ``Adj Close`` (ignored: the bar's close is
-                        ``Close``)
-======================  ==========================================================================
-
-Anything else is mapped with ``data.columns`` (``role:column`` pairs, roles: ``timestamp`` or
-``time``, ``date`` (with ``time``: split date and time columns), ``open``, ``high``, ``low``,
-``close``, ``volume``), which takes precedence over the names above.
+Header names are compared lower-cased, stripped of ``<>`` (MetaTrader, MetaStock) and with spaces
+and dashes as ``_``, so ``<DATE>``, ``Date`` and ``date`` are one name. Besides the generic names
+the loader knows the headers of Binance klines (``open_time``, ms or us epoch; header-less files
+get these names when read), Polygon.io (``t`` ms epoch, ``o h l c v``; flat files
+``window_start``, ns epoch), Databento (``ts_event``, ns epoch or ISO 8601 UTC; fixed-point
+prices in 1e-9 units are scaled), Dukascopy (``Gmt time``, UTC), CryptoDataDownload (``unix``
+before ``date``; ``Volume BTC``), MetaTrader 4/5 (``<DATE> <TIME>``, ``<TICKVOL>``, ``<VOL>``)
+and yfinance (``Datetime`` or ``Date``; ``Adj Close`` is ignored). ``data.columns`` maps anything
+else and takes precedence over these names.
 """
 
 from __future__ import annotations
@@ -48,7 +37,6 @@ COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
 # "Volume BTC" is the base-asset volume; MetaTrader's tick volume when it has no real one).
 _VOLUME_FALLBACK = re.compile(r"volume_.+|tickvol|tick_volume")
 _SYMBOL_COLUMNS = ("symbol", "ticker", "instrument_id")
-USER_ROLES = ("timestamp", "time", "date", "open", "high", "low", "close", "volume")
 
 
 @dataclass(frozen=True)

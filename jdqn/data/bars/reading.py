@@ -56,7 +56,6 @@ class CsvLayout:
     names: tuple[str, ...] | None = None  # column names of a header-less vendor file
     extra_header_lines: int = 0  # lines after the header that are not bars (yfinance)
     first_column: str | None = None  # name for the first column (yfinance: "Datetime")
-    vendor: str = ""  # set for a vendor layout recognised from its shape
 
 
 def file_kind(path: Path) -> str | None:
@@ -143,47 +142,34 @@ def sniff_layout(lines: list[str]) -> CsvLayout:
     candidates = []
     for order, separator in enumerate(_SEPARATORS):
         widths = {i: lines[i].count(separator) + 1 for i in filled}
-        body = filled[1:] or filled
-        width = max(Counter(widths[i] for i in body).most_common(), key=lambda kv: (kv[1], kv[0]))[
-            0
-        ]
+        counts = Counter(widths[i] for i in filled[1:] or filled)
+        width = max(counts, key=lambda w: (counts[w], w))  # the commonest body width, wider first
         header = next(i for i in filled if widths[i] == width) if width > 1 else filled[0]
         candidates.append((-width, header, order, separator))
     _, header, _, separator = min(candidates)
-    fields = [field.strip().strip('"') for field in lines[header].split(separator)]
-    body_fields = [
-        field.strip().strip('"')
-        for i in filled
-        if i > header
-        for field in lines[i].split(separator)
-    ]
-    decimal = (
-        "," if separator != "," and any(_DECIMAL_COMMA.fullmatch(f) for f in body_fields) else "."
-    )
+
+    def split(line: str) -> list[str]:
+        return [field.strip().strip('"') for field in line.split(separator)]
+
+    fields = split(lines[header])
+    body = [split(lines[i]) for i in filled if i > header]
+    comma = any(_DECIMAL_COMMA.fullmatch(field) for row in body for field in row)
+    decimal = "," if separator != "," and comma else "."
     if not any(re.search("[A-Za-z]", field) for field in fields):
         if len(fields) == len(BINANCE_KLINE_COLUMNS) and fields[0].isdigit():
-            return CsvLayout(separator, header, decimal, BINANCE_KLINE_COLUMNS, vendor="binance")
+            return CsvLayout(separator, header, decimal, BINANCE_KLINE_COLUMNS)
         if (
             len(fields) in (6, 7)
             and _MT_DATE.fullmatch(fields[0])
             and _MT_TIME.fullmatch(fields[1])
         ):
             names = _METATRADER_COLUMNS[: len(fields)]
-            return CsvLayout(separator, header, decimal, names, vendor="metatrader")
-    following = [[f.strip().strip('"') for f in lines[i].split(separator)] for i in filled][
-        filled.index(header) + 1 : filled.index(header) + 3
-    ]
-    if fields[0].lower() == "price" and following and following[0][0].lower() == "ticker":
+            return CsvLayout(separator, header, decimal, names)
+    if fields[0].lower() == "price" and body and body[0][0].lower() == "ticker":
         # yfinance >= 0.2.51: "Price,Close,...", "Ticker,ES=F,...", "Datetime,,,..." then bars.
-        named = len(following) > 1 and not any(following[1][1:])
-        return CsvLayout(
-            separator,
-            header,
-            decimal,
-            extra_header_lines=2 if named else 1,
-            first_column=following[1][0] if named else "Datetime",
-            vendor="yfinance",
-        )
+        named = len(body) > 1 and not any(body[1][1:])
+        extra, first = (2, body[1][0]) if named else (1, "Datetime")
+        return CsvLayout(separator, header, decimal, extra_header_lines=extra, first_column=first)
     return CsvLayout(separator, header, decimal)
 
 

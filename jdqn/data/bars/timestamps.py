@@ -82,13 +82,15 @@ def parse_bar_times(
     source = timezone or ("UTC" if columns.utc else None)
     if parsed.dt.tz is None and source is not None and source != exchange_timezone:
         parsed = _localise(parsed, source, path, name)
-    if parsed.dt.tz is not None:
-        order = parsed.dt.tz_convert("UTC").dt.tz_localize(None).astype("datetime64[ns]")
-        local = parsed.dt.tz_convert(exchange_timezone).dt.tz_localize(None)
-        local_ns = local.astype("datetime64[ns]").to_numpy().view(np.int64)
-        return local_ns, order.to_numpy().view(np.int64)
-    local_ns = parsed.astype("datetime64[ns]").to_numpy().view(np.int64)
-    return local_ns, local_ns
+    if parsed.dt.tz is None:
+        local_ns = _ns(parsed)
+        return local_ns, local_ns  # the same array: load_bars knows the order is local time
+    naive = parsed.dt.tz_convert(exchange_timezone).dt.tz_localize(None)
+    return _ns(naive), _ns(parsed.dt.tz_convert("UTC").dt.tz_localize(None))
+
+
+def _ns(times: pd.Series) -> np.ndarray:
+    return times.astype("datetime64[ns]").to_numpy().view(np.int64)
 
 
 def _localise(parsed: pd.Series, zone: str, path: str | os.PathLike[str], column: str) -> pd.Series:
@@ -135,10 +137,7 @@ def _parse_timestamps(raw: pd.Series, path: str | os.PathLike[str], column: str)
     if pd.api.types.is_bool_dtype(raw):
         raise BarFileError(path, "timestamps are true/false values", _TIMESTAMP_FIX, 1, column)
     if pd.api.types.is_numeric_dtype(raw):
-        values = raw.to_numpy()
-        return _parse_digits(
-            values if values.dtype.kind in "iu" else values.astype(np.float64), path, column
-        )
+        return _parse_digits(raw.to_numpy(), path, column)
     text = raw.astype("string").str.strip().astype(object).astype(str).reset_index(drop=True)
     if text.str.fullmatch(r"\d+").all():
         exact = bool(text.str.len().max() <= 18)  # int64 holds 18 digits
@@ -183,6 +182,8 @@ def _parse_digits(values: np.ndarray, path: str | os.PathLike[str], column: str)
     """Digit-only timestamps: YYYYMMDD[HHMM[SS]] by length, else a unix epoch whose unit (s, ms,
     us or ns) follows from its magnitude: seconds up to 1e11 (year 5138), ms up to 1e14, us up to
     1e17, ns beyond. Integers stay int64 so that ns epochs keep their last digits."""
+    if values.dtype.kind not in "iu":
+        values = values.astype(np.float64)
     whole = values.dtype.kind in "iu" or bool(np.all(values == np.floor(values)))
     if whole:
         integers = values.astype(np.int64)
