@@ -1,11 +1,9 @@
 """Evaluation: policy rollouts over a test window, trading metrics, baselines (docs/design.md §8).
 
 A policy is a pure function ``policy(key, obs [F+1]) -> action [] int32``. :func:`rollout` runs it
-greedily-with-costs over one episode window inside one ``lax.scan`` (jit-able, vmappable over folds
-and seeds); :func:`metrics` turns the per-bar record into float64 host-side numbers that are all
-JSON-safe (Python floats/ints or ``None``, never inf/NaN). Baselines (flat, buy-and-hold, uniform
-random) and the agent go through the same :func:`rollout` and :func:`metrics`; the three
-baselines of a window run in one scan (:func:`baseline_rollouts`).
+over one episode window in one ``lax.scan`` (jit-able, vmappable over folds and seeds);
+:func:`metrics` turns the record into JSON-safe float64 host numbers. The agent and the baselines
+(flat, buy-and-hold, uniform random; all three in one scan) go through the same two.
 """
 
 from __future__ import annotations
@@ -258,25 +256,6 @@ def metrics(
     }
 
 
-# --- evaluation -------------------------------------------------------------------------------
-
-_rollout_jit = jax.jit(rollout, static_argnums=0)
-
-
-def evaluate_policy(
-    policy: Policy,
-    params: env.EnvParams,
-    key: jax.Array,
-    *,
-    point_value_usd: float,
-    bars_per_year: float,
-) -> tuple[dict[str, Any], Rollout]:
-    """Roll ``policy`` over one episode window; (metrics dict, trimmed numpy Rollout)."""
-    record = trim(_rollout_jit(policy, params, key), params)
-    result = record_metrics(record, point_value_usd=point_value_usd, bars_per_year=bars_per_year)
-    return result, record
-
-
 def record_metrics(
     record: Rollout, *, point_value_usd: float, bars_per_year: float
 ) -> dict[str, Any]:
@@ -291,13 +270,7 @@ def record_metrics(
     )
 
 
-def baseline_policies(env_cfg: EnvConfig) -> dict[str, Policy]:
-    """The three reference policies of docs/design.md §8, by name."""
-    return {
-        "flat": flat_policy(env_cfg.positions),
-        "buy_and_hold": buy_and_hold_policy(env_cfg.positions),
-        "random": random_policy(env_cfg.n_actions),
-    }
+# --- baselines --------------------------------------------------------------------------------
 
 
 # The baselines' names, in the order of :func:`baseline_rollouts`' leading axis.
@@ -312,8 +285,12 @@ def baseline_rollouts(params: env.EnvParams, key: jax.Array, env_cfg: EnvConfig)
     its policy gives alone. One loop over the window instead of three matters on a GPU, where a
     sequential scan pays per iteration and hardly per lane.
     """
-    policies = baseline_policies(env_cfg)
-    branches = tuple(policies[name] for name in BASELINES)
+    positions = env_cfg.positions
+    branches = (  # in the order of BASELINES
+        flat_policy(positions),
+        buy_and_hold_policy(positions),
+        random_policy(env_cfg.n_actions),
+    )
 
     def lane(index: jax.Array) -> Rollout:
         def policy(policy_key: jax.Array, obs: jax.Array) -> jax.Array:
