@@ -19,6 +19,7 @@ import numpy as np
 
 from jdqn import env
 from jdqn.config import EnvConfig
+from jdqn.stats import per_bar_sharpe
 from jdqn.transition import observation
 
 Policy = Callable[[jax.Array, jax.Array], jax.Array]  # (key, obs [F+1]) -> action [] int32
@@ -168,35 +169,25 @@ def metrics(
     gross_points: np.ndarray | jax.Array | None = None,
     cost_points: np.ndarray | jax.Array | None = None,
 ) -> dict[str, Any]:
-    """Trading metrics of one per-bar record, in float64 on the host. All values JSON-safe.
+    """Trading metrics of one per-bar record, float64 on the host, all values JSON-safe.
 
-    Sharpe ratio (Sharpe, 1994), Sortino ratio (Sortino & van der Meer, 1991) and Calmar ratio
-    (Young, 1991), computed on per-bar net PnL in points (not returns: one contract, no capital).
+    ``net_points[i]``/``positions[i]``: net PnL (points: one contract, no capital) and position
+    held over bar interval i, from flat. Ratios are annualised with sqrt(bars_per_year).
 
-    ``net_points[i]``/``positions[i]``: net PnL and position held over bar interval i; the position
-    before the first interval is 0 (rollouts start flat). Definitions:
-
-    - ``sharpe``: mean / sample std (ddof=1) of per-bar net PnL x sqrt(bars_per_year); 0 when the
-      std is 0 or there are fewer than 2 bars.
-    - ``sortino``: mean / downside deviation x sqrt(bars_per_year), downside deviation =
-      sqrt(mean(min(net, 0)^2)) (target 0, over all bars). Downside deviation 0: None when the
-      mean is > 0 (no losing bar: unbounded), else 0.
-    - ``max_drawdown_points``/``_usd``: largest peak-to-trough fall of the cumulative net PnL,
-      with the starting equity 0 counted as a peak; >= 0.
-    - ``calmar``: annualised net PnL (mean per bar x bars_per_year) / max drawdown. Drawdown 0:
-      None when the PnL is > 0 (unbounded), else 0.
+    - ``sharpe`` (Sharpe, 1994): mean / sample std (ddof=1); 0 for a zero std or under 2 bars.
+    - ``sortino`` (Sortino & van der Meer, 1991): mean / sqrt(mean(min(net, 0)^2)) (target 0,
+      over all bars). ``calmar`` (Young, 1991): mean x bars_per_year / max drawdown. Either with
+      a zero denominator: None when the numerator is > 0 (unbounded), else 0.
+    - ``max_drawdown_points``/``_usd``: largest fall of the cumulative net PnL from a peak, the
+      starting 0 counted; >= 0.
     - ``hit_rate``: fraction of closed round trips with net PnL > 0; None when none closed. A round
-      trip is a maximal run of bars holding a non-zero position of one sign (resizing within the
-      sign stays in the trade); it closes at the first bar that holds 0 or the opposite sign. Its
-      net PnL is the sum of net PnL over its bars (including its entry cost) minus its exit cost,
-      i.e. the share |p_old| / |p_new - p_old| of the closing bar's cost (a flip's cost is split
-      between the closed and the new trade). A trade still open at the end is not counted. Flips
-      need the per-bar cost (``cost_points`` or ``gross_points``); without flips net suffices.
-    - ``n_trades``: bars at which the position changes (entries, exits, flips, resizes).
-    - ``turnover``: sum of |position change| in contracts, the initial entry included.
-    - ``exposure``: fraction of bars holding a non-zero position.
-    - ``gross_pnl_*``/``cost_*``: None unless ``gross_points`` or ``cost_points`` is given
-      (net = gross - cost gives the other).
+      trip is a maximal run of bars holding one sign (resizing stays in it), closed at the first
+      bar holding 0 or the other sign; its net PnL is that of its bars minus the closing bar's
+      cost share |p_old| / |p_new - p_old| (a flip's cost is split between the two trades, so
+      flips need ``cost_points`` or ``gross_points``). A trade still open is not counted.
+    - ``n_trades``: bars where the position changes; ``turnover``: sum of |position change|, the
+      initial entry included; ``exposure``: fraction of bars holding a position.
+    - ``gross_pnl_*``/``cost_*``: None unless ``gross_points`` or ``cost_points`` is given.
     """
     net = np.asarray(net_points, np.float64)
     position = np.asarray(positions, np.float64)
@@ -216,9 +207,8 @@ def metrics(
 
     n_bars = net.size
     mean = float(net.mean()) if n_bars else 0.0
-    std = float(net.std(ddof=1)) if n_bars >= 2 else 0.0
     root_year = math.sqrt(bars_per_year)
-    sharpe = mean / std * root_year if std > 0 else 0.0
+    sharpe = per_bar_sharpe(net) * root_year
     downside = float(np.sqrt(np.mean(np.minimum(net, 0.0) ** 2))) if n_bars else 0.0
     sortino = _ratio(mean * root_year, downside)
 

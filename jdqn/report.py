@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -92,12 +91,7 @@ class BackgroundWrites:
     def __enter__(self) -> BackgroundWrites:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         self._pool.shutdown(wait=True)  # every queued write finishes, also when the block raised
         wait(self._pending)  # the plot processes' share (they stay for the process's next run)
         if exc is None:  # the block's own error takes precedence over a write's
@@ -278,36 +272,33 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-# jdqn.baselines' rules, forecaster and (synthetic data) oracle: "-" where a run has none.
-_EXTRA_COLUMNS = (
-    ("momentum", "tsmom $"),
-    ("macd", "macd $"),
-    ("ridge", "ridge $"),
-    ("oracle", "oracle $"),
+# The baselines' columns (name, label, width): jdqn.evaluate's three, then jdqn.baselines' rules,
+# forecaster and (synthetic data) oracle, "-" where a run has none.
+_BASELINE_COLUMNS = (
+    ("flat", "flat $", 8),
+    ("buy_and_hold", "b&h $", 10),
+    ("random", "random $", 10),
+    ("momentum", "tsmom $", 10),
+    ("macd", "macd $", 10),
+    ("ridge", "ridge $", 10),
+    ("oracle", "oracle $", 10),
 )
 
 
 def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
     """Console table: one line per (fold, seed) with agent and baseline net PnL and Sharpe."""
-    header = (
-        f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'sharpe':>7} {'trades':>6}"
-        f"  {'flat $':>8} {'b&h $':>10} {'random $':>10}"
-        + "".join(f" {label:>10}" for _, label in _EXTRA_COLUMNS)
-    )
+    header = f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'sharpe':>7} {'trades':>6} "
+    header += "".join(f" {label:>{width}}" for _, label, width in _BASELINE_COLUMNS)
     lines = [header, "-" * len(header)]
     for row in fold_results:
         agent = row.get("agent") or {}
-        base = row["baselines"]
         lines.append(
             f"{row['fold']:>4} {row.get('seed', '-'):>4}  {row.get('status', 'ok'):<28.28} "
             f"{_fmt(agent.get('net_pnl_usd'), ',.0f'):>10} {_fmt(agent.get('sharpe'), '.2f'):>7} "
-            f"{_fmt(agent.get('n_trades'), 'd'):>6}  "
-            f"{_fmt(base['flat']['net_pnl_usd'], ',.0f'):>8} "
-            f"{_fmt(base['buy_and_hold']['net_pnl_usd'], ',.0f'):>10} "
-            f"{_fmt(base['random']['net_pnl_usd'], ',.0f'):>10}"
+            f"{_fmt(agent.get('n_trades'), 'd'):>6} "
             + "".join(
-                f" {_fmt((base.get(name) or {}).get('net_pnl_usd'), ',.0f'):>10}"
-                for name, _ in _EXTRA_COLUMNS
+                f" {_fmt((row['baselines'].get(name) or {}).get('net_pnl_usd'), ',.0f'):>{width}}"
+                for name, _, width in _BASELINE_COLUMNS
             )
         )
     return "\n".join(lines)

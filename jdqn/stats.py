@@ -104,7 +104,7 @@ def aggregate(
 
 def per_bar_sharpe(net: np.ndarray) -> float:
     """mean / sample std (ddof = 1) of per-bar net PnL, not annualised; 0 for a constant series
-    or fewer than two bars (as ``jdqn.evaluate.metrics``)."""
+    or fewer than two bars."""
     net = np.asarray(net, np.float64)
     std = float(net.std(ddof=1)) if net.size >= 2 else 0.0
     return float(net.mean()) / std if std > 0 else 0.0
