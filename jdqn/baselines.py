@@ -1,20 +1,14 @@
-"""The quant baselines: rules and a forecaster tuned on the train window only, and the oracle.
+"""The quant baselines: rules and a forecaster tuned on the train window only, and the oracle
+(docs/design.md §8). Each is a position path over the test window, computed on the host in float64
+from bars ``<= t``, with the environment's convention (``jdqn.env``): ``positions[i]`` is chosen at
+bar ``i`` and held over ``i -> i+1``, trading costs ``cost_points`` per contract, from flat.
 
-A trained agent is worth something only above what a simple rule or a linear forecaster earns on
-the same data. Each baseline here is a position path over the test window computed on the host in
-float64 from bars ``<= t``, its settings picked by net PnL on the train window alone. Positions
-follow ``jdqn.env``: ``positions[i]`` is chosen at bar ``i`` and held over ``i -> i+1``, trading
-costs ``cost_points`` per contract, the window starts flat.
-
-- ``momentum``: time-series momentum (Moskowitz, Ooi & Pedersen, 2012): the past ``k``-bar price
-  change in train-window standard deviations, traded with a no-trade band (saves costs).
+- ``momentum``: time-series momentum (Moskowitz, Ooi & Pedersen, 2012), with a no-trade band.
 - ``macd``: the volatility-normalised MACD signal of Baz, Granger, Harvey, Le Roux & Rattray
-  (2015), traded with a no-trade band.
-- ``ridge``: a ridge regression of the next ``h``-bar price change (points) on the agent's own
-  normalised features, trading when its forecast clears ``threshold x cost``.
-- ``oracle`` (synthetic data only): the planted signal's own rule from ``jdqn.data.synth`` (long
-  when the latent momentum ``m_t > 1``, short when ``< -1``, otherwise keep): what the planted
-  edge is worth after costs to a trader who knows the model.
+  (2015), with a no-trade band.
+- ``ridge``: a ridge forecast of the next ``h``-bar price change from the agent's own features.
+- ``oracle`` (synthetic data only): the planted signal's own rule (``jdqn.data.synth``), what the
+  planted edge is worth after costs to a trader who knows the model.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""``jdqn evaluate``: a run's saved policies over new bars, judged as a walk-forward test window.
-
-The bars after the policies' feature warm-up (``lookback_bars``) are the window: each seed's saved
-policy of the chosen fold (default: the last) runs the greedy pass over it from flat, and the same
-metrics, baselines (the random one keyed as the run keyed it), equity CSVs, plots, summary and
-``results.json`` as a walk-forward run writes go to a new directory. Sharpe ratios are annualised
-with the run's bars per year (a short file's own count would be a poor estimate). Evaluating a
-run's own test window (with the warm-up before it) gives back the run's numbers.
+"""``jdqn evaluate``: a run's saved policies over new bars, judged as a walk-forward test window
+(docs/design.md §16). Sharpe ratios are annualised with the run's bars per year (a short file's
+own count would be a poor estimate); a run's own test window, with the warm-up before it, gives
+back the run's numbers.
 """
 
 from __future__ import annotations
@@ -46,10 +42,11 @@ def evaluate_saved(
     plots: bool = True,
     log: Callable[[str], None] = print,
 ) -> EvaluationOutcome:
-    """Judge the saved policies of ``fold`` (None: the run's last) on the bars of ``data``; the
-    outputs go to ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). Bad
-    input (no such run or fold, a bar file that fails validation, bars of another instrument or
-    features) raises ``ValueError`` with one line before anything is written."""
+    """Judge each seed's saved policy of ``fold`` (None: the run's last) on the bars of ``data``
+    after the feature warm-up, from flat, writing what a walk-forward run writes to
+    ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). Bad input (no such run
+    or fold, a bar file that fails validation, bars of another instrument or features) raises
+    ``ValueError`` with one line before anything is written."""
     saved = saved_policies(run_dir)
     folds = sorted({f for f, _ in saved})
     if fold is None and folds:

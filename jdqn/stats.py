@@ -1,12 +1,11 @@
-"""Statistics across seeds: robust aggregates with bootstrap confidence intervals, the deflated
-Sharpe ratio, and the stitched out-of-sample equity curve. float64 numpy on the host.
+"""Statistics across seeds, float64 numpy on the host (docs/design.md §16).
 
-A handful of seeds per fold is a small sample of a noisy quantity, so a run is summarised the way
+A handful of seeds per fold is a small sample of a noisy quantity, so a run is summarised as
 Agarwal et al. (NeurIPS 2021, "Deep reinforcement learning at the edge of the statistical
-precipice") recommend: the median and the interquartile mean (IQM) over runs, each with a 95 %
-percentile interval from a stratified bootstrap (seeds are resampled with replacement within each
-fold, the strata). The best seed's Sharpe ratio is deflated for the number of seeds tried (Bailey
-& Lopez de Prado, 2014, "The deflated Sharpe ratio").
+precipice") recommend: the median and interquartile mean (IQM) over runs, each with a 95 %
+percentile interval from a stratified bootstrap (seeds resampled within each fold). The best
+seed's Sharpe ratio is deflated for the number of seeds tried (Bailey & Lopez de Prado, 2014,
+"The deflated Sharpe ratio"). The folds' test windows are stitched into one curve per seed.
 """
 
 from __future__ import annotations
