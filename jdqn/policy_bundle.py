@@ -119,13 +119,10 @@ def save_policy(
 ) -> Path:
     """Write one bundle (module docstring) atomically: a temporary directory renamed into place,
     replacing a bundle of the same name (a resumed run judges its folds again)."""
-    arrays: dict[str, np.ndarray] = {}
-    for prefix, tree in (("params", network.params), ("masks", network.masks)):
-        for layer, leaves in tree.items():
-            for leaf, value in leaves.items():
-                arrays[f"{prefix}/{layer}/{leaf}"] = np.asarray(value, np.float32)
-    for layer, u in network.sn_u.items():
-        arrays[f"sn_u/{layer}"] = np.asarray(u, np.float32)
+    arrays = {  # params/<layer>/<leaf>, masks/<layer>/<leaf>, sn_u/<layer>
+        jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf, np.float32)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(network)
+    }
     arrays["normaliser/mean"] = np.asarray(normaliser.mean, np.float64)
     arrays["normaliser/std"] = np.asarray(normaliser.std, np.float64)
     record = {"format": FORMAT, "version": VERSION, "fold": fold, "seed": seed, **meta}
