@@ -313,11 +313,8 @@ _baseline_rollouts_jit = jax.jit(baseline_rollouts, static_argnums=2)
 def evaluate_baselines(
     params: env.EnvParams, key: jax.Array, env_cfg: EnvConfig, bars_per_year: float
 ) -> dict[str, dict[str, Any]]:
-    """``{name: {"metrics": dict, "rollout": Rollout}}`` for flat, buy_and_hold and random.
-
-    ``key`` seeds the random policy (the other two ignore it), so a fold's baselines are
-    reproducible from the fold's key.
-    """
+    """``{name: {"metrics": dict, "rollout": Rollout}}`` for flat, buy_and_hold and random;
+    ``key`` seeds the random one, so a fold's baselines are reproducible from the fold's key."""
     return baseline_results(
         _baseline_rollouts_jit(params, key, env_cfg),
         int(env.n_steps(params)),
