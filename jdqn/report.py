@@ -139,9 +139,8 @@ def _plot_pool(processes: int, preload: tuple[str, ...]) -> ProcessPoolExecutor:
 
 def _discard_plot_pool(pool: ProcessPoolExecutor) -> None:
     with _PLOT_POOLS_LOCK:
-        for key, kept in list(_PLOT_POOLS.items()):
-            if kept is pool:
-                del _PLOT_POOLS[key]
+        for key in [key for key, kept in _PLOT_POOLS.items() if kept is pool]:
+            del _PLOT_POOLS[key]
     pool.shutdown(wait=False)
 
 
