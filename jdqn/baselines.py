@@ -1,30 +1,14 @@
-"""The quant baselines: rules and a forecaster tuned on the train window only, and the oracle.
+"""The quant baselines: rules and a forecaster tuned on the train window only, and the oracle
+(docs/design.md §8). Each is a position path over the test window, computed on the host in float64
+from bars ``<= t``, with the environment's convention (``jdqn.env``): ``positions[i]`` is chosen at
+bar ``i`` and held over ``i -> i+1``, trading costs ``cost_points`` per contract, from flat.
 
-Besides flat, buy-and-hold and random (``jdqn.evaluate``), a reviewer asks what a simple rule or a
-linear forecaster on the same data earns; a trained agent is worth something only above those.
-Every baseline here is a position path over the test window computed on the host in float64 from
-bars ``<= t`` (nothing from the test window's future, nothing from the test window when tuning):
-
-- ``momentum``: time-series momentum (Moskowitz, Ooi & Pedersen, 2012): long when the past
-  ``k``-bar price change, in units of its train-window standard deviation, is above ``band``,
-  short when below ``-band``, otherwise keep the position (the no-trade band saves costs).
-  ``k`` and ``band`` are picked by net PnL on the train window from a small grid.
-- ``macd``: the volatility-normalised MACD signal of Baz, Granger, Harvey, Le Roux & Rattray (2015):
-  for each (short, long) pair, ``q = (EWMA_short - EWMA_long) / std(price, 63)``,
-  ``y = q / std(q, 252)``; the signal is the mean of the pairs' ``y``, traded with a no-trade band
-  picked on the train window (and the time-scale multiplier).
-- ``ridge``: a ridge regression of the next ``h``-bar price change (points) on the agent's own
-  normalised features, fitted on the first 70 % of the train window, its ``h``, penalty and
-  threshold picked on the last 30 %, then refitted on the whole train window. It trades when its
-  forecast clears the cost: long when the forecast is above ``threshold x cost``, short below
-  minus that, otherwise it keeps its position.
-- ``oracle`` (synthetic data only): the planted signal's own rule from ``jdqn.data.synth`` (long
-  when the latent momentum ``m_t > 1``, short when ``< -1``, otherwise keep): what the planted
-  edge is worth after costs to a trader who knows the model.
-
-Positions follow the environment's convention: ``positions[i]`` is held over bar ``i -> i+1`` of
-the window, chosen at bar ``i``; trading from the previous position costs ``cost_points`` per
-contract; the window starts flat (``jdqn.env``).
+- ``momentum``: time-series momentum (Moskowitz, Ooi & Pedersen, 2012), with a no-trade band.
+- ``macd``: the volatility-normalised MACD signal of Baz, Granger, Harvey, Le Roux & Rattray
+  (2015), with a no-trade band.
+- ``ridge``: a ridge forecast of the next ``h``-bar price change from the agent's own features.
+- ``oracle`` (synthetic data only): the planted signal's own rule (``jdqn.data.synth``), what the
+  planted edge is worth after costs to a trader who knows the model.
 """
 
 from __future__ import annotations
@@ -69,13 +53,8 @@ def position_record(close: np.ndarray, positions: np.ndarray, cost_points: float
     previous = np.concatenate([[0.0], held[:-1]])
     pnl = held * np.diff(close)
     cost = cost_points * np.abs(held - previous)
-    return Rollout(
-        positions=held,  # type: ignore[arg-type]  # numpy fields on the host
-        pnl_points=pnl,  # type: ignore[arg-type]
-        cost_points=cost,  # type: ignore[arg-type]
-        net_points=pnl - cost,  # type: ignore[arg-type]
-        actions=np.sign(held).astype(np.int32) + 1,  # type: ignore[arg-type]
-    )
+    actions = np.sign(held).astype(np.int32) + 1
+    return Rollout(held, pnl, cost, pnl - cost, actions)  # type: ignore[arg-type]  # numpy fields
 
 
 def net_points(close: np.ndarray, positions: np.ndarray, cost_points: float) -> float:
@@ -101,7 +80,8 @@ def momentum_scale(close: np.ndarray, lookback: int) -> float:
 
 def macd_signal(close: np.ndarray, scale: int) -> np.ndarray:
     """Mean over :data:`MACD_PAIRS` (time scales x ``scale``) of Baz et al.'s normalised MACD
-    ``y``; past-only (EWMAs and trailing windows); 0 while a window is still filling."""
+    ``y = q / std(q, 252)``, ``q = (EWMA_short - EWMA_long) / std(price, 63)``; past-only (EWMAs
+    and trailing windows); 0 while a window is still filling."""
     price = pd.Series(np.asarray(close, np.float64))
     price_std = price.rolling(MACD_PRICE_WINDOW * scale).std()
     ys = []
@@ -141,25 +121,32 @@ def _best(grid: Sequence[tuple[Any, ...]], score: Callable[..., float]) -> tuple
     return grid[int(np.argmax(scores))]
 
 
+def _tune_band(
+    close: np.ndarray, cost_points: float, settings: Sequence[Any], signal: Callable[[Any], Any]
+) -> tuple[Any, float]:
+    """The (setting, band) whose band-traded ``signal(setting)`` earns the most over ``close``."""
+    signals = {setting: signal(setting) for setting in settings}
+
+    def score(setting: Any, band: float) -> float:
+        return net_points(close, band_positions(signals[setting], band), cost_points)
+
+    return _best(list(itertools.product(settings, BANDS)), score)
+
+
 def tune_momentum(train_close: np.ndarray, cost_points: float) -> dict[str, float]:
     """(lookback, band) with the best net PnL on the train window."""
 
-    def score(lookback: int, band: float) -> float:
-        signal = momentum_signal(train_close, lookback, momentum_scale(train_close, lookback))
-        return net_points(train_close, band_positions(signal, band), cost_points)
+    def signal(lookback: int) -> np.ndarray:
+        return momentum_signal(train_close, lookback, momentum_scale(train_close, lookback))
 
-    lookback, band = _best(list(itertools.product(MOMENTUM_LOOKBACKS, BANDS)), score)
+    lookback, band = _tune_band(train_close, cost_points, MOMENTUM_LOOKBACKS, signal)
     return {"lookback": lookback, "band": band, "scale": momentum_scale(train_close, lookback)}
 
 
 def tune_macd(train_close: np.ndarray, cost_points: float) -> dict[str, float]:
     """(time-scale multiplier, band) with the best net PnL on the train window."""
-
-    def score(scale: int, band: float) -> float:
-        signal = macd_signal(train_close, scale)
-        return net_points(train_close, band_positions(signal, band), cost_points)
-
-    scale, band = _best(list(itertools.product(MACD_SCALES, BANDS)), score)
+    signal = functools.partial(macd_signal, train_close)
+    scale, band = _tune_band(train_close, cost_points, MACD_SCALES, signal)
     return {"scale": scale, "band": band}
 
 
@@ -200,12 +187,11 @@ def _synthetic_momentum(n_bars: int, seed: int, signal_strength: float) -> np.nd
 def oracle_signal(cfg: Config, start: int, end: int) -> np.ndarray | None:
     """The planted signal ``m_t`` over bars ``[start, end)`` of the synthetic series, or None for
     a bar file (no known signal)."""
-    if cfg.data.path is not None:
-        return None
     data = cfg.data
-    return _synthetic_momentum(data.synthetic_bars, data.synthetic_seed, data.signal_strength)[
-        start:end
-    ]
+    if data.path is not None:
+        return None
+    momentum = _synthetic_momentum(data.synthetic_bars, data.synthetic_seed, data.signal_strength)
+    return momentum[start:end]
 
 
 def extra_baselines(
@@ -226,25 +212,13 @@ def extra_baselines(
     momentum = tune_momentum(train_close, cost)
     macd = tune_macd(train_close, cost)
     ridge = tune_ridge(np.asarray(train_features, np.float64), train_close, cost)
-    paths: dict[str, tuple[np.ndarray, dict[str, Any]]] = {
-        "momentum": (
-            band_positions(
-                momentum_signal(test_close, int(momentum["lookback"]), momentum["scale"]),
-                momentum["band"],
-            ),
-            momentum,
-        ),
-        "macd": (
-            band_positions(macd_signal(test_close, int(macd["scale"])), macd["band"]),
-            macd,
-        ),
-        "ridge": (
-            band_positions(
-                ridge_forecast(test_features, np.asarray(ridge["weights"])),
-                ridge["threshold"] * cost,
-            ),
-            {k: v for k, v in ridge.items() if k != "weights"},
-        ),
+    weights = np.asarray(ridge.pop("weights"))
+    signal = momentum_signal(test_close, int(momentum["lookback"]), momentum["scale"])
+    forecast = ridge_forecast(test_features, weights)
+    paths = {
+        "momentum": (band_positions(signal, momentum["band"]), momentum),
+        "macd": (band_positions(macd_signal(test_close, int(macd["scale"])), macd["band"]), macd),
+        "ridge": (band_positions(forecast, ridge["threshold"] * cost), ridge),
     }
     if oracle_momentum is not None:
         paths["oracle"] = (band_positions(oracle_momentum, ORACLE_BAND), {"band": ORACLE_BAND})

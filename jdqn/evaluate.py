@@ -1,11 +1,9 @@
 """Evaluation: policy rollouts over a test window, trading metrics, baselines (docs/design.md §8).
 
 A policy is a pure function ``policy(key, obs [F+1]) -> action [] int32``. :func:`rollout` runs it
-greedily-with-costs over one episode window inside one ``lax.scan`` (jit-able, vmappable over folds
-and seeds); :func:`metrics` turns the per-bar record into float64 host-side numbers that are all
-JSON-safe (Python floats/ints or ``None``, never inf/NaN). Baselines (flat, buy-and-hold, uniform
-random) and the agent go through the same :func:`rollout` and :func:`metrics`; the three
-baselines of a window run in one scan (:func:`baseline_rollouts`).
+over one episode window in one ``lax.scan`` (jit-able, vmappable over folds and seeds);
+:func:`metrics` turns the record into JSON-safe float64 host numbers. The agent and the baselines
+(flat, buy-and-hold, uniform random; all three in one scan) go through the same two.
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ import numpy as np
 
 from jdqn import env
 from jdqn.config import EnvConfig
+from jdqn.stats import per_bar_sharpe
 from jdqn.transition import observation
 
 Policy = Callable[[jax.Array, jax.Array], jax.Array]  # (key, obs [F+1]) -> action [] int32
@@ -170,35 +169,25 @@ def metrics(
     gross_points: np.ndarray | jax.Array | None = None,
     cost_points: np.ndarray | jax.Array | None = None,
 ) -> dict[str, Any]:
-    """Trading metrics of one per-bar record, in float64 on the host. All values JSON-safe.
+    """Trading metrics of one per-bar record, float64 on the host, all values JSON-safe.
 
-    Sharpe ratio (Sharpe, 1994), Sortino ratio (Sortino & van der Meer, 1991) and Calmar ratio
-    (Young, 1991), computed on per-bar net PnL in points (not returns: one contract, no capital).
+    ``net_points[i]``/``positions[i]``: net PnL (points: one contract, no capital) and position
+    held over bar interval i, from flat. Ratios are annualised with sqrt(bars_per_year).
 
-    ``net_points[i]``/``positions[i]``: net PnL and position held over bar interval i; the position
-    before the first interval is 0 (rollouts start flat). Definitions:
-
-    - ``sharpe``: mean / sample std (ddof=1) of per-bar net PnL x sqrt(bars_per_year); 0 when the
-      std is 0 or there are fewer than 2 bars.
-    - ``sortino``: mean / downside deviation x sqrt(bars_per_year), downside deviation =
-      sqrt(mean(min(net, 0)^2)) (target 0, over all bars). Downside deviation 0: None when the
-      mean is > 0 (no losing bar: unbounded), else 0.
-    - ``max_drawdown_points``/``_usd``: largest peak-to-trough fall of the cumulative net PnL,
-      with the starting equity 0 counted as a peak; >= 0.
-    - ``calmar``: annualised net PnL (mean per bar x bars_per_year) / max drawdown. Drawdown 0:
-      None when the PnL is > 0 (unbounded), else 0.
+    - ``sharpe`` (Sharpe, 1994): mean / sample std (ddof=1); 0 for a zero std or under 2 bars.
+    - ``sortino`` (Sortino & van der Meer, 1991): mean / sqrt(mean(min(net, 0)^2)) (target 0,
+      over all bars). ``calmar`` (Young, 1991): mean x bars_per_year / max drawdown. Either with
+      a zero denominator: None when the numerator is > 0 (unbounded), else 0.
+    - ``max_drawdown_points``/``_usd``: largest fall of the cumulative net PnL from a peak, the
+      starting 0 counted; >= 0.
     - ``hit_rate``: fraction of closed round trips with net PnL > 0; None when none closed. A round
-      trip is a maximal run of bars holding a non-zero position of one sign (resizing within the
-      sign stays in the trade); it closes at the first bar that holds 0 or the opposite sign. Its
-      net PnL is the sum of net PnL over its bars (including its entry cost) minus its exit cost,
-      i.e. the share |p_old| / |p_new - p_old| of the closing bar's cost (a flip's cost is split
-      between the closed and the new trade). A trade still open at the end is not counted. Flips
-      need the per-bar cost (``cost_points`` or ``gross_points``); without flips net suffices.
-    - ``n_trades``: bars at which the position changes (entries, exits, flips, resizes).
-    - ``turnover``: sum of |position change| in contracts, the initial entry included.
-    - ``exposure``: fraction of bars holding a non-zero position.
-    - ``gross_pnl_*``/``cost_*``: None unless ``gross_points`` or ``cost_points`` is given
-      (net = gross - cost gives the other).
+      trip is a maximal run of bars holding one sign (resizing stays in it), closed at the first
+      bar holding 0 or the other sign; its net PnL is that of its bars minus the closing bar's
+      cost share |p_old| / |p_new - p_old| (a flip's cost is split between the two trades, so
+      flips need ``cost_points`` or ``gross_points``). A trade still open is not counted.
+    - ``n_trades``: bars where the position changes; ``turnover``: sum of |position change|, the
+      initial entry included; ``exposure``: fraction of bars holding a position.
+    - ``gross_pnl_*``/``cost_*``: None unless ``gross_points`` or ``cost_points`` is given.
     """
     net = np.asarray(net_points, np.float64)
     position = np.asarray(positions, np.float64)
@@ -218,9 +207,8 @@ def metrics(
 
     n_bars = net.size
     mean = float(net.mean()) if n_bars else 0.0
-    std = float(net.std(ddof=1)) if n_bars >= 2 else 0.0
     root_year = math.sqrt(bars_per_year)
-    sharpe = mean / std * root_year if std > 0 else 0.0
+    sharpe = per_bar_sharpe(net) * root_year
     downside = float(np.sqrt(np.mean(np.minimum(net, 0.0) ** 2))) if n_bars else 0.0
     sortino = _ratio(mean * root_year, downside)
 
@@ -258,25 +246,6 @@ def metrics(
     }
 
 
-# --- evaluation -------------------------------------------------------------------------------
-
-_rollout_jit = jax.jit(rollout, static_argnums=0)
-
-
-def evaluate_policy(
-    policy: Policy,
-    params: env.EnvParams,
-    key: jax.Array,
-    *,
-    point_value_usd: float,
-    bars_per_year: float,
-) -> tuple[dict[str, Any], Rollout]:
-    """Roll ``policy`` over one episode window; (metrics dict, trimmed numpy Rollout)."""
-    record = trim(_rollout_jit(policy, params, key), params)
-    result = record_metrics(record, point_value_usd=point_value_usd, bars_per_year=bars_per_year)
-    return result, record
-
-
 def record_metrics(
     record: Rollout, *, point_value_usd: float, bars_per_year: float
 ) -> dict[str, Any]:
@@ -291,13 +260,7 @@ def record_metrics(
     )
 
 
-def baseline_policies(env_cfg: EnvConfig) -> dict[str, Policy]:
-    """The three reference policies of docs/design.md §8, by name."""
-    return {
-        "flat": flat_policy(env_cfg.positions),
-        "buy_and_hold": buy_and_hold_policy(env_cfg.positions),
-        "random": random_policy(env_cfg.n_actions),
-    }
+# --- baselines --------------------------------------------------------------------------------
 
 
 # The baselines' names, in the order of :func:`baseline_rollouts`' leading axis.
@@ -312,8 +275,12 @@ def baseline_rollouts(params: env.EnvParams, key: jax.Array, env_cfg: EnvConfig)
     its policy gives alone. One loop over the window instead of three matters on a GPU, where a
     sequential scan pays per iteration and hardly per lane.
     """
-    policies = baseline_policies(env_cfg)
-    branches = tuple(policies[name] for name in BASELINES)
+    positions = env_cfg.positions
+    branches = (  # in the order of BASELINES
+        flat_policy(positions),
+        buy_and_hold_policy(positions),
+        random_policy(env_cfg.n_actions),
+    )
 
     def lane(index: jax.Array) -> Rollout:
         def policy(policy_key: jax.Array, obs: jax.Array) -> jax.Array:
@@ -346,11 +313,8 @@ _baseline_rollouts_jit = jax.jit(baseline_rollouts, static_argnums=2)
 def evaluate_baselines(
     params: env.EnvParams, key: jax.Array, env_cfg: EnvConfig, bars_per_year: float
 ) -> dict[str, dict[str, Any]]:
-    """``{name: {"metrics": dict, "rollout": Rollout}}`` for flat, buy_and_hold and random.
-
-    ``key`` seeds the random policy (the other two ignore it), so a fold's baselines are
-    reproducible from the fold's key.
-    """
+    """``{name: {"metrics": dict, "rollout": Rollout}}`` for flat, buy_and_hold and random;
+    ``key`` seeds the random one, so a fold's baselines are reproducible from the fold's key."""
     return baseline_results(
         _baseline_rollouts_jit(params, key, env_cfg),
         int(env.n_steps(params)),

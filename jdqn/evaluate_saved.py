@@ -1,21 +1,16 @@
-"""``jdqn evaluate``: a run's saved policies over new bars, judged as a walk-forward test window.
-
-The bars of the file after the policies' feature warm-up (``lookback_bars``) are the window: each
-seed's saved policy of the chosen fold (default: the last) runs the greedy pass over it from
-flat, with the run's costs, and the same metrics, baselines (the random one keyed as the run
-keyed it), equity CSVs, plots, summary across seeds and ``results.json`` as a walk-forward run
-are written to a new directory. Sharpe ratios are annualised with the run's bars per year (a
-short file's own count of bars per session would be a poor estimate). Evaluating a run's own
-test window (its bars with the warm-up before them) gives back the run's numbers.
+"""``jdqn evaluate``: a run's saved policies over new bars, judged as a walk-forward test window
+(docs/design.md §16). Sharpe ratios are annualised with the run's bars per year (a short file's
+own count would be a poor estimate); a run's own test window, with the warm-up before it, gives
+back the run's numbers.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +26,8 @@ from jdqn.policy import Policy, PolicyError, load_policy, saved_policies
 
 @dataclass(frozen=True)
 class EvaluationOutcome:
+    """Where :func:`evaluate_saved` wrote its outputs, and its results.json."""
+
     out_dir: Path
     results: dict[str, Any]
 
@@ -45,10 +42,11 @@ def evaluate_saved(
     plots: bool = True,
     log: Callable[[str], None] = print,
 ) -> EvaluationOutcome:
-    """Judge the saved policies of ``fold`` (None: the run's last) on the bars of ``data``; the
-    outputs go to ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). Bad
-    input (no such run or fold, a bar file that fails validation, bars of another instrument or
-    features) raises ``ValueError`` with one line before anything is written."""
+    """Judge each seed's saved policy of ``fold`` (None: the run's last) on the bars of ``data``
+    after the feature warm-up, from flat, writing what a walk-forward run writes to
+    ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). Bad input (no such run
+    or fold, a bar file that fails validation, bars of another instrument or features) raises
+    ``ValueError`` with one line before anything is written."""
     saved = saved_policies(run_dir)
     folds = sorted({f for f, _ in saved})
     if fold is None and folds:
@@ -71,27 +69,27 @@ def evaluate_saved(
     realised_at = timestamps[1:]
     cfg = first.cfg
     bars_per_year = float(first.meta["bars_per_year"])
-    judge = functools.partial(
-        record_metrics, point_value_usd=cfg.env.point_value_usd, bars_per_year=bars_per_year
-    )
     baselines = _baselines(first, features, close, bars_per_year)
     nets = {k: np.asarray(b["rollout"].net_points) for k, b in baselines.items()}
+    baseline_curves = {k: equity_curve(net) for k, net in nets.items()}
+    baseline_held = {k: np.asarray(b["rollout"].positions) for k, b in baselines.items()}
     baseline_metrics = {
         k: stats.with_daily_sharpe(b["metrics"], nets[k], realised_at) for k, b in baselines.items()
     }
     window = {"test": [warmup, len(bars)], "test_time": [str(timestamps[0]), str(timestamps[-1])]}
 
     with rundir.interrupts_deferred():
-        run = rundir.new_run_dir(
-            Path(run_dir) / "evaluations" if out is None else out,
-            name or _stamp(),
-        )
+        parent = Path(run_dir) / "evaluations" if out is None else out
+        run = rundir.new_run_dir(parent, name or datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S"))
     try:
         rows, series = [], []
         for policy in policies:
             record = policy.evaluate(features, close)
             net = np.asarray(record.net_points)
-            agent = stats.with_daily_sharpe(judge(record), net, realised_at)
+            agent = record_metrics(
+                record, point_value_usd=cfg.env.point_value_usd, bars_per_year=bars_per_year
+            )
+            agent = stats.with_daily_sharpe(agent, net, realised_at)
             series.append(stats.RunSeries(fold, policy.seed, net, nets, realised_at))
             rows.append(
                 {
@@ -103,7 +101,14 @@ def evaluate_saved(
                     "baselines": baseline_metrics,
                 }
             )
-            _write_run(run, policy.seed, fold, timestamps, record, baselines, plots)
+            # The seed's equity CSV and plot, as a walk-forward run writes them.
+            stem = f"fold{fold}_seed{policy.seed}"
+            curves = {"agent": equity_curve(net)} | baseline_curves
+            held = {"agent": np.asarray(record.positions)} | baseline_held
+            report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
+            if plots:
+                title = f"fold {fold} seed {policy.seed}: saved policy on new bars"
+                report.plot_equity(run.plots_dir / f"{stem}_equity.png", timestamps, curves, title)
         summary = stats.summarise(rows, series, seed=cfg.train.seed)
         report.write_stitched(run.path, series, plots)
         results = {
@@ -129,12 +134,6 @@ def evaluate_saved(
     return EvaluationOutcome(out_dir=final, results=results)
 
 
-def _stamp() -> str:
-    from datetime import UTC, datetime
-
-    return datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S")
-
-
 def _baselines(
     policy: Policy, features: np.ndarray, close: np.ndarray, bars_per_year: float
 ) -> dict[str, Any]:
@@ -145,30 +144,3 @@ def _baselines(
     folds, seeds = np.asarray([policy.fold], np.int32), np.asarray([0], np.int32)
     key = run_keys(cfg.train.seed, folds, seeds).baselines[0]
     return evaluate_baselines(make_params(features, close, cfg.env), key, cfg.env, bars_per_year)
-
-
-def _write_run(
-    run: rundir.RunDir,
-    seed: int,
-    fold: int,
-    timestamps: np.ndarray,
-    record: Any,
-    baselines: dict[str, Any],
-    plots: bool,
-) -> None:
-    """One seed's equity CSV and plot, as a walk-forward run writes them."""
-    curves = {"agent": equity_curve(record.net_points)} | {
-        k: equity_curve(np.asarray(b["rollout"].net_points)) for k, b in baselines.items()
-    }
-    held = {"agent": record.positions} | {
-        k: np.asarray(b["rollout"].positions) for k, b in baselines.items()
-    }
-    stem = f"fold{fold}_seed{seed}"
-    report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
-    if plots:
-        report.plot_equity(
-            run.plots_dir / f"{stem}_equity.png",
-            timestamps,
-            curves,
-            f"fold {fold} seed {seed}: saved policy on new bars",
-        )

@@ -1,12 +1,7 @@
-"""Saved policies: each trained (fold, seed) of a walk-forward run, kept and loaded again.
-
-Each run saves its trained policies as bundles (:mod:`jdqn.policy_bundle` documents the
-format). :func:`load_policy` returns a :class:`Policy`. Acting is the walk-forward's greedy pass
-(``TrainProgram.evaluate``): at each bar the network sees the bar's normalised features and the
-position held, takes argmax over the head-mean Q (ties: the lowest action) and holds that target
-position over the next bar, so the decision at one bar depends on those before it and runs as one
-sequential scan from ``start``, starting flat. The saved run's own test windows give the same
-actions (tests/test_policy.py).
+"""Saved policies: each trained (fold, seed) of a walk-forward run, loaded again to act on bars
+(docs/design.md §16). Acting is the walk-forward's greedy pass (``TrainProgram.evaluate``): one
+sequential scan from flat, argmax over the head-mean Q (ties: the lowest action), so the run's own
+test windows give the same actions (tests/test_policy.py).
 """
 
 from __future__ import annotations
@@ -25,37 +20,11 @@ import pandas as pd
 
 from jdqn import env, networks
 from jdqn.config import Config
-from jdqn.data import (
-    BarFileError,
-    Bars,
-    Normaliser,
-    compute_features,
-    load_bars,
-    normalise,
-)
+from jdqn.data import BarFileError, Bars, Normaliser, compute_features, load_bars, normalise
 from jdqn.evaluate import Rollout, greedy_policy, rollout, trim
-from jdqn.policy_bundle import (
-    Network,
-    PolicyError,
-    bundle_dir,
-    read_bundle,
-    save_policy,
-    save_run_policies,
-    saved_policies,
-)
+from jdqn.policy_bundle import Network, PolicyError, read_bundle, saved_policies
 
-__all__ = [
-    "Network",
-    "Policy",
-    "PolicyError",
-    "bundle_dir",
-    "check_bars",
-    "head_mean_q",
-    "load_policy",
-    "save_policy",
-    "save_run_policies",
-    "saved_policies",
-]
+__all__ = ["Policy", "PolicyError", "check_bars", "head_mean_q", "load_policy", "saved_policies"]
 
 # New bars whose median close is this many times above or below the training bars' are taken for
 # another instrument (ES and NQ trade about 3.5x apart); the C51 support, costs and reward scale
@@ -68,11 +37,8 @@ type BarsLike = pd.DataFrame | Bars | str | os.PathLike[str]
 
 
 def _logits(cfg: Config, network: Network, obs: jax.Array) -> jax.Array:
-    """Logits [B, K, A, N] of obs [B, F+1] with masked, spectral-normalised weights (stored
-    ``u``)."""
-    eff, _, _ = networks.effective_params(
-        network.params, network.masks, network.sn_u, cfg.network, False
-    )
+    """Logits [B, K, A, N] of obs [B, F+1], masked and spectral-normalised (stored ``u``)."""
+    eff, _, _ = networks.effective_params(*network, cfg.network, False)
     return networks.apply(eff, obs, cfg)
 
 
@@ -224,32 +190,24 @@ def _load(bars: pd.DataFrame | str | os.PathLike[str]) -> Bars:
             ) from None
 
 
-def bar_profile(bars: Bars) -> dict[str, Any]:
-    """What :func:`check_bars` compares: bar interval (median seconds between bars), median
-    close and whether the bars have volume."""
-    steps = np.diff(bars.timestamp.astype("datetime64[ns]").astype(np.int64))
-    return {
-        "bar_seconds": float(np.median(steps) / 1e9) if steps.size else None,
-        "median_close": float(np.median(bars.close)),
-        "has_volume": bool(bars.has_volume),
-    }
-
-
 def check_bars(meta: dict[str, Any], bars: Bars) -> None:
-    """Refuse bars of another instrument or with other features than the policy's (one line)."""
+    """Refuse bars of another instrument or with other features than the policy's (one line):
+    another bar interval (median seconds between bars), median close, tick grid or volume."""
     trained = meta["instrument"]
-    seen = bar_profile(bars)
     tick = float(trained["tick_size"])
-    known = seen["bar_seconds"] is not None and trained["bar_seconds"] is not None
-    if known and not np.isclose(seen["bar_seconds"], trained["bar_seconds"], rtol=0.01):
-        raise PolicyError(
-            f"the bars are {seen['bar_seconds']:g} s apart, the policy's training bars "
-            f"{trained['bar_seconds']:g} s; fix: pass bars of the interval it was trained on"
-        )
-    ratio = seen["median_close"] / trained["median_close"]
+    steps = np.diff(bars.timestamp.astype("datetime64[ns]").astype(np.int64))
+    if steps.size and trained["bar_seconds"] is not None:
+        seconds = float(np.median(steps) / 1e9)
+        if not np.isclose(seconds, trained["bar_seconds"], rtol=0.01):
+            raise PolicyError(
+                f"the bars are {seconds:g} s apart, the policy's training bars "
+                f"{trained['bar_seconds']:g} s; fix: pass bars of the interval it was trained on"
+            )
+    median_close = float(np.median(bars.close))
+    ratio = median_close / trained["median_close"]
     if not 1.0 / PRICE_RATIO_LIMIT <= ratio <= PRICE_RATIO_LIMIT:
         raise PolicyError(
-            f"the bars trade around {seen['median_close']:g}, the policy's training bars around "
+            f"the bars trade around {median_close:g}, the policy's training bars around "
             f"{trained['median_close']:g}: another instrument?; fix: pass bars of the instrument "
             "the run was trained on"
         )
@@ -260,8 +218,8 @@ def check_bars(meta: dict[str, Any], bars: Bars) -> None:
             f"{off_grid:.0%} of the closes are off the policy's tick grid of {tick:g}: another "
             "instrument?; fix: pass bars of the instrument the run was trained on"
         )
-    if seen["has_volume"] != trained["has_volume"]:
-        have = "have" if seen["has_volume"] else "have no"
+    if bars.has_volume != trained["has_volume"]:
+        have = "have" if bars.has_volume else "have no"
         had = "had" if trained["has_volume"] else "had none"
         raise PolicyError(
             f"the bars {have} volume, the policy's training bars {had}, so its volume feature "

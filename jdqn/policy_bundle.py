@@ -58,18 +58,14 @@ def save_run_policies(
     cfg: Config,
     data: WalkForwardData,
     layout: networks.ParamLayout,
-    learner: Any,
+    network: Network,
     run_ids: list[tuple[int, int]],
     rows: list[dict[str, Any]],
-    submit: Callable[..., None] | None = None,
+    submit: Callable[..., None],
 ) -> None:
-    """A bundle for each run of a group (learner state leaves [R, ...], run r = ``run_ids[r]``)
-    whose row says it trained to its end; each written by ``submit(save_policy, ...)`` (a
-    writer thread's queue) or, without it, now."""
-    # The parameter and mask trees, each leaf [R, ...] (LearnerState's one form).
-    params = jax.tree.map(np.asarray, jax.device_get(learner.params))
-    masks = jax.tree.map(np.asarray, jax.device_get(learner.masks))
-    sn_u = {name: np.asarray(u) for name, u in jax.device_get(learner.sn_u).items()}
+    """A bundle for each run of a group (``network``'s leaves [R, ...], run r = ``run_ids[r]``)
+    whose row says it trained to its end, each written by ``submit(save)`` (a writer's queue)."""
+    stacked = jax.tree.map(np.asarray, jax.device_get(network))  # leaves [R, ...]
     common = {
         "config": json.loads(cfg.to_json()),
         "source": data.source,
@@ -96,24 +92,16 @@ def save_run_policies(
             "median_close": float(np.median(data.train[fold].close)),
             "has_volume": data.has_volume,
         }
-        network = Network(
-            params=jax.tree.map(lambda x, r=r: x[r], params),
-            masks=jax.tree.map(lambda x, r=r: x[r], masks),
-            sn_u={name: u[r] for name, u in sn_u.items()},
-        )
         save = functools.partial(
             save_policy,
             run_dir,
             fold=fold,
             seed=seed,
-            network=network,
+            network=jax.tree.map(lambda x, r=r: x[r], stacked),
             normaliser=data.normalisers[fold],
             meta={**common, "window": row["window"], "instrument": instrument},
         )
-        if submit is None:
-            save()
-        else:
-            submit(save)
+        submit(save)
 
 
 def bundle_dir(run_dir: str | os.PathLike[str], fold: int, seed: int) -> Path:
@@ -131,13 +119,10 @@ def save_policy(
 ) -> Path:
     """Write one bundle (module docstring) atomically: a temporary directory renamed into place,
     replacing a bundle of the same name (a resumed run judges its folds again)."""
-    arrays: dict[str, np.ndarray] = {}
-    for prefix, tree in (("params", network.params), ("masks", network.masks)):
-        for layer, leaves in tree.items():
-            for leaf, value in leaves.items():
-                arrays[f"{prefix}/{layer}/{leaf}"] = np.asarray(value, np.float32)
-    for layer, u in network.sn_u.items():
-        arrays[f"sn_u/{layer}"] = np.asarray(u, np.float32)
+    arrays = {  # params/<layer>/<leaf>, masks/<layer>/<leaf>, sn_u/<layer>
+        jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf, np.float32)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(network)
+    }
     arrays["normaliser/mean"] = np.asarray(normaliser.mean, np.float64)
     arrays["normaliser/std"] = np.asarray(normaliser.std, np.float64)
     record = {"format": FORMAT, "version": VERSION, "fold": fold, "seed": seed, **meta}
@@ -198,15 +183,14 @@ def read_bundle(
         )
     with np.load(path / "arrays.npz") as stored:
         arrays = {name: stored[name] for name in stored.files}
-    tree: dict[str, dict[str, dict[str, np.ndarray]]] = {"params": {}, "masks": {}}
-    sn_u: dict[str, jax.Array] = {}
+    tree: dict[str, dict[str, Any]] = {"params": {}, "masks": {}, "sn_u": {}}
     for name, value in arrays.items():
-        parts = name.split("/")
-        if parts[0] in tree:
-            tree[parts[0]].setdefault(parts[1], {})[parts[2]] = value
-        elif parts[0] == "sn_u":
-            sn_u[parts[1]] = jnp.asarray(value)
-    as_jax = lambda t: jax.tree.map(jnp.asarray, t)
-    network = Network(as_jax(tree["params"]), as_jax(tree["masks"]), sn_u)
+        kind, *layers, leaf = name.split("/")  # sn_u/<layer>, params/<layer>/<leaf>, ...
+        if kind in tree:
+            node = tree[kind]
+            for layer in layers:
+                node = node.setdefault(layer, {})
+            node[leaf] = value
+    network = Network(**jax.tree.map(jnp.asarray, tree))
     normaliser = Normaliser(mean=arrays["normaliser/mean"], std=arrays["normaliser/std"])
     return fold, meta, network, normaliser

@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -25,9 +24,8 @@ if TYPE_CHECKING:
 
     from jdqn.stats import RunSeries
 
-# matplotlib's object API, not pyplot: no global figure state, no GUI backend (savefig renders
-# with Agg), and each figure is freed with its last reference. It is imported where a plot is
-# drawn, by the writer thread or the plot processes (runs without plots never pay the import).
+# matplotlib's object API, not pyplot: no global figure state, no GUI backend, each figure freed
+# with its last reference. Imported where a plot is drawn (runs without plots never pay for it).
 PLOT_MODULES = ("matplotlib.figure",)
 
 # Training curves plotted per run, in this order (names of LearnerMetrics fields).
@@ -42,18 +40,13 @@ TRAINING_CURVES = (
 class BackgroundWrites:
     """Plots and CSVs written off the main thread, so that they overlap device work.
 
-    Matplotlib and pandas hold the host for a while per file while the accelerator (or XLA's
-    CPU threads) could be evaluating the next fold. CSVs (and, without plot processes, plots) go
-    to one worker thread, in submission order. With ``plot_processes`` > 0, plots go to that many
-    worker processes instead: rendering is Python that holds the GIL, so on one thread the plots
-    run one after another and slow the main thread meanwhile; processes draw them side by side on
-    cores of their own
-    (:func:`plot_processes` says how many a machine can spare; the processes are started by the
-    first run that asks and serve the Python process's later runs). A plot is a pure function of its
-    arguments, so where it is drawn does not change the file. The processes are spawned (a fork
-    would copy JAX's threads mid-state), and spawn imports the caller's main module again in each:
-    ``jdqn.walkforward.run_walkforward`` asks for them only when told to (the ``jdqn`` command does;
-    an unguarded script would run itself again).
+    CSVs (and, without plot processes, plots) go to one worker thread, in submission order. With
+    ``plot_processes`` > 0 plots go to that many worker processes instead: rendering is Python
+    that holds the GIL, so processes draw side by side on cores of their own (:func:`plot_processes`
+    says how many a machine can spare). A plot is a pure function of its arguments, so where it
+    is drawn does not change the file. Spawn imports the caller's main module again in each
+    process, so ``jdqn.walkforward.run_walkforward`` asks for them only when told to (the ``jdqn``
+    command does; an unguarded script would run itself again).
 
     Leaving the ``with`` block waits for every write, also when the block raised, so nothing
     writes into a run directory after it is renamed or discarded; a failed write is re-raised
@@ -61,9 +54,8 @@ class BackgroundWrites:
     """
 
     def __init__(self, preload: Sequence[str] = (), plot_processes: int = 0) -> None:
-        """``preload``: modules the writes will need, imported by the workers first, while the
-        caller is still compiling and training (on the thread an import holds the GIL only
-        while it runs Python, and the caller's thread mostly waits on XLA then)."""
+        """``preload``: modules the writes will need, imported by the workers while the caller
+        still compiles and trains (mostly waiting on XLA, off the GIL)."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jdqn-writes")
         self._pending: list[Future[None]] = []
         self._plots = _plot_pool(plot_processes, tuple(preload)) if plot_processes > 0 else None
@@ -71,15 +63,11 @@ class BackgroundWrites:
             self.prefetch(preload)
 
     def prefetch(self, modules: Sequence[str]) -> None:
-        """Imports ``modules`` on the writer thread, in order, ahead of the caller's first use.
-
-        For modules the caller needs soon but not yet (orbax at the first checkpoint,
-        tensorboardX at the first metrics): queued once a chunk is on the device, their imports
-        run while the caller waits on it. A caller that imports one of them first, or while it is
-        being imported here, waits for that import instead of running another beside it; the
-        two threads never import different packages at once, which could meet in the shared
-        dependencies' module locks (CPython then hands one thread a half-initialised module).
-        """
+        """Imports ``modules`` on the writer thread, in order, ahead of the caller's first use
+        (orbax, tensorboardX: queued once a chunk is on the device, imported while the caller
+        waits on it). The caller runs no import of its own meanwhile: two threads importing
+        different packages can meet in shared dependencies' module locks, and CPython then hands
+        one a half-initialised module."""
         for module in modules:
             self.submit(_import, module)
 
@@ -103,12 +91,7 @@ class BackgroundWrites:
     def __enter__(self) -> BackgroundWrites:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         self._pool.shutdown(wait=True)  # every queued write finishes, also when the block raised
         wait(self._pending)  # the plot processes' share (they stay for the process's next run)
         if exc is None:  # the block's own error takes precedence over a write's
@@ -119,10 +102,8 @@ class BackgroundWrites:
 
 def plot_processes(cores: int) -> int:
     """Plot processes for a machine with ``cores`` usable cores: none below
-    ``jdqn.background.MIN_CORES`` (there they would compete with XLA's threads for the cores,
-    as the writer thread's plots compete for the GIL; on this project's 2-core boxes a process
-    made no difference), else up to :data:`PLOT_PROCESSES`
-    while two cores stay for the caller and XLA."""
+    ``jdqn.background.MIN_CORES`` (they would compete with XLA's threads), else up to
+    :data:`PLOT_PROCESSES` while two cores stay for the caller and XLA."""
     from jdqn.background import MIN_CORES
 
     return 0 if cores < MIN_CORES else max(1, min(PLOT_PROCESSES, cores - 2))
@@ -133,10 +114,8 @@ PLOT_PROCESSES = 3
 
 
 # Plot process pools by (processes, preload), started by the first run that asks and kept for the
-# Python process's later runs. Kept, not shut down after each run: releasing a pool joins its
-# processes, whose interpreter teardown would hold up the end of the run. They end with the
-# Python process: concurrent.futures stops them at a normal exit, and after `os._exit` each sees
-# its parent gone and ends (_start_plot_process).
+# Python process's later runs: shutting one down joins its processes, whose teardown would hold up
+# the end of the run. They end with the Python process (see _start_plot_process).
 _PLOT_POOLS: dict[tuple[int, tuple[str, ...]], ProcessPoolExecutor] = {}
 _PLOT_POOLS_LOCK = threading.Lock()
 
@@ -160,9 +139,8 @@ def _plot_pool(processes: int, preload: tuple[str, ...]) -> ProcessPoolExecutor:
 
 def _discard_plot_pool(pool: ProcessPoolExecutor) -> None:
     with _PLOT_POOLS_LOCK:
-        for key, kept in list(_PLOT_POOLS.items()):
-            if kept is pool:
-                del _PLOT_POOLS[key]
+        for key in [key for key, kept in _PLOT_POOLS.items() if kept is pool]:
+            del _PLOT_POOLS[key]
     pool.shutdown(wait=False)
 
 
@@ -171,8 +149,7 @@ def _start_plot_process(preload: tuple[str, ...]) -> None:
     # queued plots, so a plot process ignores it rather than print a traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # A process whose parent is gone ends: the `jdqn` command leaves with os._exit, and a killed
-    # parent cannot send the pool's stop signal (the task queue never reports end-of-file: each
-    # process holds both of its ends).
+    # parent sends no stop signal (the task queue never reports end-of-file).
     parent = multiprocessing.parent_process()
     if parent is not None:
         threading.Thread(target=_end_with, args=(parent,), daemon=True).start()
@@ -210,9 +187,8 @@ def write_equity_csv(
 
 
 def _write_csv(path: Path, timestamps: np.ndarray, columns: Mapping[str, np.ndarray]) -> None:
-    """A ``timestamp`` column then ``columns`` as float64, written with pyarrow: much faster than
-    pandas and off the GIL, so the worker thread holds up the main thread less; floats keep full
-    precision (shortest round trip)."""
+    """A ``timestamp`` column then ``columns`` as float64, written with pyarrow (faster than pandas
+    and off the GIL); floats keep full precision (shortest round trip)."""
     stamps = np.asarray(timestamps, "datetime64[ns]")
     # Whole seconds (1-minute bars) are written without a fractional part.
     if np.all(stamps.astype(np.int64) % 10**9 == 0):
@@ -295,36 +271,33 @@ def _fmt(value: Any, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-# jdqn.baselines' rules, forecaster and (synthetic data) oracle: "-" where a run has none.
-_EXTRA_COLUMNS = (
-    ("momentum", "tsmom $"),
-    ("macd", "macd $"),
-    ("ridge", "ridge $"),
-    ("oracle", "oracle $"),
+# The baselines' columns (name, label, width): jdqn.evaluate's three, then jdqn.baselines' rules,
+# forecaster and (synthetic data) oracle, "-" where a run has none.
+_BASELINE_COLUMNS = (
+    ("flat", "flat $", 8),
+    ("buy_and_hold", "b&h $", 10),
+    ("random", "random $", 10),
+    ("momentum", "tsmom $", 10),
+    ("macd", "macd $", 10),
+    ("ridge", "ridge $", 10),
+    ("oracle", "oracle $", 10),
 )
 
 
 def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
     """Console table: one line per (fold, seed) with agent and baseline net PnL and Sharpe."""
-    header = (
-        f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'sharpe':>7} {'trades':>6}"
-        f"  {'flat $':>8} {'b&h $':>10} {'random $':>10}"
-        + "".join(f" {label:>10}" for _, label in _EXTRA_COLUMNS)
-    )
+    header = f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'sharpe':>7} {'trades':>6} "
+    header += "".join(f" {label:>{width}}" for _, label, width in _BASELINE_COLUMNS)
     lines = [header, "-" * len(header)]
     for row in fold_results:
         agent = row.get("agent") or {}
-        base = row["baselines"]
         lines.append(
             f"{row['fold']:>4} {row.get('seed', '-'):>4}  {row.get('status', 'ok'):<28.28} "
             f"{_fmt(agent.get('net_pnl_usd'), ',.0f'):>10} {_fmt(agent.get('sharpe'), '.2f'):>7} "
-            f"{_fmt(agent.get('n_trades'), 'd'):>6}  "
-            f"{_fmt(base['flat']['net_pnl_usd'], ',.0f'):>8} "
-            f"{_fmt(base['buy_and_hold']['net_pnl_usd'], ',.0f'):>10} "
-            f"{_fmt(base['random']['net_pnl_usd'], ',.0f'):>10}"
+            f"{_fmt(agent.get('n_trades'), 'd'):>6} "
             + "".join(
-                f" {_fmt((base.get(name) or {}).get('net_pnl_usd'), ',.0f'):>10}"
-                for name, _ in _EXTRA_COLUMNS
+                f" {_fmt((row['baselines'].get(name) or {}).get('net_pnl_usd'), ',.0f'):>{width}}"
+                for name, _, width in _BASELINE_COLUMNS
             )
         )
     return "\n".join(lines)
@@ -441,25 +414,14 @@ def write_stitched(
     band = equity_band(stitched.agent)
     baselines = {name: np.cumsum(net) for name, net in stitched.baselines.items()}
     seeds = dict(zip(stitched.seeds, np.cumsum(stitched.agent, axis=-1), strict=True))
-    csv_args = (
-        run_path / "curves" / "stitched_equity.csv",
-        stitched.realised_at,
-        band,
-        seeds,
-        baselines,
+    now = lambda write, *args: write(*args)
+    submit, submit_plot = (now, now) if writes is None else (writes.submit, writes.submit_plot)
+    at = stitched.realised_at
+    submit(
+        write_stitched_csv, run_path / "curves" / "stitched_equity.csv", at, band, seeds, baselines
     )
-    plot_args = (
-        run_path / "plots" / "stitched_equity.png",
-        stitched.realised_at,
-        band,
-        baselines,
-        f"out-of-sample equity, {len(stitched.seeds)} seed(s), test windows end to end",
-    )
-    if writes is None:
-        write_stitched_csv(*csv_args)
-        if plots:
-            plot_stitched(*plot_args)
-    else:
-        writes.submit(write_stitched_csv, *csv_args)
-        if plots:
-            writes.submit_plot(plot_stitched, *plot_args)
+    if plots:
+        title = f"out-of-sample equity, {len(stitched.seeds)} seed(s), test windows end to end"
+        submit_plot(
+            plot_stitched, run_path / "plots" / "stitched_equity.png", at, band, baselines, title
+        )

@@ -1,18 +1,17 @@
-"""Statistics across seeds: robust aggregates with bootstrap confidence intervals, the deflated
-Sharpe ratio, and the stitched out-of-sample equity curve. float64 numpy on the host.
+"""Statistics across seeds, float64 numpy on the host (docs/design.md §16).
 
-A handful of seeds per fold is a small sample of a noisy quantity, so a run is summarised the way
+A handful of seeds per fold is a small sample of a noisy quantity, so a run is summarised as
 Agarwal et al. (NeurIPS 2021, "Deep reinforcement learning at the edge of the statistical
-precipice") recommend: the median and the interquartile mean (IQM) over runs, each with a 95 %
-percentile interval from a stratified bootstrap (seeds are resampled with replacement within each
-fold, the strata). The best seed's Sharpe ratio is deflated for the number of seeds tried (Bailey
-& Lopez de Prado, 2014, "The deflated Sharpe ratio").
+precipice") recommend: the median and interquartile mean (IQM) over runs, each with a 95 %
+percentile interval from a stratified bootstrap (seeds resampled within each fold). The best
+seed's Sharpe ratio is deflated for the number of seeds tried (Bailey & Lopez de Prado, 2014,
+"The deflated Sharpe ratio"). The folds' test windows are stitched into one curve per seed.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from statistics import NormalDist
 from typing import Any, NamedTuple
 
@@ -104,24 +103,20 @@ def aggregate(
 
 def per_bar_sharpe(net: np.ndarray) -> float:
     """mean / sample std (ddof = 1) of per-bar net PnL, not annualised; 0 for a constant series
-    or fewer than two bars (as ``jdqn.evaluate.metrics``)."""
+    or fewer than two bars."""
     net = np.asarray(net, np.float64)
     std = float(net.std(ddof=1)) if net.size >= 2 else 0.0
     return float(net.mean()) / std if std > 0 else 0.0
 
 
-def trading_days(realised_at: np.ndarray) -> np.ndarray:
-    """Trading day of each timestamp, [n] datetime64[D]: a bar from 17:00 CT belongs to the next
-    day's session."""
-    return (np.asarray(realised_at, "datetime64[ns]") + _SESSION_SHIFT).astype("datetime64[D]")
-
-
 def daily_sharpe(
     net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0
 ) -> float | None:
-    """Sharpe ratio of the daily net PnL (per-bar PnL summed per trading day, days with a bar),
-    annualised by sqrt(days_per_year); 0 without spread, None for fewer than two trading days."""
-    _, day = np.unique(trading_days(realised_at), return_inverse=True)
+    """Sharpe ratio of the daily net PnL (per-bar PnL summed per trading day, days with a bar;
+    a bar from 17:00 CT belongs to the next day's session), annualised by sqrt(days_per_year);
+    0 without spread, None for fewer than two trading days."""
+    sessions = (np.asarray(realised_at, "datetime64[ns]") + _SESSION_SHIFT).astype("datetime64[D]")
+    _, day = np.unique(sessions, return_inverse=True)
     daily = np.bincount(day, weights=np.asarray(net, np.float64))
     return per_bar_sharpe(daily) * math.sqrt(days_per_year) if daily.size >= 2 else None
 
@@ -187,7 +182,7 @@ def with_daily_sharpe(
     net: np.ndarray,
     realised_at: np.ndarray,
     days_per_year: float = 252.0,
-):
+) -> dict[str, Any]:
     """``metrics`` with ``sharpe_daily`` (:func:`daily_sharpe`) added."""
     return {**metrics, "sharpe_daily": daily_sharpe(net, realised_at, days_per_year)}
 
@@ -207,30 +202,23 @@ def summarise(
     ok = [row for row in rows if row.get("agent") is not None]
     baselines = sorted(rows[0]["baselines"]) if rows else []
 
-    def strata(scoped: list[Mapping[str, Any]], fold_ids: list[int], metric: str, baseline=None):
-        """Per fold, each run's metric (minus its fold's ``baseline``'s when given); runs
-        where either is None (a daily Sharpe ratio of one day) are left out."""
-
-        def value(r: Mapping[str, Any]) -> float | None:
-            other = 0.0 if baseline is None else r["baselines"][baseline][metric]
-            mine = r["agent"][metric]
-            return None if mine is None or other is None else mine - other
-
-        values = [[value(r) for r in scoped if r["fold"] == f] for f in fold_ids]
-        return [np.array([v for v in vs if v is not None], np.float64) for vs in values]
-
     def block(fold_ids: list[int]) -> dict[str, Any]:
         scoped = [r for r in ok if r["fold"] in fold_ids]
-        agent = {
-            m: aggregate(strata(scoped, fold_ids, m), reps=reps, seed=seed) for m in SUMMARY_METRICS
-        }
-        minus = {
-            name: {
-                m: aggregate(strata(scoped, fold_ids, m, name), reps=reps, seed=seed)
-                for m in SUMMARY_METRICS
-            }
-            for name in baselines
-        }
+
+        def across_seeds(metric: str, baseline: str | None = None) -> dict[str, Any]:
+            """Strata = folds: each run's metric (minus its fold's ``baseline``'s when given);
+            runs where either is None (a daily Sharpe ratio of one day) are left out."""
+            strata = []
+            for fold in fold_ids:
+                runs = [r for r in scoped if r["fold"] == fold]
+                others = [
+                    0.0 if baseline is None else r["baselines"][baseline][metric] for r in runs
+                ]
+                pairs = zip((r["agent"][metric] for r in runs), others, strict=True)
+                kept = [a - b for a, b in pairs if a is not None and b is not None]
+                strata.append(np.array(kept, np.float64))
+            return aggregate(strata, reps=reps, seed=seed)
+
         stitched = stitch(series, fold_ids)
         dsr: dict[str, Any] = {"dsr": None}
         if stitched.seeds:
@@ -239,8 +227,8 @@ def summarise(
         return {
             "n_runs": len(scoped),
             "n_halted": sum(1 for r in rows if r["fold"] in fold_ids) - len(scoped),
-            "agent": agent,
-            "agent_minus": minus,
+            "agent": {m: across_seeds(m) for m in SUMMARY_METRICS},
+            "agent_minus": {n: {m: across_seeds(m, n) for m in SUMMARY_METRICS} for n in baselines},
             "deflated_sharpe": dsr,
         }
 
@@ -271,28 +259,23 @@ class Stitched(NamedTuple):
 def stitch(series: Sequence[RunSeries], fold_ids: Sequence[int]) -> Stitched:
     """Concatenate the folds' test windows (they tile the series without overlap) per seed."""
     by_run = {(s.fold, s.seed): s for s in series}
-    complete = lambda seed: all(
-        (f, seed) in by_run and by_run[(f, seed)].agent is not None for f in fold_ids
+    seeds = sorted(
+        seed
+        for seed in {s.seed for s in series}
+        if all(getattr(by_run.get((f, seed)), "agent", None) is not None for f in fold_ids)
     )
-    seeds = sorted(seed for seed in {s.seed for s in series} if complete(seed))
     if not seeds or not fold_ids:
         return Stitched([], np.zeros(0, "datetime64[ns]"), np.zeros((0, 0)), {})
-    first = [by_run[(f, seeds[0])] for f in fold_ids]
-    agent = np.stack(
-        [
-            np.concatenate([np.asarray(by_run[(f, s)].agent, np.float64) for f in fold_ids])
-            for s in seeds
-        ]
-    )
-    names = list(first[0].baselines)
+    first = [by_run[(f, seeds[0])] for f in fold_ids]  # the realised times and baselines
+
+    def join(arrays: Iterable[Any], dtype: Any = np.float64) -> np.ndarray:
+        return np.concatenate([np.asarray(a, dtype) for a in arrays])
+
     return Stitched(
         seeds=seeds,
-        realised_at=np.concatenate([np.asarray(r.realised_at, "datetime64[ns]") for r in first]),
-        agent=agent,
-        baselines={
-            name: np.concatenate([np.asarray(r.baselines[name], np.float64) for r in first])
-            for name in names
-        },
+        realised_at=join((r.realised_at for r in first), "datetime64[ns]"),
+        agent=np.stack([join(by_run[(f, s)].agent for f in fold_ids) for s in seeds]),
+        baselines={name: join(r.baselines[name] for r in first) for name in first[0].baselines},
     )
 
 

@@ -20,6 +20,16 @@ N_BARS = 40
 BARS_PER_YEAR = 100.0
 
 
+_rollout = jax.jit(ev.rollout, static_argnums=0)
+
+
+def _evaluate(policy, params, key, point_value_usd=50.0):
+    """(metrics, trimmed record) of ``policy`` over ``params``' window."""
+    record = ev.trim(_rollout(policy, params, key), params)
+    result = ev.record_metrics(record, point_value_usd=point_value_usd, bars_per_year=BARS_PER_YEAR)
+    return result, record
+
+
 def _fold(seed, cfg=None, start=0, end=None, n_bars=N_BARS):
     rng = np.random.default_rng(seed)
     close = (4_000 + 0.25 * np.cumsum(rng.integers(-8, 9, n_bars))).astype(np.float32)
@@ -154,13 +164,7 @@ def test_metric_invariants(positions, seed, cost_per_contract):
 
 def test_flat_baseline_is_all_zeros():
     params = _fold(0)
-    result, record = ev.evaluate_policy(
-        ev.flat_policy(EnvConfig().positions),
-        params,
-        jax.random.key(0),
-        point_value_usd=50.0,
-        bars_per_year=BARS_PER_YEAR,
-    )
+    result, record = _evaluate(ev.flat_policy(EnvConfig().positions), params, jax.random.key(0))
     for array in record[:4]:
         np.testing.assert_array_equal(array, 0.0)
     zero_keys = ("net_pnl_points", "sharpe", "sortino", "calmar", "max_drawdown_points")
@@ -177,13 +181,7 @@ def test_buy_and_hold_earns_the_move_minus_one_entry(positions, start, end):
     cfg = EnvConfig(positions=positions)
     params = _fold(1, cfg, start, end)
     end = N_BARS if end is None else end
-    result, record = ev.evaluate_policy(
-        ev.buy_and_hold_policy(positions),
-        params,
-        jax.random.key(0),
-        point_value_usd=50.0,
-        bars_per_year=BARS_PER_YEAR,
-    )
+    result, record = _evaluate(ev.buy_and_hold_policy(positions), params, jax.random.key(0))
     close = np.asarray(params.close, np.float64)
     size = max(positions)
     expected = size * (close[end - 1] - close[start]) - size * cfg.cost_points
@@ -196,7 +194,7 @@ def test_random_rollout_matches_the_reference_and_pads_with_zeros():
     cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0), slippage_ticks=2.0)
     params = _fold(2, cfg, start=4, end=30)
     policy = ev.random_policy(cfg.n_actions)
-    full = jax.jit(ev.rollout, static_argnums=0)(policy, params, jax.random.key(7))
+    full = _rollout(policy, params, jax.random.key(7))
     n = 30 - 4 - 1
     assert full.actions.shape == (N_BARS - 1,)
     for array in full:
@@ -263,10 +261,13 @@ def test_baselines_in_one_scan_are_each_policy_run_alone(start, end):
     key = jax.random.key(11)
     together = ev.evaluate_baselines(params, key, cfg, BARS_PER_YEAR)
     assert tuple(together) == ev.BASELINES
-    for name, policy in ev.baseline_policies(cfg).items():
-        alone, record = ev.evaluate_policy(
-            policy, params, key, point_value_usd=cfg.point_value_usd, bars_per_year=BARS_PER_YEAR
-        )
+    policies = {
+        "flat": ev.flat_policy(cfg.positions),
+        "buy_and_hold": ev.buy_and_hold_policy(cfg.positions),
+        "random": ev.random_policy(cfg.n_actions),
+    }
+    for name, policy in policies.items():
+        alone, record = _evaluate(policy, params, key, cfg.point_value_usd)
         for got, want in zip(together[name]["rollout"], record, strict=True):
             np.testing.assert_array_equal(got, want, err_msg=name)
         assert together[name]["metrics"] == alone, name

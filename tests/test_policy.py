@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -333,14 +332,11 @@ def test_bundles_hold_each_runs_parameter_tree_and_halted_runs_save_none(tiny_ru
     def stacked(trees):
         return jax.tree.map(lambda *leaves: np.stack([np.asarray(x) for x in leaves]), *trees)
 
-    learner = SimpleNamespace(
-        params=stacked([p.network.params for p in saved]),
-        masks=stacked([p.network.masks for p in saved]),
-        sn_u=stacked([p.network.sn_u for p in saved]),
-    )
+    network = stacked([p.network for p in saved])
     rows = [dict(r) for r in tiny_run.results["folds"] if r["fold"] == 1]
     rows[0]["status"] = "halted: loss at epoch 1 step 3"
-    policy_bundle.save_run_policies(tmp_path, cfg, data, layout, learner, [(1, 0), (1, 1)], rows)
+    runs = [(1, 0), (1, 1)]
+    policy_bundle.save_run_policies(tmp_path, cfg, data, layout, network, runs, rows, lambda f: f())
     assert saved_policies(tmp_path) == [(1, 1)]
     again = load_policy(tmp_path, 1, 1)
     for a, b in zip(jax.tree.leaves(again.network), jax.tree.leaves(saved[1].network), strict=True):
