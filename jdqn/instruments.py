@@ -2,10 +2,8 @@
 support for the markets users trade, picked with ``--instrument NAME`` (default ES).
 
 A preset is a set of config values (:func:`instrument_overrides`) applied after the profile and
-before the command's flags and ``--set`` overrides, so ``--set env.*`` still wins, and the
-resolved values (with ``env.instrument``) are what ``config.json`` records.
-
-Contract specifications (tick size, point value) are the exchanges' published ones:
+before the command's flags and ``--set`` overrides (which still win); ``config.json`` records the
+resolved values. Contract specifications (tick size, point value) are the exchanges' published ones:
 
 ====== ============================================================ ===========================
 name   specification                                                source
@@ -122,7 +120,6 @@ INSTRUMENTS: dict[str, Instrument] = {
         ),
     )
 }
-DEFAULT_INSTRUMENT = "ES"
 
 
 def instrument(name: str) -> Instrument:
@@ -180,15 +177,14 @@ def data_settings(overrides: list[str], preset: Instrument) -> DataConfig:
 
 
 def describe_bar_file(
-    path: str | os.PathLike[str], preset: Instrument, settings: DataConfig | None = None
+    path: str | os.PathLike[str], preset: Instrument, settings: DataConfig
 ) -> str:
     """Two lines for ``jdqn data check``: the file's mean absolute 1-bar close change and the
     support the preset's rule would give it (the numbers a user-defined instrument needs), then
-    its bars and span. ``settings``: ``data.columns`` / ``data.timezone`` to read it with."""
+    its bars and span. ``settings``: the data section to read it with (:func:`data_settings`)."""
     from jdqn.data import load_bars
     from jdqn.data.calendars import CALENDARS
 
-    settings = settings if settings is not None else data_settings([], preset)
     bars = load_bars(
         path,
         columns=settings.column_map,
