@@ -1,17 +1,15 @@
 """Epoch-end checkpoints (orbax) that resume a killed run with bit-identical numbers.
 
-Each checkpoint has a manifest beside it (``sha256/<group>/<step>.json``): the SHA-256 of the
-state's arrays (path, dtype, shape and bytes of every leaf) and of its metadata, taken from the
-host copy that is saved. A restore recomputes both from what it read and refuses a checkpoint
-whose digests differ, that cannot be read, or that has no manifest: orbax reads flipped bytes
-in a data file without complaint. :meth:`Checkpointer.restore_intact` then falls back to the
-newest checkpoint that verifies. In a run of several processes each process writes its own
-share in its own folder (:class:`ShareCheckpointer`: one ``.npz`` per step, same manifests).
+Beside each checkpoint a manifest (``sha256/<group>/<step>.json``) holds the SHA-256 of the state's
+arrays (path, dtype, shape and bytes of every leaf) and of its metadata, taken from the host copy
+that is saved. A restore recomputes both and refuses a checkpoint that cannot be read, has no
+manifest or whose digests differ (orbax reads flipped bytes without complaint);
+:meth:`Checkpointer.restore_intact` falls back to the newest one that verifies. In a run of several
+processes each writes its own share (:class:`ShareCheckpointer`: one ``.npz`` per step).
 
-orbax is imported when a checkpoint is first read or written, not with this module: its import
-(with tensorstore's) takes 0.2-0.3 s of a warm start's GIL-bound start-up on the H200.
-The walk-forward has the writer thread import it while the first chunk trains
-(``jdqn.report.BackgroundWrites.prefetch``), when the main thread waits on the device.
+orbax (with tensorstore, 0.2-0.3 s of GIL-bound start-up on the H200) is imported at first use;
+the walk-forward's writer thread imports it while the first chunk trains
+(``jdqn.report.BackgroundWrites.prefetch``).
 """
 
 from __future__ import annotations
@@ -63,10 +61,8 @@ def _from_storable(stored: Any, like: Any) -> Any:
 
 def all_finite(tree: Any) -> bool:
     """True when every floating leaf is finite (checked on the host before any save)."""
-    leaves = [
-        x for x in jax.tree.leaves(_to_storable(tree)) if jnp.issubdtype(x.dtype, jnp.floating)
-    ]
-    return all(bool(np.isfinite(np.asarray(x)).all()) for x in leaves)
+    leaves = jax.tree.leaves(_to_storable(tree))
+    return all(np.isfinite(x).all() for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
 
 
 class CheckpointLayoutError(ValueError):
@@ -100,12 +96,11 @@ def meta_digest(meta: dict[str, Any]) -> str:
 class Checkpointer:
     """Saves ``(state, meta)`` at epoch ends; keeps the latest two.
 
-    A save copies the state to the host and returns; orbax writes that copy, and deletes the
-    checkpoint it replaces, on its own threads while the next epoch trains. Written in place,
-    each epoch's save cost ~100-120 ms on the H200's host, more than a small epoch's device time;
-    written this way, a 50-epoch run's time beyond compile halved on the H200.
-    orbax commits a step by renaming its temporary directory, so a run killed mid-write resumes
-    from the step before; :meth:`close` waits for the writes.
+    A save copies the state to the host and returns; orbax writes that copy, and deletes the one it
+    replaces, on its own threads while the next epoch trains (written in place, a save cost
+    ~100-120 ms on the H200's host, more than a small epoch). orbax commits a step by renaming its
+    temporary directory, so a run killed mid-write resumes from the step before; :meth:`close`
+    waits for the writes.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -125,15 +120,9 @@ class Checkpointer:
             self._hashing_error = error
 
     def _write_in_background(self, step: int, host: Any, meta: dict[str, Any]) -> None:
-        self._write_manifest_now(step, host, meta)  # orbax writes the state on its own threads
-
-    def _write_manifest_now(self, step: int, host: Any, meta: dict[str, Any]) -> None:
-        record = {
-            "step": step,
-            "state_sha256": state_digest(host),
-            "meta_sha256": meta_digest(meta),
-        }
-        rundir.write_json(self.manifest_path(step), record)
+        """The manifest (orbax writes the state on its own threads)."""
+        digests = {"state_sha256": state_digest(host), "meta_sha256": meta_digest(meta)}
+        rundir.write_json(self.manifest_path(step), {"step": step, **digests})
 
     def _step_path(self, step: int) -> Path:
         return self._directory / str(step)  # orbax's directory of the step
@@ -276,8 +265,7 @@ class Checkpointer:
                 refused.append(step)
                 continue
             for bad in refused:
-                self._manager.delete(bad)
-                self.manifest_path(bad).unlink(missing_ok=True)
+                self._delete(bad)
             if refused:
                 log(f"jdqn: resuming from the previous intact checkpoint, step {step}")
             return state, meta, step
@@ -292,8 +280,11 @@ class Checkpointer:
         self._wait_for_manifest()
         for newer in self._manager.all_steps():
             if newer > step:
-                self._manager.delete(newer)
-                self.manifest_path(newer).unlink(missing_ok=True)
+                self._delete(newer)
+
+    def _delete(self, step: int) -> None:
+        self._manager.delete(step)
+        self.manifest_path(step).unlink(missing_ok=True)
 
     def close(self) -> None:
         """Wait for the pending write and deletion, then release orbax's threads."""
@@ -326,9 +317,8 @@ def _named(tree: Any) -> dict[str, Any]:
 
 class ShareCheckpointer(Checkpointer):
     """One process's share of the learners in a run of several processes: each step is one
-    ``<step>.npz`` in this process's own folder (its state's leaves and its metadata, written
-    atomically on the digest thread before its manifest, ``sha256/<step>.json`` in the same
-    folder); the latest two are kept, and verification and fallback are :class:`Checkpointer`'s.
+    ``<step>.npz`` in this process's own folder (leaves and metadata, written atomically on the
+    digest thread before its manifest ``sha256/<step>.json``); the latest two are kept.
 
     Not orbax: its NumpyHandler writes numpy arrays from process 0 only, and it refuses a
     ``jax.Array`` held by one process when there are several.
@@ -351,7 +341,7 @@ class ShareCheckpointer(Checkpointer):
         entries[META] = np.asarray(json.dumps(meta))
         np.savez(buffer, **entries)
         rundir.write_atomic(self._step_path(step), buffer.getvalue())
-        self._write_manifest_now(step, host, meta)
+        super()._write_in_background(step, host, meta)
         for old in self._manager.all_steps()[:-2]:
             self._manager.delete(old)
         self._prune_manifests()
