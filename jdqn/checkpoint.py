@@ -167,13 +167,10 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         # The host copy is taken now: the next training chunk donates the state's device buffers.
         host = jax.device_get(_to_storable(state))
-        if not all_finite(host):
-            # The guard keeps non-finite values out of the state; this is the last line of defence
-            # so that a checkpoint can never hold one.
+        if not all_finite(host):  # the guard keeps them out of the state; this is the last defence
             raise RuntimeError("refusing to checkpoint a state with non-finite values")
-        # The digests are taken on a thread (hashlib releases the GIL) while the next epoch
-        # trains, like orbax's write; a run killed before its manifest exists resumes from the
-        # checkpoint before, which has one.
+        # Digests on a thread (hashlib releases the GIL) while the next epoch trains, like orbax's
+        # write; a run killed before the manifest exists resumes from the checkpoint before.
         self._wait_for_manifest()
         self._hashing = threading.Thread(
             target=self._write_manifest, args=(step, host, meta), name="jdqn-checkpoint-digest"
@@ -182,24 +179,19 @@ class Checkpointer:
         self._write(step, host, meta)
 
     def _write(self, step: int, host: Any, meta: dict[str, Any]) -> None:
-        ocp = _ocp()
+        args = _ocp().args
         self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(host), meta=ocp.args.JsonSave(meta)
-            ),
+            step, args=args.Composite(state=args.StandardSave(host), meta=args.JsonSave(meta))
         )
 
     def _read(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """The step's storable state (in the structure of ``like``) and metadata."""
         ocp = _ocp()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_storable(like))
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-            ),
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
         )
+        restored = self._manager.restore(step, args=args)
         return restored.state, dict(restored.meta)
 
     def latest_step(self) -> int | None:
@@ -370,8 +362,7 @@ class _ShareFiles:
         return sorted(int(path.stem) for path in self._directory.glob("[0-9]*.npz"))
 
     def latest_step(self) -> int | None:
-        steps = self.all_steps()
-        return steps[-1] if steps else None
+        return max(self.all_steps(), default=None)
 
     def delete(self, step: int) -> None:
         (self._directory / f"{step}.npz").unlink(missing_ok=True)
