@@ -21,9 +21,8 @@ WORKERS = 3  # the training and evaluation programs' compiles, the baselines
 
 
 def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """Cores this process may run on: its affinity mask where the OS has one, capped by a
-    container's CPU quota (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), which the mask
-    does not show."""
+    """Cores this process may run on: its affinity mask where there is one, capped by a container's
+    CPU quota (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), which the mask does not show."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux

@@ -46,11 +46,8 @@ def _escape(text: str) -> str:
 
 
 class Boundaries:
-    """Value checks at the component boundaries of one learner step (debug on).
-
-    Each check names its component (the part of the step that produced the value) and tensor,
-    and reports the learner ``step`` with the number of offending entries and one example value.
-    """
+    """Value checks at the component boundaries of one learner step (debug on): each names its
+    component and tensor, and reports the ``step``, the offending entries' count and one value."""
 
     def __init__(self, step: jax.Array) -> None:
         self._step = jnp.asarray(step, jnp.int32)  # [] int32
@@ -124,9 +121,8 @@ def boundaries(enabled: bool, step: jax.Array) -> Boundaries | _Off:
 
 
 def checked(fn: Any) -> Any:
-    """``fn`` with its checks functionalised: returns ``(checkify.Error, fn's outputs)``.
-
-    Vmap the result (not the other way round) to keep one error entry per run."""
+    """``fn`` with its checks functionalised: returns ``(checkify.Error, fn's outputs)``. Vmap the
+    result (not the other way round) to keep one error entry per run."""
     return checkify.checkify(fn, errors=checkify.user_checks)
 
 
@@ -147,15 +143,11 @@ class CheckFailure:
 
     @property
     def message(self) -> str:
-        where = [
-            f"{label} {value}"
-            for label, value in (("fold", self.fold), ("seed", self.seed), ("epoch", self.epoch))
-            if value is not None
-        ]
-        where.append(f"step {self.step}")
+        labels = {"fold": self.fold, "seed": self.seed, "epoch": self.epoch, "step": self.step}
+        where = " ".join(f"{label} {value}" for label, value in labels.items() if value is not None)
         return (
             f"debug check failed in {self.component}: {self.tensor} {self.problem} "
-            f"({self.count} entries, e.g. {self.value:.9g}) at {' '.join(where)}"
+            f"({self.count} entries, e.g. {self.value:.9g}) at {where}"
         )
 
     def to_json(self) -> dict[str, Any]:

@@ -96,10 +96,8 @@ def cache_key(name: str, context: str, args: tuple[Any, ...]) -> str:
 
 
 class ExecutableCache:
-    """Compiles jitted functions through a directory of serialized executables.
-
-    ``directory=None`` turns the cache off (:meth:`compile` then only compiles). ``hits`` and
-    ``misses`` count loads and compiles, for tests and benchmarks."""
+    """Compiles jitted functions through a directory of serialized executables (``None``: off,
+    :meth:`compile` only compiles). ``hits`` and ``misses`` count loads and compiles."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
@@ -108,9 +106,8 @@ class ExecutableCache:
         self._count = threading.Lock()  # programs may be compiled on several threads at once
 
     def load(self, name: str, *args: Any, context: str) -> Any | None:
-        """The stored program ``name`` for ``args`` (a ``jax.stages.Compiled``; its ``out_info``
-        gives the output types without tracing), or None when there is none or the cache is
-        off."""
+        """The stored program ``name`` for ``args`` (a ``jax.stages.Compiled``, whose ``out_info``
+        gives the output types without tracing), or None when there is none or the cache is off."""
         if self.directory is None:
             return None
         try:
@@ -123,10 +120,9 @@ class ExecutableCache:
         return loaded
 
     def compile(self, name: str, jitted: Any, *args: Any, context: str) -> Callable[..., Any]:
-        """``jitted`` (a ``jax.jit`` function that closes over no arrays) compiled for ``args``:
-        loaded from the directory when an executable with the same key is there, else lowered,
-        compiled and stored. The result is called like ``jitted`` on arguments of the same
-        signature (donation included)."""
+        """``jitted`` (a ``jax.jit`` function that closes over no arrays) compiled for ``args``,
+        loaded when stored under the same key, else compiled and stored; called like ``jitted``
+        on arguments of the same signature (donation included)."""
         loaded = self.load(name, *args, context=context)
         if loaded is not None:
             return loaded

@@ -152,9 +152,8 @@ def local_devices(requested: int | None) -> tuple[Any, ...]:
 
 
 def free_bytes(device: Any) -> int:
-    """What ``device`` can still allocate: its allocator's limit less what is in use, or, where
-    the backend reports no memory stats (CPU), the host's available memory shared by its
-    devices of that platform."""
+    """What ``device`` can still allocate: its allocator's limit less what is in use, or without
+    memory stats (CPU) the host's available memory shared by the platform's local devices."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))

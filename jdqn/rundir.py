@@ -34,8 +34,7 @@ class RunLock:
     lock). The file holds the owner's pid, for the message that refuses a second process."""
 
     def __init__(self, directory: Path) -> None:
-        path = directory / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
