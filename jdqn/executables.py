@@ -78,21 +78,10 @@ def signature(args: tuple[Any, ...]) -> str:
 
 def cache_key(name: str, context: str, args: tuple[Any, ...]) -> str:
     """The file key of program ``name`` built from ``context`` and called on ``args``."""
-    digest = hashlib.sha256()
-    for part in (
-        name,
-        context,
-        signature(args),
-        source_fingerprint(),
-        _versions(),
-        _jax_settings(),
-        _backend(),
-        os.environ.get("XLA_FLAGS", ""),
-        os.environ.get("JDQN_KERNELS", ""),  # jdqn.accel's test override of the kernels
-    ):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:32]
+    parts = [name, context, signature(args), source_fingerprint(), _versions(), _jax_settings()]
+    # JDQN_KERNELS: jdqn.accel's test override of the kernels
+    parts += [_backend(), os.environ.get("XLA_FLAGS", ""), os.environ.get("JDQN_KERNELS", "")]
+    return hashlib.sha256("".join(part + "\0" for part in parts).encode()).hexdigest()[:32]
 
 
 class ExecutableCache:
