@@ -50,13 +50,9 @@ def _to_storable(tree: Any) -> Any:
 
 
 def _from_storable(stored: Any, like: Any) -> Any:
-    return jax.tree.map(
-        lambda s, ref: (
-            jax.random.wrap_key_data(s, impl=jax.random.key_impl(ref)) if _is_typed_key(ref) else s
-        ),
-        stored,
-        like,
-    )
+    """Raw key data back into typed keys where ``like`` has them (undoes :func:`_to_storable`)."""
+    wrap = lambda s, ref: jax.random.wrap_key_data(s, impl=jax.random.key_impl(ref))
+    return jax.tree.map(lambda s, ref: wrap(s, ref) if _is_typed_key(ref) else s, stored, like)
 
 
 def all_finite(tree: Any) -> bool:
