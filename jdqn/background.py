@@ -1,14 +1,9 @@
-"""Work that overlaps the training program's compile.
+"""Work that overlaps the training program's compile (seconds: XLA's fusion passes, autotuning).
 
-A walk-forward group's training program takes seconds to compile (XLA's fusion passes, GEMM
-autotuning). The evaluation program and the baselines (one rollout program for a group's folds,
-compiled and run) do not depend on training, so they run on worker threads meanwhile; JAX releases
-the GIL while XLA compiles. On a machine with no cores to spare (this project's 2-core CPU boxes)
-threads only contend with XLA's own compile threads, so the same calls run inline, in submission
-order, on the calling thread.
-
-Results do not depend on where the work ran: a program compiled on another thread is the same
-program, and every random draw comes from an explicit key.
+The evaluation program and the baselines do not depend on training, so they compile and run on
+worker threads meanwhile (JAX releases the GIL while XLA compiles). With no cores to spare (a
+2-core CPU box) threads only contend with XLA's own, so the same calls run inline, in order.
+Results do not depend on where the work ran: every random draw comes from an explicit key.
 """
 
 from __future__ import annotations
@@ -26,9 +21,8 @@ WORKERS = 3  # the training and evaluation programs' compiles, the baselines
 
 
 def usable_cores(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """Cores this process may run on: its affinity mask where the OS has one, capped by a
-    container's CPU quota (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), which the mask
-    does not show."""
+    """Cores this process may run on: its affinity mask where there is one, capped by a container's
+    CPU quota (cgroup v2 ``cpu.max`` or v1 ``cpu.cfs_quota_us``), which the mask does not show."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -66,21 +60,14 @@ class InlineExecutor(Executor):
 
 
 class Overlap:
-    """Context manager around the executor for one group's overlapped work.
-
-    On leaving with an exception, tasks not yet started are cancelled and the caller does not
-    wait for running ones (an XLA compile cannot be interrupted; the worker thread ends with it,
-    and the interpreter joins it before the process exits, as it would have waited for the same
-    compile on the main thread).
-    """
+    """Context manager around the executor for one group's overlapped work. Leaving with an
+    exception cancels tasks not yet started and does not wait for running ones (an XLA compile
+    cannot be interrupted; the interpreter joins its thread before the process exits)."""
 
     def __init__(self, threads: bool | None = None) -> None:
         threads = usable_cores() >= MIN_CORES if threads is None else threads
-        self.executor: Executor = (
-            ThreadPoolExecutor(WORKERS, thread_name_prefix="jdqn-overlap")
-            if threads
-            else InlineExecutor()
-        )
+        pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="jdqn-overlap") if threads else None
+        self.executor: Executor = pool or InlineExecutor()
 
     def __enter__(self) -> Executor:
         return self.executor

@@ -1,17 +1,15 @@
 """Epoch-end checkpoints (orbax) that resume a killed run with bit-identical numbers.
 
-Each checkpoint has a manifest beside it (``sha256/<group>/<step>.json``): the SHA-256 of the
-state's arrays (path, dtype, shape and bytes of every leaf) and of its metadata, taken from the
-host copy that is saved. A restore recomputes both from what it read and refuses a checkpoint
-whose digests differ, that cannot be read, or that has no manifest: orbax reads flipped bytes
-in a data file without complaint. :meth:`Checkpointer.restore_intact` then falls back to the
-newest checkpoint that verifies. In a run of several processes each process writes its own
-share in its own folder (:class:`ShareCheckpointer`: one ``.npz`` per step, same manifests).
+Beside each checkpoint a manifest (``sha256/<group>/<step>.json``) holds the SHA-256 of the state's
+arrays (path, dtype, shape and bytes of every leaf) and of its metadata, taken from the host copy
+that is saved. A restore recomputes both and refuses a checkpoint that cannot be read, has no
+manifest or whose digests differ (orbax reads flipped bytes without complaint);
+:meth:`Checkpointer.restore_intact` falls back to the newest one that verifies. In a run of several
+processes each writes its own share (:class:`ShareCheckpointer`: one ``.npz`` per step).
 
-orbax is imported when a checkpoint is first read or written, not with this module: its import
-(with tensorstore's) takes 0.2-0.3 s of a warm start's GIL-bound start-up on the H200.
-The walk-forward has the writer thread import it while the first chunk trains
-(``jdqn.report.BackgroundWrites.prefetch``), when the main thread waits on the device.
+orbax (with tensorstore, 0.2-0.3 s of GIL-bound start-up on the H200) is imported at first use;
+the walk-forward's writer thread imports it while the first chunk trains
+(``jdqn.report.BackgroundWrites.prefetch``).
 """
 
 from __future__ import annotations
@@ -52,21 +50,15 @@ def _to_storable(tree: Any) -> Any:
 
 
 def _from_storable(stored: Any, like: Any) -> Any:
-    return jax.tree.map(
-        lambda s, ref: (
-            jax.random.wrap_key_data(s, impl=jax.random.key_impl(ref)) if _is_typed_key(ref) else s
-        ),
-        stored,
-        like,
-    )
+    """Raw key data back into typed keys where ``like`` has them (undoes :func:`_to_storable`)."""
+    wrap = lambda s, ref: jax.random.wrap_key_data(s, impl=jax.random.key_impl(ref))
+    return jax.tree.map(lambda s, ref: wrap(s, ref) if _is_typed_key(ref) else s, stored, like)
 
 
 def all_finite(tree: Any) -> bool:
     """True when every floating leaf is finite (checked on the host before any save)."""
-    leaves = [
-        x for x in jax.tree.leaves(_to_storable(tree)) if jnp.issubdtype(x.dtype, jnp.floating)
-    ]
-    return all(bool(np.isfinite(np.asarray(x)).all()) for x in leaves)
+    leaves = jax.tree.leaves(_to_storable(tree))
+    return all(np.isfinite(x).all() for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
 
 
 class CheckpointLayoutError(ValueError):
@@ -100,12 +92,11 @@ def meta_digest(meta: dict[str, Any]) -> str:
 class Checkpointer:
     """Saves ``(state, meta)`` at epoch ends; keeps the latest two.
 
-    A save copies the state to the host and returns; orbax writes that copy, and deletes the
-    checkpoint it replaces, on its own threads while the next epoch trains. Written in place,
-    each epoch's save cost ~100-120 ms on the H200's host, more than a small epoch's device time;
-    written this way, a 50-epoch run's time beyond compile halved on the H200.
-    orbax commits a step by renaming its temporary directory, so a run killed mid-write resumes
-    from the step before; :meth:`close` waits for the writes.
+    A save copies the state to the host and returns; orbax writes that copy, and deletes the one it
+    replaces, on its own threads while the next epoch trains (written in place, a save cost
+    ~100-120 ms on the H200's host, more than a small epoch). orbax commits a step by renaming its
+    temporary directory, so a run killed mid-write resumes from the step before; :meth:`close`
+    waits for the writes.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -125,15 +116,9 @@ class Checkpointer:
             self._hashing_error = error
 
     def _write_in_background(self, step: int, host: Any, meta: dict[str, Any]) -> None:
-        self._write_manifest_now(step, host, meta)  # orbax writes the state on its own threads
-
-    def _write_manifest_now(self, step: int, host: Any, meta: dict[str, Any]) -> None:
-        record = {
-            "step": step,
-            "state_sha256": state_digest(host),
-            "meta_sha256": meta_digest(meta),
-        }
-        rundir.write_json(self.manifest_path(step), record)
+        """The manifest (orbax writes the state on its own threads)."""
+        digests = {"state_sha256": state_digest(host), "meta_sha256": meta_digest(meta)}
+        rundir.write_json(self.manifest_path(step), {"step": step, **digests})
 
     def _step_path(self, step: int) -> Path:
         return self._directory / str(step)  # orbax's directory of the step
@@ -178,13 +163,10 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         # The host copy is taken now: the next training chunk donates the state's device buffers.
         host = jax.device_get(_to_storable(state))
-        if not all_finite(host):
-            # The guard keeps non-finite values out of the state; this is the last line of defence
-            # so that a checkpoint can never hold one.
+        if not all_finite(host):  # the guard keeps them out of the state; this is the last defence
             raise RuntimeError("refusing to checkpoint a state with non-finite values")
-        # The digests are taken on a thread (hashlib releases the GIL) while the next epoch
-        # trains, like orbax's write; a run killed before its manifest exists resumes from the
-        # checkpoint before, which has one.
+        # Digests on a thread (hashlib releases the GIL) while the next epoch trains, like orbax's
+        # write; a run killed before the manifest exists resumes from the checkpoint before.
         self._wait_for_manifest()
         self._hashing = threading.Thread(
             target=self._write_manifest, args=(step, host, meta), name="jdqn-checkpoint-digest"
@@ -193,24 +175,19 @@ class Checkpointer:
         self._write(step, host, meta)
 
     def _write(self, step: int, host: Any, meta: dict[str, Any]) -> None:
-        ocp = _ocp()
+        args = _ocp().args
         self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(host), meta=ocp.args.JsonSave(meta)
-            ),
+            step, args=args.Composite(state=args.StandardSave(host), meta=args.JsonSave(meta))
         )
 
     def _read(self, step: int, like: Any) -> tuple[Any, dict[str, Any]]:
         """The step's storable state (in the structure of ``like``) and metadata."""
         ocp = _ocp()
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, _to_storable(like))
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
-            ),
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
         )
+        restored = self._manager.restore(step, args=args)
         return restored.state, dict(restored.meta)
 
     def latest_step(self) -> int | None:
@@ -276,8 +253,7 @@ class Checkpointer:
                 refused.append(step)
                 continue
             for bad in refused:
-                self._manager.delete(bad)
-                self.manifest_path(bad).unlink(missing_ok=True)
+                self._delete(bad)
             if refused:
                 log(f"jdqn: resuming from the previous intact checkpoint, step {step}")
             return state, meta, step
@@ -292,8 +268,11 @@ class Checkpointer:
         self._wait_for_manifest()
         for newer in self._manager.all_steps():
             if newer > step:
-                self._manager.delete(newer)
-                self.manifest_path(newer).unlink(missing_ok=True)
+                self._delete(newer)
+
+    def _delete(self, step: int) -> None:
+        self._manager.delete(step)
+        self.manifest_path(step).unlink(missing_ok=True)
 
     def close(self) -> None:
         """Wait for the pending write and deletion, then release orbax's threads."""
@@ -326,9 +305,8 @@ def _named(tree: Any) -> dict[str, Any]:
 
 class ShareCheckpointer(Checkpointer):
     """One process's share of the learners in a run of several processes: each step is one
-    ``<step>.npz`` in this process's own folder (its state's leaves and its metadata, written
-    atomically on the digest thread before its manifest, ``sha256/<step>.json`` in the same
-    folder); the latest two are kept, and verification and fallback are :class:`Checkpointer`'s.
+    ``<step>.npz`` in this process's own folder (leaves and metadata, written atomically on the
+    digest thread before its manifest ``sha256/<step>.json``); the latest two are kept.
 
     Not orbax: its NumpyHandler writes numpy arrays from process 0 only, and it refuses a
     ``jax.Array`` held by one process when there are several.
@@ -351,7 +329,7 @@ class ShareCheckpointer(Checkpointer):
         entries[META] = np.asarray(json.dumps(meta))
         np.savez(buffer, **entries)
         rundir.write_atomic(self._step_path(step), buffer.getvalue())
-        self._write_manifest_now(step, host, meta)
+        super()._write_in_background(step, host, meta)
         for old in self._manager.all_steps()[:-2]:
             self._manager.delete(old)
         self._prune_manifests()
@@ -380,8 +358,7 @@ class _ShareFiles:
         return sorted(int(path.stem) for path in self._directory.glob("[0-9]*.npz"))
 
     def latest_step(self) -> int | None:
-        steps = self.all_steps()
-        return steps[-1] if steps else None
+        return max(self.all_steps(), default=None)
 
     def delete(self, step: int) -> None:
         (self._directory / f"{step}.npz").unlink(missing_ok=True)

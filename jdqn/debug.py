@@ -1,23 +1,16 @@
 """Debug mode (docs/design.md §9): runtime value checks at component boundaries, named failures.
 
-In the traced program, :func:`boundaries` returns either :class:`Boundaries`, whose methods add
-``jax.experimental.checkify`` checks (the functional form that ``chex.chexify`` is built on), or
-:data:`OFF`, whose methods do nothing, so with debug off no check, predicate or error plumbing
-enters the jaxpr and the compiled program is the plain one.
+:func:`boundaries` gives :class:`Boundaries`, whose methods add ``jax.experimental.checkify``
+checks, or :data:`OFF`, whose methods trace nothing, so with debug off the compiled program is the
+plain one. :func:`checked` functionalises the checks; the walk-forward vmaps the *checked* chunk
+program over runs (one error entry per run) and fetches the error with the chunk's metrics, so no
+step waits for the host. :func:`raise_if_failed` names component, tensor, fold, seed, epoch and
+step, records ``debug_failure.json`` and raises :class:`DebugCheckFailed`.
 
-On the host, :func:`checked` functionalises the checks (``checkify.checkify``, user checks only).
-The walk-forward loop vmaps the *checked* chunk program over runs (folds x seeds), so the error
-value carries one entry per run, and fetches it once per chunk, when the chunk's metrics are
-fetched anyway: no step waits for the host. :func:`raise_if_failed` turns the error value into
-one :class:`CheckFailure` naming component, tensor, fold, seed, epoch and learner step, records it
-as ``debug_failure.json`` in the run directory and raises :class:`DebugCheckFailed`.
-
-Why checkify directly rather than ``chex.chexify(jit(vmap(...)))``: chexify must wrap the
-outermost transformation, so checkify would see the vmapped program and reduce the batched error
-to one entry, losing which run failed. Why one payload shape for every check: checkify keeps the
-first failure *per payload shape*; with a single shape it keeps the first failure in time
-(earliest step, then program order within a step), which is the boundary where the non-finite
-value entered.
+checkify directly, not ``chex.chexify(jit(vmap(...)))``: chexify must wrap the outermost
+transformation and would reduce the batched error to one entry, losing which run failed. One
+payload shape for every check: checkify keeps the first failure *per payload shape*, so with one
+shape it keeps the first in time, the boundary where the non-finite value entered.
 """
 
 from __future__ import annotations
@@ -53,11 +46,8 @@ def _escape(text: str) -> str:
 
 
 class Boundaries:
-    """Value checks at the component boundaries of one learner step (debug on).
-
-    Each check names its component (the part of the step that produced the value) and tensor,
-    and reports the learner ``step`` with the number of offending entries and one example value.
-    """
+    """Value checks at the component boundaries of one learner step (debug on): each names its
+    component and tensor, and reports the ``step``, the offending entries' count and one value."""
 
     def __init__(self, step: jax.Array) -> None:
         self._step = jnp.asarray(step, jnp.int32)  # [] int32
@@ -89,31 +79,18 @@ class Boundaries:
         self.finite(component, tensor, tree)
         for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
             squared = jnp.sum(jnp.square(jnp.asarray(leaf, jnp.float32)))
-            name = tensor + jax.tree_util.keystr(path)
-            self._check(
-                jnp.isfinite(squared),
-                component,
-                name,
-                "squared norm overflows float32",
-                jnp.sum(~jnp.isfinite(jnp.square(leaf))),
-                jnp.max(jnp.abs(leaf)),
-            )
+            name, problem = tensor + jax.tree_util.keystr(path), "squared norm overflows float32"
+            count, largest = jnp.sum(~jnp.isfinite(jnp.square(leaf))), jnp.max(jnp.abs(leaf))
+            self._check(jnp.isfinite(squared), component, name, problem, count, largest)
 
     def within(self, component: str, tensor: str, x: jax.Array, low: float, high: float) -> None:
         """Finite and inside ``[low, high]``."""
         self.finite(component, tensor, x)
         x = jnp.asarray(x, jnp.float32)
         outside = (x < low) | (x > high)
-        distance = jnp.maximum(low - x, x - high)  # > 0 outside
-        worst = jnp.ravel(x)[jnp.argmax(jnp.ravel(distance))]
-        self._check(
-            ~jnp.any(outside),
-            component,
-            tensor,
-            f"outside [{low:.6g}, {high:.6g}]",
-            jnp.sum(outside),
-            worst,
-        )
+        worst = jnp.ravel(x)[jnp.argmax(jnp.ravel(jnp.maximum(low - x, x - high)))]  # > 0 outside
+        problem = f"outside [{low:.6g}, {high:.6g}]"
+        self._check(~jnp.any(outside), component, tensor, problem, jnp.sum(outside), worst)
 
     def distribution(self, component: str, tensor: str, probs: jax.Array, atol: float) -> None:
         """Probabilities over the last axis: finite, in ``[0, 1]`` and rows summing to 1, both
@@ -121,15 +98,9 @@ class Boundaries:
         self.within(component, tensor, probs, -atol, 1.0 + atol)
         sums = jnp.sum(jnp.asarray(probs, jnp.float32), axis=-1)
         error = jnp.abs(sums - 1.0)
-        off = error > atol
-        self._check(
-            ~jnp.any(off),
-            component,
-            tensor,
-            f"row sums differ from 1 by more than {atol:g}",
-            jnp.sum(off),
-            jnp.ravel(sums)[jnp.argmax(jnp.ravel(error))],
-        )
+        off, worst = error > atol, jnp.ravel(sums)[jnp.argmax(jnp.ravel(error))]
+        problem = f"row sums differ from 1 by more than {atol:g}"
+        self._check(~jnp.any(off), component, tensor, problem, jnp.sum(off), worst)
 
 
 class _Off:
@@ -150,9 +121,8 @@ def boundaries(enabled: bool, step: jax.Array) -> Boundaries | _Off:
 
 
 def checked(fn: Any) -> Any:
-    """``fn`` with its checks functionalised: returns ``(checkify.Error, fn's outputs)``.
-
-    Vmap the result (not the other way round) to keep one error entry per run."""
+    """``fn`` with its checks functionalised: returns ``(checkify.Error, fn's outputs)``. Vmap the
+    result (not the other way round) to keep one error entry per run."""
     return checkify.checkify(fn, errors=checkify.user_checks)
 
 
@@ -165,23 +135,19 @@ class CheckFailure:
     problem: str
     count: int  # offending entries (rows for row sums)
     value: float  # one offending value (NaN, inf, the worst out-of-range entry or row sum)
-    fold: int | None
-    seed: int | None
-    epoch: int | None  # 1-based, like the guard's status
     step: int  # 0-based learner step, like the guard's record
+    fold: int | None = None
+    seed: int | None = None
+    epoch: int | None = None  # 1-based, like the guard's status
     chunk: int | None = None  # 0-based chunk of the epoch
 
     @property
     def message(self) -> str:
-        where = [
-            f"{label} {value}"
-            for label, value in (("fold", self.fold), ("seed", self.seed), ("epoch", self.epoch))
-            if value is not None
-        ]
-        where.append(f"step {self.step}")
+        labels = {"fold": self.fold, "seed": self.seed, "epoch": self.epoch, "step": self.step}
+        where = " ".join(f"{label} {value}" for label, value in labels.items() if value is not None)
         return (
             f"debug check failed in {self.component}: {self.tensor} {self.problem} "
-            f"({self.count} entries, e.g. {self.value:.9g}) at {' '.join(where)}"
+            f"({self.count} entries, e.g. {self.value:.9g}) at {where}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -212,14 +178,11 @@ def failures(error: checkify.Error) -> list[tuple[int | None, CheckFailure]]:
         if match is None:  # a check that is not ours: report it as it is
             raise RuntimeError(f"unexpected checkify failure: {line}")
         failure = CheckFailure(
-            component=match["component"],
-            tensor=match["tensor"],
-            problem=match["problem"],
+            match["component"],
+            match["tensor"],
+            match["problem"],
             count=int(match["count"]),
             value=float(match["value"]),
-            fold=None,
-            seed=None,
-            epoch=None,
             step=int(match["step"]),
         )
         found.append((None if match["run"] is None else int(match["run"]), failure))
@@ -253,7 +216,6 @@ def raise_if_failed(
         return
     failure, others = found
     record = run_dir / FAILURE_FILE
-    rundir.write_json(
-        record, {"failure": failure.to_json(), "other_runs": [f.to_json() for f in others]}
-    )
+    others_json = [f.to_json() for f in others]
+    rundir.write_json(record, {"failure": failure.to_json(), "other_runs": others_json})
     raise DebugCheckFailed(failure, record)

@@ -1,26 +1,15 @@
 """Compiled programs kept on disk, so a warm start skips tracing and lowering too.
 
-JAX's persistent compilation cache (``jdqn.walkforward.enable_compilation_cache``) skips XLA's
-backend compile, but it is keyed on the lowered program, so every process still traces the
-Python functions and lowers them to StableHLO before it can look the program up, a large share
-of a warm walk-forward run. Here the compiled executable itself is stored
-(``jax.experimental.serialize_executable``) under a key computed without tracing: every input
-that can change the program is hashed, namely
+JAX's persistent compilation cache (``jdqn.walkforward.enable_compilation_cache``) is keyed on the
+lowered program, so every process still traces and lowers before the lookup, a large share of a
+warm walk-forward. Here the executable itself is stored (``jax.experimental.serialize_executable``)
+under a key computed without tracing from all that can change the program (:func:`cache_key`):
+jdqn's and its kernels' source, library versions and JAX's settings, the backend, ``XLA_FLAGS`` and
+``JDQN_KERNELS``, the caller's description of what the function closes over, and the arguments'
+abstract signature. So a compiled function must close over no arrays (pass data as arguments).
 
-- the source of jdqn and its Pallas kernels (any edit gives new keys),
-- the versions of jax, jaxlib and the libraries that build the traced functions, and JAX's
-  configuration (precision, x64, PRNG implementation, ...),
-- the backend (platform, device kind and count), ``XLA_FLAGS`` and ``JDQN_KERNELS``,
-- the caller's description of what the function closes over (the config as JSON, static shapes),
-- and the abstract signature of the arguments (tree structure, shapes, dtypes, weak types).
-
-Functions handed to :meth:`ExecutableCache.compile` must close over no arrays (pass data as
-arguments): a closed-over array would be baked into the program without being in the key.
-
-A file that cannot be read back (a partial write, another jaxlib) is compiled again and replaced;
-files are written atomically (``jdqn.rundir.write_atomic``), so readers never see half a file.
-Loading a file runs what it holds, so the directory is trusted like JAX's own compilation cache:
-the user's cache directory, written only by jdqn.
+An unreadable file (a partial write, another jaxlib) is compiled again and replaced. Loading runs
+what a file holds, so the directory is trusted like JAX's own cache: the user's, written by jdqn.
 """
 
 from __future__ import annotations
@@ -89,28 +78,15 @@ def signature(args: tuple[Any, ...]) -> str:
 
 def cache_key(name: str, context: str, args: tuple[Any, ...]) -> str:
     """The file key of program ``name`` built from ``context`` and called on ``args``."""
-    digest = hashlib.sha256()
-    for part in (
-        name,
-        context,
-        signature(args),
-        source_fingerprint(),
-        _versions(),
-        _jax_settings(),
-        _backend(),
-        os.environ.get("XLA_FLAGS", ""),
-        os.environ.get("JDQN_KERNELS", ""),  # jdqn.accel's test override of the kernels
-    ):
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()[:32]
+    parts = [name, context, signature(args), source_fingerprint(), _versions(), _jax_settings()]
+    # JDQN_KERNELS: jdqn.accel's test override of the kernels
+    parts += [_backend(), os.environ.get("XLA_FLAGS", ""), os.environ.get("JDQN_KERNELS", "")]
+    return hashlib.sha256("".join(part + "\0" for part in parts).encode()).hexdigest()[:32]
 
 
 class ExecutableCache:
-    """Compiles jitted functions through a directory of serialized executables.
-
-    ``directory=None`` turns the cache off (:meth:`compile` then only compiles). ``hits`` and
-    ``misses`` count loads and compiles, for tests and benchmarks."""
+    """Compiles jitted functions through a directory of serialized executables (``None``: off,
+    :meth:`compile` only compiles). ``hits`` and ``misses`` count loads and compiles."""
 
     def __init__(self, directory: Path | None) -> None:
         self.directory = directory
@@ -119,31 +95,31 @@ class ExecutableCache:
         self._count = threading.Lock()  # programs may be compiled on several threads at once
 
     def load(self, name: str, *args: Any, context: str) -> Any | None:
-        """The stored program ``name`` for ``args`` (a ``jax.stages.Compiled``; its ``out_info``
-        gives the output types without tracing), or None when there is none or the cache is
-        off."""
+        """The stored program ``name`` for ``args`` (a ``jax.stages.Compiled``, whose ``out_info``
+        gives the output types without tracing), or None when there is none or the cache is off."""
         if self.directory is None:
             return None
-        loaded = load_file(self._path(name, context, args))
-        if loaded is not None:
-            with self._count:
-                self.hits += 1
+        try:
+            payload, in_tree, out_tree = pickle.loads(self._path(name, context, args).read_bytes())
+            loaded = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
+        except Exception:  # none, or a partial or foreign file: compiled again and replaced
+            return None
+        with self._count:
+            self.hits += 1
         return loaded
 
     def compile(self, name: str, jitted: Any, *args: Any, context: str) -> Callable[..., Any]:
-        """``jitted`` (a ``jax.jit`` function that closes over no arrays) compiled for ``args``:
-        loaded from the directory when an executable with the same key is there, else lowered,
-        compiled and stored. The result is called like ``jitted`` on arguments of the same
-        signature (donation included)."""
-        if self.directory is None:
-            return jitted.lower(*args).compile()
+        """``jitted`` (a ``jax.jit`` function that closes over no arrays) compiled for ``args``,
+        loaded when stored under the same key, else compiled and stored; called like ``jitted``
+        on arguments of the same signature (donation included)."""
         loaded = self.load(name, *args, context=context)
         if loaded is not None:
             return loaded
-        with self._count:
-            self.misses += 1
         compiled = jitted.lower(*args).compile()
-        _store(self._path(name, context, args), compiled)
+        if self.directory is not None:
+            with self._count:
+                self.misses += 1
+            _store(self._path(name, context, args), compiled)
         return compiled
 
     def _path(self, name: str, context: str, args: tuple[Any, ...]) -> Path:
@@ -151,21 +127,10 @@ class ExecutableCache:
         return self.directory / f"{name}-{cache_key(name, context, args)}{SUFFIX}"
 
 
-def load_file(path: Path) -> Any | None:
-    """The executable stored at ``path``; None when there is none or it cannot be loaded (a
-    partial or foreign file: the caller compiles again and replaces it)."""
-    try:
-        payload, in_tree, out_tree = pickle.loads(path.read_bytes())
-        return serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
-    except Exception:
-        return None
-
-
 def _store(path: Path, compiled: Any) -> None:
     """Writes ``compiled`` to ``path`` whole or not at all; a program that cannot be serialised
     or a directory that cannot be written only costs the next process a compile."""
     try:
-        blob = pickle.dumps(serialize_executable.serialize(compiled))
-        rundir.write_atomic(path, blob)
+        rundir.write_atomic(path, pickle.dumps(serialize_executable.serialize(compiled)))
     except (ValueError, NotImplementedError, pickle.PicklingError, TypeError, OSError):
         return

@@ -1,11 +1,9 @@
 """I/O faults (a full disk, a quota, a read-only or failing file system) reported in one line.
 
-An ``OSError`` can reach a run from many writers: ``config.json``, ``metrics.jsonl``, TensorBoard,
-the curves and plots, orbax's checkpoint threads (which wrap it in their own exception types,
-keeping the errno in the message) and ``results.json``. :func:`io_problem` finds it in an
-exception or the chain behind it and says what and where; :func:`raise_as_user_error` turns it
-into an :class:`IOFault`, a ``ValueError`` whose message also says how to go on: resume the run
-(its checkpoints are intact: jdqn.checkpoint verifies them) or start it again.
+An ``OSError`` can reach a run from many writers, some of which (orbax's threads, tensorstore) wrap
+it and keep only the errno in their message. :func:`io_problem` finds it in an exception's chain
+and says what and where; :func:`raise_as_user_error` raises it as an :class:`IOFault` that also
+says how to go on: resume the run (jdqn.checkpoint verifies its checkpoints) or start it again.
 """
 
 from __future__ import annotations
@@ -73,9 +71,7 @@ def raise_as_user_error(error: BaseException, resume_dir: os.PathLike[str] | Non
     problem = io_problem(error)
     if problem is None:
         return
-    then = (
-        f"then resume with: jdqn walkforward --resume {resume_dir}"
-        if resume_dir is not None
-        else "then run it again"
-    )
+    then = "then run it again"
+    if resume_dir is not None:
+        then = f"then resume with: jdqn walkforward --resume {resume_dir}"
     raise IOFault(f"{problem}; fix: free space or fix the file system, {then}") from None

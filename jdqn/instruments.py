@@ -2,10 +2,8 @@
 support for the markets users trade, picked with ``--instrument NAME`` (default ES).
 
 A preset is a set of config values (:func:`instrument_overrides`) applied after the profile and
-before the command's flags and ``--set`` overrides, so ``--set env.*`` still wins, and the
-resolved values (with ``env.instrument``) are what ``config.json`` records.
-
-Contract specifications (tick size, point value) are the exchanges' published ones:
+before the command's flags and ``--set`` overrides (which still win); ``config.json`` records the
+resolved values. Contract specifications (tick size, point value) are the exchanges' published ones:
 
 ====== ============================================================ ===========================
 name   specification                                                source
@@ -22,18 +20,14 @@ EURUSD spot EUR/USD quoted to 5 decimals (0.00001, a "pipette");    ECN quoting 
 BTCUSD spot BTC/USD(T): $0.01 tick, one position unit = 1 BTC       Binance BTCUSDT filters
 ====== ============================================================ ===========================
 
-Costs are per side, in ticks: ``slippage_ticks`` (one tick crossing the spread on liquid futures)
-and ``commission_ticks`` = a typical retail all-in commission of $2.50 per futures contract
-divided by the tick's dollar value; EURUSD $3.50 per lot (a common ECN rate); BTCUSD a 0.1 %
-taker fee at a $60,000 reference price ($60 = 6,000 ticks: re-set it at your price level, since
-the environment's costs are fixed per unit, not proportional).
+Costs are per side, in ticks: one tick of slippage (the spread of liquid futures) and a commission
+of $2.50 per futures contract (retail all-in), $3.50 per EURUSD lot (ECN) and BTCUSD's 0.1 % taker
+fee at $60,000 (6,000 ticks: re-set it at your price level; costs are per unit, not proportional).
 
-Reward scale and support. The reward is ``reward_scale`` x net points; ``reward_scale`` puts it in
-a natural unit (points, cents, ticks, pips, $10) and ``typical_move_points``, an approximate mean
-absolute 1-minute close-to-close change of recent years (``jdqn data check`` prints your data's),
-sets the C51 support: ``v_max = -v_min = SUPPORT_IN_TYPICAL_MOVES x typical_move x reward_scale``,
-ES's +-240 points for its ~1 point typical move, so every instrument's distributions have the
-same room relative to its moves.
+The reward is ``reward_scale`` x net points, in a natural unit (points, cents, ticks, pips, $10).
+The C51 support is ``v_max = -v_min = SUPPORT_IN_TYPICAL_MOVES x typical_move_points x
+reward_scale`` (ES: +-240 points for its ~1 point mean absolute 1-minute change; ``jdqn data
+check`` prints your data's), so every instrument's distributions have the same room for its moves.
 """
 
 from __future__ import annotations
@@ -122,7 +116,6 @@ INSTRUMENTS: dict[str, Instrument] = {
         ),
     )
 }
-DEFAULT_INSTRUMENT = "ES"
 
 
 def instrument(name: str) -> Instrument:
@@ -180,15 +173,14 @@ def data_settings(overrides: list[str], preset: Instrument) -> DataConfig:
 
 
 def describe_bar_file(
-    path: str | os.PathLike[str], preset: Instrument, settings: DataConfig | None = None
+    path: str | os.PathLike[str], preset: Instrument, settings: DataConfig
 ) -> str:
     """Two lines for ``jdqn data check``: the file's mean absolute 1-bar close change and the
     support the preset's rule would give it (the numbers a user-defined instrument needs), then
-    its bars and span. ``settings``: ``data.columns`` / ``data.timezone`` to read it with."""
+    its bars and span. ``settings``: the data section to read it with (:func:`data_settings`)."""
     from jdqn.data import load_bars
     from jdqn.data.calendars import CALENDARS
 
-    settings = settings if settings is not None else data_settings([], preset)
     bars = load_bars(
         path,
         columns=settings.column_map,

@@ -1,13 +1,10 @@
 """How much memory a run will take, from its config alone, checked before any is taken.
 
-:func:`estimate` is pure: the config, the number of learners (folds x seeds trained as one
-program) and the number of bars give the host and device bytes, part by part. It counts what
-grows with the request (replay buffers, parameters and Adam's moments, the folds' arrays on the
-device, the bar series and its features on the host, the step's working set) and leaves out what
-does not (compiled programs, the interpreter). :func:`limits` reads what this machine offers;
-:func:`check_fits` compares the two and raises :class:`RequestTooLarge` with the estimate, the
-limit and the fix in one line, so that ``--seeds 100000`` or ``network.hidden=[100000,100000]``
-ends at once and leaves nothing instead of dying of an out-of-memory error minutes later.
+:func:`estimate` counts, part by part, the host and device bytes that grow with the request
+(replay buffers, parameters and Adam's moments, fold arrays, bar series, the step's working set),
+not compiled programs or the interpreter; :func:`check_fits` compares them with :func:`limits` and
+raises :class:`RequestTooLarge` in one line with the fix, so that ``--seeds 100000`` ends at once
+instead of dying of an out-of-memory error minutes later.
 """
 
 from __future__ import annotations
@@ -64,11 +61,10 @@ def state_bytes(cfg: Any, n_features: int) -> int:
 
 
 def learner_bytes(cfg: Any, n_features: int) -> int:
-    """One learner's device memory in bytes, from the config: its carried state
-    (:func:`state_bytes`) plus the working set of a learner step and of a chunk's metrics
-    (generous: the rows of the batch and its donors through three forward passes and their
-    backward pass, the [N, N] hat projection per row and head, the loss parts' gradients with
-    the surgery's and Adam's temporaries)."""
+    """One learner's device memory in bytes: its state (:func:`state_bytes`) plus the working set
+    of a learner step and of a chunk's metrics (generous: the batch and donor rows through three
+    forward passes and their backward, the [N, N] hat projection per row and head, the loss parts'
+    gradients with the surgery's and Adam's temporaries)."""
     from jdqn.learner.state import LearnerMetrics
 
     net = cfg.network
@@ -105,10 +101,9 @@ class MemoryEstimate:
 def estimate(
     cfg: Any, *, n_learners: int, n_bars: int | None, features: int | None = None
 ) -> MemoryEstimate:
-    """Host and device bytes of a walk-forward run of ``cfg`` (a ``Config``) with ``n_learners``
-    learners over a series of ``n_bars`` bars (``None``: the series is not counted, e.g. a file
-    not yet read). The device holds one learner at the least: those that do not fit at once run
-    in waves (``jdqn.placement.plan_waves``, from the same :func:`learner_bytes`)."""
+    """Host and device bytes of a walk-forward of ``cfg`` with ``n_learners`` learners over
+    ``n_bars`` bars (``None``: a file not yet read, not counted). The device holds one learner at
+    the least: the rest run in waves (``jdqn.placement.plan_waves``)."""
     f = n_features(cfg.data) if features is None else features
     wf = cfg.walkforward
     state = state_bytes(cfg, f)
@@ -122,7 +117,6 @@ def estimate(
         "fold arrays": fold_bars * (f + 1) * F32,
     }
     host = {
-        # the state's host copy at each checkpoint, and the evaluation's rollouts
         "checkpoint copy of the states": n_learners * state if cfg.output.checkpoints else 0,
         "test-window rollouts": n_learners * wf.test_bars * 5 * F32,
     }
@@ -171,9 +165,7 @@ class RequestTooLarge(ValueError):
 
 # The settings that make each part smaller, for the fix.
 _FIXES = {
-    "learner states (params, Adam, replay buffers)": (
-        "a smaller network.hidden or replay.capacity"
-    ),
+    "learner states (params, Adam, replay buffers)": "a smaller network.hidden or replay.capacity",
     "learner step working set": "a smaller train.batch_size or network",
     "fold arrays": "shorter walkforward.train_bars / test_bars or fewer folds",
     "checkpoint copy of the states": "fewer --seeds or folds, or a smaller network",

@@ -111,10 +111,8 @@ class MetricsLog:
         with self._path.open("a") as handle:
             handle.write("".join(line + "\n" for line in lines))
         first = self._rows[0][-1]
-        return {
-            "loss": _short(first.get("loss_c51") or first.get("loss_mse")),
-            "q": _short(first.get("q_mean")),
-        }
+        loss = first.get("loss_c51") or first.get("loss_mse")
+        return {"loss": _short(loss), "q": _short(first.get("q_mean"))}
 
     def close(self, write_plots: bool = True) -> None:
         """Flush TensorBoard; queue the training-curve plots (skipped when the run failed)."""

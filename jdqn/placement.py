@@ -1,17 +1,13 @@
 """Where the learners run: the learner axis (folds x seeds) over a one-axis device mesh, in
 waves when they do not fit (docs/design.md, §11 and §17).
 
-The learners never talk to each other, so scaling out is placement, not a new algorithm: the
-learner axis is padded to a multiple of the device count (copies of the last learner, whose
-results are dropped) and sharded over a :class:`jax.sharding.Mesh` with one axis; each program
-is the vmapped function inside :func:`jax.shard_map`, so every device runs its own learners with
-their own replay buffers, and the Pallas kernels see the local learner count. The fold data are
-replicated. One device keeps the programs exactly as they were (plain ``vmap``, no mesh).
-
-Before anything compiles, :func:`plan_waves` compares an estimate of one learner's device memory
-(``jdqn.memory.learner_bytes``, from the config) with the devices' free memory: learners that do
-not fit run in waves of equal size, one after another; a learner that cannot run at all (too big
-for one device, or past the flat tail's 2^31 int32 offsets) is a :class:`PlacementError`.
+The learners never talk to each other, so scaling out is placement: the learner axis is padded to a
+multiple of the device count (copies of the last learner, results dropped) and sharded over a
+one-axis :class:`jax.sharding.Mesh`; each program is the vmapped function inside
+:func:`jax.shard_map`, so the Pallas kernels see the local learner count. The fold data are
+replicated; one device keeps the plain ``jit(vmap(f))``. :func:`plan_waves` compares
+``jdqn.memory.learner_bytes`` with the devices' free memory before anything compiles: learners that
+do not fit run in equal waves; one that cannot run at all is a :class:`PlacementError`.
 """
 
 from __future__ import annotations
@@ -108,12 +104,11 @@ class Placement:
     def pad(self, tree: Any) -> Any:
         """Host arrays ``[learners, ...]`` -> ``[padded, ...]``, the last learner repeated."""
         extra = self.padded - self.learners
-
-        def pad_leaf(x: Any) -> Any:
-            x = np.asarray(x)
-            return np.concatenate([x, np.repeat(x[-1:], extra, axis=0)]) if extra else x
-
-        return jax.tree.map(pad_leaf, tree)
+        if not extra:
+            return jax.tree.map(np.asarray, tree)
+        return jax.tree.map(
+            lambda x: np.concatenate([x, np.repeat(np.asarray(x)[-1:], extra, 0)]), tree
+        )
 
     def learner_arrays(self, tree: Any) -> Any:
         """``[learners, ...]`` arrays padded and placed, each device holding its learners."""
@@ -156,13 +151,9 @@ def local_devices(requested: int | None) -> tuple[Any, ...]:
     return tuple(available[:requested])
 
 
-# --- memory ------------------------------------------------------------------------------------
-
-
 def free_bytes(device: Any) -> int:
-    """What ``device`` can still allocate: its allocator's limit less what is in use, or, where
-    the backend reports no memory stats (CPU), the host's available memory shared by its
-    devices of that platform."""
+    """What ``device`` can still allocate: its allocator's limit less what is in use, or without
+    memory stats (CPU) the host's available memory shared by the platform's local devices."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if stats and "bytes_limit" in stats:
         return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
@@ -204,12 +195,9 @@ def plan_waves(
             f"{_gb(shared_bytes)} of fold data); fix: lower replay.capacity, train.batch_size "
             "or network.hidden, or use a device with more memory"
         )
-    per_device = min(by_memory, math.ceil(learners / len(devices)))
-    limit = "memory"
-    uses_tail = update_impl(cfg, jax.default_backend(), debug=debug, learners=per_device) in (
-        "pallas",
-        "interpret",
-    )
+    per_device, limit = min(by_memory, math.ceil(learners / len(devices))), "memory"
+    impl = update_impl(cfg, jax.default_backend(), debug=debug, learners=per_device)
+    uses_tail = impl in ("pallas", "interpret")
     n_params = memory.param_count(cfg, n_features)
     by_offsets = (INT32_OFFSETS - 1 - FLAT_TAIL_BLOCK) // (FLAT_TAIL_PARTS * n_params)
     if uses_tail and per_device > by_offsets:
@@ -220,10 +208,10 @@ def plan_waves(
                 "network.hidden"
             )
         per_device, limit = by_offsets, "the flat tail's int32 offsets (2^31)"
-    waves = math.ceil(learners / (per_device * len(devices)))
+    n_waves = math.ceil(learners / (per_device * len(devices)))
     # Equal waves (the last one padded at most to a multiple of the devices): one program.
-    size = math.ceil(math.ceil(learners / waves) / len(devices)) * len(devices)
-    if waves == 1:
+    size = math.ceil(math.ceil(learners / n_waves) / len(devices)) * len(devices)
+    if n_waves == 1:
         size = learners
     return WavePlan(wave_size=size, learner_bytes=each, per_device_limit=per_device, limit=limit)
 
@@ -236,8 +224,6 @@ def waves(runs: Sequence[Any], wave_size: int) -> list[list[Any]]:
 def _gb(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**28 else f"{n / 2**20:.1f} MiB"
 
-
-# --- a run's layout ----------------------------------------------------------------------------
 
 WAVES_FILE = "waves.json"  # in the run directory, only when some group runs in waves
 
@@ -280,10 +266,9 @@ def run_layout(
     resumed: Any = None,
     processes: int = 1,
 ) -> RunLayout:
-    """The devices (``--devices``, default all local ones) and each group's waves; a resumed
-    run (``resumed``: its ``rundir.RunDir``) keeps the waves recorded when it started. With
-    several ``processes`` each runs an equal share of every wave on its own devices
-    (``jdqn.processes``): the waves are planned for one share."""
+    """The devices (``--devices``, default all local ones) and each group's waves; a resumed run
+    (``resumed``: its ``rundir.RunDir``) keeps the waves recorded when it started. With several
+    ``processes`` the waves are planned for one process's share (``jdqn.processes``)."""
     chosen = local_devices(devices)
     seeds = cfg.train.seeds
     recorded = None
@@ -292,17 +277,11 @@ def run_layout(
     sizes, notices = [], []
     for g, fold_ids in enumerate(fold_groups):
         learners = len(fold_ids) * seeds
-        shared = sum(
-            a.features.nbytes + a.close.nbytes
-            for k in fold_ids
-            for a in (data.train[k], data.test[k])
-        )
-        if recorded is not None:
-            sizes.append(int(recorded[g]))
+        if resumed is not None:  # the recorded waves, or none when it started without
+            sizes.append(learners if recorded is None else int(recorded[g]))
             continue
-        if resumed is not None:
-            sizes.append(learners)  # started without waves
-            continue
+        folds = [a for k in fold_ids for a in (data.train[k], data.test[k])]
+        shared = sum(a.features.nbytes + a.close.nbytes for a in folds)
         share = math.ceil(learners / processes)
         plan = plan_waves(cfg, data.n_features, share, chosen, shared, debug=debug)
         if plan.wave_size >= share:

@@ -1,18 +1,12 @@
 """Several processes (hosts) sharing one walk-forward run through ``jax.distributed``
 (docs/design.md, §11).
 
-The learners never talk to each other, so several processes split them as the devices of one
-process do (``jdqn.placement``): each wave of learners is padded to a multiple of the process
-count (copies of its last learner, whose results are dropped) and process ``i`` trains the
-``i``-th contiguous share on its own local devices. A learner's keys come from its (fold, seed
-index), as in one process, so it trains the same wherever it runs. Process 0 gathers what
-judging needs (``multihost_utils.process_allgather``) and writes the run directory, except the
-checkpoints: each process writes its own share's state in its own folder, with no gather of it,
-and a resume reads it back there (``jdqn.walkforward.GroupCheckpoints``).
-
-``jax.distributed.initialize`` must run before any other use of a JAX backend. On CPU the
-cross-process collectives are gloo's, the default of jax 0.11's
-``jax_cpu_collectives_implementation``: nothing to set.
+Processes split the learners as one process's devices do (``jdqn.placement``): each wave is padded
+to a multiple of the process count and process ``i`` trains the ``i``-th contiguous share. A
+learner's keys come from its (fold, seed index), so it trains the same wherever it runs. Process 0
+gathers what judging needs and writes the run directory, except the checkpoints: each process
+writes and resumes its own share (``jdqn.walkforward.GroupCheckpoints``). On CPU the collectives
+are gloo's, jax 0.11's default: nothing to set.
 """
 
 from __future__ import annotations
@@ -79,19 +73,6 @@ class Processes:
         padded[: min(size, data.size)] = data[:size]
         return bytes(np.asarray(multihost_utils.broadcast_one_to_all(padded))).decode()
 
-    def broadcast(self, tree: Any) -> Any:
-        """Process 0's host arrays ``tree`` on every process (the others pass arrays of the
-        same shapes)."""
-        if self.count == 1:
-            return tree
-        from jax.experimental import multihost_utils
-
-        return jax.tree.map(np.asarray, multihost_utils.broadcast_one_to_all(tree))
-
-    def broadcast_flag(self, flag: bool) -> bool:
-        """Process 0's ``flag`` on every process."""
-        return bool(self.broadcast(np.asarray(flag)))
-
     def any_of(self, flag: bool) -> bool:
         """Whether any process's ``flag`` is set (every process learns the same)."""
         return bool(self.gather(np.asarray([flag]), self.count).any())
@@ -106,8 +87,7 @@ class Processes:
     def record(self, run_path: Path) -> None:
         """Write the process count into the run directory, so that ``--resume`` can check it."""
         if self.count > 1:
-            text = json.dumps({"processes": self.count}) + "\n"
-            (run_path / PROCESSES_FILE).write_text(text)
+            (run_path / PROCESSES_FILE).write_text(json.dumps({"processes": self.count}) + "\n")
 
     def check_resume(self, run_path: Path) -> None:
         """Refuse to resume with another process count: each process's checkpoints hold its

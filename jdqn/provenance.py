@@ -1,9 +1,8 @@
 """What made a run: jdqn's version, the git commit of its source, the data file's digest.
 
-``results.json`` carries :func:`run_record`: ``"provenance"`` and a ``schema_version`` of the
-results layout, so a result can be traced to code and data (and readers can tell layouts
-apart). The commit is read with ``git`` from the directory holding the package, when that is a
-git work tree; ``dirty`` says whether tracked files differed from it.
+``results.json`` carries :func:`run_record` (``"provenance"`` and the layout's ``schema_version``),
+so a result can be traced to code and data. The commit is read with ``git`` from the directory
+holding the package, when that is a work tree; ``dirty``: tracked files differed from it.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from typing import Any
 # Version 2: results.json gained "provenance" (version 1 had none).
 RESULTS_SCHEMA_VERSION = 2
 _PACKAGE_DIR = Path(__file__).resolve().parent
-_CHUNK_BYTES = 1 << 20
 
 
 def jdqn_version() -> str:
@@ -42,14 +40,10 @@ def git_commit() -> dict[str, Any] | None:
 
 
 def _git(*args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(_PACKAGE_DIR.parent), *args],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=True,
-    )
-    return done.stdout.strip()
+    command = ["git", "-C", str(_PACKAGE_DIR.parent), *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
 
 
 def version_line() -> str:
@@ -63,11 +57,8 @@ def version_line() -> str:
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """Hex SHA-256 of a file's bytes (as stored: a .gz file's compressed bytes)."""
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def run_record(data_path: str | None, n_bars: int) -> dict[str, Any]:

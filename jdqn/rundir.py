@@ -1,12 +1,10 @@
 """Run directories that are whole or visibly not: written as ``NAME.incomplete``, renamed last.
 
-A run writes everything into ``<out>/<name>.incomplete/``. Only after the last file is written is
-the directory renamed to ``<out>/<name>/``, so a directory without the suffix always holds a whole
-run. A killed run leaves its ``.incomplete`` directory (with its checkpoints) for ``--resume``.
-
-A name is one path component. A directory is created with an exclusive ``mkdir`` (two processes
-that pick the same name get two directories, never an error), and is locked (``fcntl.flock`` on
-its ``.lock`` file) while a process writes it: a second process that resumes it is refused.
+A run writes into ``<out>/<name>.incomplete/`` and renames it to ``<out>/<name>/`` after its last
+file, so a directory without the suffix always holds a whole run; a killed run leaves its
+``.incomplete`` directory (with its checkpoints) for ``--resume``. Directories are created with an
+exclusive ``mkdir`` (two processes that pick one name get two directories) and locked
+(``fcntl.flock`` on ``.lock``) while a process writes them.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ class RunLock:
     lock). The file holds the owner's pid, for the message that refuses a second process."""
 
     def __init__(self, directory: Path) -> None:
-        path = directory / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -62,9 +59,8 @@ class RunLock:
 
 @dataclass(frozen=True)
 class RunDir:
-    """Paths of one run. ``path`` is where files are written now (``.incomplete`` until done);
-    ``lock`` is this process's lock on it (released by :func:`finalize`, :func:`discard` or
-    :func:`unlock`)."""
+    """Paths of one run: ``path`` is where files are written now (``.incomplete`` until done),
+    ``lock`` this process's lock on it (released by :func:`finalize`, :func:`discard`)."""
 
     path: Path
     final_path: Path
@@ -178,29 +174,17 @@ def unlock(run: RunDir) -> None:
 
 @contextlib.contextmanager
 def interrupts_deferred() -> Iterator[None]:
-    """Hold back Ctrl-C (SIGINT), and SIGTERM where Python handles it (``jdqn.termination``),
-    for the block and deliver them once the block is done.
-
-    Creating a run directory and removing one are short, but a Ctrl-C that lands between the
-    ``mkdir`` and the code that would clean up after it, or half-way through that clean-up,
-    leaves a ``.incomplete`` directory that nothing will remove (seen in CI: a second Ctrl-C
-    interrupted the removal of the first one's directory). Only the main thread receives
-    signals; elsewhere this does nothing."""
+    """Hold back Ctrl-C (SIGINT), and SIGTERM where Python handles it (``jdqn.termination``), for
+    the block and deliver them after it: a Ctrl-C between a ``mkdir`` and the clean-up after it, or
+    half-way through that clean-up, would leave a ``.incomplete`` directory nothing removes. Only
+    the main thread receives signals; elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    held = [
-        signum
-        for signum in (signal.SIGINT, signal.SIGTERM)
-        # A handler not set from Python (None), or the default or ignore action: leave it be.
-        if callable(signal.getsignal(signum))
-        and signal.getsignal(signum) not in (signal.SIG_DFL, signal.SIG_IGN)
-    ]
+    # A handler not set from Python (None), or the default or ignore action: leave it be.
+    held = [s for s in (signal.SIGINT, signal.SIGTERM) if callable(signal.getsignal(s))]
     received: list[int] = []
-    previous = {
-        signum: signal.signal(signum, lambda number, _frame: received.append(number))
-        for signum in held
-    }
+    previous = {s: signal.signal(s, lambda n, _frame: received.append(n)) for s in held}
     try:
         yield
     finally:
@@ -227,8 +211,8 @@ def discard(run: RunDir) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` atomically (temp file + rename): a reader never sees half a file, and a
-    failed write leaves no temp file behind."""
+    """Write ``data`` atomically (temp file + rename): a reader never sees half a file, and a failed
+    write leaves no temp file behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:

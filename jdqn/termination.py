@@ -1,13 +1,10 @@
 """SIGTERM (what a cluster scheduler sends before it kills a job) ends a run the way Ctrl-C does,
 but at a chunk boundary, with the state checkpointed there.
 
-:func:`sigterm_raises` makes SIGTERM raise :class:`Terminated` (a ``KeyboardInterrupt``, so every
-clean-up that runs for a Ctrl-C runs for it: a run directory without a checkpoint is removed, one
-with a checkpoint is kept and its ``--resume`` command printed). Inside :class:`ChunkBoundaries`
-(the training loop) the signal only sets a flag: the chunk on the device ends, the loop
-checkpoints the state it returned and raises :class:`Terminated` itself. The CLI exits 143
-(128 + SIGTERM), as a shell reports a process ended by the signal. Signals reach the main thread
-only; elsewhere nothing is changed.
+:func:`sigterm_raises` makes SIGTERM raise :class:`Terminated`, a ``KeyboardInterrupt``, so every
+Ctrl-C clean-up runs for it. Inside :class:`ChunkBoundaries` (the training loop) the signal only
+sets a flag: the loop checkpoints the chunk's state and raises :class:`Terminated` itself. The CLI
+exits 143 (128 + SIGTERM), as a shell would. Only the main thread's signals are changed.
 """
 
 from __future__ import annotations
@@ -16,7 +13,8 @@ import contextlib
 import signal
 import threading
 from collections.abc import Iterator
-from types import FrameType, TracebackType
+from types import FrameType
+from typing import Any
 
 
 class Terminated(KeyboardInterrupt):
@@ -52,8 +50,7 @@ class ChunkBoundaries:
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous: object = None
-        self._installed = False
+        self._previous: Any = None  # sigterm_raises's handler, while this one replaces it
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
         del signum, frame
@@ -62,17 +59,11 @@ class ChunkBoundaries:
     def __enter__(self) -> ChunkBoundaries:
         if _on_main_thread() and signal.getsignal(signal.SIGTERM) is _raise_terminated:
             self._previous = signal.signal(signal.SIGTERM, self._note)
-            self._installed = True
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if not self._installed:
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        if self._previous is None:
             return
-        signal.signal(signal.SIGTERM, self._previous)  # type: ignore[arg-type]
+        signal.signal(signal.SIGTERM, self._previous)
         if self.requested and error is None:
             raise Terminated

@@ -1,38 +1,24 @@
 """XLA flags jdqn sets before JAX starts its backend: fast and reproducible GPU programs
 (docs/design.md §10, §11).
 
-Autotuning stays on, with its choices persisted in a per-fusion autotune cache next to the
-compilation cache. Which GEMM/fusion algorithm wins can vary between compiles, and algorithms sum
-in different orders, so two fresh processes with the same seed could train apart (training
-amplifies a last-bit difference); turning autotuning off (level 0) fixes that but leaves XLA's
-default GEMM configurations, which are much slower at many vmapped seeds. With the cache the first
-compile of a fusion times and records, later compiles in any process read the record, so
-processes that share it pick the same algorithms and agree bit for bit.
+- Autotuning stays on, its choices persisted in a per-fusion autotune cache next to the
+  compilation cache: the winning GEMM/fusion algorithm (and so the summation order) can vary
+  between compiles, and training amplifies a last-bit difference; with the cache every process
+  reads the first compile's choice and agrees bit for bit. Level 0 would fix that too, but XLA's
+  default GEMM configurations are much slower at many vmapped seeds.
+- CUDA graphs (one per scan iteration) are ordered by the kernels' buffer uses (``CONCURRENT``,
+  not XLA's single chain ``LHS``), so kernels that share no buffer run side by side; only their
+  start order changes, not their arithmetic.
+- The dot merger is off (threshold 0): it stacked the head's backward over the loss parts' and the
+  causal term's rows, a concatenation pass of its own at many learners (float32 rounding differs).
+- GPU memory is taken on demand (``XLA_PYTHON_CLIENT_PREALLOCATE=false``): reserving 75 % at the
+  first transfer held up each process's first device operation and starved a second run on the
+  GPU; the allocator (BFC), and so the program's speed, is the same.
+- On CPU, YNNPACK fusions (off: ``--xla_cpu_experimental_ynn_fusion_type=``) sum in an order that
+  depends on the batch's size, so a run sharded over devices drifted from the one-device run.
 
-CUDA graphs (XLA's command buffers, one per scan iteration) are built from the kernels' buffer
-uses (``CONCURRENT``) instead of XLA's default single chain (``LHS``): kernels that touch no
-common buffer, such as the target net's forward and the online net's reductions, run side by
-side. Only their start order changes, not their arithmetic.
-
-XLA's dot merger is off (threshold 0): it stacked the head's backward over the loss parts' and the
-causal term's cotangent rows, which cost a concatenation pass of its own at many learners. The
-results differ from the merged program's by float32 rounding.
-
-GPU memory is taken on demand (``XLA_PYTHON_CLIENT_PREALLOCATE=false``) instead of reserving 75 %
-of the GPU at the first transfer: the reservation held up each process's first device operation
-and left a second run on the same GPU a quarter of the memory. The allocator (XLA's BFC) is the
-same, so the training program's speed does not change.
-
-On CPU, XLA's YNNPACK fusions sum reductions in an order that depends on the whole batch's size,
-so a run sharded over several devices (fewer learners per program) drifted from the one-device
-run by float32 rounding. With them off (``--xla_cpu_experimental_ynn_fusion_type=``, empty) a
-sharded run equals the one-device run bit for bit (``jdqn.placement``).
-
-The GPU flags are no-ops on CPU (the cache directory is still created at ``import jdqn``). A flag
-the user already put in ``XLA_FLAGS`` wins (an explicit ``--xla_gpu_autotune_level=0`` restores
-the uncached, autotuning-free behaviour; ``--xla_gpu_command_buffer_scheduling_mode=LHS`` XLA's
-graph order; ``--xla_gpu_dot_merger_threshold_mb=32`` XLA's dot merging), and so does their
-own ``XLA_PYTHON_CLIENT_PREALLOCATE`` (``true`` restores the reservation).
+A flag or ``XLA_PYTHON_CLIENT_PREALLOCATE`` the user already set wins (an explicit autotune level
+also drops the cache).
 """
 
 from __future__ import annotations
@@ -54,35 +40,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("JDQN_CACHE_DIR") or Path.home() / ".cache" / "jdqn" / "xla")
 
 
-def gpu_flags(autotune_dir: Path | None) -> tuple[str, ...]:
-    """The flags jdqn adds: CUDA graphs built from the kernels' buffer uses, no dot merging,
-    no YNNPACK fusions on CPU, and the persistent per-fusion autotune cache in ``autotune_dir``
-    (none without a directory)."""
-    flags: tuple[str, ...] = (
-        f"{SCHEDULING_FLAG}=CONCURRENT",
-        f"{DOT_MERGER_FLAG}=0",
-        f"{CPU_YNN_FUSIONS_FLAG}=",
-    )
-    if autotune_dir is not None:
-        flags += (f"{AUTOTUNE_CACHE_FLAG}={autotune_dir}",)
-    return flags
-
-
-def _name(flag: str) -> str:
-    return flag.split("=", 1)[0]
-
-
 def with_gpu_flags(xla_flags: str, autotune_dir: Path | None) -> str:
-    """``XLA_FLAGS`` value with jdqn's flags added where the user has not set them. A user who
-    sets an autotune level gets exactly that: no cache is added (level 0 tunes nothing)."""
+    """``XLA_FLAGS`` with jdqn's flags (module docstring) added where the user has not set them;
+    no autotune cache without ``autotune_dir`` or when the user sets an autotune level."""
     flags = xla_flags.split()
-    names = {_name(existing) for existing in flags}
-    for flag in gpu_flags(autotune_dir):
-        if _name(flag) == AUTOTUNE_CACHE_FLAG and AUTOTUNE_LEVEL_FLAG in names:
-            continue
-        if _name(flag) not in names:
-            flags.append(flag)
-    return " ".join(flags)
+    names = {flag.partition("=")[0] for flag in flags}
+    ours = [f"{SCHEDULING_FLAG}=CONCURRENT", f"{DOT_MERGER_FLAG}=0", f"{CPU_YNN_FUSIONS_FLAG}="]
+    if autotune_dir is not None and AUTOTUNE_LEVEL_FLAG not in names:  # level 0 tunes nothing
+        ours.append(f"{AUTOTUNE_CACHE_FLAG}={autotune_dir}")
+    return " ".join(flags + [flag for flag in ours if flag.partition("=")[0] not in names])
 
 
 def apply_gpu_flags() -> None:
