@@ -1,12 +1,10 @@
 """The learner step's flat tail as Pallas GPU kernels: the surgery's reductions, then Adam, the
 target sync and the guard's keep-or-reject select.
 
-The step's parameters, target parameters, masks and Adam moments are flat ``[P]`` float32
-vectors and its loss parts' gradients a ``[parts, P]`` matrix (``jdqn.networks.ParamLayout``).
-What XLA makes of the tail is a dozen passes over them (the surgery's split reductions, Adam's
-fusions, the sync, one ``select`` per state vector: XLA does not fuse sibling selects that share
-only a predicate), and under ``vmap`` over many learners those passes are bound by memory
-bandwidth. Here:
+XLA makes a dozen passes of the tail over the parameter, target, mask and moment vectors (the
+surgery's split reductions, Adam's fusions, the sync, one ``select`` per state vector: XLA does not
+fuse sibling selects that share only a predicate); under ``vmap`` over many learners those passes
+are bound by memory bandwidth. Here:
 
 - :func:`gram` reads the ``[parts, P]`` gradients once and returns ``row_max [parts]`` and
   ``gram [parts, parts]`` (the Gram matrix of the rows divided by their max), the only
@@ -14,47 +12,31 @@ bandwidth. Here:
   need; ``jdqn.surgery.surgery_scalars`` turns them into the total gradient's weights;
 - :func:`adam_select` forms the total gradient ``sum_k w_k g_k``, applies Adam (Kingma & Ba,
   ICLR 2015; optax's ``scale_by_adam`` formulas in optax's order), the masks (not read without
-  pruning: ``TailVectors.masks`` None) and the target sync, and keeps the candidate only when
-  the guard passes. The guard needs the total's finiteness and the new parameters' squared
-  norm, so one launch sums those and a second recomputes the candidate and writes the kept
-  values in place (with a hard sync, the target only on the steps the sync is due: its old
-  values are never read).
+  pruning) and the target sync, and keeps the candidate only when the guard passes: one launch
+  sums the total's finiteness and the candidate's squared norm, a second recomputes the
+  candidate and writes the kept values in place.
 
-The guard's sums pass is skipped where it cannot fail. Given the largest ``|x|`` of the stored
-parameters and moments (:class:`TailBounds`, which the write launch returns for the next step)
-and the gradients' row maxima (from :func:`gram`), :func:`candidate_bounds` bounds every value
-Adam computes: ``|total| <= sum_k |w_k| max|g_k|``, the moments by their recursions, and
-``|update| <= lr |mu_hat| / eps`` (the denominator ``sqrt(nu_hat) + eps`` is at least ``eps``).
-Where those bounds keep the squared norm far below float32's largest value, the total and the
-candidate are finite and the sums would pass: that learner's programs of the sums launch return
-at once, and its decision is ``pre_ok`` alone. The write launch computes the candidate's
-squared norm anyway, so every output is what the two passes give. In practice the bounds hold
-from the second step on: the bound on ``|update|`` is 1e5 ``|mu_hat|`` at ``lr`` 1e-3 and
-``eps`` 1e-8, and the parameters' limit is ``1e18 / sqrt(n)``, 8e15 for the smoketest's 15,193.
-The first step, and any step after XLA's update wrote the state, run the sums.
+The sums launch is skipped where it cannot fail: from the stored values' largest ``|x|``
+(:class:`TailBounds`, returned by the write launch for the next step) and the gradients' row
+maxima, :func:`candidate_bounds` bounds every value Adam computes (``|update| <= lr |mu_hat| /
+eps``), and where the squared norm stays far below float32's largest value the decision is
+``pre_ok`` alone. The write launch computes the squared norm anyway, so the outputs are what the
+two passes give. The first step, and any step after XLA's update wrote the state, run the sums.
 
-The gradients can also come as the matrix's column segments, one ``[parts, n_k]`` array per
-leaf of the parameter tree in flat order (``Grads``): the per-layer gradients where the backward
-pass wrote them. Each segment then has blocks of its own, and no ``[parts, P]`` copy is made
-for the kernels: at 1,024 learners on the H200 that copy was ~63 us of a 1,322 us step, and the
-step with segments took 1,263 us (-4.5 %). Every vector (:class:`TailVectors`) may come in the
-same segments and is then written back in them, in place: the learner keeps its state as the
-parameter tree, whose leaves are those segments, and its GEMMs read them without a slice copy
-(1,258 -> 1,148 us at 1,024 learners).
+Gradients and vectors may come whole or as column segments, one per leaf of the parameter tree
+in flat order (``Grads``, :class:`TailVectors`): each segment has blocks of its own and is written
+back in place. The learner passes segments, so neither the backward pass's per-layer gradients
+nor its parameter tree is ever copied into one flat vector.
 
-The grid is (learner, block of ``BLOCK`` elements), the learners being every ``vmap``ped axis
-folded into one (one launch for one learner or 1,024); the blocks' partial sums are added up in
-XLA. Each element is written by its own program: no atomics, a fixed order, deterministic.
-
-On the H200 the kernels pay off from ~16 vmapped learners on (``accel.kernels=auto`` uses
-them from ``jdqn.accel.FUSED_TAIL_MIN_LEARNERS``); for a single learner XLA's tail is faster.
-
-Non-finite gradients: a row with any non-finite entry gets a NaN ``row_max`` (counted
-explicitly; a max over NaN is not reliable across backends), which the guard reads as "the
-gradient is non-finite", as it reads the XLA path's inf/NaN max.
+The grid is (learner, block of ``BLOCK`` elements), every ``vmap``ped axis folded into the
+learner axis (one launch for one learner or 1,024); the blocks' partial sums are added in XLA.
+Each element is written by its own program: no atomics, a fixed order, deterministic. A row with
+a non-finite entry gets a NaN ``row_max`` (counted explicitly; a max over NaN is not reliable
+across backends), which the guard reads as a non-finite gradient.
 
 ``impl``: ``"pallas"`` (Triton-lowered, GPU), ``"interpret"`` (the same kernels in interpret
-mode, CPU tests) or ``"reference"`` (the formulas in jnp: what the kernels are tested against).
+mode, CPU tests) or ``"reference"`` (the formulas in jnp, what the kernels are tested against).
+docs/performance.md has what the kernels gain and from how many learners they pay.
 """
 
 from __future__ import annotations
