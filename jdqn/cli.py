@@ -195,13 +195,10 @@ def _walkforward(args: argparse.Namespace) -> int:
             devices=args.devices,
             processes=processes,
         )
-    except UserError as error:
-        print(f"jdqn: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
     except DebugCheckFailed as failure:
         print(f"jdqn: {failure} (recorded in {failure.record})", file=sys.stderr)
         return EXIT_DEBUG_FAILURE
-    except ValueError as error:  # config validation: names the field and the fix
+    except (UserError, ValueError) as error:  # ValueError: config validation, field and fix
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
     return EXIT_HALTED if outcome.halted else 0
@@ -275,11 +272,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-# Statuses of a command that ran to its end: every file it wrote is closed and every thread it
-# started has been joined, so the process may end without the interpreter's teardown.
-_FINISHED = (0, EXIT_HALTED)
-
-
 def end_process(code: int) -> NoReturn:
     """Flushes stdout and stderr and ends the process with ``code`` at once, skipping the
     interpreter's teardown (see :func:`console`); only for a process whose files are closed and
@@ -295,22 +287,17 @@ def console() -> int:
     """The ``jdqn`` command (console script and ``python -m jdqn``): :func:`main`, then the
     process's end.
 
-    A command that finished (status 0 or 3) flushes stdout and stderr and ends the process at
-    once (``os._exit``): the interpreter's teardown, JAX's exit handlers and module clean-up
-    would add a sizeable share of a warm walk-forward's time after its last line. So does an
-    interrupted one (130): its run directory is already removed or its --resume command
-    printed, and its files are closed; what is left is
-    at most a compile on a worker thread, which the interpreter's exit would wait for. A Ctrl-C
-    pressed again during that wait, or once Python had restored the default SIGINT action late
-    in its shutdown, killed the process by the signal (exit -2) after "jdqn: interrupted" had
-    been printed (seen in CI). A Ctrl-C that lands while :func:`main` handles the first one ends
-    the same way. Other statuses (errors) take the usual exit."""
+    A finished (0, 3), interrupted (130) or terminated (143) command has closed its files and
+    joined its threads, so it ends at once (``os._exit``): the interpreter's teardown would add
+    a sizeable share of a warm walk-forward's time, or wait for a compile left on a worker
+    thread, during which a second Ctrl-C killed the process by the signal (seen in CI). Other
+    statuses (errors) take the usual exit."""
     try:
         code = main()
     except KeyboardInterrupt:  # a second Ctrl-C inside main's own handler
         print("jdqn: interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
-    if code in _FINISHED or code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+    if code in (0, EXIT_HALTED, EXIT_INTERRUPTED, EXIT_TERMINATED):
         end_process(code)
     return code
 
