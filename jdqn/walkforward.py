@@ -34,8 +34,8 @@ from jdqn import (
     stats,
     termination,
 )
-from jdqn import baselines as baselines_module
 from jdqn import debug as debug_mode
+from jdqn.baselines import extra_baselines, oracle_signal
 from jdqn.checkpoint import (
     ORBAX,
     Checkpointer,
@@ -154,22 +154,17 @@ def run_walkforward(
             log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
             # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
             preload = report.PLOT_MODULES if cfg.output.plots and processes.writer else ()
-            cores = (
-                report.plot_processes(background.usable_cores())
-                if cfg.output.plots and plot_processes
-                else 0
-            )
+            plot_elsewhere = cfg.output.plots and plot_processes
+            cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
                 job = _Job(cfg, data, run, writes, series, processes, debug, progress, log)
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
                     report.write_stitched(run.path, series, cfg.output.plots, writes)
-            summary = (
-                stats.summarise(fold_results, series, seed=cfg.train.seed)
-                if processes.writer
-                else {}
-            )
+            summary: dict[str, Any] = {}
+            if processes.writer:
+                summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
         except debug_mode.DebugCheckFailed as failure:
             # Keep the .incomplete directory: it holds the failure record and the metrics so far.
             log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -362,14 +357,6 @@ def _executable_cache(cfg: Config, debug: bool) -> ExecutableCache:
     return ExecutableCache(cache_root() / "executables" if on else None)
 
 
-def _program_context(cfg: Config, non_causal: tuple[int, ...], debug: bool) -> str:
-    """What a group's programs are built from besides their arguments: every config section but
-    ``output`` (where results go does not change a program), the permuted feature columns and
-    debug mode."""
-    sections = {k: v for k, v in json.loads(cfg.to_json()).items() if k != "output"}
-    return json.dumps([sections, non_causal, debug], sort_keys=True)
-
-
 def _stack(arrays: Sequence[FoldArrays]) -> FoldData:
     """Folds of equal length on a leading axis, on the device."""
     stacked = stack_folds(arrays)
@@ -435,14 +422,9 @@ class GroupPrograms:
         )
 
     def compile_evaluate(self, state_type: Any, evaluation_keys: jax.Array) -> Callable[..., Any]:
-        return self.compile_program(
-            "evaluate_run",
-            self.place.vmap(self.evaluate_run, (0, 0, 0, None)),
-            state_type,
-            self.local_fold,
-            evaluation_keys,
-            self.place.shared(self.test),
-        )
+        evaluate_all = self.place.vmap(self.evaluate_run, (0, 0, 0, None))
+        args = (state_type, self.local_fold, evaluation_keys, self.place.shared(self.test))
+        return self.compile_program("evaluate_run", evaluate_all, *args)
 
 
 def _group_programs(
@@ -471,10 +453,12 @@ def _group_programs(
     local_fold = place.learner_arrays(np.asarray([fold_ids.index(f) for f, _ in run_ids], np.int32))
 
     # The programs take the folds' data as an argument (not a closure), so that a compiled
-    # program depends only on what ``context`` and the arguments' types say (jdqn.executables).
+    # program depends only on what ``context`` and the arguments' types say (jdqn.executables):
+    # every config section but output, the permuted feature columns, debug mode and the mesh
+    # (a stored program runs on the devices it was built for).
     executables = _executable_cache(cfg, debug)
-    # The mesh is part of a program too (a stored one runs on the devices it was built for).
-    context = _program_context(cfg, non_causal, debug)
+    sections = {k: v for k, v in json.loads(cfg.to_json()).items() if k != "output"}
+    context = json.dumps([sections, non_causal, debug], sort_keys=True)
     if len(place.devices) > 1:
         context += f"|devices={len(place.devices)}"
 
@@ -704,12 +688,10 @@ class GroupCheckpoints:
         processes = job.processes
         self.enabled = job.cfg.output.checkpoints
         self._directory = job.run.checkpoint_dir / f"group{programs.index}"
-        self._store: Checkpointer | None = None
-        if self.enabled and processes.count > 1:
+        if processes.count > 1:
             self._directory /= f"process-{processes.index}"
-            self._store = ShareCheckpointer(self._directory)
-        elif self.enabled:
-            self._store = Checkpointer(self._directory)
+        store = ShareCheckpointer if processes.count > 1 else Checkpointer
+        self._store = store(self._directory) if self.enabled else None
         self._place, self._processes = programs.place, processes
         self._indices = processes.share(list(range(len(programs.wave))))  # its runs in the wave
         self._chunks_per_epoch = programs.program.chunks_per_epoch
@@ -832,14 +814,9 @@ def _extra_baselines(
     extras = {}
     for fold in fold_ids:
         window = data.folds[fold]
-        extras[fold] = baselines_module.extra_baselines(
-            cfg,
-            data.train[fold].features,
-            data.train[fold].close,
-            data.test[fold].features,
-            data.test[fold].close,
-            baselines_module.oracle_signal(cfg, window.test_start, window.test_end),
-            bars_per_year=data.bars_per_year,
+        oracle = oracle_signal(cfg, window.test_start, window.test_end)
+        extras[fold] = extra_baselines(  # each window's (features, close): train, then test
+            cfg, *data.train[fold], *data.test[fold], oracle, bars_per_year=data.bars_per_year
         )
     return extras
 
@@ -865,11 +842,8 @@ def _judge_group(
         net = np.asarray(rollouts.net_points[r])
         realised_at = timestamps[1 : len(net) + 1]  # interval t's PnL lands at bar t+1
         if bool(guard.halted[r]):
-            reason = GUARD_REASONS[int(guard.reason[r])]
-            status = (
-                f"halted: {reason} at epoch {max(int(outputs.halted_epoch[r]), 0) + 1} "
-                f"step {int(guard.step[r])}"
-            )
+            reason, epoch = GUARD_REASONS[int(guard.reason[r])], int(outputs.halted_epoch[r])
+            status = f"halted: {reason} at epoch {max(epoch, 0) + 1} step {int(guard.step[r])}"
             agent = None
         else:
             status = "ok"
