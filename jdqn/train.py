@@ -100,9 +100,8 @@ class TrainProgram:
         """Run ``chunk_length`` iterations of ``epoch`` (traced ints); pure, vmappable."""
         cfg = self.cfg
         params = _slice_params(cfg, fold)
-        alpha = jnp.asarray(cfg.loss.alpha_schedule, jnp.float32)[
-            jnp.minimum(epoch, len(cfg.loss.alpha_schedule) - 1)
-        ]
+        alpha_schedule = jnp.asarray(cfg.loss.alpha_schedule, jnp.float32)
+        alpha = alpha_schedule[jnp.minimum(epoch, len(cfg.loss.alpha_schedule) - 1)]
         first_in_epoch = chunk * self.chunk_length
 
         def begin_epoch(state: TrainState) -> TrainState:

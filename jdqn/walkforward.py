@@ -612,11 +612,9 @@ def _train_group(
         halted_epoch = meta["halted_epoch"]
         within = f", chunk {start_chunk} of epoch {start_epoch + 1}" if start_chunk else ""
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}{within}")
-    metrics_log = (
-        MetricsLog(run, cfg, wave, group_index, start_epoch, writes, start_chunk)
-        if processes.writer
-        else None
-    )
+    metrics_log = None  # process 0 logs the whole wave's metrics
+    if processes.writer:
+        metrics_log = MetricsLog(run, cfg, wave, group_index, start_epoch, writes, start_chunk)
     # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
     later_imports = [TENSORBOARD] if cfg.output.tensorboard else []
     later_imports += [ORBAX] if checkpoints.enabled else []
@@ -743,11 +741,9 @@ class GroupCheckpoints:
             return
         # halted_epoch by the wave's run index g, as one process would record it.
         halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}
-        meta: dict[str, Any] = {
-            "epochs_done": epochs_done,
-            "halted_epoch": halted,
-            "param_layout": self._param_layout,
-        }
+        meta: dict[str, Any] = dict(
+            epochs_done=epochs_done, halted_epoch=halted, param_layout=self._param_layout
+        )
         if chunks_done:
             meta["chunks_done"] = chunks_done
         step = epochs_done * self._chunks_per_epoch + chunks_done
