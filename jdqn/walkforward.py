@@ -774,12 +774,10 @@ def _baselines(job: _Job, programs: GroupPrograms, keys: np.ndarray) -> dict[int
     """Each fold's baselines on its test window, seeded by the key of the fold's first run in
     the wave: one program for the group's folds (``evaluate.baseline_rollouts`` vmapped)."""
     cfg, test = job.cfg, programs.test
-    first_run: dict[int, int] = {}
-    for r, (fold, _) in enumerate(programs.wave):
-        first_run.setdefault(fold, r)
-    folds = list(first_run)
+    wave_folds = [fold for fold, _ in programs.wave]
+    folds = list(dict.fromkeys(wave_folds))  # each once, in the order of its first run
     local = np.asarray([programs.fold_ids.index(fold) for fold in folds], np.int32)
-    fold_keys = keys[[first_run[fold] for fold in folds]]
+    fold_keys = keys[[wave_folds.index(fold) for fold in folds]]
 
     def baselines_run(i: jax.Array, key: jax.Array, data: FoldData) -> Any:
         fold = _take(data, i)
