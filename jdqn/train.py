@@ -75,10 +75,6 @@ class TrainProgram:
     n_features: int
     first_training: int  # the first iteration whose insert leaves a batch in the buffer
 
-    @property
-    def total_iterations(self) -> int:
-        return self.iterations_per_epoch * self.cfg.train.epochs
-
     def init(self, key: jax.Array, fold: FoldData) -> TrainState:
         """Fresh learner (empty buffer) and slices at their starts."""
         learner_key, env_key, act_key = jax.random.split(key, 3)
@@ -141,7 +137,8 @@ class TrainProgram:
         cfg = self.cfg
         n_slices = cfg.train.n_slices
         key, explore_key, pick_key, step_key = jax.random.split(state.key, 4)
-        progress = state.iteration.astype(jnp.float32) / max(self.total_iterations, 1)
+        total_iterations = self.iterations_per_epoch * cfg.train.epochs
+        progress = state.iteration.astype(jnp.float32) / max(total_iterations, 1)
 
         decay = jnp.clip(progress / cfg.train.epsilon_decay_fraction, 0.0, 1.0)
         start, end = cfg.train.epsilon_start, cfg.train.epsilon_end
