@@ -643,9 +643,7 @@ def _train_group(
                     error, (state, chunk_metrics) = result if job.debug else (None, result)
                     record = _host((state.learner.step, chunk_metrics), len(run_ids))
                     steps, metrics = processes.gather(record, len(wave))  # [R], [R, L] of the wave
-                    summary = (
-                        {} if metrics_log is None else metrics_log.add(epoch, chunk, steps, metrics)
-                    )
+                    summary = metrics_log.add(epoch, chunk, steps, metrics) if metrics_log else {}
                     if error is not None:  # fetched once per chunk, with the chunk's metrics
                         debug_mode.raise_if_failed(
                             error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
@@ -654,10 +652,8 @@ def _train_group(
                     for r in np.flatnonzero(halted):
                         halted_epoch.setdefault(int(r), epoch)
                     if bar is not None:
-                        bar.set_postfix(
-                            {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary},
-                            refresh=False,
-                        )
+                        epochs = f"{epoch + 1}/{cfg.train.epochs}"
+                        bar.set_postfix({"epoch": epochs, **summary}, refresh=False)
                         bar.update(1)
                     # Every process stops at the chunk where any of them saw a SIGTERM (a
                     # checkpoint gathers from all of them).
