@@ -17,19 +17,13 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from jdqn import console_log
-from jdqn.cli_extras import (
-    add_config_command,
-    add_process_flags,
-    add_version_flag,
-    base_config,
-    config_command,
-    console_flags,
-    resumed_config_text,
-)
-from jdqn.config import PROFILES, Config, apply_overrides
+from jdqn.config import PROFILES, Config, apply_overrides, profile
+from jdqn.config.files import load_config_file
+from jdqn.config.keys import config_keys, format_keys
 from jdqn.instruments import apply_instrument
 
 EXIT_USER_ERROR = 2
@@ -37,6 +31,7 @@ EXIT_HALTED = 3
 EXIT_DEBUG_FAILURE = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM (jdqn.termination: the run stops as for a Ctrl-C)
+DEFAULT_PROFILE = "smoketest"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,10 +41,40 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USER_ERROR, f"jdqn: error: {message}; see `{self.prog} --help`\n")
 
 
+class _VersionAction(argparse.Action):
+    """Prints ``jdqn X.Y.Z (git SHA)`` and exits 0; the commit is read only when asked."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        from jdqn.provenance import version_line
+
+        print(version_line())
+        parser.exit(0)
+
+
 def _build_parser() -> argparse.ArgumentParser:
-    common: Any = console_flags()  # a plain parent parser; add_parser's stub wants a _Parser
+    # -v / -q, accepted before or after the command (``jdqn -q walkforward ...``): a plain parent
+    # parser (add_parser's stub wants a _Parser).
+    common: Any = argparse.ArgumentParser(add_help=False)
+    levels = common.add_mutually_exclusive_group()
+    levels.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,  # a subcommand's default must not reset the top level's
+        help="more console output (debug records)",
+    )
+    levels.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="warnings and errors only, no progress bar",
+    )
     parser = _Parser(prog="jdqn", description=__doc__.splitlines()[0], parents=[common])
-    add_version_flag(parser)
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     wf = commands.add_parser(
@@ -88,9 +113,26 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="local devices that share the learners (default: all of them)",
     )
-    add_process_flags(wf)
+    # One run over several processes (jdqn.processes); under SLURM or Open MPI read from the launch.
+    wf.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="process 0's address, for a run of several processes (with the next two flags)",
+    )
+    wf.add_argument(
+        "--num-processes", type=int, metavar="N", help="processes that share the learners"
+    )
+    wf.add_argument("--process-id", type=int, metavar="I", help="this process's number, 0 to N - 1")
 
-    add_config_command(commands, common)
+    config = commands.add_parser("config", help="configuration tools", parents=[common])
+    config_commands = config.add_subparsers(
+        dest="config_command", required=True, parser_class=_Parser
+    )
+    keys = config_commands.add_parser(
+        "keys", help="list the --set keys: type, value, description", parents=[common]
+    )
+    keys.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
+    keys.add_argument("--instrument", help="show the values with this instrument preset")
     ev = commands.add_parser(
         "evaluate",
         parents=[common],
@@ -161,6 +203,17 @@ def resolve_config(args: argparse.Namespace) -> Config:
     return apply_overrides(base, overrides + list(args.overrides))
 
 
+def base_config(config_path: str | None, profile_name: str | None) -> Config:
+    """What flags and ``--set`` apply to: a saved config, or a profile (default smoketest)."""
+    if config_path is not None:
+        if profile_name is not None:
+            raise ValueError(
+                f"--config {config_path} already holds a whole config; fix: drop --profile"
+            )
+        return load_config_file(config_path)
+    return profile(profile_name or DEFAULT_PROFILE)
+
+
 def _walkforward(args: argparse.Namespace) -> int:
     from jdqn.debug import DebugCheckFailed
     from jdqn.processes import start
@@ -178,8 +231,9 @@ def _walkforward(args: argparse.Namespace) -> int:
         return EXIT_USER_ERROR
     try:
         cfg = None if args.resume else resolve_config(args)
-        if args.print_config:
-            print(cfg.to_json() if cfg is not None else resumed_config_text(args.resume))
+        if args.print_config:  # a resumed run's is its config.json
+            shown = cfg if cfg is not None else load_config_file(Path(args.resume) / "config.json")
+            print(shown.to_json())
             return 0
         log = logging.getLogger(console_log.LOGGER_NAME).info
         # Before any other use of a JAX backend (jax.distributed.initialize).
@@ -195,13 +249,10 @@ def _walkforward(args: argparse.Namespace) -> int:
             devices=args.devices,
             processes=processes,
         )
-    except UserError as error:
-        print(f"jdqn: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
     except DebugCheckFailed as failure:
         print(f"jdqn: {failure} (recorded in {failure.record})", file=sys.stderr)
         return EXIT_DEBUG_FAILURE
-    except ValueError as error:  # config validation: names the field and the fix
+    except (UserError, ValueError) as error:  # ValueError: config validation, field and fix
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
     return EXIT_HALTED if outcome.halted else 0
@@ -251,6 +302,18 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(args: argparse.Namespace) -> int:
+    try:
+        cfg = profile(args.profile)
+        if args.instrument is not None:
+            cfg = apply_instrument(cfg, args.instrument)
+    except ValueError as error:
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    print(format_keys(config_keys(cfg)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     console_log.configure(getattr(args, "verbose", 0), getattr(args, "quiet", False))
@@ -259,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "evaluate": _evaluate,
         "data": _data,
         "bench": _bench,
-        "config": config_command,
+        "config": _config,
     }
     from jdqn.termination import Terminated
 
@@ -273,11 +336,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # the --resume command; no traceback for a Ctrl-C.
         print("jdqn: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-
-
-# Statuses of a command that ran to its end: every file it wrote is closed and every thread it
-# started has been joined, so the process may end without the interpreter's teardown.
-_FINISHED = (0, EXIT_HALTED)
 
 
 def end_process(code: int) -> NoReturn:
@@ -295,22 +353,17 @@ def console() -> int:
     """The ``jdqn`` command (console script and ``python -m jdqn``): :func:`main`, then the
     process's end.
 
-    A command that finished (status 0 or 3) flushes stdout and stderr and ends the process at
-    once (``os._exit``): the interpreter's teardown, JAX's exit handlers and module clean-up
-    would add a sizeable share of a warm walk-forward's time after its last line. So does an
-    interrupted one (130): its run directory is already removed or its --resume command
-    printed, and its files are closed; what is left is
-    at most a compile on a worker thread, which the interpreter's exit would wait for. A Ctrl-C
-    pressed again during that wait, or once Python had restored the default SIGINT action late
-    in its shutdown, killed the process by the signal (exit -2) after "jdqn: interrupted" had
-    been printed (seen in CI). A Ctrl-C that lands while :func:`main` handles the first one ends
-    the same way. Other statuses (errors) take the usual exit."""
+    A finished (0, 3), interrupted (130) or terminated (143) command has closed its files and
+    joined its threads, so it ends at once (``os._exit``): the interpreter's teardown would add
+    a sizeable share of a warm walk-forward's time, or wait for a compile left on a worker
+    thread, during which a second Ctrl-C killed the process by the signal (seen in CI). Other
+    statuses (errors) take the usual exit."""
     try:
         code = main()
     except KeyboardInterrupt:  # a second Ctrl-C inside main's own handler
         print("jdqn: interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED
-    if code in _FINISHED or code in (EXIT_INTERRUPTED, EXIT_TERMINATED):
+    if code in (0, EXIT_HALTED, EXIT_INTERRUPTED, EXIT_TERMINATED):
         end_process(code)
     return code
 

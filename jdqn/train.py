@@ -75,26 +75,19 @@ class TrainProgram:
     n_features: int
     first_training: int  # the first iteration whose insert leaves a batch in the buffer
 
-    @property
-    def total_iterations(self) -> int:
-        return self.iterations_per_epoch * self.cfg.train.epochs
-
     def init(self, key: jax.Array, fold: FoldData) -> TrainState:
         """Fresh learner (empty buffer) and slices at their starts."""
         learner_key, env_key, act_key = jax.random.split(key, 3)
         params = _slice_params(self.cfg, fold)
-        _, env_state = trading_env.reset_slices(env_key, params, self.cfg.train.n_slices)
-        n_step = self.cfg.loss.n_step
+        n_step, n_slices = self.cfg.loss.n_step, self.cfg.train.n_slices
+        _, env_state = trading_env.reset_slices(env_key, params, n_slices)
+        pending = nstep.init_pending(n_step, n_slices, self.n_features) if n_step > 1 else None
         return TrainState(
             learner=self.learner.init(learner_key),
             env=env_state,
             key=act_key,
             iteration=jnp.zeros((), jnp.int32),
-            pending=(
-                nstep.init_pending(n_step, self.cfg.train.n_slices, self.n_features)
-                if n_step > 1
-                else None
-            ),
+            pending=pending,
         )
 
     def run_chunk(
@@ -103,9 +96,8 @@ class TrainProgram:
         """Run ``chunk_length`` iterations of ``epoch`` (traced ints); pure, vmappable."""
         cfg = self.cfg
         params = _slice_params(cfg, fold)
-        alpha = jnp.asarray(cfg.loss.alpha_schedule, jnp.float32)[
-            jnp.minimum(epoch, len(cfg.loss.alpha_schedule) - 1)
-        ]
+        alpha_schedule = jnp.asarray(cfg.loss.alpha_schedule, jnp.float32)
+        alpha = alpha_schedule[jnp.minimum(epoch, len(cfg.loss.alpha_schedule) - 1)]
         first_in_epoch = chunk * self.chunk_length
 
         def begin_epoch(state: TrainState) -> TrainState:
@@ -138,23 +130,19 @@ class TrainProgram:
         return state, unpack_metrics(packed, record)
 
     def _iterate(
-        self,
-        state: TrainState,
-        params: trading_env.EnvParams,
-        alpha: jax.Array,
-        index: jax.Array,
+        self, state: TrainState, params: trading_env.EnvParams, alpha: jax.Array, index: jax.Array
     ) -> tuple[TrainState, IterationMetrics]:
         """One iteration: act on every slice, insert, train. ``index`` is ``state.iteration``
         as an unbatched int (a function of the chunk's loop counters)."""
         cfg = self.cfg
         n_slices = cfg.train.n_slices
         key, explore_key, pick_key, step_key = jax.random.split(state.key, 4)
-        progress = state.iteration.astype(jnp.float32) / max(self.total_iterations, 1)
+        total_iterations = self.iterations_per_epoch * cfg.train.epochs
+        progress = state.iteration.astype(jnp.float32) / max(total_iterations, 1)
 
         decay = jnp.clip(progress / cfg.train.epsilon_decay_fraction, 0.0, 1.0)
-        epsilon = (
-            cfg.train.epsilon_start + (cfg.train.epsilon_end - cfg.train.epsilon_start) * decay
-        )
+        start, end = cfg.train.epsilon_start, cfg.train.epsilon_end
+        epsilon = start + (end - start) * decay
         obs = observation(params.features[state.env.t], state.env.position)  # [S, F+1]
         greedy = jnp.argmax(self.learner.act_q(state.learner, obs), axis=-1)
         random_actions = jax.random.randint(pick_key, (n_slices,), 0, cfg.env.n_actions)
@@ -200,10 +188,8 @@ class TrainProgram:
             # The first insert fills a batch and every iteration trains: no cond at all.
             learner_state, learner_metrics = train(learner_state)
         elif cfg.train.train_every == 1:
-            # Every iteration trains once the buffer holds a batch: only the first few do not.
-            # The step runs at each and is kept where due (a select, as a cond under vmap on
-            # the batched replay size was before), rather than a conditional, which on a GPU
-            # reads its predicate on the host at every iteration for the sake of those few.
+            # All but the first few iterations train: the step runs at each and is kept where
+            # due (a select; a cond on a GPU reads its predicate on the host every iteration).
             trained, trained_metrics = train(learner_state)
             learner_state, learner_metrics = jax.tree.map(
                 lambda new, old: jnp.where(ready, new, old),
@@ -213,13 +199,7 @@ class TrainProgram:
         else:
             # Most iterations skip the learner: a real branch (the predicate is unbatched).
             learner_state, learner_metrics = jax.lax.cond(ready, train, skip, learner_state)
-        new_state = TrainState(
-            learner=learner_state,
-            env=env_state,
-            key=key,
-            iteration=state.iteration + 1,
-            pending=pending,
-        )
+        new_state = TrainState(learner_state, env_state, key, state.iteration + 1, pending)
         return new_state, IterationMetrics(
             learner=learner_metrics,
             trained=ready,
@@ -297,19 +277,13 @@ def first_training_iteration(train: TrainConfig, n_step: int, iterations_per_epo
 
 
 def learner_schedule(
-    index: jax.Array, train: TrainConfig, first: int | None = None
+    index: jax.Array, train: TrainConfig, first: int
 ) -> tuple[jax.Array, jax.Array]:
     """Whether iteration ``index`` (0-based, since the start of training) trains the learner,
-    and how many learner steps ran before it, from the index alone.
-
-    Training starts at ``first`` (default: the one-step trainer's, where every iteration
-    inserts ``n_slices`` transitions, so after iteration ``i``'s insert the buffer holds
-    ``min((i + 1) n_slices, capacity)``; see :func:`first_training_iteration`). From then on
-    every ``train_every``-th iteration trains, ``updates_per_iteration`` learner steps each
-    (docs/design.md §7)."""
+    and how many learner steps ran before it, from the index alone: from iteration ``first``
+    (:func:`first_training_iteration`) every ``train_every``-th one trains,
+    ``updates_per_iteration`` learner steps each (docs/design.md §7)."""
     every = train.train_every
-    if first is None:
-        first = -(-train.batch_size // train.n_slices) - 1  # its insert fills the first batch
 
     def multiples_below(m: Any) -> Any:  # multiples of `every` in [0, m), m >= 0
         return (m + every - 1) // every
@@ -323,13 +297,7 @@ def _iteration_record() -> IterationMetrics:
     """Shapes and dtypes of one iteration's record, known without tracing the step again."""
     scalar: Any = jax.ShapeDtypeStruct((), jnp.float32)
     flag: Any = jax.ShapeDtypeStruct((), jnp.bool_)
-    return IterationMetrics(
-        learner=LEARNER_METRICS_RECORD,
-        trained=flag,
-        active=flag,
-        epsilon=scalar,
-        reward_mean=scalar,
-    )
+    return IterationMetrics(LEARNER_METRICS_RECORD, flag, flag, epsilon=scalar, reward_mean=scalar)
 
 
 def _zeros(record: Any) -> Any:

@@ -34,8 +34,8 @@ from jdqn import (
     stats,
     termination,
 )
-from jdqn import baselines as baselines_module
 from jdqn import debug as debug_mode
+from jdqn.baselines import extra_baselines, oracle_signal
 from jdqn.checkpoint import (
     ORBAX,
     Checkpointer,
@@ -115,17 +115,12 @@ def run_walkforward(
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
-    ``plot_processes``: draw the plots in worker processes where the machine has cores to spare
-    (``report.plot_processes``; the ``jdqn`` command does). They are started with
-    multiprocessing's spawn, which imports the caller's main module again in each: a script
-    that turns this on must keep its top-level code under ``if __name__ == "__main__":``.
-
-    ``devices``: how many local devices share the learners (default: all; ``jdqn.placement``).
-
-    ``processes``: this process's place in a run of several processes (``jdqn.processes``;
-    default: jax's process count and index, so one process unless ``jax.distributed`` was
-    initialised). Process 0 writes the run directory and returns the results; the others
-    return its path, empty results and whether a run halted."""
+    ``plot_processes``: draw the plots in spawned worker processes where cores are spare
+    (``report.plot_processes``): a script that turns this on must keep its top-level code under
+    ``if __name__ == "__main__":``. ``devices``: local devices that share the learners (default
+    all; ``jdqn.placement``). ``processes``: this process's place in a run of several
+    (``jdqn.processes``; default jax's count and index). Process 0 writes the run directory and
+    returns the results; the others return its path, no results and whether a run halted."""
     processes = processes or Processes(jax.process_count(), jax.process_index())
     # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
     with contextlib.ExitStack() as unlocks, termination.sigterm_raises():
@@ -159,22 +154,17 @@ def run_walkforward(
             log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
             # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
             preload = report.PLOT_MODULES if cfg.output.plots and processes.writer else ()
-            cores = (
-                report.plot_processes(background.usable_cores())
-                if cfg.output.plots and plot_processes
-                else 0
-            )
+            plot_elsewhere = cfg.output.plots and plot_processes
+            cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
                 job = _Job(cfg, data, run, writes, series, processes, debug, progress, log)
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
                     report.write_stitched(run.path, series, cfg.output.plots, writes)
-            summary = (
-                stats.summarise(fold_results, series, seed=cfg.train.seed)
-                if processes.writer
-                else {}
-            )
+            summary: dict[str, Any] = {}
+            if processes.writer:
+                summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
         except debug_mode.DebugCheckFailed as failure:
             # Keep the .incomplete directory: it holds the failure record and the metrics so far.
             log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -198,7 +188,7 @@ def run_walkforward(
         if not processes.writer:
             ended = json.loads(processes.broadcast_text(""))  # once process 0 has renamed the run
             return WalkForwardOutcome(Path(ended["run_dir"]), results={}, halted=ended["halted"])
-        return _finish(cfg, data, run, fold_results, summary, made_by, processes, log)
+        return _finish(job, fold_results, summary, made_by)
 
 
 def _open_resumed(
@@ -250,20 +240,14 @@ def _new_run(
 
 
 def _finish(
-    cfg: Config,
-    data: WalkForwardData,
-    run: rundir.RunDir,
-    fold_results: list[dict[str, Any]],
-    summary: dict[str, Any],
-    made_by: dict[str, Any],
-    processes: Processes,
-    log: Callable[[str], None],
+    job: _Job, fold_results: list[dict[str, Any]], summary: dict[str, Any], made_by: dict[str, Any]
 ) -> WalkForwardOutcome:
     """Process 0 writes results.json, renames the run into place and reports it."""
+    cfg, run, log = job.cfg, job.run, job.log
     results = {
         "config": json.loads(cfg.to_json()),  # lists, as in results.json
-        "source": data.source,
-        "bars_per_year": data.bars_per_year,
+        "source": job.data.source,
+        "bars_per_year": job.data.bars_per_year,
         "folds": fold_results,
         "summary": summary,
         "jax_version": jax.__version__,
@@ -277,7 +261,7 @@ def _finish(
         faults.raise_as_user_error(error, run.path if cfg.output.checkpoints else None)
         raise
     halted = [r for r in fold_results if r["status"] != "ok"]
-    processes.broadcast_text(json.dumps({"run_dir": str(final), "halted": bool(halted)}))
+    job.processes.broadcast_text(json.dumps({"run_dir": str(final), "halted": bool(halted)}))
     log(report.summary_table(fold_results))
     log(report.summary_text(summary))
     plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
@@ -311,25 +295,19 @@ class _Job:
 
 
 def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
-    """Every group's result rows (process 0's; the others train their share and return none)."""
-    cfg, data = job.cfg, job.data
-    non_causal = tuple(data.feature_groups.get(cfg.loss.non_causal_group, ()))
+    """Every group's result rows (process 0's; the others train their share and return none).
+    A group whose learners do not fit at once runs in waves, each a group of its own."""
     rows: list[dict[str, Any]] = []
-    # A group whose learners do not fit at once runs in waves, each a group of its own.
-    for group_index, (fold_ids, runs) in enumerate(layout.groups(_fold_groups(cfg, data))):
-        rows += _run_group(job, fold_ids, runs, layout.devices, group_index, non_causal)
+    for index, (fold_ids, wave) in enumerate(layout.groups(_fold_groups(job.cfg, job.data))):
+        rows += _run_group(job, _group_programs(job, index, fold_ids, wave, layout.devices))
     return rows
 
 
 def _fold_groups(cfg: Config, data: WalkForwardData) -> list[list[int]]:
     """Folds trained together: all of them (rolling windows, one vmapped program) or one at a
     time (expanding windows differ in length)."""
-    n_folds = len(data.folds)
-    return (
-        [list(range(n_folds))]
-        if cfg.walkforward.mode == "rolling"
-        else [[k] for k in range(n_folds)]
-    )
+    folds = range(len(data.folds))
+    return [list(folds)] if cfg.walkforward.mode == "rolling" else [[k] for k in folds]
 
 
 def _layout(
@@ -342,15 +320,10 @@ def _layout(
 ) -> placement.RunLayout:
     """Devices and waves of the run (a resumed run keeps the waves it started with); every
     process runs the smallest waves any of them can hold, so that their shares stay in step."""
+    groups = _fold_groups(cfg, data)
     with _as_user_error(placement.PlacementError):
         layout = placement.run_layout(
-            cfg,
-            data,
-            _fold_groups(cfg, data),
-            devices,
-            debug=debug,
-            resumed=run,
-            processes=processes.count,
+            cfg, data, groups, devices, debug=debug, resumed=run, processes=processes.count
         )
     return dataclasses.replace(layout, wave_sizes=tuple(processes.smallest(layout.wave_sizes)))
 
@@ -384,14 +357,6 @@ def _executable_cache(cfg: Config, debug: bool) -> ExecutableCache:
     return ExecutableCache(cache_root() / "executables" if on else None)
 
 
-def _program_context(cfg: Config, non_causal: tuple[int, ...], debug: bool) -> str:
-    """What a group's programs are built from besides their arguments: every config section but
-    ``output`` (where results go does not change a program), the permuted feature columns and
-    debug mode."""
-    sections = {k: v for k, v in json.loads(cfg.to_json()).items() if k != "output"}
-    return json.dumps([sections, non_causal, debug], sort_keys=True)
-
-
 def _stack(arrays: Sequence[FoldArrays]) -> FoldData:
     """Folds of equal length on a leading axis, on the device."""
     stacked = stack_folds(arrays)
@@ -416,9 +381,13 @@ class RunOutputs(NamedTuple):
 
 @dataclass(frozen=True)
 class GroupPrograms:
-    """A group's placement, fold data and programs: the vmapped init, chunk and evaluation of
-    its runs, compiled on demand (each over the placement's devices, ``jdqn.placement``)."""
+    """A group's runs, placement, fold data and programs: the vmapped init, chunk and evaluation
+    of its runs, compiled on demand (each over the placement's devices, ``jdqn.placement``)."""
 
+    index: int  # the group's number (checkpoints/group<index>)
+    fold_ids: list[int]
+    wave: list[tuple[int, int]]  # its (fold, seed) runs, over every process
+    run_ids: list[tuple[int, int]]  # this process's share of them (jdqn.processes)
     place: placement.Placement
     train: FoldData  # [G, ...] the group's train windows, on every device
     test: FoldData  # [G, ...] its test windows
@@ -446,37 +415,30 @@ class GroupPrograms:
             if self.stored_init is not None
             else jax.eval_shape(self.init_all, *self.init_types)
         )
+        chunk_all = self.place.vmap(self.run_chunk, (0, 0, None, None, None), donate_argnums=0)
+        zero = jnp.int32(0)
         return self.compile_program(
-            "run_chunk",
-            self.place.vmap(self.run_chunk, (0, 0, None, None, None), donate_argnums=0),
-            state_type,
-            self.local_fold,
-            jnp.int32(0),
-            jnp.int32(0),
-            self.train,
+            "run_chunk", chunk_all, state_type, self.local_fold, zero, zero, self.train
         )
 
     def compile_evaluate(self, state_type: Any, evaluation_keys: jax.Array) -> Callable[..., Any]:
-        return self.compile_program(
-            "evaluate_run",
-            self.place.vmap(self.evaluate_run, (0, 0, 0, None)),
-            state_type,
-            self.local_fold,
-            evaluation_keys,
-            self.place.shared(self.test),
-        )
+        evaluate_all = self.place.vmap(self.evaluate_run, (0, 0, 0, None))
+        args = (state_type, self.local_fold, evaluation_keys, self.place.shared(self.test))
+        return self.compile_program("evaluate_run", evaluate_all, *args)
 
 
 def _group_programs(
-    cfg: Config,
-    data: WalkForwardData,
+    job: _Job,
+    index: int,
     fold_ids: list[int],
-    run_ids: list[tuple[int, int]],
+    wave: list[tuple[int, int]],
     devices: tuple[Any, ...],
-    non_causal: tuple[int, ...],
-    debug: bool,
 ) -> GroupPrograms:
-    """The placement, data and programs of the runs ``run_ids`` of folds ``fold_ids``."""
+    """The placement, data and programs of this process's share of the runs ``wave`` of folds
+    ``fold_ids``."""
+    cfg, data, debug = job.cfg, job.data, job.debug
+    non_causal = tuple(data.feature_groups.get(cfg.loss.non_causal_group, ()))
+    run_ids = job.processes.share(wave)
     place = placement.Placement(devices[: len(run_ids)], len(run_ids))  # no idle device
     train = place.shared(_stack([data.train[k] for k in fold_ids]))
     program = make_train(
@@ -491,10 +453,12 @@ def _group_programs(
     local_fold = place.learner_arrays(np.asarray([fold_ids.index(f) for f, _ in run_ids], np.int32))
 
     # The programs take the folds' data as an argument (not a closure), so that a compiled
-    # program depends only on what ``context`` and the arguments' types say (jdqn.executables).
+    # program depends only on what ``context`` and the arguments' types say (jdqn.executables):
+    # every config section but output, the permuted feature columns, debug mode and the mesh
+    # (a stored program runs on the devices it was built for).
     executables = _executable_cache(cfg, debug)
-    # The mesh is part of a program too (a stored one runs on the devices it was built for).
-    context = _program_context(cfg, non_causal, debug)
+    sections = {k: v for k, v in json.loads(cfg.to_json()).items() if k != "output"}
+    context = json.dumps([sections, non_causal, debug], sort_keys=True)
     if len(place.devices) > 1:
         context += f"|devices={len(place.devices)}"
 
@@ -513,6 +477,10 @@ def _group_programs(
     )
     init_types = (key_type.training, local_fold, train)
     return GroupPrograms(
+        index=index,
+        fold_ids=fold_ids,
+        wave=wave,
+        run_ids=run_ids,
         place=place,
         train=train,
         test=_stack([data.test[k] for k in fold_ids]),
@@ -531,47 +499,30 @@ def _group_programs(
 
 def _folds_and_seeds(run_ids: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     """Each run's fold and seed index, [R] int32 each (the arguments of :func:`run_keys`)."""
-    return (
-        np.asarray([f for f, _ in run_ids], np.int32),
-        np.asarray([s for _, s in run_ids], np.int32),
-    )
+    folds, seeds = np.asarray(run_ids, np.int32).T
+    return folds, seeds
 
 
-def _run_group(
-    job: _Job,
-    fold_ids: list[int],
-    wave: list[tuple[int, int]],
-    devices: tuple[Any, ...],
-    group_index: int,
-    non_causal: tuple[int, ...],
-) -> list[dict[str, Any]]:
-    """Train this process's share of the (fold, seed) runs ``wave`` of folds ``fold_ids`` as one
-    vmapped program, sharded over ``devices`` (``jdqn.placement``), and evaluate them; process 0
-    judges the whole wave (``jdqn.processes``) and returns its result rows, the others none."""
-    cfg, data, processes = job.cfg, job.data, job.processes
-    run_ids = processes.share(wave)
-    programs = _group_programs(cfg, data, fold_ids, run_ids, devices, non_causal, job.debug)
+def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
+    """Train this process's share of a group's runs as one vmapped program, sharded over its
+    placement's devices, and evaluate them; process 0 judges the whole wave
+    (``jdqn.processes``) and returns its result rows, the others none."""
+    cfg, processes, wave = job.cfg, job.processes, programs.wave
     with background.Overlap() as overlap:
         # The training program compiles on a worker thread meanwhile (docs/design.md §13).
         compiling_chunk = overlap.submit(programs.compile_chunk)
-        keys = programs.place.learner_arrays(run_keys(cfg.train.seed, *_folds_and_seeds(run_ids)))
-        baselines = (
-            _submit_baselines(overlap, cfg, data, programs, fold_ids, wave)
-            if processes.writer
-            else None
+        keys = programs.place.learner_arrays(
+            run_keys(cfg.train.seed, *_folds_and_seeds(programs.run_ids))
         )
+        baselines = _submit_baselines(overlap, job, programs) if processes.writer else None
         state = programs.init(keys.training)
         # For the state's type, not its buffers: the first chunk donates them while the
         # evaluation program may still be compiling.
         compiling_evaluate = overlap.submit(
             programs.compile_evaluate, _abstract(state), keys.evaluation
         )
-        state, halted_epoch = _train_group(
-            job, programs, state, compiling_chunk.result(), group_index, fold_ids, wave
-        )
-        outputs = _evaluate_group(
-            programs, compiling_evaluate.result(), state, keys, halted_epoch, len(run_ids)
-        )
+        state, halted_epoch = _train_group(job, programs, state, compiling_chunk.result())
+        outputs = _evaluate_group(programs, compiling_evaluate.result(), state, keys, halted_epoch)
         by_fold = None if baselines is None else baselines()
     outputs = processes.gather(outputs, len(wave))
     if by_fold is None:  # not process 0, which judges the whole wave
@@ -580,7 +531,7 @@ def _run_group(
     policy_bundle.save_run_policies(
         job.run.path,
         cfg,
-        data,
+        job.data,
         programs.program.learner.layout,
         outputs.network,
         wave,
@@ -591,27 +542,13 @@ def _run_group(
 
 
 def _submit_baselines(
-    overlap: Any,
-    cfg: Config,
-    data: WalkForwardData,
-    programs: GroupPrograms,
-    fold_ids: list[int],
-    wave: list[tuple[int, int]],
+    overlap: Any, job: _Job, programs: GroupPrograms
 ) -> Callable[[], dict[int, dict[str, Any]]]:
     """Start each fold's baselines on ``overlap``'s threads (seeded by the keys of the whole
     wave's runs, as in one process); returns the function that waits for them."""
-    keys = run_keys(cfg.train.seed, *_folds_and_seeds(wave))
-    baselines = overlap.submit(
-        _baselines,
-        cfg,
-        programs.compile_program,
-        programs.test,
-        fold_ids,
-        wave,
-        np.asarray(keys.baselines),
-        data.bars_per_year,
-    )
-    extras = overlap.submit(_extra_baselines, cfg, data, fold_ids)
+    keys = run_keys(job.cfg.train.seed, *_folds_and_seeds(programs.wave))
+    baselines = overlap.submit(_baselines, job, programs, np.asarray(keys.baselines))
+    extras = overlap.submit(_extra_baselines, job.cfg, job.data, programs.fold_ids)
 
     def by_fold() -> dict[int, dict[str, Any]]:
         return {fold: rows | extras.result()[fold] for fold, rows in baselines.result().items()}
@@ -625,10 +562,10 @@ def _evaluate_group(
     state: TrainState,
     keys: RunKeys,
     halted_epoch: dict[int, int],
-    learners: int,
 ) -> RunOutputs:
     """The trained runs' greedy test-window pass and what judging reads of their state, on the
     host, without the padding."""
+    learners = len(programs.run_ids)
     rollouts = evaluate_all(
         state, programs.local_fold, keys.evaluation, programs.place.shared(programs.test)
     )
@@ -637,14 +574,8 @@ def _evaluate_group(
     rollouts, guard, steps, iterations, network = _host(
         (rollouts, learner.guard, learner.step, state.iteration, network), learners
     )
-    return RunOutputs(
-        rollouts=rollouts,
-        guard=guard,
-        learner_steps=steps,
-        iterations=iterations,
-        halted_epoch=np.asarray([halted_epoch.get(r, -1) for r in range(learners)], np.int32),
-        network=network,
-    )
+    halted = np.asarray([halted_epoch.get(r, -1) for r in range(learners)], np.int32)
+    return RunOutputs(rollouts, guard, steps, iterations, halted, network)
 
 
 def _host(tree: Any, learners: int) -> Any:
@@ -663,21 +594,15 @@ def _abstract(tree: Any) -> Any:
 
 
 def _train_group(
-    job: _Job,
-    programs: GroupPrograms,
-    state: TrainState,
-    chunk_all: Callable[..., Any],
-    group_index: int,
-    fold_ids: list[int],
-    wave: list[tuple[int, int]],
+    job: _Job, programs: GroupPrograms, state: TrainState, chunk_all: Callable[..., Any]
 ) -> tuple[TrainState, dict[int, int]]:
     """Every epoch of this process's share of a group, from its initial (or last checkpointed)
     state; returns the trained state and the epoch in which each halted run halted (by this
     process's run index). Process 0 logs the metrics of the whole wave."""
     cfg, run, writes, processes, log = job.cfg, job.run, job.writes, job.processes, job.log
     program, local_fold, train = programs.program, programs.local_fold, programs.train
-    run_ids = processes.share(wave)
-    checkpoints = GroupCheckpoints(cfg, run, group_index, programs, processes, len(wave))
+    group_index, run_ids, wave = programs.index, programs.run_ids, programs.wave
+    checkpoints = GroupCheckpoints(job, programs)
     start_epoch, start_chunk, halted_epoch = 0, 0, {}
     resumed = checkpoints.resume(state, log)
     if resumed is not None:
@@ -687,23 +612,21 @@ def _train_group(
         halted_epoch = meta["halted_epoch"]
         within = f", chunk {start_chunk} of epoch {start_epoch + 1}" if start_chunk else ""
         log(f"jdqn: resumed group {group_index} after epoch {start_epoch}{within}")
-    metrics_log = (
-        MetricsLog(run, cfg, wave, group_index, start_epoch, writes, start_chunk)
-        if processes.writer
-        else None
-    )
+    metrics_log = None  # process 0 logs the whole wave's metrics
+    if processes.writer:
+        metrics_log = MetricsLog(run, cfg, wave, group_index, start_epoch, writes, start_chunk)
     # Imported at their first use, not before training (jdqn.checkpoint, jdqn.metrics_log).
     later_imports = [TENSORBOARD] if cfg.output.tensorboard else []
     later_imports += [ORBAX] if checkpoints.enabled else []
 
     total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch - start_chunk
-    bar = _progress_bar(
-        total,
-        job.progress,
-        f"folds {fold_ids} x {cfg.train.seeds} seed(s)",
+    bar: Any = None
+    if job.progress and total > 0:
+        from tqdm.auto import tqdm
+
+        label = f"folds {programs.fold_ids} x {cfg.train.seeds} seed(s)"
         # Counted in iterations, so the rate reads lock-step iterations/s (x slices x runs).
-        iterations_per_chunk=program.chunk_length,
-    )
+        bar = tqdm(total=total, desc=label, unit="it", unit_scale=program.chunk_length, leave=False)
     completed = False
     try:
         # A SIGTERM lets the chunk on the device end; its state is checkpointed, then the run
@@ -720,9 +643,7 @@ def _train_group(
                     error, (state, chunk_metrics) = result if job.debug else (None, result)
                     record = _host((state.learner.step, chunk_metrics), len(run_ids))
                     steps, metrics = processes.gather(record, len(wave))  # [R], [R, L] of the wave
-                    summary = (
-                        {} if metrics_log is None else metrics_log.add(epoch, chunk, steps, metrics)
-                    )
+                    summary = metrics_log.add(epoch, chunk, steps, metrics) if metrics_log else {}
                     if error is not None:  # fetched once per chunk, with the chunk's metrics
                         debug_mode.raise_if_failed(
                             error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
@@ -731,10 +652,8 @@ def _train_group(
                     for r in np.flatnonzero(halted):
                         halted_epoch.setdefault(int(r), epoch)
                     if bar is not None:
-                        bar.set_postfix(
-                            {"epoch": f"{epoch + 1}/{cfg.train.epochs}", **summary},
-                            refresh=False,
-                        )
+                        epochs = f"{epoch + 1}/{cfg.train.epochs}"
+                        bar.set_postfix({"epoch": epochs, **summary}, refresh=False)
                         bar.update(1)
                     # Every process stops at the chunk where any of them saw a SIGTERM (a
                     # checkpoint gathers from all of them).
@@ -759,25 +678,16 @@ class GroupCheckpoints:
     """A group's checkpoints: orbax in ``checkpoints/group<g>/``, or each process's own share in
     ``process-<i>/`` below it (:class:`ShareCheckpointer`; docs/design.md §11)."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        run: rundir.RunDir,
-        group_index: int,
-        programs: GroupPrograms,
-        processes: Processes,
-        learners: int,
-    ) -> None:
-        self.enabled = cfg.output.checkpoints
-        self._directory = run.checkpoint_dir / f"group{group_index}"
-        self._store: Checkpointer | None = None
-        if self.enabled and processes.count > 1:
+    def __init__(self, job: _Job, programs: GroupPrograms) -> None:
+        processes = job.processes
+        self.enabled = job.cfg.output.checkpoints
+        self._directory = job.run.checkpoint_dir / f"group{programs.index}"
+        if processes.count > 1:
             self._directory /= f"process-{processes.index}"
-            self._store = ShareCheckpointer(self._directory)
-        elif self.enabled:
-            self._store = Checkpointer(self._directory)
+        store = ShareCheckpointer if processes.count > 1 else Checkpointer
+        self._store = store(self._directory) if self.enabled else None
         self._place, self._processes = programs.place, processes
-        self._indices = processes.share(list(range(learners)))  # this process's runs in the wave
+        self._indices = processes.share(list(range(len(programs.wave))))  # its runs in the wave
         self._chunks_per_epoch = programs.program.chunks_per_epoch
         self._param_layout = programs.program.learner.layout.record()  # saved with each one
 
@@ -827,11 +737,9 @@ class GroupCheckpoints:
             return
         # halted_epoch by the wave's run index g, as one process would record it.
         halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}
-        meta: dict[str, Any] = {
-            "epochs_done": epochs_done,
-            "halted_epoch": halted,
-            "param_layout": self._param_layout,
-        }
+        meta: dict[str, Any] = dict(
+            epochs_done=epochs_done, halted_epoch=halted, param_layout=self._param_layout
+        )
         if chunks_done:
             meta["chunks_done"] = chunks_done
         step = epochs_done * self._chunks_per_epoch + chunks_done
@@ -858,30 +766,21 @@ def check_param_layout(meta: dict[str, Any], expected: list[list[Any]], director
         )
 
 
-def _baselines(
-    cfg: Config,
-    compile_program: Callable[..., Any],
-    test: FoldData,
-    fold_ids: list[int],
-    run_ids: list[tuple[int, int]],
-    keys: np.ndarray,
-    bars_per_year: float,
-) -> dict[int, dict[str, Any]]:
-    """Each fold's baselines on its test window, seeded by the key of the fold's first run: one
-    program for the group's folds (``evaluate.baseline_rollouts`` vmapped)."""
-    first_run: dict[int, int] = {}
-    for r, (fold, _) in enumerate(run_ids):
-        first_run.setdefault(fold, r)
-    folds = list(first_run)
-    local = np.asarray([fold_ids.index(fold) for fold in folds], np.int32)
-    fold_keys = np.asarray(keys)[[first_run[fold] for fold in folds]]
+def _baselines(job: _Job, programs: GroupPrograms, keys: np.ndarray) -> dict[int, dict[str, Any]]:
+    """Each fold's baselines on its test window, seeded by the key of the fold's first run in
+    the wave: one program for the group's folds (``evaluate.baseline_rollouts`` vmapped)."""
+    cfg, test = job.cfg, programs.test
+    wave_folds = [fold for fold, _ in programs.wave]
+    folds = list(dict.fromkeys(wave_folds))  # each once, in the order of its first run
+    local = np.asarray([programs.fold_ids.index(fold) for fold in folds], np.int32)
+    fold_keys = keys[[wave_folds.index(fold) for fold in folds]]
 
     def baselines_run(i: jax.Array, key: jax.Array, data: FoldData) -> Any:
         fold = _take(data, i)
         params = make_params(fold.features, fold.close, cfg.env)
         return baseline_rollouts(params, key, cfg.env)
 
-    program = compile_program(
+    program = programs.compile_program(
         "baselines_run", jax.jit(jax.vmap(baselines_run, (0, 0, None))), local, fold_keys, test
     )
     records = jax.device_get(program(local, fold_keys, test))
@@ -891,7 +790,7 @@ def _baselines(
             jax.tree.map(lambda x, j=j: x[j], records),
             n_steps,
             point_value_usd=cfg.env.point_value_usd,
-            bars_per_year=bars_per_year,
+            bars_per_year=job.data.bars_per_year,
         )
         for j, fold in enumerate(folds)
     }
@@ -905,14 +804,9 @@ def _extra_baselines(
     extras = {}
     for fold in fold_ids:
         window = data.folds[fold]
-        extras[fold] = baselines_module.extra_baselines(
-            cfg,
-            data.train[fold].features,
-            data.train[fold].close,
-            data.test[fold].features,
-            data.test[fold].close,
-            baselines_module.oracle_signal(cfg, window.test_start, window.test_end),
-            bars_per_year=data.bars_per_year,
+        oracle = oracle_signal(cfg, window.test_start, window.test_end)
+        extras[fold] = extra_baselines(  # each window's (features, close): train, then test
+            cfg, *data.train[fold], *data.test[fold], oracle, bars_per_year=data.bars_per_year
         )
     return extras
 
@@ -938,11 +832,8 @@ def _judge_group(
         net = np.asarray(rollouts.net_points[r])
         realised_at = timestamps[1 : len(net) + 1]  # interval t's PnL lands at bar t+1
         if bool(guard.halted[r]):
-            reason = GUARD_REASONS[int(guard.reason[r])]
-            status = (
-                f"halted: {reason} at epoch {max(int(outputs.halted_epoch[r]), 0) + 1} "
-                f"step {int(guard.step[r])}"
-            )
+            reason, epoch = GUARD_REASONS[int(guard.reason[r])], int(outputs.halted_epoch[r])
+            status = f"halted: {reason} at epoch {max(epoch, 0) + 1} step {int(guard.step[r])}"
             agent = None
         else:
             status = "ok"
@@ -999,11 +890,3 @@ def _judge_group(
             }
         )
     return rows
-
-
-def _progress_bar(total: int, enabled: bool, label: str, iterations_per_chunk: int) -> Any:
-    if not enabled or total == 0:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=label, unit="it", unit_scale=iterations_per_chunk, leave=False)

@@ -10,7 +10,7 @@ import pytest
 from tiny_learner import N_FEATURES, TINY
 
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.train import FoldData, learner_schedule, make_train
+from jdqn.train import FoldData, first_training_iteration, learner_schedule, make_train
 
 
 def _two_vmapped_runs(cfg):
@@ -120,7 +120,9 @@ def test_the_learner_schedule_from_the_index_is_the_buffers():
             want_ready.append(ready)
             want_steps.append(steps)
             steps += updates * ready
-        ready, steps_before = learner_schedule(index, cfg.train)
+        # The one-step trainer's first training iteration: every iteration inserts n_slices.
+        first = first_training_iteration(cfg.train, 1, int(index.shape[0]))
+        ready, steps_before = learner_schedule(index, cfg.train, first)
         case = (n_slices, batch, capacity, every, updates)
         np.testing.assert_array_equal(np.asarray(ready), want_ready, err_msg=str(case))
         np.testing.assert_array_equal(np.asarray(steps_before), want_steps, err_msg=str(case))
