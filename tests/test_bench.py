@@ -103,7 +103,7 @@ def test_torch_peer_computes_the_same_losses_and_gradients_as_the_jax_step() -> 
         reason="torch is not a jdqn dependency; the peer "
         "is checked where it is installed (the GPU machine)",
     )
-    cfg = SMOKETEST
+    cfg = suite.BENCH_CONFIG  # the step the peer implements (the seed's "best" donors)
     learner, state = breakdown.filled_learner(cfg)
     _, metrics = jax.jit(learner.step)(
         state, jnp.float32(breakdown.ALPHA), jnp.float32(breakdown.BETA)

@@ -14,7 +14,7 @@ priority update (clear + scatter-max), and a guard that keeps the previous param
 moments when anything is non-finite. No host synchronisation inside a step, so the same code is
 CUDA-graph capturable. Not included: metrics beyond the loss parts and gradient norms, ensemble
 heads (K = 1 only), pruning schedule (masks stay all ones at the smoketest profile), bootstrap
-masks.
+masks, the guard's support checks (``q_edge``, ``edge_mass``: a few reductions), n-step returns.
 
 torch is not a jdqn dependency: this module imports it lazily and :func:`available` says whether
 it can run.
@@ -390,7 +390,9 @@ def peer_from_state(cfg: Config, non_causal: tuple[int, ...], state: Any, device
     import jax
 
     host = jax.device_get(state)
-    replay = {k: np.asarray(v) for k, v in host.replay.transitions._asdict().items()}
+    replay = {
+        k: np.asarray(v) for k, v in host.replay.transitions._asdict().items() if v is not None
+    }
     replay["priorities"] = np.asarray(host.replay.priorities)
     replay["max_priority"] = np.asarray(host.replay.max_priority)
     as_np = lambda tree: jax.tree.map(np.asarray, tree)
