@@ -218,16 +218,9 @@ def adam_select_reference(
         jnp.where(ok, new, kept)
         for new, kept in ((new_params, old.params), (new_mu, old.mu), (new_nu, old.nu))
     )
-    return AdamSelect(
-        params=params,
-        target=jnp.where(ok, new_target, old.target),
-        mu=mu,
-        nu=nu,
-        total_finite=total_finite,
-        params_sq_norm=sq,
-        applied=ok,
-        bounds=TailBounds(*(jnp.max(jnp.abs(x)) for x in (params, mu, nu))),
-    )
+    target = jnp.where(ok, new_target, old.target)
+    bounds = TailBounds(*(jnp.max(jnp.abs(x)) for x in (params, mu, nu)))
+    return AdamSelect(params, target, mu, nu, total_finite, sq, ok, bounds)
 
 
 def _block_load(ref, start, index, n):
@@ -237,10 +230,7 @@ def _block_load(ref, start, index, n):
 def _segment_blocks(sizes: tuple[int, ...]) -> tuple[int, ...]:
     """The first block of each segment and, last, the number of blocks (no block spans two
     segments)."""
-    firsts = [0]
-    for n in sizes:
-        firsts.append(firsts[-1] + pl.cdiv(n, BLOCK))
-    return tuple(firsts)
+    return tuple(itertools.accumulate((pl.cdiv(n, BLOCK) for n in sizes), initial=0))
 
 
 def _per_segment(block, sizes: tuple[int, ...], body) -> None:
@@ -424,15 +414,6 @@ def _adam_write_kernel(*refs, segments: int, written: tuple[bool, ...], **static
     _per_segment(block, static["sizes"], segment)
 
 
-def _check_offsets(learners: int, parts: int, n: int) -> None:
-    if parts < 2:
-        raise ValueError(f"flat_tail: want at least 2 loss parts (MSE and C51), got {parts}")
-    if learners * parts * n + BLOCK >= 2**31:
-        raise ValueError(
-            f"flat_tail: {learners} learners x {parts} x {n} exceed the kernels' int32 offsets"
-        )
-
-
 def _params() -> plgpu.CompilerParams:
     return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
 
@@ -444,7 +425,13 @@ def _segments(grads: Segments) -> tuple[int, int, tuple[int, ...]]:
         shapes = [g.shape for g in grads]
         raise ValueError(f"flat_tail: segments must be [L, parts, n_k] alike, got {shapes}")
     sizes = tuple(int(g.shape[2]) for g in grads)
-    _check_offsets(learners, parts, sum(sizes))
+    if parts < 2:
+        raise ValueError(f"flat_tail: want at least 2 loss parts (MSE and C51), got {parts}")
+    if learners * parts * sum(sizes) + BLOCK >= 2**31:
+        raise ValueError(
+            f"flat_tail: {learners} learners x {parts} x {sum(sizes)} exceed the kernels' int32"
+            " offsets"
+        )
     return learners, parts, sizes
 
 
@@ -574,10 +561,7 @@ def adam_select_pallas(
         shaped = tuple(x.reshape(learners, -1) for x in taken)
         new[name] = shaped if isinstance(present[name], tuple) else shaped[0]
     return AdamSelect(
-        params=new["params"],
-        target=new["target"],
-        mu=new["mu"],
-        nu=new["nu"],
+        **new,
         total_finite=total_finite,
         params_sq_norm=jnp.sum(stats[..., 0], axis=1),  # as the sums launch sums it
         applied=ok,
@@ -661,12 +645,8 @@ def adam_select(
             (jnp.concatenate(segments, axis=-1), weights, flat_old, scalars),
         )
         out = adam_select_reference(g, w, vectors, values, hyper)
-        return out._replace(
-            params=_like(out.params, old.params),
-            target=_like(out.target, old.target),
-            mu=_like(out.mu, old.mu),
-            nu=_like(out.nu, old.nu),
-        )
+        names = ("params", "target", "mu", "nu")
+        return out._replace(**{x: _like(getattr(out, x), getattr(old, x)) for x in names})
     if bounds is None or row_max is None:
         bounds, row_max = unknown_bounds(), jnp.full(jnp.shape(weights), jnp.nan, jnp.float32)
     args = _one((segments, weights, old, scalars, bounds, row_max))
