@@ -51,13 +51,7 @@ class EnvState:
 # vmap axes of sliced params: only the window bounds differ, the data are shared (not copied).
 # The fields hold vmap axes, not arrays, hence the cast.
 SLICE_AXES: EnvParams = cast(Any, EnvParams)(
-    features=None,
-    close=None,
-    positions=None,
-    cost_points=None,
-    reward_scale=None,
-    start=0,
-    end=0,
+    features=None, close=None, positions=None, cost_points=None, reward_scale=None, start=0, end=0
 )
 
 

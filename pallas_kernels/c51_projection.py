@@ -53,11 +53,9 @@ IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat",
 # many padded atoms, and the Triton warp count.
 DEFAULT_BLOCK_ELEMENTS = 512
 DEFAULT_NUM_WARPS = 2
-
-# The window of a target starts this far (in atom units) before x_i: float32 positions carry
-# ~1e-5 of rounding, so no source with a positive hat weight can fall before it.
+# A target's window starts this far (atom units) before x_i: float32 positions carry ~1e-5 of
+# rounding, so no source with a positive hat weight falls before it.
 _SLACK = 0.01
-
 # Window steps unrolled in the kernel: rows with |g| > 2.02 / UNROLLED (0.674) need no loop.
 UNROLLED = 3
 
@@ -150,9 +148,8 @@ def _c51_kernel(
     reward = reward.astype(jnp.float32)[None, :]  # [1, R]
     discount = discount_row[None, :]  # [1, R]
 
-    # Unclipped source positions in atom units, u = c + g*j with c = (r - (1-g)*v_min)/dz.
-    # Sources are taken in the order in which u rises: q = j for g >= 0, q = N-1-j for g < 0,
-    # so u(q) = base + s*q with s = |g|, nondecreasing in q however it is rounded.
+    # Unclipped positions in atom units in the order q (module docstring): u(q) = base + s*q,
+    # nondecreasing in q however it is rounded.
     ascending = discount >= 0.0  # [1, R]
     start = (reward - (1.0 - discount) * v_min) / dz  # [1, R]
     base = jnp.where(ascending, start, start + discount * top)  # [1, R]
@@ -166,10 +163,8 @@ def _c51_kernel(
     turn = jnp.where(ascending, 1.0, -1.0)  # [1, R]
     q = flip + turn * target  # [P, R], q of the source in column j
 
-    # Clipped sources: the first n_low (u <= 0) and those from q_high on (u >= N-1) in q order;
-    # the windows take only the q between, so no source is counted twice (one the counts round
-    # to the other side at u ~ 0 weighs the same there within rounding). A terminal row counts
-    # all its sources as "low" and puts them at clip(base) instead of at atom 0.
+    # Clipped sources: the first n_low (u <= 0) and those from q_high on (u >= N-1) in q order.
+    # A terminal row counts all its sources as "low" and puts them at clip(base), not atom 0.
     n_low = jnp.clip(jnp.floor(-base * inv_slope) + 1.0, 0.0, n_atoms)  # [1, R]
     q_high = jnp.clip(jnp.ceil((top - base) * inv_slope), n_low, n_atoms)  # [1, R]
     n_low = jnp.where(moving, n_low, n_atoms)
@@ -208,8 +203,7 @@ def _c51_kernel(
         p = plgpu.load(flat_probs_ref.at[offset + direction * step], mask=step_f < last, other=0.0)
         return total + p * jnp.maximum(0.0, 1.0 - jnp.abs(distance + slope * step_f))
 
-    # The first UNROLLED steps are unrolled so that their gathers are in flight together (a
-    # loop waits for each one); wider windows (s < 0.674) run on in a loop.
+    # Unrolled, the first steps' gathers are in flight together (a loop waits for each one).
     for step in range(UNROLLED):
         mass = add_source(jnp.int32(step), mass)
     steps = jnp.max(width).astype(jnp.int32)  # the block's widest window (3 for s = 0.99)

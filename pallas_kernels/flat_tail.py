@@ -48,11 +48,9 @@ from pallas_kernels.folding import learner_folding
 
 Impl = Literal["pallas", "interpret", "reference"]
 IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
-# The loss parts' gradients: one [parts, P] matrix, or its column segments [parts, n_k] in flat
-# order (the per-layer gradients as the backward pass writes them: no assembled copy).
+# The loss parts' gradients: one [parts, P] matrix, or its column segments [parts, n_k].
 Grads = jax.Array | Sequence[jax.Array]
 Segments = tuple[jax.Array, ...]
-
 # Elements of one vector a program handles, and its Triton warps.
 BLOCK = 1024
 NUM_WARPS = 4
@@ -202,11 +200,7 @@ def _candidate(
 
 
 def adam_select_reference(
-    grads: jax.Array,
-    weights: jax.Array,
-    old: TailVectors,
-    scalars: TailScalars,
-    hyper: AdamHyper,
+    grads: jax.Array, weights: jax.Array, old: TailVectors, scalars: TailScalars, hyper: AdamHyper
 ) -> AdamSelect:
     """:func:`adam_select` in jnp, for one learner. It always checks (no bounds taken)."""
     g = jnp.sum(jnp.asarray(weights, jnp.float32)[:, None] * grads, axis=0)
