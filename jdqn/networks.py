@@ -12,6 +12,7 @@ Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": 
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, NamedTuple, cast
 
@@ -64,9 +65,8 @@ class ParamLayout(NamedTuple):
         return jax.tree.unflatten(self.treedef, leaves)
 
     def record(self) -> list[list[Any]]:
-        """Each leaf's path and shape in flat order (JSON-ready). A checkpoint keeps it, so a
-        resume can refuse a flat vector of another layout, such as an older jdqn's head kernel
-        in [in, out] order, which has the same size and would otherwise load transposed."""
+        """Each leaf's path and shape in flat order (JSON-ready), kept by checkpoints: a resume
+        refuses another layout of the same size (an old [in, out] head would load transposed)."""
         numbered = jax.tree.unflatten(self.treedef, range(len(self.shapes)))
         paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(numbered)[0]]
         return [
@@ -84,7 +84,7 @@ def param_layout(cfg: Config, n_inputs: int) -> ParamLayout:
     shapes = jax.eval_shape(lambda: init_network(jax.random.PRNGKey(0), cfg, n_inputs).params)
     leaves, treedef = jax.tree.flatten(shapes)
     sizes = [math.prod(leaf.shape) for leaf in leaves]
-    offsets = tuple(int(sum(sizes[:i])) for i in range(len(sizes)))
+    offsets = tuple(itertools.accumulate(sizes[:-1], initial=0))
     return ParamLayout(treedef, tuple(tuple(leaf.shape) for leaf in leaves), offsets, sum(sizes))
 
 
