@@ -1,19 +1,12 @@
 """Hindsight donor transitions for trading (docs/design.md §5, step 2).
 
 Hindsight Experience Replay (Andrychowicz et al., NeurIPS 2017) relabels stored transitions with
-outcomes that were not pursued. In trading the relabelling is exact rather than a goal
-substitution: one contract has no market impact, so at the same bar every other target position
-earns a reward known from the stored price change and the position held before acting,
-
-    reward(a) = reward_scale * (positions[a] * price_change
-                                - cost_points * |positions[a] - position|)
-
-which is the environment's reward (``jdqn.env.step``) for that bar, position and action. A donor
-is a copy of a sampled transition with another action, that action's reward, and the next state
-that action leads to: the same ``next_features`` with ``positions[action]`` held (the learner
-builds the next observation as ``observation(next_features, positions[action])``; the
-``position`` field stays the position held before acting). Donors carry IS weight 1 and never
-write priorities; that is the learner's job.
+outcomes that were not pursued. In trading the relabelling is exact: one contract has no market
+impact, so every other target position at the same bar earns the environment's reward
+(``jdqn.env.step``), known from the stored price change and the position held before acting.
+A donor is a copy of a sampled transition with another action and its reward; its next state
+holds ``positions[action]`` (the learner builds it from ``next_features``). Donors carry IS
+weight 1 and never write priorities.
 """
 
 from __future__ import annotations
@@ -27,12 +20,9 @@ DONOR_MODES = ("none", "best", "all")
 
 
 def n_donors_for(batch_size: int, donor_fraction: float, mode: str, n_actions: int) -> int:
-    """Static donor count for a batch: ``int(round(donor_fraction * batch_size))``, then capped.
-
-    ``"none"`` -> 0. ``"best"`` (one donor per chosen row) -> at most ``batch_size``. ``"all"``
-    (every other action of a chosen row, ``n_actions - 1`` donors per row) -> at most
-    ``batch_size * (n_actions - 1)``, rounded DOWN to a multiple of ``n_actions - 1`` so the
-    donors stay "up to donor_fraction of the batch". Python's ``round`` rounds halves to even.
+    """Static donor count: ``round(donor_fraction * batch_size)`` (halves to even), capped at
+    ``batch_size`` rows; 0 for ``"none"``. ``"all"`` (``n_actions - 1`` donors per row) rounds
+    DOWN to a multiple of ``n_actions - 1``, so donors stay within ``donor_fraction``.
     """
     _check_mode(mode)
     if batch_size < 0 or donor_fraction < 0 or n_actions < 2:
@@ -70,20 +60,13 @@ def make_donors(
     mode: str,
     n_donors: int,
 ) -> Transition:
-    """``n_donors`` (static) hindsight donors from ``batch`` (leaves ``[B, ...]``).
+    """``n_donors`` (static, from :func:`n_donors_for`) hindsight donors from ``batch``
+    (leaves ``[B, ...]``); only action and reward differ from the copied rows.
 
-    Rows are drawn uniformly WITHOUT replacement by ``key`` (a fixed "first rows" rule would tie
-    donors to the sampler's stratum order, which is sorted by buffer position).
-
-    - ``"best"``: one donor per chosen row (``n_donors <= B`` rows), with the action of highest
-      immediate reward among the actions NOT taken (ties -> lowest action index).
-    - ``"all"``: every action other than the one taken, for ``n_donors / (A - 1)`` rows
-      (``n_donors`` must be a multiple of ``A - 1``); donors of one row are consecutive, in
-      increasing action order.
-    - ``"none"`` or ``n_donors == 0``: an empty Transition (leading dim 0).
-
-    Features, position (held before acting), next_features, price_change and done are copied;
-    action and reward are replaced. Use :func:`n_donors_for` to get a valid ``n_donors``.
+    Rows are drawn uniformly WITHOUT replacement (the sampler's strata are sorted by buffer
+    position, so "first rows" would be biased). ``"best"``: per row the untaken action of
+    highest immediate reward (ties -> lowest index). ``"all"``: every untaken action, a row's
+    donors consecutive in action order. ``"none"`` or 0 donors: an empty Transition.
     """
     _check_mode(mode)
     batch_size = jax.tree.leaves(batch)[0].shape[0]

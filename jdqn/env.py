@@ -1,20 +1,16 @@
 """Pure-JAX single-contract futures trading environment (docs/design.md §3).
 
-Functional, gymnax-style interface (``gymnax/environments/environment.py``): all state is an
-explicit :class:`EnvState`, all data and settings an explicit :class:`EnvParams`; ``reset`` and
-``step`` are pure, jit-able and vmappable over slices, folds and seeds. Actions index a grid of
-target positions (contracts). Acting at bar ``t`` earns, in index points,
+gymnax-style (``gymnax/environments/environment.py``): state in :class:`EnvState`, data and
+settings in :class:`EnvParams`, pure ``reset``/``step`` that vmap over slices, folds and seeds.
+Actions index a grid of target positions (contracts); acting at bar ``t`` earns, in index points,
 
     reward_t = reward_scale * (pos_new * (close[t+1] - close[t])
                                - cost_points * |pos_new - pos_old|)
 
-and the observation at bar ``t`` is ``features[t]`` with the held position appended: nothing from
-bar ``t+1`` or later. Trading has no market impact, so the environment is deterministic; the
-``key`` arguments exist only to keep the gymnax signature.
-
-Training walks one fold as ``n_slices`` contiguous slices stepped in lock-step (the old trainer's
-slices): :func:`slice_params` gives every slice its own ``[start, end)``, and :func:`step_slices`
-vmaps :func:`step` over them with the price/feature arrays shared (not copied) across slices.
+and the observation at bar ``t`` is ``features[t]`` with the held position appended. Without
+market impact the environment is deterministic; ``key`` only keeps the gymnax signature.
+Training steps one fold as ``n_slices`` contiguous slices in lock-step (:func:`slice_params`,
+:func:`step_slices`), the price and feature arrays shared across slices.
 """
 
 from __future__ import annotations
@@ -52,17 +48,10 @@ class EnvState:
     position: jax.Array  # [] float32, contracts held (before acting at bar t)
 
 
-# vmap axes of sliced params: only the window bounds differ between slices; the data arrays and
-# settings are shared, so S slices cost no copies of features/close. The fields hold vmap axes
-# (None or int), not arrays, hence the cast.
+# vmap axes of sliced params: only the window bounds differ, the data are shared (not copied).
+# The fields hold vmap axes, not arrays, hence the cast.
 SLICE_AXES: EnvParams = cast(Any, EnvParams)(
-    features=None,
-    close=None,
-    positions=None,
-    cost_points=None,
-    reward_scale=None,
-    start=0,
-    end=0,
+    features=None, close=None, positions=None, cost_points=None, reward_scale=None, start=0, end=0
 )
 
 
@@ -126,10 +115,9 @@ def step(
 ) -> tuple[jax.Array, EnvState, jax.Array, jax.Array, dict[str, Any]]:
     """Act at bar ``t``: move to ``positions[action]``, earn over bar t -> t+1.
 
-    Returns ``(obs, state, reward, done, info)`` (gymnax convention). ``done`` is True when
-    ``t+1 == end-1`` (no further action is possible); then ``obs``/``state`` are already reset to
-    the episode start, while ``info["transition"]`` (a :class:`Transition`), ``info["pnl_points"]``
-    and ``info["cost_points"]`` (unscaled, this step only) describe the real step.
+    Returns ``(obs, state, reward, done, info)`` (gymnax convention). ``done`` when ``t+1 ==
+    end-1``; ``obs``/``state`` are then already reset, while ``info`` (``"transition"``,
+    unscaled ``"pnl_points"`` and ``"cost_points"``) describes the real step.
     """
     del key  # no market impact, no randomness
     action = jnp.asarray(action, jnp.int32)
@@ -162,10 +150,9 @@ def step(
 
 
 def volatility_reward_scale(env_cfg: EnvConfig, train_close: np.ndarray) -> EnvConfig:
-    """``env_cfg`` with rewards in units of the per-bar price-change RMS of ``train_close`` (when
-    ``reward_unit`` is "train_volatility"; else unchanged). The result has ``reward_unit``
-    "points" and ``reward_scale / RMS``, so resolving twice changes nothing. Bellemare et al.
-    (2017) fit their support to rewards clipped to +-1; this puts a bar's reward on that scale."""
+    """``env_cfg`` with rewards in units of ``train_close``'s per-bar price-change RMS when
+    ``reward_unit`` is "train_volatility" (then "points" with ``reward_scale / RMS``: idempotent).
+    Bellemare et al. (2017) fit their support to rewards clipped to +-1; this matches that scale."""
     if env_cfg.reward_unit != "train_volatility":
         return env_cfg
     change = np.diff(np.asarray(train_close, np.float64))
@@ -183,14 +170,10 @@ def volatility_reward_scale(env_cfg: EnvConfig, train_close: np.ndarray) -> EnvC
 def slice_params(params: EnvParams, n_slices: int) -> EnvParams:
     """Split ``[start, end)`` into ``n_slices`` contiguous, disjoint slices of equal length.
 
-    The ``(end - start) % n_slices`` leftover bars are dropped at the *oldest* end of the window,
-    so the newest bars (closest to the test window) are always trained on and every slice takes
-    the same number of lock-step iterations. Start/end gain a leading ``[S]`` axis; the data arrays
-    stay shared (vmap them with :data:`SLICE_AXES`). The price change across each inner slice
-    boundary is never traded (S-1 transitions of the fold), which keeps slices independent.
-    Start/end must be concrete: params from :func:`make_params` keep them as numpy, so this also
-    works inside jit/vmap when the params are built there; bounds passed in as traced arguments
-    raise a ConcretizationTypeError.
+    Leftover bars are dropped at the *oldest* end, so the newest bars (next to the test window)
+    are always trained on. Start/end gain a leading ``[S]`` axis (vmap with :data:`SLICE_AXES`).
+    The price change across each inner boundary is never traded, which keeps slices independent.
+    Start/end must be concrete (:func:`make_params` keeps them as numpy, also inside a trace).
     """
     start, end = int(params.start), int(params.end)
     if n_slices < 1:
@@ -201,9 +184,9 @@ def slice_params(params: EnvParams, n_slices: int) -> EnvParams:
             f"slice_params: window [{start}, {end}) has {end - start} bars, fewer than 2 per slice "
             f"for {n_slices} slices; use at most {(end - start) // 2} slices or a longer window"
         )
-    starts = end - length * n_slices + length * np.arange(n_slices)
-    ends = starts + length
-    return params.replace(start=starts.astype(np.int32), end=ends.astype(np.int32))  # type: ignore[attr-defined]  # flax.struct adds .replace
+    starts = (end - length * n_slices + length * np.arange(n_slices)).astype(np.int32)
+    ends = cast(jax.Array, starts + length)
+    return dataclasses.replace(params, start=cast(jax.Array, starts), end=ends)
 
 
 def reset_slices(key: jax.Array, params: EnvParams, n_slices: int) -> tuple[jax.Array, EnvState]:

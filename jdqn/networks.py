@@ -1,19 +1,9 @@
 """C51 MLP with a spectral-normalised torso, pruning masks and ensemble heads (docs/design.md,
 section 4).
 
-The network is a flax linen module, but everything around it is a pure function over explicit
-state, so the learner can carry, select and vmap every piece:
-
-- ``init_network(key, cfg, n_inputs) -> NetworkState(params, masks, sn_u)``
-- ``effective_params(params, masks, sn_u, net_cfg, update_u) -> (eff_params, new_u, sigmas)``:
-  mask, then spectral norm; the only place a power iteration happens.
-- ``apply(eff_params, obs, cfg) -> logits [B, K, A, N]`` float32.
-- ``q_values(logits, atoms) -> [B, K, A]``, ``atoms(net_cfg) -> [N]``.
-- ``prune_sparsity(step, net_cfg)``, ``prune_due(step, net_cfg)``, ``magnitude_masks(params, s)``:
-  the cubic pruning schedule (Zhu & Gupta, 2017) and layer-wise magnitude masks.
-- ``bootstrap_masks(key, slots, n_heads, prob) -> [B, K]``: per-transition head masks
-  (Osband et al., 2016).
-- ``param_layout(cfg, n_inputs) -> ParamLayout``: the parameter tree's leaves in one flat order.
+The network is a flax linen module; everything around it is a pure function over explicit
+state (:class:`NetworkState`), so the learner can carry, select and vmap every piece.
+:func:`effective_params` (mask, then spectral norm) is the only place a power iteration happens.
 
 Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": {"kernel":
 [K*A*N, H_last], "bias": [K*A*N]}}``: torso kernels are flax's [in, out], the head's is stored
@@ -22,6 +12,7 @@ Parameter tree: ``{"torso_0": {"kernel": [F+1, H0], "bias": [H0]}, ..., "head": 
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, NamedTuple, cast
 
@@ -41,8 +32,7 @@ _SN_EPS = 1e-12  # guards the power-iteration normalisation against a zero vecto
 
 # The output layer. Its kernel is stored [out, in] (torch's ``nn.Linear`` order), not flax's
 # [in, out]: XLA computes the per-loss-part gradients of this kernel as one GEMM with the parts
-# stacked on the output rows, [P * K*A*N, H], so in [in, out] order every step transposed them.
-# Stored [out, in], the GEMM's result is already in the stored order.
+# stacked on the output rows, [P * K*A*N, H], already in this order (no transpose per step).
 HEAD = "head"
 
 
@@ -66,24 +56,17 @@ class ParamLayout(NamedTuple):
 
     def unravel(self, flat: jax.Array) -> Params:
         """``[n_params]`` -> the parameter tree (static slices and reshapes)."""
-        return self.tree(self.split(flat))
-
-    def split(self, flat: jax.Array) -> tuple[jax.Array, ...]:
-        """``[n_params]`` -> each leaf's segment ``[n_k]`` of it, in flat order."""
-        return tuple(
-            flat[offset : offset + math.prod(shape)]
-            for offset, shape in zip(self.offsets, self.shapes, strict=True)
-        )
+        cuts = zip(self.offsets, self.shapes, strict=True)
+        return self.tree(tuple(flat[at : at + math.prod(shape)] for at, shape in cuts))
 
     def tree(self, segments: tuple[jax.Array, ...]) -> Params:
-        """The leaves' ``[n_k]`` segments (:meth:`split`) -> the parameter tree."""
+        """The leaves' ``[n_k]`` segments, in flat order -> the parameter tree."""
         leaves = [x.reshape(shape) for x, shape in zip(segments, self.shapes, strict=True)]
         return jax.tree.unflatten(self.treedef, leaves)
 
     def record(self) -> list[list[Any]]:
-        """Each leaf's path and shape in flat order (JSON-ready). A checkpoint keeps it, so a
-        resume can refuse a flat vector of another layout, such as an older jdqn's head kernel
-        in [in, out] order, which has the same size and would otherwise load transposed."""
+        """Each leaf's path and shape in flat order (JSON-ready), kept by checkpoints: a resume
+        refuses another layout of the same size (an old [in, out] head would load transposed)."""
         numbered = jax.tree.unflatten(self.treedef, range(len(self.shapes)))
         paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(numbered)[0]]
         return [
@@ -101,14 +84,13 @@ def param_layout(cfg: Config, n_inputs: int) -> ParamLayout:
     shapes = jax.eval_shape(lambda: init_network(jax.random.PRNGKey(0), cfg, n_inputs).params)
     leaves, treedef = jax.tree.flatten(shapes)
     sizes = [math.prod(leaf.shape) for leaf in leaves]
-    offsets = tuple(int(sum(sizes[:i])) for i in range(len(sizes)))
+    offsets = tuple(itertools.accumulate(sizes[:-1], initial=0))
     return ParamLayout(treedef, tuple(tuple(leaf.shape) for leaf in leaves), offsets, sum(sizes))
 
 
 class _Dense(nn.Module):
-    """A dense layer's parameters, (kernel, bias) float32: the kernel [in, out], or [out, in]
-    with ``out_major`` (the head, :data:`HEAD`). :func:`jdqn.dense_stack.dense_stack` applies
-    them."""
+    """A dense layer's (kernel, bias) float32, the kernel [in, out] or with ``out_major`` [out,
+    in] (:data:`HEAD`); :func:`jdqn.dense_stack.dense_stack` applies them."""
 
     features: int
     in_features: int
@@ -169,11 +151,8 @@ def torso_layers(net: NetworkConfig) -> tuple[str, ...]:
 
 
 def atoms(net: NetworkConfig) -> jax.Array:
-    """Support z_i = v_min + i * dz, [N] float32 (Bellemare et al., 2017).
-
-    ``linspace`` puts the end atoms exactly on v_min and v_max (``v_min + i * f32(dz)`` lands the
-    top atom at 240.00003) and matches the support of the projection kernel.
-    """
+    """Support z_i = v_min + i * dz, [N] float32 (Bellemare et al., 2017); ``linspace`` puts
+    the end atoms exactly on v_min and v_max, as the projection kernel's support."""
     return jnp.linspace(net.v_min, net.v_max, net.n_atoms, dtype=jnp.float32)
 
 
@@ -185,11 +164,9 @@ _TRUNCATED_NORMAL_STD = 0.87962566103423978
 def init_network(key: jax.Array, cfg: Config, n_inputs: int) -> NetworkState:
     """Fresh params, all-ones masks, a random unit ``u`` per torso layer (Miyato et al., 2018).
 
-    Kernels are LeCun normal (LeCun et al., 1998), the distribution of the module's declared
-    ``lecun_normal``: a normal truncated at two standard deviations, variance 1 / fan_in; biases
-    are 0. All kernels come from one draw, and all ``u`` from another: the erf-inverse behind each
-    draw is what the init program spends its compile time on, so one draw instead of one per
-    layer compiles in about half the time.
+    Kernels are LeCun normal (LeCun et al., 1998) as the module declares (truncated at two
+    standard deviations, variance 1 / fan_in), biases 0. All kernels come from one draw and all
+    ``u`` from another: the erf-inverse behind each draw dominates the init's compile time.
     """
     k_params, k_u = jax.random.split(key)
     example = jnp.zeros((1, n_inputs), jnp.float32)
@@ -200,8 +177,8 @@ def init_network(key: jax.Array, cfg: Config, n_inputs: int) -> NetworkState:
     draws = jax.random.truncated_normal(k_params, -2.0, 2.0, (sum(sizes.values()),), jnp.float32)
     params, offset = {}, 0
     for name, layer in shapes.items():
-        # Drawn as [in, out] for every layer, so the head's [out, in] storage leaves the
-        # initial network (and its random stream) as it was before that order.
+        # Drawn as [in, out] for every layer (the head too, then transposed): the random stream
+        # is as before the head's [out, in] storage.
         shape = layer["kernel"].shape
         in_out = shape[::-1] if name == HEAD else shape
         kernel = draws[offset : offset + sizes[name]].reshape(in_out)
@@ -256,11 +233,10 @@ def effective_params(
 ) -> tuple[Params, dict[str, jax.Array], jax.Array]:
     """Weights the forward pass uses: W * M, then spectral norm on the torso layers.
 
-    ``update_u`` (static) says whether the returned ``new_u`` is the power-iterated vector (the
-    learner step, and only it) or the stored one unchanged (acting, target and auxiliary passes).
-    Either way sigma is computed by the same formula, so ``act_q`` sees the weights the next
-    learner step would see. Returns (eff_params, new_u, sigmas [L] float32, L torso layers;
-    [0] when spectral norm is off).
+    ``update_u`` (static): ``new_u`` is the power-iterated vector (the learner step only) or the
+    stored one (acting, target and auxiliary passes); sigma is the same either way, so ``act_q``
+    sees the weights the next learner step would. Returns (eff_params, new_u, sigmas [L] float32
+    over the torso layers; [0] without spectral norm).
     """
     eff = params if masks is None else jax.tree.map(jnp.multiply, params, masks)
     if not net.spectral_norm:
@@ -341,9 +317,9 @@ def mask_sparsity(masks: Params) -> jax.Array:
 def bootstrap_masks(key: jax.Array, serials: jax.Array, n_heads: int, prob: float) -> jax.Array:
     """Bernoulli(prob) head masks per transition (Osband et al., 2016), [B, K] float32.
 
-    Derived from each transition's insertion serial (``jdqn.replay.replay_serials``) with
-    ``fold_in``, so a stored transition keeps one mask for its whole life in the buffer without
-    widening the transition record, and the next occupant of its slot draws a new one.
+    Keyed on each transition's insertion serial (``jdqn.replay.replay_serials``): a stored
+    transition keeps one mask for life without widening the record; its slot's next occupant
+    draws a new one.
     """
     draw = lambda serial: jax.random.bernoulli(jax.random.fold_in(key, serial), prob, (n_heads,))
     return jax.vmap(draw)(serials).astype(jnp.float32)

@@ -1,17 +1,13 @@
 """n-step returns of the collected slices (Sutton & Barto, ch. 7; Hessel et al., AAAI 2018, use
 n = 3 with C51), formed before insertion (docs/design.md §5, step 4).
 
-The trainer keeps each slice's last ``n - 1`` one-step transitions (a window, oldest first).
-When bar t+n-1 has been stepped, the transition from bar t gets its n-step return: the
-discounted rewards of the behaviour policy's ``m = n`` steps and the state at bar t+m (its
-features and the position the policy held then). A slice's last ``n - 1`` transitions have fewer
-steps before the slice ends; they are completed at the epoch's last iteration, where every slice
-ends, with ``m`` the steps left. The truncation rule is the one-step rule: the stored ``done``
-of the last step decides whether the target bootstraps from bar t+m (a time-limit slice end
-under ``train.bootstrap_slice_ends``) or not (an end treated as terminal).
-
-The one-step fields of the transition stay as they are: HER donors relabel the action at bar t,
-which changes every later position and cost, so they stay one-step (``jdqn.learner.batch``).
+The trainer keeps each slice's last ``n - 1`` one-step transitions (oldest first). Once bar
+t+n-1 is stepped, the transition from bar t gets the discounted rewards of the behaviour policy's
+``m = n`` steps and the state at bar t+m; a slice's last ``n - 1`` transitions are completed at
+the epoch's last iteration with ``m`` the steps left. The stored ``done`` of the last step
+decides whether the target bootstraps from bar t+m, as for one step. The one-step fields stay:
+HER donors relabel the action at bar t, which changes every later position, so they stay
+one-step (``jdqn.learner.batch``).
 """
 
 from __future__ import annotations

@@ -1,33 +1,18 @@
 """Proportional prioritized experience replay on device (Schaul et al., ICLR 2016).
 
-Four pure functions over a named :class:`ReplayState`: :func:`replay_init`, :func:`replay_add`
-(ring insert at the running max priority), :func:`replay_sample` (stratified proportional
-sampling with importance-sampling weights) and :func:`replay_update` (new priorities for the
-sampled rows). All are jit-able and vmappable over a leading seed/fold axis; no Python branching
-on traced values.
+Pure, jit-able and vmappable functions over a named :class:`ReplayState`: :func:`replay_init`,
+:func:`replay_add` (ring insert at the running max priority), :func:`replay_sample` (stratified
+proportional sampling with importance-sampling weights) and :func:`replay_update`.
 
-Sampling without a sum tree. GPUs and XLA prefer one dense pass over the priorities to a
-pointer-chasing tree (and a sum tree would have to be rebuilt whenever alpha changes), so each
-sample recomputes prefix sums. A single float32 prefix sum over 1,000,000 slots resolves a slot's
-probability only to about ``C * 2**-24`` of itself (+-6%), so the search has two levels: slots are
-cut into blocks of ``~sqrt(C)`` (a power of two); the block is chosen from the prefix sums of the
-block masses (stratified: ``B`` equal segments of the total mass, one uniform draw per segment),
-then the slot inside the block from the prefix sums of that block alone, with a fresh uniform
-draw (sums of at most ``sqrt(C)`` terms: relative resolution ``~sqrt(C) * 2**-24``). In exact
-arithmetic the marginal probability of slot ``i`` is ``p_i^alpha / sum_j p_j^alpha``. Safety does
-not depend on rounding at all: see :func:`_first_positive_above`.
-
-Cost (C = capacity, B = batch, F = features per row):
-
-- ``replay_sample``: O(C) elementwise work (``p^alpha`` and the block sums: one read of the
-  priorities), O(sqrt(C)) prefix sum over blocks, O(B sqrt(C)) for the in-block prefix sums and
-  the two compare-all searches, O(B F) gathers. Per sampled transition O(C / B + sqrt(C)); the
-  O(C) pass dominates at large C.
-- ``replay_update``: O(B) (two scatters and a max), independent of C (with the state donated, as
-  in the learner, the scatter is in place).
-- ``replay_add`` of n rows: O(n F).
-
-``python -m benchmarks.replay`` times sample and update per call and inside a ``lax.scan``.
+Sampling without a sum tree: one dense pass over the priorities suits GPUs better than pointer
+chasing (and a tree would need rebuilding whenever alpha changes). A float32 prefix sum over
+1,000,000 slots resolves a slot's probability only to about ``C * 2**-24`` of itself, so the
+search has two levels: the block of ``~sqrt(C)`` slots (a power of two) from the prefix sums of
+the block masses (stratified: one uniform draw in each of ``B`` equal segments of the total),
+then the slot from the prefix sums of that block alone, with a fresh draw. In exact arithmetic
+slot ``i`` is drawn with probability ``p_i^alpha / sum_j p_j^alpha``; safety does not depend on
+rounding (:func:`_first_positive_above`). ``replay_sample`` costs one O(C) pass plus
+O(B sqrt(C)); ``replay_update`` is O(B); ``python -m benchmarks.replay`` times them.
 """
 
 from __future__ import annotations
@@ -76,9 +61,8 @@ def _capacity(state: ReplayState) -> int:
 def replay_add(state: ReplayState, batch: Transition) -> ReplayState:
     """Ring-insert ``n`` transitions (leaves ``[n, ...]``) at the current max priority.
 
-    ``n`` is static and must be <= capacity (checked at trace time), so the ``n`` written slots
-    are distinct. Overwritten slots lose their old priority. Because writes start at slot 0 and
-    advance, the written slots are always exactly ``[0, size)``.
+    ``n`` is static and at most capacity, so the written slots are distinct; overwritten slots
+    lose their old priority. Writes start at slot 0, so the written slots are ``[0, size)``.
     """
     capacity = _capacity(state)
     leaves = jax.tree.leaves(batch)
@@ -114,12 +98,9 @@ def replay_add(state: ReplayState, batch: Transition) -> ReplayState:
 
 
 def replay_serials(state: ReplayState, indices: jax.Array) -> jax.Array:
-    """Insertion serial of the transition now in each written slot, [B] int32.
-
-    Slot i holds the last transition whose serial s satisfies s % C == i and s < inserted. Unlike
-    the slot itself, the serial is new for every transition, so per-transition randomness keyed on
-    it (ensemble bootstrap masks) is fresh when a slot is overwritten. O(B).
-    """
+    """Insertion serial of the transition now in each written slot, [B] int32: the last ``s``
+    with ``s % C == i`` and ``s < inserted``. Unlike the slot it is new for every transition, so
+    randomness keyed on it (bootstrap masks) is fresh when a slot is overwritten."""
     capacity = _capacity(state)
     indices = jnp.asarray(indices, jnp.int32)
     return (indices + capacity * ((state.inserted - 1 - indices) // capacity)).astype(jnp.int32)
@@ -139,20 +120,14 @@ def _prefix_top(mass: jax.Array, cumulative: jax.Array) -> jax.Array:
 def _first_positive_above(mass: jax.Array, cumulative: jax.Array, position: jax.Array) -> jax.Array:
     """Smallest ``i`` with ``mass[i] > 0`` and ``cumulative[i] > position``; int32.
 
-    ``mass``/``cumulative`` are ``[n]`` (shared by all draws) or ``[B, n]`` (one row per draw);
-    ``position`` is ``[B]``. With exact prefix sums this is ``searchsorted(c, position,
-    side='right')``: ``c[i-1] <= position < c[i]`` forces ``mass[i] > 0``. In float32 that
-    argument breaks: ``jnp.cumsum`` lowers to a reduce-window that XLA evaluates as a parallel
-    tree, so ``c[i]`` and ``c[i-1]`` are rounded through different partial sums and a zero-mass
-    slot can sit on a strict increase (or the sums can even decrease). So the zero-mass test is
-    made explicit instead of relying on rounding.
-
-    Why the result is always a positive-mass slot: the caller clamps ``position`` strictly below
-    ``top = max{c[k] : mass[k] > 0}`` (:func:`_prefix_top`, :func:`_below`), so the ``k`` attaining
-    ``top`` satisfies both conditions; the hit set is non-empty and the result is its first
-    element, which has ``mass > 0`` by construction. Rounding can at worst make a tiny positive
-    mass unreachable, never a zero-mass (or unwritten, NaN) slot reachable. Cost O(B n) compares,
-    which is cheap for n ~ sqrt(C) and branch-free.
+    ``mass``/``cumulative`` are ``[n]`` (shared) or ``[B, n]`` (one row per draw), ``position``
+    ``[B]``. With exact prefix sums this is ``searchsorted(c, position, side='right')``, but
+    ``jnp.cumsum`` is evaluated as a parallel tree, so in float32 a zero-mass slot can sit on a
+    strict increase (or the sums decrease): hence the explicit zero-mass test. The caller clamps
+    ``position`` strictly below ``top = max{c[k] : mass[k] > 0}`` (:func:`_prefix_top`,
+    :func:`_below`), so the ``k`` attaining ``top`` is a hit: the result always has positive
+    mass. Rounding can at worst make a tiny mass unreachable, never a zero-mass (or unwritten,
+    NaN) slot reachable. O(B n) branch-free compares, cheap for n ~ sqrt(C).
     """
     if mass.ndim == 1:
         mass, cumulative = mass[None, :], cumulative[None, :]
@@ -186,8 +161,8 @@ def _sample_with_uniforms(
     priorities = state.priorities
     written = priorities > 0  # [C] bool; unwritten slots are exactly 0, NaN counts as 0
     log_p = jnp.log(jnp.where(written, priorities, 1.0))  # [C] float32
-    # exp(alpha log p) is p^alpha (and ~2x cheaper than pow on CPU); where() keeps unwritten slots
-    # at exactly 0, where 0**0 == 1 would make them sampleable for alpha == 0.
+    # exp(alpha log p) is p^alpha (cheaper than pow on CPU); where() keeps unwritten slots at
+    # exactly 0, where 0**0 == 1 would make them sampleable for alpha == 0.
     mass = jnp.where(written, jnp.exp(alpha * log_p), 0.0).astype(jnp.float32)  # [C]
     mass_blocks = jnp.pad(mass, (0, n_blocks * block - capacity)).reshape(n_blocks, block)
 
@@ -229,12 +204,9 @@ def replay_sample(
     """Stratified proportional sample: ``(indices [B] int32, batch [B, ...], is_weights [B])``.
 
     ``P(i) = p_i^alpha / sum_j p_j^alpha``; ``w_i = (size * P(i))^-beta / max_j w_j`` with the max
-    over the sampled batch (Schaul et al. 2016, Algorithm 1), so weights lie in (0, 1]. Never
-    returns a slot that was never written or has zero priority (see
-    :func:`_first_positive_above`).
-    Precondition: at least one written slot with a finite positive priority; sampling an empty
-    buffer returns slot 0 with weight 0. Priorities must be finite with
-    ``sum p^alpha`` < float32 max, which :func:`replay_update` guarantees via ``priority_max``.
+    over the batch (Schaul et al. 2016, Algorithm 1), in (0, 1]. Never returns an unwritten or
+    zero-priority slot; an empty buffer gives slot 0 with weight 0. Needs ``sum p^alpha`` below
+    float32's max, which :func:`replay_update`'s ``priority_max`` guarantees.
     """
     block_key, slot_key = jax.random.split(key)
     block_uniforms = jax.random.uniform(block_key, (batch_size,), jnp.float32)
@@ -250,17 +222,13 @@ def replay_update(
     priority_eps: float,
     priority_max: float,
 ) -> ReplayState:
-    """Write ``p = clip(nan_to_num(priorities) + eps, eps, priority_max)`` at ``indices``.
+    """Write ``p = clip(nan_to_num(priorities) + eps, eps, priority_max)`` at ``indices``
+    (Schaul et al., ICLR 2016: TD errors plus eps; NaN -> eps, +inf -> ``priority_max``).
 
-    Proportional prioritisation (Schaul et al., ICLR 2016): priorities are TD errors plus eps.
-
-    ``indices [B] int32`` come from :func:`replay_sample`; ``priorities [B]`` are usually
-    ``|y - Q|``. Rows with ``valid [B] bool`` False (HER donors) never write, nor do indices
-    outside the written range ``[0, size)`` (so an unwritten slot can never become sampleable).
-    NaN maps to ``eps``, +inf to ``priority_max``, negatives to ``eps``. Duplicate indices: the
-    slot keeps the LARGEST of its new priorities (deterministic, order-free; the transition is
-    revisited sooner rather than later). ``max_priority`` becomes the max of itself and the written
-    priorities. O(B).
+    Rows with ``valid [B] bool`` False (HER donors) and indices outside ``[0, size)`` never
+    write, so an unwritten slot never becomes sampleable. A duplicated index keeps the LARGEST
+    of its new priorities (deterministic, order-free). ``max_priority`` takes the max of itself
+    and the written priorities.
     """
     capacity = _capacity(state)
     indices = jnp.asarray(indices, jnp.int32)

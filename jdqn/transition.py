@@ -23,12 +23,10 @@ class NStepReturn(NamedTuple):
 class Transition(NamedTuple):
     """One environment step of one slice. Leaves gain leading batch axes ([B, ...], [C, ...]).
 
-    The observation at bar t is ``concat(features[t], position_held)``. Storing the price change
-    and the position held before acting (rather than only the reward) is what lets HER donors
-    recompute the reward of every other action at the same bar: trading has no market impact.
-    The first seven fields describe the one step from bar t, which is what donors relabel;
-    ``n_step`` is ``None`` at ``loss.n_step=1`` (the stored form is then unchanged) and else the
-    n-step return the sampled row's target uses (``jdqn.nstep``).
+    The observation at bar t is ``concat(features[t], position_held)``. The price change and the
+    position held before acting let HER donors recompute every other action's reward (no market
+    impact). ``n_step`` is ``None`` at ``loss.n_step=1``, else the n-step return the target uses
+    (``jdqn.nstep``).
     """
 
     features: jax.Array  # [F] float32, features at bar t (computed from bars <= t)

@@ -1,58 +1,39 @@
 """C51 categorical projection (Bellemare, Dabney & Munos 2017, Algorithm 1) as a Pallas GPU kernel.
 
-For one row, with atoms ``z_i = v_min + i*dz``::
+For one row, with atoms ``z_i = v_min + i*dz`` and ``g = gamma^n * (1 - done)``::
 
     Tz_j = clip(r + g*z_j, v_min, v_max)
     m_i  = sum_j p_j * clip(1 - |Tz_j - z_i| / dz, 0, 1)
 
-where ``g`` already holds ``gamma^n * (1 - done)``. This hat-kernel form keeps the mass of a
-source that lands exactly on an atom (the floor/ceil textbook version drops it).
-
-Implementations, chosen by ``impl`` in :func:`c51_project`:
-
-- ``"reference"`` / ``"xla_hat"``: the formula above in jnp, ``[B, N, N]`` hat weights summed
-  over sources (as rlax and Dopamine write it). O(N^2) per row; the reference.
-- ``"xla_scatter"``: lower atom ``l_j = floor(b_j)`` and fraction, two scatter-adds. O(N).
-- ``"pallas"``: the Triton-lowered Pallas kernel below. O(N) per row, no atomics.
-- ``"interpret"``: the same Pallas kernel in interpret mode (CPU CI).
-- ``"auto"``: ``"pallas"`` when the default backend is a GPU, ``"reference"`` otherwise.
+This hat-kernel form keeps the mass of a source that lands exactly on an atom (the floor/ceil
+textbook version drops it). ``impl`` in :func:`c51_project`: ``"reference"``/``"xla_hat"`` (the
+formula in jnp, O(N^2) per row, as rlax and Dopamine write it), ``"xla_scatter"`` (two
+scatter-adds, O(N)), ``"pallas"`` (the kernel below, O(N), no atomics), ``"interpret"`` (the
+kernel in interpret mode, CPU CI), ``"auto"`` (``"pallas"`` on a GPU, else ``"reference"``).
 
 How the kernel is O(N). In atom units source ``j`` sits at ``u_j = c + g*j`` before clipping,
-with ``c = (r - (1-g)*v_min)/dz``; order the sources by ``q`` (``q = j`` for ``g >= 0``,
-``q = N-1-j`` for ``g < 0``) so that ``u(q) = base + s*q`` rises with ``s = |g|``. Then:
-
-- clipped sources (``u <= 0`` or ``u >= N-1``) put their whole mass on an end atom. In ``q``
-  order they are the first ``n_low`` and the last ``N - q_high``, counted in closed form per row
-  (``n_low = floor(-base/s) + 1``, clipped): two masked row sums;
-- a terminal row (``s = 0``) has every source at ``u = base``: its whole mass times
-  ``hat(clip(base) - i)``;
-- otherwise target ``i`` receives from the sources ``q`` in ``[n_low, q_high)`` with ``u`` in
-  ``(i-1, i+1)``: a run of consecutive ``q`` from ``x_i = (i-1-base)/s`` on, at most
-  ``floor(2/s) + 1`` long (3 for ``g = 0.99``). Each target walks its own window, gathering ``p``
-  from the row it has just loaded (L1/L2 hits), and sums ``p * max(0, 1 - |u - i|)``.
-
-So a row costs about ``N * (floor(2/s) + 1)`` gathers and hat evaluations: O(N) for discounts
-bounded away from 0, which is what ``gamma^n`` is. The first 3 window steps are unrolled; a
-program whose rows need more (``|g| < 0.674``) loops to its widest window, so a row with a tiny
-nonzero ``|g|`` makes its block O(N^2), like the hat formulation (correct, only slower). The
-clip counts decide which sources the windows may take, so no source is counted twice however
-``u`` rounds at a boundary (it is then within rounding of the end atom, where both weights
-agree); a source's two hat weights add to one up to rounding, and every output element is
-written once by its own target: no atomics, scratch buffers or barriers, and HBM sees one read of
-``p`` and one write of ``m``. Summation order is fixed, so the result is deterministic. Flat
+with ``c = (r - (1-g)*v_min)/dz``; in the order ``q`` (``j`` for ``g >= 0``, ``N-1-j`` for
+``g < 0``) ``u(q) = base + s*q`` rises with ``s = |g|``. Clipped sources (``u <= 0`` or
+``u >= N-1``) are the first ``n_low`` and the last ``N - q_high`` in ``q`` order, counted in
+closed form per row, and put their mass on an end atom (two masked row sums). A terminal row
+(``s = 0``) puts its whole mass at ``hat(clip(base) - i)``. Otherwise target ``i`` receives from
+the run of consecutive ``q`` with ``u`` in ``(i-1, i+1)``, at most ``floor(2/s) + 1`` long (3 for
+``g = 0.99``): each target walks its own window, gathering ``p`` from the row it has just loaded
+(cache hits). So a row costs O(N) for discounts bounded away from 0, which ``gamma^n`` is; a row
+with a tiny nonzero ``|g|`` makes its block O(N^2) (correct, only slower). The clip counts decide
+which sources the windows may take, so no source is counted twice however ``u`` rounds at a
+boundary; every output element is written once by its own target: no atomics, scratch buffers or
+barriers, one read of ``p`` and one write of ``m``, a fixed summation order (deterministic). Flat
 int32 offsets address ``p``, so ``B*N < 2**31`` (checked).
 
 Layout. A program's arrays are [padded atoms, rows], and the atom index that addresses the tile
-is multiplied by a 1 the kernel reads from memory, so that Triton cannot see that the tile is
-contiguous along the atoms. Triton then lays its threads along the rows and each thread holds
-atoms of a single row; left to itself it spreads every row over a warp, so each thread holds 8
-rows and does every per-row computation 8 times, with 16 full warp reductions. On the H200 at
-B = 262,144, N = 51 this layout ran 42 million warp instructions instead of 82 million (Nsight
-Compute), and the kernel takes 59 us instead of 98 us.
+is multiplied by a 1 read from memory, so that Triton cannot see that the tile is contiguous
+along the atoms: it then lays its threads along the rows, each thread holding atoms of one row.
+Left to itself it spreads every row over a warp, so each thread holds 8 rows and repeats every
+per-row computation 8 times, with 16 full warp reductions: about twice the warp instructions.
 
-The Pallas Triton backend is deprecated upstream from jax 0.11 (it still lowers and runs on the
-H200 with jax 0.11.2 and emits a ``DeprecationWarning`` at lowering); the pure-jnp paths need no
-GPU.
+The Pallas Triton backend is deprecated upstream (it still lowers and runs, with a
+``DeprecationWarning``); the pure-jnp paths need no GPU.
 """
 
 from __future__ import annotations
@@ -68,33 +49,24 @@ from jax.experimental.pallas import triton as plgpu
 Impl = Literal["auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"]
 IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter")
 
-# Default Pallas launch: rows per program so that one block holds about this many padded atoms,
-# and the Triton warp count. Tuned on the H200 with one row per thread: the best of 7 launches at N
-# = 51 with rows laid along the threads (59 us; the next best 72 us), as it was before at N = 51 and
-# 201 with the earlier layout.
+# Default Pallas launch, tuned on the H200: rows per program so that one block holds about this
+# many padded atoms, and the Triton warp count.
 DEFAULT_BLOCK_ELEMENTS = 512
 DEFAULT_NUM_WARPS = 2
-
-# The window of a target starts this far (in atom units) before x_i: float32 positions carry
-# ~1e-5 of rounding, so no source with a positive hat weight can fall before it.
+# A target's window starts this far (atom units) before x_i: float32 positions carry ~1e-5 of
+# rounding, so no source with a positive hat weight falls before it.
 _SLACK = 0.01
-
 # Window steps unrolled in the kernel: rows with |g| > 2.02 / UNROLLED (0.674) need no loop.
 UNROLLED = 3
 
 
 def _support(n_atoms: int, v_min: float, v_max: float) -> float:
-    """Validates the static support and returns the atom spacing dz."""
+    """The atom spacing dz of a validated static support."""
     if n_atoms < 2:
         raise ValueError(f"c51_project: need at least 2 atoms, got {n_atoms}")
     if not v_min < v_max:
         raise ValueError(f"c51_project: need v_min < v_max, got {v_min} >= {v_max}")
     return (v_max - v_min) / (n_atoms - 1)
-
-
-# --------------------------------------------------------------------------------------------
-# Pure-jnp formulations.
-# --------------------------------------------------------------------------------------------
 
 
 def c51_project_reference(
@@ -135,11 +107,6 @@ def _project_xla_scatter(
     return out.at[rows, upper].add(probs * upper_weight)
 
 
-# --------------------------------------------------------------------------------------------
-# The Pallas kernel.
-# --------------------------------------------------------------------------------------------
-
-
 def _c51_kernel(
     probs_ref,
     flat_probs_ref,
@@ -155,13 +122,9 @@ def _c51_kernel(
 ):
     """One program projects ``block_rows`` rows; refs are whole arrays, indexed by hand.
 
-    Every block array is [P, R] (padded atoms x rows); the tile's atom index is multiplied by
-    ``one_ref`` (a [1] int32 holding 1) so that each thread holds atoms of one row (module
-    docstring, "Layout"): the row's constants are computed once per thread and its two sums are
-    mostly in-thread adds.
-
-    ``flat_probs_ref`` is ``probs_ref`` as one [B*N] vector: the window gathers address it by a
-    flat offset that each step moves by one (cheaper than a row and a column per gather).
+    Block arrays are [P, R] (padded atoms x rows), addressed through ``one_ref`` (a [1] int32
+    holding 1; module docstring, "Layout"). ``flat_probs_ref`` is ``probs_ref`` as one [B*N]
+    vector: a window gather's flat offset moves by one per step (cheaper than row and column).
     """
     out_ref = refs[-1]  # refs = (out,) or (poison_in, out) when the output is aliased
     batch = probs_ref.shape[0]
@@ -171,9 +134,8 @@ def _c51_kernel(
     cols = jnp.arange(n_pad, dtype=jnp.int32)  # [P], padded atom / source index
     row_index = jnp.broadcast_to(rows[None, :], (n_pad, block_rows))  # [P, R]
     # The atom index for addressing the tile, times a 1 from memory: opaque to Triton's axis
-    # analysis. A 1 the compiler can see through (min(grid size, 1) was tried) leaves the slow
-    # layout, and deriving the target atoms below from this product made N = 101 and 201
-    # slower than before: only the addresses use it.
+    # analysis (a 1 it can see through leaves the slow layout). Only the addresses use it:
+    # deriving the target atoms from it was slower at N = 101 and 201.
     col_index = cols[:, None] * plgpu.load(one_ref.at[pl.ds(0, 1)])[None, :]  # [P, 1]
     col_index = jnp.broadcast_to(col_index, (n_pad, block_rows))  # [P, R]
     row_ok = rows < batch  # [R]
@@ -186,9 +148,8 @@ def _c51_kernel(
     reward = reward.astype(jnp.float32)[None, :]  # [1, R]
     discount = discount_row[None, :]  # [1, R]
 
-    # Unclipped source positions in atom units, u = c + g*j with c = (r - (1-g)*v_min)/dz.
-    # Sources are taken in the order in which u rises: q = j for g >= 0, q = N-1-j for g < 0,
-    # so u(q) = base + s*q with s = |g|, nondecreasing in q however it is rounded.
+    # Unclipped positions in atom units in the order q (module docstring): u(q) = base + s*q,
+    # nondecreasing in q however it is rounded.
     ascending = discount >= 0.0  # [1, R]
     start = (reward - (1.0 - discount) * v_min) / dz  # [1, R]
     base = jnp.where(ascending, start, start + discount * top)  # [1, R]
@@ -202,11 +163,8 @@ def _c51_kernel(
     turn = jnp.where(ascending, 1.0, -1.0)  # [1, R]
     q = flip + turn * target  # [P, R], q of the source in column j
 
-    # Clipped sources put their whole mass on an end atom. In q order they are the first n_low
-    # (u <= 0) and those from q_high on (u >= N-1); the window below takes only the q between,
-    # so no source is counted twice, and where the closed-form counts round a source at u ~ 0
-    # to the other side, its weight there is the same to within that rounding. A terminal row
-    # counts all its sources as "low" and puts them at clip(base) instead of at atom 0.
+    # Clipped sources: the first n_low (u <= 0) and those from q_high on (u >= N-1) in q order.
+    # A terminal row counts all its sources as "low" and puts them at clip(base), not atom 0.
     n_low = jnp.clip(jnp.floor(-base * inv_slope) + 1.0, 0.0, n_atoms)  # [1, R]
     q_high = jnp.clip(jnp.ceil((top - base) * inv_slope), n_low, n_atoms)  # [1, R]
     n_low = jnp.where(moving, n_low, n_atoms)
@@ -220,10 +178,8 @@ def _c51_kernel(
     # (NaN/inf in probs reaches an end atom or a window on its own.)
     poison = jnp.where(jnp.isnan(reward) | jnp.isnan(discount), jnp.nan, 0.0)  # [1, R]
 
-    # Moving rows: target i gathers the inside sources with u in (i-1, i+1), where the hat
-    # weight max(0, 1 - |u - i|) is positive. They are the q in an interval of length 2/s, from
-    # x_i = (i-1-base)/s on: at most floor(2/s) + 1 of them. The window starts SLACK atom units
-    # early (u carries ~1e-5 of rounding) and a source outside it gets weight 0 anyway.
+    # Moving rows: target i gathers the inside sources with u in (i-1, i+1) (positive hat
+    # weight): the q from x_i = (i-1-base)/s on, at most floor(2/s) + 1, starting _SLACK early.
     # Window length per row, as [R]: a reduction over [1, R] trips the CUDA lowering.
     row_slope = jnp.abs(discount_row)  # [R]
     width = jnp.floor((2.0 + 2 * _SLACK) / jnp.where(row_slope > 0.0, row_slope, 1.0)) + 1.0
@@ -247,8 +203,7 @@ def _c51_kernel(
         p = plgpu.load(flat_probs_ref.at[offset + direction * step], mask=step_f < last, other=0.0)
         return total + p * jnp.maximum(0.0, 1.0 - jnp.abs(distance + slope * step_f))
 
-    # The first UNROLLED steps are unrolled so that their gathers are in flight together (a
-    # loop waits for each one); wider windows (s < 0.674) run on in a loop.
+    # Unrolled, the first steps' gathers are in flight together (a loop waits for each one).
     for step in range(UNROLLED):
         mass = add_source(jnp.int32(step), mass)
     steps = jnp.max(width).astype(jnp.int32)  # the block's widest window (3 for s = 0.99)
@@ -274,11 +229,9 @@ def c51_project_pallas(
 ) -> jax.Array:
     """The Pallas kernel on rows: probs [B, N], rewards [B], discounts [B] -> [B, N] float32.
 
-    ``block_elements`` (padded atoms per program, rows = block_elements // next_pow2(N)) and
-    ``num_warps`` are launch knobs for benchmarking. ``out_init`` [B, N], if given, is aliased
-    to the output buffer, so tests can poison it (NaN) and see that every element is written.
-    Not vmappable by itself; :func:`c51_project` adds the vmap rule. Raises ``ValueError`` for
-    ``B*N >= 2**31`` (int32 offsets): project in chunks of rows.
+    ``block_elements`` (padded atoms per program) and ``num_warps`` are launch knobs for
+    benchmarks; ``out_init`` [B, N] is aliased to the output, so tests can poison it (NaN) and
+    see every element written. Not vmappable by itself (:func:`c51_project` adds the rule).
     """
     batch, n_atoms = probs.shape
     dz = _support(n_atoms, v_min, v_max)
@@ -316,23 +269,12 @@ def c51_project_pallas(
 
 
 @functools.cache
-def _pallas_batched(
-    v_min: float, v_max: float, interpret: bool, block_elements: int, num_warps: int
-):
+def _pallas_batched(v_min: float, v_max: float, interpret: bool):
     """The Pallas path with a vmap rule that folds mapped axes into rows (one launch)."""
 
     @jax.custom_batching.custom_vmap
     def project(probs, rewards, discounts):
-        return c51_project_pallas(
-            probs,
-            rewards,
-            discounts,
-            v_min,
-            v_max,
-            interpret=interpret,
-            block_elements=block_elements,
-            num_warps=num_warps,
-        )
+        return c51_project_pallas(probs, rewards, discounts, v_min, v_max, interpret=interpret)
 
     @project.def_vmap
     def _fold_vmap(axis_size, in_batched, probs, rewards, discounts):
@@ -347,11 +289,6 @@ def _pallas_batched(
         return out.reshape(probs.shape), True
 
     return project
-
-
-# --------------------------------------------------------------------------------------------
-# Dispatch.
-# --------------------------------------------------------------------------------------------
 
 
 def resolve_impl(impl: str) -> Impl:
@@ -392,7 +329,6 @@ def c51_project(
         return c51_project_reference(probs, rewards, discounts, v_min, v_max)
     if impl == "xla_scatter":
         return _project_xla_scatter(probs, rewards, discounts, v_min, v_max)
-    project = _pallas_batched(
-        float(v_min), float(v_max), impl == "interpret", DEFAULT_BLOCK_ELEMENTS, DEFAULT_NUM_WARPS
+    return _pallas_batched(float(v_min), float(v_max), impl == "interpret")(
+        probs, rewards, discounts
     )
-    return project(probs, rewards, discounts)

@@ -1,42 +1,35 @@
 """The learner step's flat tail as Pallas GPU kernels: the surgery's reductions, then Adam, the
 target sync and the guard's keep-or-reject select.
 
-XLA makes a dozen passes of the tail over the parameter, target, mask and moment vectors (the
-surgery's split reductions, Adam's fusions, the sync, one ``select`` per state vector: XLA does not
-fuse sibling selects that share only a predicate); under ``vmap`` over many learners those passes
-are bound by memory bandwidth. Here:
+XLA makes a dozen memory-bound passes of the tail over the parameter, target, mask and moment
+vectors (it does not fuse sibling selects that share only a predicate). Here:
 
-- :func:`gram` reads the ``[parts, P]`` gradients once and returns ``row_max [parts]`` and
-  ``gram [parts, parts]`` (the Gram matrix of the rows divided by their max), the only
-  reductions Gradient Vaccine (Wang et al., ICLR 2021) and the budget (Pascanu et al., ICML 2013)
-  need; ``jdqn.surgery.surgery_scalars`` turns them into the total gradient's weights;
+- :func:`gram` reads the ``[parts, P]`` gradients once for ``row_max [parts]`` and the Gram
+  matrix of the rows divided by their max, all that Gradient Vaccine (Wang et al., ICLR 2021)
+  and the budget (Pascanu et al., ICML 2013) need (``jdqn.surgery.surgery_scalars``);
 - :func:`adam_select` forms the total gradient ``sum_k w_k g_k``, applies Adam (Kingma & Ba,
-  ICLR 2015; optax's ``scale_by_adam`` formulas in optax's order), the masks (not read without
-  pruning) and the target sync, and keeps the candidate only when the guard passes: one launch
-  sums the total's finiteness and the candidate's squared norm, a second recomputes the
-  candidate and writes the kept values in place.
+  ICLR 2015; optax's ``scale_by_adam`` in optax's order), the masks and the target sync, and keeps
+  the candidate only when the guard passes: one launch sums the total's finiteness and the
+  candidate's squared norm, a second recomputes the candidate and writes the kept values in place.
 
 The sums launch is skipped where it cannot fail: from the stored values' largest ``|x|``
-(:class:`TailBounds`, returned by the write launch for the next step) and the gradients' row
-maxima, :func:`candidate_bounds` bounds every value Adam computes (``|update| <= lr |mu_hat| /
-eps``), and where the squared norm stays far below float32's largest value the decision is
-``pre_ok`` alone. The write launch computes the squared norm anyway, so the outputs are what the
-two passes give. The first step, and any step after XLA's update wrote the state, run the sums.
+(:class:`TailBounds`, from the previous write launch) and the gradients' row maxima,
+:func:`candidate_bounds` bounds every value Adam computes, and where the squared norm stays far
+below float32's largest value the decision is ``pre_ok`` alone; the write launch computes the
+squared norm anyway, so the outputs are the two passes'. The first step, and any step after
+XLA's update wrote the state, run the sums.
 
-Gradients and vectors may come whole or as column segments, one per leaf of the parameter tree
-in flat order (``Grads``, :class:`TailVectors`): each segment has blocks of its own and is written
-back in place. The learner passes segments, so neither the backward pass's per-layer gradients
-nor its parameter tree is ever copied into one flat vector.
+Gradients and vectors may come as column segments, one per leaf of the parameter tree in flat
+order (``Grads``, :class:`TailVectors`), each with blocks of its own and written back in place:
+the per-layer gradients and the parameter tree are never copied into one flat vector.
 
 The grid is (learner, block of ``BLOCK`` elements), every ``vmap``ped axis folded into the
-learner axis (one launch for one learner or 1,024); the blocks' partial sums are added in XLA.
-Each element is written by its own program: no atomics, a fixed order, deterministic. A row with
-a non-finite entry gets a NaN ``row_max`` (counted explicitly; a max over NaN is not reliable
-across backends), which the guard reads as a non-finite gradient.
+learner axis; the blocks' partial sums are added in XLA. Each element is written by its own
+program: no atomics, a fixed order, deterministic. A row with a non-finite entry gets a NaN
+``row_max`` (counted explicitly: a max over NaN is not reliable across backends).
 
-``impl``: ``"pallas"`` (Triton-lowered, GPU), ``"interpret"`` (the same kernels in interpret
-mode, CPU tests) or ``"reference"`` (the formulas in jnp, what the kernels are tested against).
-docs/performance.md has what the kernels gain and from how many learners they pay.
+``impl``: ``"pallas"`` (Triton, GPU), ``"interpret"`` (interpret mode, CPU tests) or
+``"reference"`` (the formulas in jnp, what the kernels are tested against).
 """
 
 from __future__ import annotations
@@ -55,17 +48,15 @@ from pallas_kernels.folding import learner_folding
 
 Impl = Literal["pallas", "interpret", "reference"]
 IMPLS: tuple[str, ...] = ("pallas", "interpret", "reference")
-# The loss parts' gradients: one [parts, P] matrix, or its column segments [parts, n_k] in flat
-# order (the per-layer gradients as the backward pass writes them: no assembled copy).
+# The loss parts' gradients: one [parts, P] matrix, or its column segments [parts, n_k].
 Grads = jax.Array | Sequence[jax.Array]
 Segments = tuple[jax.Array, ...]
-
 # Elements of one vector a program handles, and its Triton warps.
 BLOCK = 1024
 NUM_WARPS = 4
 _FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)
-# The per-learner scalars of the Adam kernels, then the parts' weights w_k: "exact" says the
-# sums launch must check this learner.
+# The per-learner scalars of the Adam kernels, then the parts' weights w_k; "exact": the sums
+# launch must check this learner.
 _BIAS1, _BIAS2, _OK, _SYNC, _EXACT = range(5)
 _WRITE_STATS = 4  # the write launch's output per block: sum of p'^2, max |p|, |mu|, |nu| kept
 # provably_finite's limit on every bound: float32's largest value is 3.4e38, so a factor of
@@ -85,9 +76,8 @@ class AdamHyper(NamedTuple):
 
 
 class TailVectors(NamedTuple):
-    """One learner's float32 vectors that the tail reads, each flat ``[P]`` or as its per-leaf
-    segments ``[n_k]`` (``Segments``, the sizes of the gradient's segments): the learner keeps
-    them as its parameter tree's leaves, which the kernels then read and write in place."""
+    """One learner's float32 vectors that the tail reads, each flat ``[P]`` or as the per-leaf
+    segments ``[n_k]`` of the gradient's sizes (``Segments``), read and written in place."""
 
     params: Any  # online parameters (unmasked, as stored)
     masks: Any  # pruning masks {0, 1} of this step; None: no pruning (all ones)
@@ -106,9 +96,8 @@ class TailScalars(NamedTuple):
 
 
 class TailBounds(NamedTuple):
-    """The largest ``|x|`` of one learner's stored parameters, mu and nu (``[]`` float32 each),
-    or anything larger; float32's largest value where it is not known (:func:`unknown_bounds`:
-    finite, as everything the learner's state holds)."""
+    """Upper bounds on ``|x|`` of one learner's stored parameters, mu and nu (``[]`` float32
+    each); float32's largest value where unknown (:func:`unknown_bounds`)."""
 
     params: jax.Array
     mu: jax.Array
@@ -159,10 +148,9 @@ def candidate_bounds(
     hyper: AdamHyper,
     n: int,
 ) -> CandidateBounds:
-    """Bounds on the candidate from scalars alone: ``row_max [..., parts]`` (NaN for a
-    non-finite row, as :func:`gram` gives it), ``weights [..., parts]``, the stored vectors'
-    ``bounds`` and the step's ``scalars``, for ``n`` parameters. Exact arithmetic; the float32
-    rounding of the bounds and of the kernels' values is what ``_BOUND_LIMIT``'s margin is for."""
+    """Bounds on the candidate of ``n`` parameters from scalars alone: ``row_max [..., parts]``
+    (NaN for a non-finite row, as :func:`gram` gives it), ``weights [..., parts]``. Exact
+    arithmetic; ``_BOUND_LIMIT``'s margin covers the float32 rounding."""
     f32 = jnp.float32
     grad = jnp.sum(jnp.abs(weights) * row_max, axis=-1)
     mu_hat = (hyper.b1 * bounds.mu + (1 - hyper.b1) * grad) / jnp.asarray(scalars.bias1, f32)
@@ -173,23 +161,16 @@ def candidate_bounds(
 
 
 def provably_finite(b: CandidateBounds) -> jax.Array:
-    """Whether a step's total gradient and candidate are finite, with a finite squared norm,
-    shown by its :func:`candidate_bounds` ``b``: every bound (and the total's square, which nu
-    takes) below ``_BOUND_LIMIT``. NaN or inf anywhere compares False: nothing is shown, and
-    the guard's sums decide. -> ``[...]`` bool."""
+    """Whether the bounds ``b`` show the total gradient, the candidate and its squared norm
+    finite: every bound (and the total's square, which nu takes) below ``_BOUND_LIMIT``; NaN
+    compares False, and the guard's sums decide. -> ``[...]`` bool."""
     shown = [x <= _BOUND_LIMIT for x in (b.grad * b.grad, b.mu_hat, b.nu_hat, b.ratio, b.sq_norm)]
     return functools.reduce(jnp.logical_and, shown)
 
 
-# --------------------------------------------------------------------------------------------
-# References (jnp): the formulas the kernels are tested against.
-# --------------------------------------------------------------------------------------------
-
-
 def gram_reference(grads: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``grads [parts, P]`` -> ``(row_max [parts], gram [parts, parts])``: max |g_k| (NaN for a
-    row with a non-finite entry) and the Gram matrix of the rows divided by their max (1 for a
-    zero row), summed in float32."""
+    non-finite row) and the Gram matrix of the rows divided by their max (1 for a zero row)."""
     g = jnp.asarray(grads, jnp.float32)
     finite = jnp.all(_finite(g), axis=1)
     row_max = jnp.max(jnp.abs(g), axis=1)
@@ -201,9 +182,8 @@ def gram_reference(grads: jax.Array) -> tuple[jax.Array, jax.Array]:
 def _candidate(
     g: jax.Array, old: TailVectors, scalars: TailScalars, hyper: AdamHyper
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Adam on the total gradient ``g`` (optax.scale_by_adam then scale_by_learning_rate, the
-    same operations in the same order), the masks and the target sync: the new parameters,
-    target, mu and nu."""
+    """Adam on the total gradient ``g`` (optax's scale_by_adam and scale_by_learning_rate
+    operations in order), the masks and the target sync: new parameters, target, mu and nu."""
     b1, b2 = hyper.b1, hyper.b2
     new_mu = (1 - b1) * g + b1 * old.mu
     new_nu = (1 - b2) * (g * g) + b2 * old.nu
@@ -220,11 +200,7 @@ def _candidate(
 
 
 def adam_select_reference(
-    grads: jax.Array,
-    weights: jax.Array,
-    old: TailVectors,
-    scalars: TailScalars,
-    hyper: AdamHyper,
+    grads: jax.Array, weights: jax.Array, old: TailVectors, scalars: TailScalars, hyper: AdamHyper
 ) -> AdamSelect:
     """:func:`adam_select` in jnp, for one learner. It always checks (no bounds taken)."""
     g = jnp.sum(jnp.asarray(weights, jnp.float32)[:, None] * grads, axis=0)
@@ -236,21 +212,9 @@ def adam_select_reference(
         jnp.where(ok, new, kept)
         for new, kept in ((new_params, old.params), (new_mu, old.mu), (new_nu, old.nu))
     )
-    return AdamSelect(
-        params=params,
-        target=jnp.where(ok, new_target, old.target),
-        mu=mu,
-        nu=nu,
-        total_finite=total_finite,
-        params_sq_norm=sq,
-        applied=ok,
-        bounds=TailBounds(*(jnp.max(jnp.abs(x)) for x in (params, mu, nu))),
-    )
-
-
-# --------------------------------------------------------------------------------------------
-# Kernels: a grid of (learner, block of BLOCK elements); cross-block sums in XLA.
-# --------------------------------------------------------------------------------------------
+    target = jnp.where(ok, new_target, old.target)
+    bounds = TailBounds(*(jnp.max(jnp.abs(x)) for x in (params, mu, nu)))
+    return AdamSelect(params, target, mu, nu, total_finite, sq, ok, bounds)
 
 
 def _block_load(ref, start, index, n):
@@ -258,17 +222,14 @@ def _block_load(ref, start, index, n):
 
 
 def _segment_blocks(sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """The first block of each segment and, last, the number of blocks: each segment's blocks
-    are its own, so no block reads two segments' gradient arrays."""
-    firsts = [0]
-    for n in sizes:
-        firsts.append(firsts[-1] + pl.cdiv(n, BLOCK))
-    return tuple(firsts)
+    """The first block of each segment and, last, the number of blocks (no block spans two
+    segments)."""
+    return tuple(itertools.accumulate((pl.cdiv(n, BLOCK) for n in sizes), initial=0))
 
 
 def _per_segment(block, sizes: tuple[int, ...], body) -> None:
-    """``body(k, local)`` for the segment ``k`` that ``block`` falls in, with ``local`` the
-    block's number within it. One segment: no branch."""
+    """``body(k, local)`` for the segment ``k`` that ``block`` falls in, ``local`` its block
+    number there."""
     firsts = _segment_blocks(sizes)
     if len(sizes) == 1:
         body(0, block)
@@ -290,8 +251,7 @@ def _groups(refs, segmented: tuple[bool, ...], n_segments: int) -> list[tuple[An
 
 
 def _slot(group, split: bool, k: int, learner, local, sizes: tuple[int, ...]):
-    """Where segment ``k``'s block ``local`` of a ``learner`` lies: (ref, first element), in the
-    segment's own array or in the flat vector."""
+    """(ref, first element) of a ``learner``'s block ``local`` of segment ``k``."""
     if split:
         return group[k], learner * sizes[k] + local * BLOCK
     return group[0], learner * sum(sizes) + sum(sizes[:k]) + local * BLOCK
@@ -328,17 +288,14 @@ def _gram_kernel(*refs, parts: int, sizes: tuple[int, ...]):
     _per_segment(block, sizes, segment)
 
 
-def _pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()  # Triton's block shapes are powers of two
-
-
 def _stats_width(parts: int) -> int:
-    """gram's output per block: max [parts], non-finite count [parts], gram [parts^2]."""
-    return _pow2(parts * (parts + 2))
+    """gram's output per block: max [parts], non-finite count [parts], gram [parts^2], padded to
+    a power of two (Triton's block shapes are)."""
+    return pl.next_power_of_2(parts * (parts + 2))
 
 
 def _coef_width(parts: int) -> int:
-    return _pow2(_EXACT + 1 + parts)
+    return pl.next_power_of_2(_EXACT + 1 + parts)
 
 
 def _coefficients(coef_ref, learner, parts: int):
@@ -351,12 +308,11 @@ def _coefficients(coef_ref, learner, parts: int):
 
 
 def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks, segmented):
-    """The ``learner``'s block ``local`` of segment ``k``: the total gradient, the candidate
-    vectors, the old ones (params, target, mu, nu), the learner's ``ok`` and ``sync``
-    coefficients, and which of the block's lanes it holds. ``refs``: the vectors of
-    :class:`TailVectors` in order (without the masks when ``masks`` is False), each as its
-    segments' refs where ``segmented`` says so, then the coefficients. The program ids come as
-    arguments: interpret mode cannot read them inside a ``pl.when`` branch."""
+    """The ``learner``'s block ``local`` of segment ``k``: the total gradient, the candidate and
+    old (params, target, mu, nu), the ``ok`` and ``sync`` coefficients and the lanes in range.
+    ``refs``: the present :class:`TailVectors` (segmented where ``segmented`` says), then the
+    coefficients. Program ids come as arguments: interpret mode cannot read them in a
+    ``pl.when`` branch."""
     *vector_refs, coef_ref = refs
     groups = _groups(vector_refs, segmented, len(sizes))
     n = sizes[k]
@@ -409,9 +365,8 @@ def _adam_write_kernel(*refs, segments: int, written: tuple[bool, ...], **static
     """Per block: the candidate where the learner's ``ok`` coefficient is 1, else the old.
 
     Outputs alias their inputs, so an element not stored keeps its old value. With a hard sync
-    (tau 0) the target is stored only where the sync is due and the step kept: on the other
-    steps (99 of 100 at target_every 100) it is neither read nor written, a [P] read and write
-    per learner less."""
+    (tau 0) the target is stored only where the sync is due and the step kept: on other steps it
+    is neither read nor written."""
     g_refs, rest = refs[:segments], refs[segments:]
     n_out = sum(segments if split else 1 for split in written)
     inputs, outs, stats_out = rest[: -n_out - 1], rest[-n_out - 1 : -1], rest[-1]
@@ -428,10 +383,9 @@ def _adam_write_kernel(*refs, segments: int, written: tuple[bool, ...], **static
             ref, start = _slot(*out, k, learner, local, static["sizes"])
             plgpu.store(ref.at[pl.ds(start, BLOCK)], value, mask=mask)
 
-        # The stats: the candidate's sum of squares (the guard's, also where the sums launch
-        # did not run) and the largest |x| stored, the next step's TailBounds (to the last bit:
-        # a compiler may contract the multiply-adds of the stored and of the maxed value
-        # differently, which provably_finite's margin covers). Out-of-range lanes hold 0.
+        # The stats: the candidate's sum of squares (the guard's) and the largest |x| stored, the
+        # next TailBounds (up to contraction differences, which provably_finite's margin
+        # covers). Out-of-range lanes hold 0.
         stats = [jnp.sum(new_params * new_params)]
         for ref, fresh, old_value in (
             (p_out, new_params, old_params),
@@ -454,15 +408,6 @@ def _adam_write_kernel(*refs, segments: int, written: tuple[bool, ...], **static
     _per_segment(block, static["sizes"], segment)
 
 
-def _check_offsets(learners: int, parts: int, n: int) -> None:
-    if parts < 2:
-        raise ValueError(f"flat_tail: want at least 2 loss parts (MSE and C51), got {parts}")
-    if learners * parts * n + BLOCK >= 2**31:
-        raise ValueError(
-            f"flat_tail: {learners} learners x {parts} x {n} exceed the kernels' int32 offsets"
-        )
-
-
 def _params() -> plgpu.CompilerParams:
     return plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=1)
 
@@ -474,7 +419,13 @@ def _segments(grads: Segments) -> tuple[int, int, tuple[int, ...]]:
         shapes = [g.shape for g in grads]
         raise ValueError(f"flat_tail: segments must be [L, parts, n_k] alike, got {shapes}")
     sizes = tuple(int(g.shape[2]) for g in grads)
-    _check_offsets(learners, parts, sum(sizes))
+    if parts < 2:
+        raise ValueError(f"flat_tail: want at least 2 loss parts (MSE and C51), got {parts}")
+    if learners * parts * sum(sizes) + BLOCK >= 2**31:
+        raise ValueError(
+            f"flat_tail: {learners} learners x {parts} x {sum(sizes)} exceed the kernels' int32"
+            " offsets"
+        )
     return learners, parts, sizes
 
 
@@ -496,12 +447,10 @@ def _vector_pieces(
 
 
 def gram_pallas(grads: Segments, *, interpret: bool) -> tuple[jax.Array, jax.Array]:
-    """``grads``: the ``[L, parts, n_k]`` column segments of ``[L, parts, P]`` ->
-    ``(row_max [L, parts], gram [L, parts, parts])``.
+    """``[L, parts, n_k]`` segments -> ``(row_max [L, parts], gram [L, parts, parts])``.
 
     Each block's Gram matrix is of its rows divided by the block's max ``m_b``; rescaled by
-    ``m_b / M`` (<= 1, ``M`` the row's max over blocks) they sum to the Gram matrix of the rows
-    divided by ``M``, without overflow."""
+    ``m_b / M`` (<= 1, ``M`` the row's max) they sum to the whole one, without overflow."""
     learners, parts, sizes = _segments(grads)
     blocks = _segment_blocks(sizes)[-1]
     out = pl.pallas_call(
@@ -532,12 +481,9 @@ def adam_select_pallas(
     hyper: AdamHyper,
     interpret: bool,
 ) -> AdamSelect:
-    """:func:`adam_select` on ``L`` learners: ``grads``, the ``[L, parts, n_k]`` column
-    segments of ``[L, parts, P]``, ``weights [L, parts]``, vectors ``[L, P]``, scalars and
-    bounds ``[L]``, ``row_max [L, parts]``. Two launches over the same blocks: the guard's sums
-    (non-finite total entries, the candidate's squared norm) for the learners whose candidate
-    is not provably finite, then, with the decision, the candidate or the old values written in
-    place, with the stats of what was written."""
+    """:func:`adam_select` on ``L`` learners (``[L, parts, n_k]`` segments, ``weights [L,
+    parts]``, vectors ``[L, P]``, scalars and bounds ``[L]``, ``row_max [L, parts]``): the
+    guard's sums for the learners not provably finite, then the decided values written in place."""
     learners, parts, sizes = _segments(grads)
     n = sum(sizes)
     blocks = _segment_blocks(sizes)[-1]
@@ -550,8 +496,7 @@ def adam_select_pallas(
         strict=True,
     ):
         coefs = coefs.at[:, column].set(jnp.asarray(value, jnp.float32))
-    # Without masks (no pruning) the kernels neither take nor read them. A vector in segments
-    # is handed over as its segments' arrays.
+    # Without masks (no pruning) the kernels neither take nor read them.
     present = {name: x for name, x in zip(TailVectors._fields, old, strict=True) if x is not None}
     pieces = {name: _vector_pieces(name, x, learners, sizes) for name, x in present.items()}
     vectors = [piece for name in present for piece in pieces[name]]
@@ -564,8 +509,7 @@ def adam_select_pallas(
         masks=old.masks is not None,
         segmented=tuple(isinstance(x, tuple) for x in present.values()),
     )
-    # Input positions (the gradient segments first) of params, target, mu and nu, piece by
-    # piece: each written in place.
+    # Input positions (after the gradient segments) of params, target, mu and nu: written in place.
     widths = [len(p) for p in pieces.values()]
     firsts = dict(zip(present, itertools.accumulate(widths[:-1], initial=0), strict=True))
     written = ("params", "target", "mu", "nu")
@@ -611,20 +555,12 @@ def adam_select_pallas(
         shaped = tuple(x.reshape(learners, -1) for x in taken)
         new[name] = shaped if isinstance(present[name], tuple) else shaped[0]
     return AdamSelect(
-        params=new["params"],
-        target=new["target"],
-        mu=new["mu"],
-        nu=new["nu"],
+        **new,
         total_finite=total_finite,
         params_sq_norm=jnp.sum(stats[..., 0], axis=1),  # as the sums launch sums it
         applied=ok,
         bounds=TailBounds(*(jnp.max(stats[..., i], axis=1) for i in (1, 2, 3))),
     )
-
-
-# --------------------------------------------------------------------------------------------
-# Dispatch with vmap rules that fold every mapped axis into the kernels' learner axis.
-# --------------------------------------------------------------------------------------------
 
 
 @functools.cache
@@ -667,9 +603,8 @@ def _like(flat: jax.Array, form: jax.Array | Segments) -> jax.Array | Segments:
 
 
 def gram(grads: Grads, impl: Impl = "pallas") -> tuple[jax.Array, jax.Array]:
-    """``grads [parts, P]`` (parts >= 2), or its column segments ``[parts, n_k]`` in order,
-    -> ``(row_max [parts], gram [parts, parts])``, see :func:`gram_reference`. Works under
-    ``jax.vmap`` (one launch for all mapped learners)."""
+    """``grads [parts, P]`` (parts >= 2) or its segments ``[parts, n_k]`` -> ``(row_max [parts],
+    gram [parts, parts])`` (:func:`gram_reference`). Under ``jax.vmap``: one launch."""
     _check_impl(impl)
     segments = _as_segments(grads)
     if impl == "reference":
@@ -688,16 +623,13 @@ def adam_select(
     bounds: TailBounds | None = None,
     row_max: jax.Array | None = None,
 ) -> AdamSelect:
-    """One learner's Adam step on the total gradient ``sum_k weights[k] grads[k]``
-    (``grads [parts, P]`` or its column segments ``[parts, n_k]`` in order, ``weights
-    [parts]``), its masks and target sync, kept only where the guard passes: when
-    ``scalars.pre_ok``, the total gradient is finite and the new parameters' squared norm is
-    finite; otherwise the ``old`` vectors come back. Works under ``jax.vmap`` (one launch for
-    all mapped learners).
+    """One learner's Adam step on ``sum_k weights[k] grads[k]`` (``grads [parts, P]`` or its
+    segments ``[parts, n_k]``), with masks and target sync, kept only when ``scalars.pre_ok``
+    and the total gradient and new parameters' squared norm are finite; otherwise ``old`` comes
+    back. Under ``jax.vmap``: one launch.
 
-    ``bounds`` (the previous call's ``AdamSelect.bounds``) and ``row_max`` (:func:`gram`'s)
-    let the kernels skip the guard's sums where :func:`provably_finite` shows they would pass;
-    the result is the same. Without them (or with ``impl="reference"``) every check runs."""
+    ``bounds`` (the previous ``AdamSelect.bounds``) and ``row_max`` (:func:`gram`'s) let the
+    kernels skip the guard's sums where :func:`provably_finite` shows they pass (same result)."""
     _check_impl(impl)
     segments = _as_segments(grads)
     if impl == "reference":
@@ -707,12 +639,10 @@ def adam_select(
             (jnp.concatenate(segments, axis=-1), weights, flat_old, scalars),
         )
         out = adam_select_reference(g, w, vectors, values, hyper)
-        return out._replace(
-            params=_like(out.params, old.params),
-            target=_like(out.target, old.target),
-            mu=_like(out.mu, old.mu),
-            nu=_like(out.nu, old.nu),
+        params, target, mu, nu = (
+            _like(getattr(out, x), getattr(old, x)) for x in ("params", "target", "mu", "nu")
         )
+        return out._replace(params=params, target=target, mu=mu, nu=nu)
     if bounds is None or row_max is None:
         bounds, row_max = unknown_bounds(), jnp.full(jnp.shape(weights), jnp.nan, jnp.float32)
     args = _one((segments, weights, old, scalars, bounds, row_max))
