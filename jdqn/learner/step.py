@@ -1,27 +1,15 @@
 """The learner step: one pure function, jit-compiled with donated state (docs/design.md,
 section 5).
 
-``make_learner(cfg, n_features, non_causal)`` returns a :class:`Learner` of four pure functions
-over :class:`LearnerState`:
+:func:`make_learner` returns a :class:`Learner` of pure functions over :class:`LearnerState`,
+each ``jit``- and ``vmap``-able over a leading seed/fold axis. Periodic parts (vaccine, causal
+term, pruning, target sync) are selects or ``lax.cond`` on the step counter; Python branches
+exist only on the static config. The update's implementation is ``jdqn.accel``'s choice, made
+once here, and the step traces under the ``JDQN_KERNELS`` override (``jdqn.pieces``) seen here.
 
-- ``init(key) -> LearnerState`` (empty replay buffer),
-- ``insert(state, transitions [n]) -> LearnerState`` (PER insert at max priority),
-- ``step(state, alpha, beta, clock=None) -> (LearnerState, LearnerMetrics)``: section 5's steps
-  in order, guard included,
-- ``act_q(state, obs [B, F+1]) -> [B, A]``: head-mean Q of the online net (stored ``u``, never
-  updated).
-
-All four are ``jax.jit``-able (``step`` with ``donate_argnums=0``) and ``jax.vmap``-able over a
-leading seed/fold axis of the state. Periodic parts (vaccine, causal term, pruning, target sync)
-are selects or ``lax.cond`` on the step counter; Python branches exist only on the static config
-(a component that is off costs nothing). How the update runs (XLA or Pallas kernels) is
-``jdqn.accel``'s choice, made once here; the step is traced under the test override
-``JDQN_KERNELS`` (``jdqn.pieces``) that was set here, whatever it is when the step is traced.
-
-Under ``vmap`` the state's step counter is batched, so a ``lax.cond`` on it becomes a select that
-runs both branches. ``clock`` is the same counter given unbatched, for programs whose learners
-step in lock-step (every caller in jdqn that vmaps learners): the schedules then follow it, and
-a cond on it stays a branch.
+Under ``vmap`` the step counter is batched, so a ``lax.cond`` on it runs both branches.
+``clock`` is the same counter unbatched, for learners that step in lock-step (every vmapping
+caller in jdqn): the schedules follow it, and a cond on it stays a branch.
 """
 
 from __future__ import annotations
@@ -80,12 +68,11 @@ def make_learner(
     debug: bool = False,
     learners: int = 1,
 ) -> Learner:
-    """Build the learner for ``n_features`` feature columns (observations have one more: the
-    position). ``non_causal`` lists the feature columns the causal intervention permutes.
-    ``debug`` puts value checks (``jdqn.debug``) at each component boundary, to be run under
-    ``jdqn.debug.checked``; off, the checks are absent from the compiled program. ``learners``
-    is how many learners one program will step together under ``vmap`` (folds x seeds); it
-    only picks the update's implementation (:func:`jdqn.accel.choose`)."""
+    """The learner for ``n_features`` feature columns (observations add the position).
+    ``non_causal``: the columns the causal intervention permutes. ``debug``: value checks
+    (``jdqn.debug``) at each component boundary; off, they are absent from the program.
+    ``learners``: how many one program steps under ``vmap``; it only picks the update's
+    implementation (:func:`jdqn.accel.choose`)."""
     non_causal = tuple(int(i) for i in non_causal)
     if any(not 0 <= i < n_features for i in non_causal) or len(set(non_causal)) != len(non_causal):
         raise ValueError(
@@ -150,10 +137,8 @@ def learner_step(
     beta: jax.Array,
     clock: jax.Array | None = None,
 ) -> tuple[LearnerState, LearnerMetrics]:
-    """One learner step (docs/design.md, section 5). ``clock``: ``state.step`` as an unbatched
-    int, shared by every learner a vmapped program steps (they start together and step in
-    lock-step); the schedules (vaccine, causal term, pruning, target sync) follow it. None:
-    they follow ``state.step``."""
+    """One learner step (docs/design.md, section 5). ``clock``: ``state.step`` unbatched, shared
+    by learners stepped in lock-step, for the schedules to follow (None: ``state.step``)."""
     cfg, accel = setup.cfg, setup.accel
     net, loss_cfg, batch_size = cfg.network, cfg.loss, cfg.train.batch_size
     alpha = jnp.asarray(alpha, jnp.float32)
