@@ -84,8 +84,7 @@ def _stack_fwd(
 def _stack_bwd(
     matmul_dtype: str, barriers: str, residuals: tuple[Any, ...], cotangent: jax.Array
 ) -> Grads:
-    inputs, kernels, head_kernel = residuals
-    return _backward(matmul_dtype, barriers)(cotangent, inputs, kernels, head_kernel)
+    return _backward(matmul_dtype, barriers)(cotangent, *residuals)  # inputs, kernels, head
 
 
 _stack.defvjp(_stack_fwd, _stack_bwd)

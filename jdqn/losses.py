@@ -18,29 +18,18 @@ import pallas_kernels
 from jdqn import accel, networks, pieces
 from jdqn.config import Config
 
-
-def project_target(
-    probs: jax.Array,
-    rewards: jax.Array,
-    discounts: jax.Array,
-    v_min: float,
-    v_max: float,
-    impl: str = "auto",
-) -> jax.Array:
-    """Project the distribution of r + g Z onto the support (Bellemare et al., 2017). [B, N].
-    ``pallas_kernels.c51_project`` with ``impl`` from ``jdqn.accel.kernels_for``."""
-    return pallas_kernels.c51_project(probs, rewards, discounts, v_min, v_max, impl=impl)
+# The C51 projection of r + g Z onto the support (Bellemare et al., 2017), [B, N]; ``impl``
+# from ``jdqn.accel.kernels_for``.
+project_target = pallas_kernels.c51_project
 
 
 def select_action(values: jax.Array, action: jax.Array, n_trailing: int = 0) -> jax.Array:
     """``values[..., a, *trailing]`` at ``a = action[...]``: the actions axis is the one before
     the last ``n_trailing`` axes, and ``action`` (int) broadcasts against the axes before it.
 
-    A select and a sum over the actions axis instead of a gather. Its gradient is a select that
-    XLA fuses into the neighbouring elementwise work, where a gather's gradient is a scatter-add
-    kernel of its own, a visible part of the step at many vmapped learners. The other actions'
-    values are selected away, never multiplied by zero, so an inf or NaN there cannot leak into
-    the result (0 * inf is NaN).
+    A select and a sum, not a gather: its gradient is a select that XLA fuses into neighbouring
+    elementwise work, where a gather's is a scatter-add kernel of its own. The other actions'
+    values are selected away, never multiplied by zero, so an inf or NaN there cannot leak.
     """
     axis = values.ndim - 1 - n_trailing
     taken = _taken(action, values.shape[axis])

@@ -108,9 +108,7 @@ def make_learner(
             ),
             step=jnp.zeros((), jnp.int32),
             guard=GuardRecord(
-                halted=jnp.zeros((), bool),
-                step=jnp.full((), -1, jnp.int32),
-                reason=jnp.zeros((), jnp.int32),
+                jnp.zeros((), bool), jnp.full((), -1, jnp.int32), jnp.zeros((), jnp.int32)
             ),
             key=state_key,
             bootstrap_key=bootstrap_key,
