@@ -140,13 +140,11 @@ def _parts_backward(
     g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
     with jax.named_scope("head"):
         g_input = _rounded(jnp.einsum("rpo,oi->rpi", g, _rounded(head_kernel, dtype)), dtype)
-        # XLA's layout assignment lets the first of the head's two GEMMs in the program's post
-        # order set the layout of the cotangent both read. Read through this barrier, the
-        # kernel gradient's GEMM comes after the input gradient's (rows outermost, as written
-        # here) whatever order the caller consumes the gradients in; else the cotangent is
-        # written twice, [R, P, O] and [P, O, R]. The bias's sum reads it through the barrier
-        # too: fused into the pass that writes the cotangent, that pass is slower than the write
-        # and the sum apart.
+        # XLA lets the first of the head's two GEMMs in post order set the layout of the
+        # cotangent both read. Through this barrier the kernel gradient's GEMM comes after the
+        # input gradient's (rows outermost) whatever order the caller consumes them in; else the
+        # cotangent is written twice, [R, P, O] and [P, O, R]. The bias's sum reads through it
+        # too: fused into the cotangent's write, that pass is slower than the two apart.
         if barriers == "on":
             g_input, g = jax.lax.optimization_barrier((g_input, g))
         head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)

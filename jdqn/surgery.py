@@ -60,10 +60,9 @@ def gradient_vaccine(
     when ``phi < phi_hat``). Then ``phi_hat <- (1-beta) phi_hat + beta phi``, clamped to
     [-0.99, 0.99].
 
-    Skip branch: when either norm is 0 or ``|g2| < 1e-8 |g1|`` (the C51 weight alpha ~ 0), the
-    gradients are returned unchanged AND ``phi_hat`` is NOT updated: the cosine of a numerically
-    absent gradient is noise (and 0 for a zero vector) and would drag the EMA toward 0 during the
-    MSE-only phase. In the no-op branch (``phi >= phi_hat``) the EMA does update, as in the paper.
+    When either norm is 0 or ``|g2| < 1e-8 |g1|`` (C51 weight alpha ~ 0), nothing changes, not
+    even ``phi_hat``: the cosine of a numerically absent gradient is noise that would drag the
+    EMA toward 0 in the MSE-only phase. When ``phi >= phi_hat`` the EMA updates, as in the paper.
     """
     g1 = jnp.asarray(g1, jnp.float32)
     g2 = jnp.asarray(g2, jnp.float32)
@@ -131,14 +130,10 @@ def budget_shares(
 def budget_clip(
     g: jax.Array, share: float | jax.Array, budget: float | jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Down-only gradient budget: ``g * min(1, share * budget / |g|)``; returns ``(g', scale)``.
-
-    Norm clipping (Pascanu et al., ICML 2013) applied per loss part with a shared budget.
-
-    A gradient is never scaled up (``scale <= 1``); a zero vector passes through with scale 1;
-    ``share = 0`` zeroes the gradient. A non-finite ``g`` is not hidden: its norm is inf/NaN and
-    the result stays non-finite, for the learner's guard to catch.
-    """
+    """Down-only gradient budget, ``(g * scale, scale)`` with ``scale = min(1, share * budget /
+    |g|)``: norm clipping (Pascanu et al., ICML 2013) per loss part with a shared budget. A zero
+    vector keeps scale 1; ``share = 0`` zeroes ``g``; a non-finite ``g`` stays non-finite, for
+    the learner's guard to catch."""
     g = jnp.asarray(g, jnp.float32)
     scale = _budget_scale(_norm(g), share, budget)
     return g * scale, scale
