@@ -1,26 +1,20 @@
 """The learner's one seam for speed: how the update (gradient surgery, Adam, masks, target sync
 and the guard's keep-or-reject; docs/design.md, section 5, steps 7-8 and 10-11) runs.
 
-:func:`choose` picks an :class:`Accel` once from (config, backend, learners per program, debug);
-the learner step calls ``accel.update`` and never asks which one it got. Both take and return the
-state in its one form (parameter trees, optax's Adam state over them) and agree to float32
-rounding:
+:func:`choose` picks an :class:`Accel` once; the step calls ``accel.update`` and never asks
+which. Both forms take and return the state in its one form (parameter trees, optax's Adam
+state) and agree to float32 rounding:
 
-- ``xla``: :func:`jdqn.surgery.gradient_surgery` on the ``[parts, n_params]`` gradient, optax's
-  Adam, the masks, the sync and a select, as jnp that XLA fuses. Fastest for few learners.
-- ``kernels`` (``pallas_kernels.flat_tail``): the surgery's reductions in one Pallas kernel, then
-  Adam, masks, sync and the guard's select in two kernels that write the state in place. Pays
-  from :data:`FUSED_TAIL_MIN_LEARNERS` vmapped learners on a GPU, where the tail's passes over
-  the vectors are bound by memory bandwidth. With the kernels the causal term runs under a
-  ``lax.cond`` on the unbatched clock (``causal_under_cond``); with XLA's few learners a 0/1
-  weight is cheaper than a cond.
+- ``xla``: :func:`jdqn.surgery.gradient_surgery` on the ``[parts, n_params]`` gradient and
+  optax's Adam, as jnp that XLA fuses. Fastest for few learners.
+- ``kernels`` (``pallas_kernels.flat_tail``): the surgery's reductions in one Pallas kernel,
+  then Adam, masks, sync and the guard's select in two kernels that write the state in place.
+  Pays from :data:`FUSED_TAIL_MIN_LEARNERS` vmapped learners on a GPU, where the tail is
+  memory-bound; the causal term then runs under a ``lax.cond`` (``causal_under_cond``), where
+  with XLA's few learners a 0/1 weight is cheaper.
 
-Users choose with ``accel.kernels``: ``auto`` (default) runs the C51 projection as a Pallas kernel
-on any GPU and the flat tail as kernels from 16 learners on, outside debug mode
-(:func:`update_impl`); ``off`` runs no kernel anywhere, the plain path to compare against. Tests
-and benchmarks switch one piece at a time, Pallas's interpret mode included, through the
-environment variable :data:`KERNELS_ENV` (``jdqn.pieces``, which lists every piece and its plain
-form; docs/performance.md has what each one gains).
+Users choose with ``accel.kernels`` (``auto`` or ``off``, :func:`update_impl`); tests and
+benchmarks switch one piece at a time through :data:`KERNELS_ENV` (``jdqn.pieces``).
 """
 
 from __future__ import annotations
@@ -35,8 +29,7 @@ import optax
 from jdqn import pieces, surgery
 from jdqn.config import AccelConfig, Config
 from jdqn.networks import ParamLayout, Params
-from jdqn.pieces import CHOICES as CHOICES  # the test override's names, re-exported
-from jdqn.pieces import KERNELS_ENV as KERNELS_ENV
+from jdqn.pieces import KERNELS_ENV as KERNELS_ENV  # the test override, re-exported
 from jdqn.pieces import forced as forced
 from pallas_kernels import flat_tail
 
@@ -71,9 +64,7 @@ class Update(NamedTuple):
     """The update of one step, already kept or rejected by the guard."""
 
     state: TailState  # params, target, opt_state, bounds kept (masks as given)
-    # SurgeryResult or SurgeryScalars: the metrics read the fields both have (phi_hat, phi,
-    # applied, norms, norms_after, total_norm).
-    surgery: Any
+    surgery: Any  # SurgeryResult or SurgeryScalars: the metrics read fields both have
     gradient_finite: jax.Array  # [] bool, every part's gradient and their total are finite
     params_sq_norm: jax.Array  # [] float32, the candidate parameters' squared norm
 
@@ -89,27 +80,23 @@ class Accel(NamedTuple):
 
 
 class Kernels(NamedTuple):
-    """The implementation of each Pallas piece, before ``auto`` meets the backend and learner
-    count (the other pieces of :data:`CHOICES` are read where they run, :func:`pieces.piece`)."""
+    """Each Pallas piece's implementation (``jdqn.pieces.CHOICES``), ``auto`` unresolved."""
 
-    projection: str  # one of CHOICES["projection"]
-    tail: str  # one of CHOICES["tail"]
+    projection: str
+    tail: str
 
 
 def kernels_for(accel: AccelConfig) -> Kernels:
     """``accel`` as implementations, with the test override of :data:`KERNELS_ENV` applied."""
-    chosen = Kernels("auto", "auto")
-    if accel.kernels == "off":
-        chosen = Kernels("reference", "xla")
-    forced_now = pieces.forced_now()
+    chosen = Kernels("reference", "xla") if accel.kernels == "off" else Kernels("auto", "auto")
+    forced_now = pieces.parse(pieces.spec_now())
     return chosen._replace(**{k: v for k, v in forced_now.items() if k in Kernels._fields})
 
 
 def update_impl(cfg: Config, backend: str, *, debug: bool, learners: int) -> str:
-    """The flat tail's implementation (:func:`kernels_for`) resolved: ``"auto"`` is the
-    kernels (``"pallas"``) on a GPU for programs that step at least
-    :data:`FUSED_TAIL_MIN_LEARNERS` learners together outside debug mode (whose checks read the
-    vectors the kernels never write), else ``"xla"``."""
+    """The flat tail's implementation resolved: ``"auto"`` is ``"pallas"`` on a GPU from
+    :data:`FUSED_TAIL_MIN_LEARNERS` learners on outside debug mode (whose checks read vectors
+    the kernels never write), else ``"xla"``."""
     impl = kernels_for(cfg.accel).tail
     if impl != "auto":
         return impl
@@ -137,7 +124,7 @@ def adam_init(cfg: Config, params: Params) -> optax.OptState:
 
 def all_finite(tree: Any) -> jax.Array:
     """Whether every entry of every leaf is finite: one reduction over the concatenated leaves
-    (XLA fuses the concatenation into it), not one kernel per leaf."""
+    (XLA fuses the concatenation), not one kernel per leaf."""
     return jnp.all(jnp.isfinite(jnp.concatenate([jnp.ravel(x) for x in jax.tree.leaves(tree)])))
 
 
@@ -191,10 +178,9 @@ def _xla_update(optimizer: optax.GradientTransformation, layout: ParamLayout, ta
         # Finite exactly when every new parameter is and the squared norm does not overflow.
         sq_norm = sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(new_params))
         ok = pre_ok & gradient_finite & jnp.isfinite(sq_norm)
-        kept = select(
+        params, target, opt_state = select(
             ok, (new_params, target, opt_state), (old.params, old.target_params, old.opt_state)
         )
-        params, target, opt_state = kept
         state = TailState(params, target, old.masks, opt_state, flat_tail.unknown_bounds())
         return Update(state, result, gradient_finite, jnp.asarray(sq_norm, jnp.float32))
 

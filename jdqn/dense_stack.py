@@ -1,33 +1,18 @@
 """The network's dense layers as one function, with a backward written for a batch of loss parts.
 
 ``dense_stack(torso, head, x, matmul_dtype) -> [R, O]``: ReLU layers ``torso`` (kernels [in, out],
-flax's order), then the linear ``head`` (kernel [out, in], ``jdqn.networks.HEAD``). The forward
-is the plain one; the backward is hand-written because of how the learner uses it.
+flax's order), then the linear ``head`` (kernel [out, in], ``jdqn.networks.HEAD``).
 
-The learner needs each loss part's gradient on its own (gradient surgery, docs/design.md,
-section 5), so it pulls P cotangents back through the network at once: ``jax.vmap`` over a VJP.
-Autodiff's backward of a dense layer under that vmap keeps the part axis outermost,
-``[P, R, out]``. The kernel gradient contracts over the rows R, and its GEMM wants the part and
-output axes side by side, so XLA wrote each layer's cotangent twice, once per GEMM's layout (a
-large share of the step at many vmapped learners).
-
-Here the backward has a vmap rule (:func:`jax.custom_batching.custom_vmap`) that keeps the rows
-outermost, ``[R, P, out]``, a layout both of a layer's GEMMs read as it is:
-
-- the input gradient, ``[R*P, out] @ W -> [R, P, in]``: rows and parts are one GEMM dimension;
-- the kernel gradient, ``[R, in]^T @ [R, P*out] -> [in, P, out]``: the parts and outputs are.
-
-Each bias's gradient is the cotangent summed over the rows; the head's is summed in a pass of its
-own, after the cotangent is written, which is faster at many learners. (Taking the biases'
-gradients from the kernel-gradient GEMM, with a column of ones on each layer's input, made those
-GEMMs one column wider and twice as slow.)
-
-Under any other vmap (over learners, or a single part), the rule maps the one-part form. The
-math is autodiff's: ReLU's derivative is 0 at 0, as ``jax.nn.relu``'s, and bfloat16 matmul
-inputs round where autodiff's do. Only the order of float32 sums may differ.
-
-``JDQN_KERNELS=dense=autodiff`` (tests and benchmarks only, ``jdqn.pieces``) runs the same
-forward under JAX's autodiff instead, the plain path this backward is measured against.
+The learner pulls P loss parts' cotangents back at once (``jax.vmap`` over a VJP; gradient
+surgery, docs/design.md, section 5). Autodiff's backward keeps the part axis outermost,
+``[P, R, out]``, and XLA wrote each layer's cotangent twice, once per GEMM's layout. Here the
+backward's vmap rule (:func:`jax.custom_batching.custom_vmap`) keeps the rows outermost,
+``[R, P, out]``, which both of a layer's GEMMs read as it is (input gradient
+``[R*P, out] @ W``, kernel gradient ``[R, in]^T @ [R, P*out]``). The head's bias gradient is
+summed in a pass of its own, faster at many learners than a column of ones in the GEMM. Under
+any other vmap the rule maps the one-part form. The math is autodiff's (ReLU's derivative 0 at
+0, bfloat16 inputs rounded where autodiff rounds); only the order of float32 sums may differ.
+``JDQN_KERNELS=dense=autodiff`` (``jdqn.pieces``) runs autodiff instead, for comparison.
 """
 
 from __future__ import annotations
@@ -99,8 +84,7 @@ def _stack_fwd(
 def _stack_bwd(
     matmul_dtype: str, barriers: str, residuals: tuple[Any, ...], cotangent: jax.Array
 ) -> Grads:
-    inputs, kernels, head_kernel = residuals
-    return _backward(matmul_dtype, barriers)(cotangent, inputs, kernels, head_kernel)
+    return _backward(matmul_dtype, barriers)(cotangent, *residuals)  # inputs, kernels, head
 
 
 _stack.defvjp(_stack_fwd, _stack_bwd)
@@ -156,13 +140,11 @@ def _parts_backward(
     g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
     with jax.named_scope("head"):
         g_input = _rounded(jnp.einsum("rpo,oi->rpi", g, _rounded(head_kernel, dtype)), dtype)
-        # XLA's layout assignment lets the first of the head's two GEMMs in the program's post
-        # order set the layout of the cotangent both read. Read through this barrier, the
-        # kernel gradient's GEMM comes after the input gradient's (rows outermost, as written
-        # here) whatever order the caller consumes the gradients in; else the cotangent is
-        # written twice, [R, P, O] and [P, O, R]. The bias's sum reads it through the barrier
-        # too: fused into the pass that writes the cotangent, that pass is slower than the write
-        # and the sum apart.
+        # XLA lets the first of the head's two GEMMs in post order set the layout of the
+        # cotangent both read. Through this barrier the kernel gradient's GEMM comes after the
+        # input gradient's (rows outermost) whatever order the caller consumes them in; else the
+        # cotangent is written twice, [R, P, O] and [P, O, R]. The bias's sum reads through it
+        # too: fused into the cotangent's write, that pass is slower than the two apart.
         if barriers == "on":
             g_input, g = jax.lax.optimization_barrier((g_input, g))
         head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)

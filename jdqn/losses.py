@@ -1,14 +1,9 @@
 """Loss parts of the learner step, each a small pure function in float32 (docs/design.md,
-section 5, steps 4-5 and 9).
+section 5, steps 4-5 and 9); rank/dtype checks run at trace time and cost nothing.
 
-Per-element functions return one value per (row, head); :func:`td_target` builds the step's
-target and :func:`loss_parts` the weighted means the step differentiates, one gradient per part.
-Rank/dtype checks run at trace time and cost nothing.
-
-Adding a loss term: compute it in :func:`loss_parts` (from the online pass's logits, Q or the
-batch) under a new name, with its weight from the config; the step pulls every part back on its
-own, gradient surgery treats the MSE and C51 parts, and every other part joins the sum that
-Adam gets unchanged.
+Adding a loss term: compute it in :func:`loss_parts` under a new name, weighted from the
+config; the step pulls every part back on its own, gradient surgery treats the MSE and C51
+parts, and every other part joins Adam's sum unchanged.
 """
 
 from __future__ import annotations
@@ -23,32 +18,18 @@ import pallas_kernels
 from jdqn import accel, networks, pieces
 from jdqn.config import Config
 
-
-def project_target(
-    probs: jax.Array,
-    rewards: jax.Array,
-    discounts: jax.Array,
-    v_min: float,
-    v_max: float,
-    impl: str = "auto",
-) -> jax.Array:
-    """Project the distribution of r + g Z onto the support (Bellemare et al., 2017). [B, N].
-
-    Dispatches to ``pallas_kernels.c51_project`` (hat-kernel form; Pallas on GPU, pure jnp on
-    CPU); ``impl`` comes from ``accel.kernels`` (``jdqn.accel.kernels_for``).
-    """
-    return pallas_kernels.c51_project(probs, rewards, discounts, v_min, v_max, impl=impl)
+# The C51 projection of r + g Z onto the support (Bellemare et al., 2017), [B, N]; ``impl``
+# from ``jdqn.accel.kernels_for``.
+project_target = pallas_kernels.c51_project
 
 
 def select_action(values: jax.Array, action: jax.Array, n_trailing: int = 0) -> jax.Array:
     """``values[..., a, *trailing]`` at ``a = action[...]``: the actions axis is the one before
     the last ``n_trailing`` axes, and ``action`` (int) broadcasts against the axes before it.
 
-    A select and a sum over the actions axis instead of a gather. Its gradient is a select that
-    XLA fuses into the neighbouring elementwise work, where a gather's gradient is a scatter-add
-    kernel of its own, a visible part of the step at many vmapped learners. The other actions'
-    values are selected away, never multiplied by zero, so an inf or NaN there cannot leak into
-    the result (0 * inf is NaN).
+    A select and a sum, not a gather: its gradient is a select that XLA fuses into neighbouring
+    elementwise work, where a gather's is a scatter-add kernel of its own. The other actions'
+    values are selected away, never multiplied by zero, so an inf or NaN there cannot leak.
     """
     axis = values.ndim - 1 - n_trailing
     taken = _taken(action, values.shape[axis])
@@ -113,15 +94,9 @@ def q_regression_loss(
     )
 
 
-def c51_cross_entropy(logits: jax.Array, target: jax.Array) -> jax.Array:
-    """-sum_i m_i log_softmax(logits)_i, float32 (Bellemare et al., 2017). [..., N] -> [...]."""
-    return cross_entropy(jax.nn.log_softmax(logits, axis=-1), target)
-
-
 def cross_entropy(log_probs: jax.Array, target: jax.Array) -> jax.Array:
-    """-sum_i m_i log p_i from log-probabilities, float32. [..., N] -> [...]. The learner
-    takes the taken action's row of the log-softmax it already has for Q, so the C51 and MSE
-    parts share one log-softmax and one pass of its gradient."""
+    """C51's cross-entropy -sum_i m_i log p_i from log-probabilities (Bellemare et al., 2017),
+    float32, [..., N] -> [...]: the learner reuses the log-softmax it already has for Q."""
     chex.assert_equal_shape([log_probs, target])
     chex.assert_type([log_probs, target], jnp.float32)
     return -jnp.sum(target * log_probs, axis=-1)
@@ -136,13 +111,10 @@ def c51_head(
     ``target [R, K, N]`` -> (``q [R, K, A]`` = sum_i p_i z_i, ``ce [R, K]`` = -sum_i m_i
     log p_i at the taken action) (Bellemare et al., 2017). Differentiable in ``logits`` only.
 
-    The gradient is written in closed form: dq_a/dl_a = p_a (z - q_a) and, with M = sum_i m_i,
-    dce/dl_taken = M p - m. Autodiff of the same forward goes back through the log-softmax,
-    which needs a reduction over the atoms of the cotangent first; at 1,024 vmapped learners
-    that was a pass of its own over both loss parts' [R, K, A, N] cotangents. Here the cotangent
-    is one elementwise expression. Exact as autodiff's (M is summed, not assumed to be 1); only
-    float32 rounding differs. Under ``vjp=autodiff`` (:data:`jdqn.pieces.KERNELS_ENV`, read at
-    trace time) JAX differentiates the forward instead.
+    The gradient is in closed form, dq_a/dl_a = p_a (z - q_a) and, with M = sum_i m_i,
+    dce/dl_taken = M p - m: one elementwise expression, where autodiff first reduces the
+    cotangent over the atoms (a pass of its own at many vmapped learners). Exact as autodiff's
+    up to float32 rounding; ``vjp=autodiff`` (``jdqn.pieces``) runs autodiff instead.
     """
     if pieces.piece("vjp") == "autodiff":
         return _c51_head_forward(logits, support, action, target)[:2]
@@ -225,16 +197,10 @@ def causal_intervention(key: jax.Array, obs: jax.Array, non_causal: tuple[int, .
 def causal_kl(log_p: jax.Array, logits_intervened: jax.Array) -> jax.Array:
     """KL(stop_grad(p(s)) || p(do(s))) over the atoms, float32. [..., N] -> [...].
 
-    ``log_p`` is the observed pass's log-softmax, the fixed reference (the learner already has
-    it for the C51 head); only the intervened pass is pulled toward it (the causal-intervention
-    penalty of docs/design.md, section 5, step 9). ``log_p`` gets no gradient.
-
-    The gradient is written in closed form, d KL / d logits_intervened = M q - p with
-    q = softmax(logits_intervened) and M = sum_i p_i summed in the forward (1 up to rounding).
-    Autodiff goes back through the log-softmax, which first reduces the cotangent over the atoms:
-    a pass of its own at 1,024 vmapped learners. Exact as autodiff's; only float32 rounding
-    differs. Under ``vjp=autodiff`` (:data:`jdqn.pieces.KERNELS_ENV`, read at trace time) JAX
-    differentiates the forward instead.
+    ``log_p``, the observed pass's log-softmax, is the fixed reference (no gradient); only the
+    intervened pass is pulled toward it (docs/design.md, section 5, step 9). The gradient is in
+    closed form, M q - p with q = softmax(logits_intervened) and M = sum_i p_i, for the same
+    reason and with the same ``vjp=autodiff`` switch as :func:`c51_head`'s.
     """
     if pieces.piece("vjp") == "autodiff":
         return _causal_kl_fwd(log_p, logits_intervened)[0]
@@ -282,11 +248,10 @@ def support_collapse(
     """What signals a collapsing C51 learner before anything is non-finite: (Q pinned at the
     support's edge, edge mass above ``mass_limit``), two [] bools.
 
-    Q is a convex combination of the atoms, so it can never leave [v_min, v_max]; a Q within one
-    atom spacing of an edge means the distribution has piled onto that atom (a learner diverging
-    towards the seed's -1e30 reaches it first). ``target`` [..., N] is the projected target: a
-    mean mass above ``mass_limit`` on the two edge atoms means the returns do not fit the support
-    (rewards far outside it are clipped onto the edges and the distribution carries nothing)."""
+    Q, a convex combination of the atoms, within one atom spacing of an edge means the
+    distribution has piled onto that atom (a diverging learner reaches it first); a mean mass
+    of the projected ``target [..., N]`` above ``mass_limit`` on the edge atoms means the
+    returns do not fit the support."""
     delta_z = (v_max - v_min) / (n_atoms - 1)
     pinned = (jnp.max(q) > v_max - delta_z) | (jnp.min(q) < v_min + delta_z)
     return pinned, jnp.mean(edge_mass(target)) > mass_limit

@@ -1,16 +1,11 @@
 """The test and benchmark override of which implementation each piece runs: the environment
 variable :data:`KERNELS_ENV` (``JDQN_KERNELS``), e.g. ``tail=interpret,dense=autodiff``.
 
-Not a user setting (users have ``accel.kernels``, :mod:`jdqn.accel`); it exists so that a test
-can check one piece's forms against each other, and a benchmark time each specialisation against
-its plain form. It imports nothing of jdqn, so the modules that hold the pieces (``jdqn.accel``,
-``jdqn.dense_stack``, ``jdqn.losses``, ``jdqn.learner.step``) all read it without a cycle.
-
-The variable is read when a function is traced, so programs traced under different values
-differ; it is part of the stored executables' key (``jdqn.executables``). JAX caches traces by
-function: the same function traced again at the same shapes keeps its first trace, so trace a
-new one under another value. A learner's step traces under the value ``make_learner`` saw
-(:func:`traced_under`), as its update was chosen then.
+Not a user setting (users have ``accel.kernels``); it lets a test check one piece's forms
+against each other and a benchmark time each against its plain form. It imports nothing of
+jdqn, so every module holding a piece reads it without a cycle. It is read at trace time, so it
+is part of the stored executables' key (``jdqn.executables``); as JAX caches traces by function,
+trace a new function under another value (a learner's step uses :func:`traced_under`).
 """
 
 from __future__ import annotations
@@ -23,9 +18,8 @@ import jax
 
 KERNELS_ENV = "JDQN_KERNELS"
 
-# Each piece's implementations; "auto" is the default (the projection's are
-# pallas_kernels.c51_projection's ``impl``; jdqn.accel resolves the projection's and the tail's
-# "auto" against the backend and the number of learners).
+# Each piece's implementations, "auto" the default (jdqn.accel resolves the projection's and
+# the tail's against the backend and the number of learners).
 CHOICES: dict[str, tuple[str, ...]] = {
     "projection": ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"),
     "tail": ("auto", "pallas", "interpret", "xla"),
@@ -62,16 +56,11 @@ def spec_now() -> str:
     return os.environ.get(KERNELS_ENV, "")
 
 
-def forced_now() -> dict[str, str]:
-    """The pieces :data:`KERNELS_ENV` names now."""
-    return parse(spec_now())
-
-
 def piece(name: str) -> str:
     """``name``'s implementation under :data:`KERNELS_ENV` now: "auto" resolved for the pieces
     that need no backend (``dense``, ``vjp``, ``barriers``, ``executables``); "auto" itself
     for the others."""
-    choice = forced_now().get(name, "auto")
+    choice = parse(spec_now()).get(name, "auto")
     return _AUTO.get(name, choice) if choice == "auto" else choice
 
 

@@ -1,14 +1,11 @@
-"""Gradient surgery on flat float32 gradients: Gradient Vaccine and the down-only budget.
+"""Gradient surgery on flat float32 gradients: Gradient Vaccine and the down-only budget
+(docs/design.md, section 5, steps 7-8).
 
-docs/design.md, section 5, steps 7-8. The learner's update (``jdqn.accel``) calls
-:func:`gradient_surgery` on the ``[parts, P]`` array of the loss parts' gradients (flat in
-``jdqn.networks.ParamLayout``'s order): the vaccine (when due) and both budgets in one pass (or,
-with the Pallas flat tail, only :func:`surgery_scalars` on the kernel's reductions), with the
-formulas of
-:func:`gradient_vaccine` and :func:`budget_clip` (which remain the readable, separately tested
-forms). Everything is branch-free (``jnp.where``), so it stays cheap under ``vmap`` over seeds and
-folds, and float32. Norms are computed on max-abs-rescaled vectors so that finite gradients with
-entries near the float32 range do not overflow the sum of squares.
+:func:`gradient_vaccine` and :func:`budget_clip` are the readable, separately tested forms;
+the learner's update (``jdqn.accel``) runs them fused, :func:`gradient_surgery` (or, with the
+Pallas flat tail, :func:`surgery_scalars` on the kernel's reductions). Branch-free
+(``jnp.where``), so cheap under ``vmap``; norms are taken of max-abs-rescaled vectors so that
+finite gradients near the float32 range do not overflow the sum of squares.
 """
 
 from __future__ import annotations
@@ -63,10 +60,9 @@ def gradient_vaccine(
     when ``phi < phi_hat``). Then ``phi_hat <- (1-beta) phi_hat + beta phi``, clamped to
     [-0.99, 0.99].
 
-    Skip branch: when either norm is 0 or ``|g2| < 1e-8 |g1|`` (the C51 weight alpha ~ 0), the
-    gradients are returned unchanged AND ``phi_hat`` is NOT updated: the cosine of a numerically
-    absent gradient is noise (and 0 for a zero vector) and would drag the EMA toward 0 during the
-    MSE-only phase. In the no-op branch (``phi >= phi_hat``) the EMA does update, as in the paper.
+    When either norm is 0 or ``|g2| < 1e-8 |g1|`` (C51 weight alpha ~ 0), nothing changes, not
+    even ``phi_hat``: the cosine of a numerically absent gradient is noise that would drag the
+    EMA toward 0 in the MSE-only phase. When ``phi >= phi_hat`` the EMA updates, as in the paper.
     """
     g1 = jnp.asarray(g1, jnp.float32)
     g2 = jnp.asarray(g2, jnp.float32)
@@ -134,14 +130,10 @@ def budget_shares(
 def budget_clip(
     g: jax.Array, share: float | jax.Array, budget: float | jax.Array
 ) -> tuple[jax.Array, jax.Array]:
-    """Down-only gradient budget: ``g * min(1, share * budget / |g|)``; returns ``(g', scale)``.
-
-    Norm clipping (Pascanu et al., ICML 2013) applied per loss part with a shared budget.
-
-    A gradient is never scaled up (``scale <= 1``); a zero vector passes through with scale 1;
-    ``share = 0`` zeroes the gradient. A non-finite ``g`` is not hidden: its norm is inf/NaN and
-    the result stays non-finite, for the learner's guard to catch.
-    """
+    """Down-only gradient budget, ``(g * scale, scale)`` with ``scale = min(1, share * budget /
+    |g|)``: norm clipping (Pascanu et al., ICML 2013) per loss part with a shared budget. A zero
+    vector keeps scale 1; ``share = 0`` zeroes ``g``; a non-finite ``g`` stays non-finite, for
+    the learner's guard to catch."""
     g = jnp.asarray(g, jnp.float32)
     scale = _budget_scale(_norm(g), share, budget)
     return g * scale, scale
@@ -240,24 +232,15 @@ def gradient_surgery(
     shares: tuple[float | jax.Array, float | jax.Array],
     budget: float | jax.Array,
 ) -> SurgeryResult:
-    """``gradient_vaccine`` (when ``vaccine_due``) then ``budget_clip`` on each part, from one
-    pass over the gradients: the same formulas, fused for the learner step (docs/design.md,
-    section 5, steps 7-8; Wang et al., ICLR 2021; Pascanu et al., ICML 2013).
+    """``gradient_vaccine`` (when ``vaccine_due``; Wang et al., ICLR 2021) then ``budget_clip``
+    (Pascanu et al., ICML 2013) on each part, fused: ``grads [parts, P]`` holds the MSE and C51
+    gradients, then further parts that join the sum unchanged.
 
-    ``grads`` is ``[parts, P]``: rows 0 and 1 are the MSE and C51 gradients, further rows (the
-    diversity and causal terms) join the sum unchanged.
-
-    Every scalar the surgery needs comes from two reductions over ``grads``: the max-abs of each
-    row and the Gram matrix of the max-abs-rescaled rows (float32 products summed elementwise, so
-    no TF32 matmul and no overflow); :func:`surgery_scalars` does the rest. The vaccinated norms
-    follow without another pass, because ``g1' = g1 + k |g1| unit(g2)`` has ``|g1'| = |g1|
-    sqrt(1 + 2 k phi + k^2)`` (and symmetrically for g2), and so does the norm of the total: it
-    is ``sum_k w_k s_k`` over the rescaled rows ``s_k``, so ``|total|^2 = w^T G w``. The output
-    vectors are elementwise expressions of the rows that XLA fuses into their consumer (Adam):
-    on the GPU the whole surgery is a few kernels instead of one per norm, dot product and
-    select, and the total's norm (a logged metric) costs no pass over the total. From the Gram
-    matrix, ``|total|`` carries float32 rounding relative to the parts' norms, not its own: a
-    total that nearly cancels is reported to ~1e-7 of the parts' norms.
+    Every scalar comes from two reductions: each row's max-abs and the Gram matrix ``G`` of the
+    rescaled rows (elementwise float32 products: no TF32 matmul, no overflow). The vaccinated
+    norms need no other pass (``|g1'| = |g1| sqrt(1 + 2 k phi + k^2)``), nor does the total's
+    (``|total|^2 = w^T G w``, so its rounding is relative to the parts' norms). The output
+    vectors are elementwise in the rows, which XLA fuses into Adam.
     """
     g = jnp.asarray(grads, jnp.float32)  # [parts, P]
     row_max = jnp.max(jnp.abs(g), axis=1)  # [parts]

@@ -143,14 +143,9 @@ def test_select_action_matches_indexing_and_keeps_other_actions_out():
     np.testing.assert_array_equal(grad, np.eye(3)[action][:, None, :].repeat(2, axis=1))
 
 
-def test_cross_entropy_from_log_probs_is_the_c51_cross_entropy():
+def test_cross_entropy_from_log_probs():
     logits = jax.random.normal(jax.random.PRNGKey(1), (7, 5)) * 3.0
     target = jnp.asarray(_softmax64(np.arange(35.0).reshape(7, 5) / 10.0), jnp.float32)
-    np.testing.assert_allclose(
-        losses.cross_entropy(jax.nn.log_softmax(logits), target),
-        losses.c51_cross_entropy(logits, target),
-        rtol=1e-6,
-    )
     want = -(np.asarray(target, np.float64) * np.log(_softmax64(logits))).sum(-1)
     np.testing.assert_allclose(
         losses.cross_entropy(jax.nn.log_softmax(logits), target), want, rtol=1e-5
@@ -210,14 +205,14 @@ def test_q_regression_loss_and_huber():
     np.testing.assert_allclose(huber, [0.01, 0.15, 0.51])  # hand values
 
 
-def test_c51_cross_entropy_matches_float64():
+def test_cross_entropy_of_log_softmax_matches_float64():
     logits = jax.random.normal(jax.random.PRNGKey(0), (6, 5)) * 20.0  # large: needs log_softmax
     target = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(1), (6, 5)))
     z = np.asarray(logits, np.float64)
     log_softmax = z - z.max(-1, keepdims=True)
     log_softmax -= np.log(np.exp(log_softmax).sum(-1, keepdims=True))
     expected = -(np.asarray(target, np.float64) * log_softmax).sum(-1)
-    out = losses.c51_cross_entropy(logits, target)
+    out = losses.cross_entropy(jax.nn.log_softmax(logits), target)
     assert np.all(np.isfinite(out))
     np.testing.assert_allclose(out, expected, rtol=1e-5)
 

@@ -40,13 +40,11 @@ class GuardRecord(NamedTuple):
 
 @flax.struct.dataclass
 class LearnerState:
-    """Everything the learner carries between steps (docs/design.md, section 2). Leaves gain a
-    leading [S] axis under vmap over seeds/folds."""
+    """Everything the learner carries between steps (docs/design.md, section 2); leaves gain a
+    leading [S] axis under vmap over seeds/folds. Parameters, target, masks and Adam's moments
+    are the network's parameter tree (float32) whatever steps the learner (``jdqn.accel``), so a
+    checkpoint resumes under any implementation."""
 
-    # Parameters, their target and masks are the network's parameter tree ({torso_l: {kernel
-    # [in, H_l], bias [H_l]}, head: {kernel [K*A*N, H], bias [K*A*N]}}, float32), and Adam's
-    # moments are trees like it: one form whatever implementation steps the learner
-    # (jdqn.accel), so a checkpoint resumes under any of them.
     params: Params  # online net
     target_params: Params  # target net (torso and every head)
     sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32} spectral-norm vectors (stop-gradient)
@@ -58,10 +56,9 @@ class LearnerState:
     guard: GuardRecord  # [] leaves
     key: jax.Array  # [2] uint32, advanced every applied step
     bootstrap_key: jax.Array  # [2] uint32, fixed: per-transition ensemble bootstrap masks
-    # [] float32 each: the largest |x| of params and Adam's moments as the Pallas kernels last
-    # wrote them (float32's largest value when XLA's update did, or before the first step),
-    # which lets the next step skip the guard's sums pass where it cannot fail
-    # (pallas_kernels.flat_tail.TailBounds).
+    # [] float32 each: max |x| of params and Adam's moments as the Pallas kernels last wrote them
+    # (float32's max after XLA's update): lets the next step skip the guard's sums pass where it
+    # cannot fail (pallas_kernels.flat_tail.TailBounds).
     tail_bounds: TailBounds
 
 
@@ -107,20 +104,15 @@ class LearnerMetrics(NamedTuple):
     halted: float | jax.Array  # 1 when the guard has halted this learner
 
 
-# Shapes and dtypes of LearnerMetrics (every field a float32 scalar; the step casts them), so
-# callers can build a record's zeros or unpack it without tracing the step to find out.
+# LearnerMetrics' shapes and dtypes, for callers that build or unpack a record without tracing.
 _F32_SCALAR: Any = jax.ShapeDtypeStruct((), jnp.float32)
 LEARNER_METRICS_RECORD = LearnerMetrics(*[_F32_SCALAR for _ in LearnerMetrics._fields])
 
 
 def pack_metrics(record: Any) -> jax.Array:
-    """A pytree of scalar metrics as one float32 vector ``[M]`` (leaf order).
-
-    A ``lax.scan`` that returns a pytree of M scalars writes M separate one-element slices per
-    iteration, each its own GPU kernel (~1 us apiece on the H200); the packed vector is one
-    write. Bools and small ints round-trip exactly (float32 holds every integer up
-    to 2^24), which :func:`unpack_metrics` relies on.
-    """
+    """A pytree of scalar metrics as one float32 vector ``[M]`` (leaf order): a ``lax.scan``
+    writes it in one kernel, where M scalars are M one-element writes. Bools and ints below
+    2^24 round-trip exactly, as :func:`unpack_metrics` relies on."""
     return jnp.stack([jnp.asarray(x, jnp.float32) for x in jax.tree.leaves(record)], axis=-1)
 
 
@@ -138,11 +130,11 @@ def unpack_metrics(packed: jax.Array, like: Any) -> Any:
 
 
 class Learner(NamedTuple):
-    """The learner's pure functions (described in :mod:`jdqn.learner.step`)."""
+    """The learner's pure functions (:func:`jdqn.learner.step.make_learner`)."""
 
-    init: Callable[[jax.Array], LearnerState]
-    insert: Callable[[LearnerState, Transition], LearnerState]
-    # (state, alpha, beta[, clock]) -> (state, metrics); see jdqn.learner.step
+    init: Callable[[jax.Array], LearnerState]  # key -> state, replay buffer empty
+    insert: Callable[[LearnerState, Transition], LearnerState]  # PER insert at max priority
+    # (state, alpha, beta[, clock]) -> (state, metrics), jit with donate_argnums=0
     step: Callable[..., tuple[LearnerState, LearnerMetrics]]
-    act_q: Callable[[LearnerState, jax.Array], jax.Array]
+    act_q: Callable[[LearnerState, jax.Array], jax.Array]  # obs [B, F+1] -> head-mean Q [B, A]
     layout: ParamLayout  # the parameter tree's leaves, shapes and flat order
