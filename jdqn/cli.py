@@ -77,52 +77,11 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    wf = commands.add_parser(
-        "walkforward", help="train and judge the agent walk-forward", parents=[common]
+    _add_walkforward(
+        commands.add_parser(
+            "walkforward", help="train and judge the agent walk-forward", parents=[common]
+        )
     )
-    wf.add_argument("--config", help="rerun a saved config.json (flags and --set apply on top)")
-    wf.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
-    wf.add_argument("--data", help="bar file (CSV/Parquet); default: built-in synthetic ES bars")
-    wf.add_argument("--profile", choices=sorted(PROFILES), help="default: smoketest")
-    wf.add_argument(
-        "--instrument",
-        help="instrument preset (ES, NQ, CL, GC, ZN, 6E, EURUSD, BTCUSD; default ES, the "
-        "profiles' values): tick size, point value, costs, calendar; with "
-        "env.reward_unit=points also the reward scale and C51 support",
-    )
-    wf.add_argument("--out", help="parent directory of the run directory (default: runs)")
-    wf.add_argument("--folds", type=int, help="number of walk-forward folds")
-    wf.add_argument("--epochs", type=int, help="training epochs per fold")
-    wf.add_argument("--seeds", type=int, help="seeds per fold (vmapped with the folds)")
-    wf.add_argument("--seed", type=int, help="base seed")
-    wf.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override a config value, e.g. --set optim.learning_rate=3e-4 (repeatable)",
-    )
-    wf.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run (.incomplete dir)")
-    wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
-    wf.add_argument("--no-progress", action="store_true", help="no progress bar")
-    wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
-    wf.add_argument(
-        "--devices",
-        type=int,
-        metavar="N",
-        help="local devices that share the learners (default: all of them)",
-    )
-    # One run over several processes (jdqn.processes); under SLURM or Open MPI read from the launch.
-    wf.add_argument(
-        "--coordinator",
-        metavar="HOST:PORT",
-        help="process 0's address, for a run of several processes (with the next two flags)",
-    )
-    wf.add_argument(
-        "--num-processes", type=int, metavar="N", help="processes that share the learners"
-    )
-    wf.add_argument("--process-id", type=int, metavar="I", help="this process's number, 0 to N - 1")
 
     config = commands.add_parser("config", help="configuration tools", parents=[common])
     config_commands = config.add_subparsers(
@@ -179,6 +138,53 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes")
     return parser
+
+
+def _add_walkforward(wf: argparse.ArgumentParser) -> None:
+    """The ``walkforward`` command's flags."""
+    wf.add_argument("--config", help="rerun a saved config.json (flags and --set apply on top)")
+    wf.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
+    wf.add_argument("--data", help="bar file (CSV/Parquet); default: built-in synthetic ES bars")
+    wf.add_argument("--profile", choices=sorted(PROFILES), help="default: smoketest")
+    wf.add_argument(
+        "--instrument",
+        help="instrument preset (ES, NQ, CL, GC, ZN, 6E, EURUSD, BTCUSD; default ES, the "
+        "profiles' values): tick size, point value, costs, calendar; with "
+        "env.reward_unit=points also the reward scale and C51 support",
+    )
+    wf.add_argument("--out", help="parent directory of the run directory (default: runs)")
+    wf.add_argument("--folds", type=int, help="number of walk-forward folds")
+    wf.add_argument("--epochs", type=int, help="training epochs per fold")
+    wf.add_argument("--seeds", type=int, help="seeds per fold (vmapped with the folds)")
+    wf.add_argument("--seed", type=int, help="base seed")
+    wf.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override a config value, e.g. --set optim.learning_rate=3e-4 (repeatable)",
+    )
+    wf.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run (.incomplete dir)")
+    wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
+    wf.add_argument("--no-progress", action="store_true", help="no progress bar")
+    wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
+    wf.add_argument(
+        "--devices",
+        type=int,
+        metavar="N",
+        help="local devices that share the learners (default: all of them)",
+    )
+    # One run over several processes (jdqn.processes); under SLURM or Open MPI read from the launch.
+    wf.add_argument(
+        "--coordinator",
+        metavar="HOST:PORT",
+        help="process 0's address, for a run of several processes (with the next two flags)",
+    )
+    wf.add_argument(
+        "--num-processes", type=int, metavar="N", help="processes that share the learners"
+    )
+    wf.add_argument("--process-id", type=int, metavar="I", help="this process's number, 0 to N - 1")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
