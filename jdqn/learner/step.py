@@ -108,7 +108,9 @@ def make_learner(
             ),
             step=jnp.zeros((), jnp.int32),
             guard=GuardRecord(
-                jnp.zeros((), bool), jnp.full((), -1, jnp.int32), jnp.zeros((), jnp.int32)
+                halted=jnp.zeros((), bool),
+                step=jnp.full((), -1, jnp.int32),
+                reason=jnp.zeros((), jnp.int32),
             ),
             key=state_key,
             bootstrap_key=bootstrap_key,
