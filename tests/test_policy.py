@@ -4,7 +4,9 @@ window reproduces its results."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -20,6 +22,7 @@ from jdqn import policy_bundle, report
 from jdqn.cli import main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.data import load_bars, prepare_walkforward
+from jdqn.data.calendars import CALENDARS
 from jdqn.evaluate_saved import evaluate_saved
 from jdqn.networks import param_layout
 from jdqn.policy import PolicyError, load_policy, saved_policies
@@ -278,6 +281,31 @@ def test_evaluate_on_the_runs_own_test_window_gives_back_its_results(tiny_run, t
     assert [r["agent"] for r in outcome.results["folds"]] == [
         r["agent"] for r in results["folds"] if r["fold"] == 0
     ]
+
+
+def test_evaluate_annualises_the_daily_sharpe_by_the_runs_calendar(tiny_run, tmp_path, monkeypatch):
+    # The same saved policies on the same four days of bars, judged as runs of a 252-day and of
+    # a 365-day calendar (as crypto's): the daily Sharpe is annualised by the run's calendar,
+    # as the walk-forward annualises it, not by a fixed 252.
+    bars = tmp_path / "days.csv"
+    assert main(["data", "synth", "--bars", "6000", "--out", str(bars), "--seed", "3"]) == 0
+
+    def judged(out: str) -> list[dict]:
+        outcome = evaluate_saved(
+            tiny_run.run_dir, bars, fold=0, out=tmp_path / out, plots=False, log=lambda _: None
+        )
+        rows = outcome.results["folds"]
+        return [r["agent"] for r in rows] + [b for r in rows for b in r["baselines"].values()]
+
+    calendar = CALENDARS["cme_equity"]
+    usual = judged("usual")
+    monkeypatch.setitem(
+        CALENDARS, "cme_equity", dataclasses.replace(calendar, trading_days_per_year=365)
+    )
+    scale = math.sqrt(365 / calendar.trading_days_per_year)
+    assert any(m["sharpe_daily"] for m in usual)  # several days, some spread
+    for mine, theirs in zip(judged("crypto_days"), usual, strict=True):
+        assert mine["sharpe_daily"] == pytest.approx(theirs["sharpe_daily"] * scale, rel=1e-9)
 
 
 @pytest.mark.parametrize(
