@@ -70,13 +70,13 @@ def evaluate_saved(
     realised_at = timestamps[1:]
     cfg = first.cfg
     bars_per_year = float(first.meta["bars_per_year"])
-    days_per_year = CALENDARS[cfg.data.calendar].trading_days_per_year  # as the run annualised
+    calendar = CALENDARS[cfg.data.calendar]  # its trading days, as the run judged them
     baselines = _baselines(first, features, close, bars_per_year)
     nets = {k: np.asarray(b["rollout"].net_points) for k, b in baselines.items()}
     baseline_curves = {k: equity_curve(net) for k, net in nets.items()}
     baseline_held = {k: np.asarray(b["rollout"].positions) for k, b in baselines.items()}
     baseline_metrics = {
-        k: stats.with_daily_sharpe(b["metrics"], nets[k], realised_at, days_per_year)
+        k: stats.with_daily_sharpe(b["metrics"], nets[k], realised_at, calendar)
         for k, b in baselines.items()
     }
     window = {"test": [warmup, len(bars)], "test_time": [str(timestamps[0]), str(timestamps[-1])]}
@@ -92,7 +92,7 @@ def evaluate_saved(
             agent = record_metrics(
                 record, point_value_usd=cfg.env.point_value_usd, bars_per_year=bars_per_year
             )
-            agent = stats.with_daily_sharpe(agent, net, realised_at, days_per_year)
+            agent = stats.with_daily_sharpe(agent, net, realised_at, calendar)
             series.append(stats.RunSeries(fold, policy.seed, net, nets, realised_at))
             rows.append(
                 {

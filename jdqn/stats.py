@@ -22,8 +22,6 @@ SUMMARY_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", 
 BOOTSTRAP_REPS = 2_000
 CONFIDENCE = 0.95
 EULER_GAMMA = 0.5772156649015329
-# 17:00 CT Globex open -> midnight of its trading day (as ``jdqn.data.bars_per_year`` counts).
-_SESSION_SHIFT = np.timedelta64(7, "h")
 
 
 class RunSeries(NamedTuple):
@@ -110,12 +108,14 @@ def per_bar_sharpe(net: np.ndarray) -> float:
 
 
 def daily_sharpe(
-    net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0
+    net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0, day_open: int = 17 * 60
 ) -> float | None:
     """Sharpe ratio of the daily net PnL (per-bar PnL summed per trading day, days with a bar;
-    a bar from 17:00 CT belongs to the next day's session), annualised by sqrt(days_per_year);
-    0 without spread, None for fewer than two trading days."""
-    sessions = (np.asarray(realised_at, "datetime64[ns]") + _SESSION_SHIFT).astype("datetime64[D]")
+    a bar from ``day_open``, minutes after local midnight, belongs to the next day's session:
+    17:00 CT for CME's Globex, midnight for crypto), annualised by sqrt(days_per_year); 0
+    without spread, None for fewer than two trading days."""
+    shift = np.timedelta64((24 * 60 - day_open) % (24 * 60), "m")  # the day open -> midnight
+    sessions = (np.asarray(realised_at, "datetime64[ns]") + shift).astype("datetime64[D]")
     _, day = np.unique(sessions, return_inverse=True)
     daily = np.bincount(day, weights=np.asarray(net, np.float64))
     return per_bar_sharpe(daily) * math.sqrt(days_per_year) if daily.size >= 2 else None
@@ -178,13 +178,12 @@ def deflated_sharpe(returns_by_trial: Sequence[np.ndarray]) -> dict[str, Any]:
 
 
 def with_daily_sharpe(
-    metrics: Mapping[str, Any],
-    net: np.ndarray,
-    realised_at: np.ndarray,
-    days_per_year: float = 252.0,
+    metrics: Mapping[str, Any], net: np.ndarray, realised_at: np.ndarray, calendar: Any
 ) -> dict[str, Any]:
-    """``metrics`` with ``sharpe_daily`` (:func:`daily_sharpe`) added."""
-    return {**metrics, "sharpe_daily": daily_sharpe(net, realised_at, days_per_year)}
+    """``metrics`` with ``sharpe_daily`` (:func:`daily_sharpe`) added, by the trading days of
+    ``calendar`` (a ``jdqn.data.calendars.TradingCalendar``)."""
+    days = daily_sharpe(net, realised_at, calendar.trading_days_per_year, calendar.day_open)
+    return {**metrics, "sharpe_daily": days}
 
 
 def summarise(

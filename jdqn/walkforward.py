@@ -822,7 +822,7 @@ def _judge_group(
     to ``job.series``."""
     cfg, data, run, writes = job.cfg, job.data, job.run, job.writes
     guard, rollouts = outputs.guard, outputs.rollouts
-    days_per_year = CALENDARS[cfg.data.calendar].trading_days_per_year
+    calendar = CALENDARS[cfg.data.calendar]
     rows: list[dict[str, Any]] = []
     for r, (fold, seed) in enumerate(run_ids):
         fold_window = data.folds[fold]
@@ -845,7 +845,7 @@ def _judge_group(
                 gross_points=np.asarray(rollouts.pnl_points[r]),
                 cost_points=np.asarray(rollouts.cost_points[r]),
             )
-            agent = stats.with_daily_sharpe(agent, net, realised_at, days_per_year)
+            agent = stats.with_daily_sharpe(agent, net, realised_at, calendar)
         baseline_nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
         agent_net = None if agent is None else net
         job.series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
@@ -879,7 +879,7 @@ def _judge_group(
                 "agent": agent,
                 "baselines": {
                     name: stats.with_daily_sharpe(
-                        b["metrics"], baseline_nets[name], realised_at, days_per_year
+                        b["metrics"], baseline_nets[name], realised_at, calendar
                     )
                     for name, b in baselines.items()
                 },

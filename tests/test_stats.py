@@ -11,6 +11,7 @@ import pytest
 import scipy.stats
 
 from jdqn import stats
+from jdqn.data.calendars import CALENDARS
 
 
 def test_iqm_is_scipys_quarter_trimmed_mean():
@@ -77,6 +78,24 @@ def test_daily_sharpe_sums_each_trading_day_from_the_1700_open():
     assert got == pytest.approx(expected, rel=1e-12)
     assert stats.daily_sharpe(np.ones(2), stamps[1:3]) is None  # both in Tuesday's session
     assert stats.daily_sharpe(np.array([1.0, 1.0, 0.0, 1.0]), stamps) == 0.0  # 1 $ every day
+
+
+def test_daily_sharpe_starts_each_day_at_the_calendars_open():
+    # Crypto's day opens at midnight: the 23:00 and 01:00 bars are two days there, one
+    # session (Tuesday's, from Monday 17:00) on CME's Globex clock.
+    stamps = np.array(
+        ["2020-01-06T10:00", "2020-01-06T23:00", "2020-01-07T01:00", "2020-01-08T09:00"],
+        "datetime64[ns]",
+    )
+    net = np.array([1.0, 2.0, 3.0, 4.0])
+    crypto = np.array([1.0 + 2.0, 3.0, 4.0])
+    expected = crypto.mean() / crypto.std(ddof=1) * math.sqrt(365)
+    assert stats.daily_sharpe(net, stamps, 365, day_open=0) == pytest.approx(expected, rel=1e-12)
+    cme = np.array([1.0, 2.0 + 3.0, 4.0])
+    expected = cme.mean() / cme.std(ddof=1) * math.sqrt(252)
+    assert stats.daily_sharpe(net, stamps) == pytest.approx(expected, rel=1e-12)
+    with_calendar = stats.with_daily_sharpe({}, net, stamps, CALENDARS["crypto_24x7"])
+    assert with_calendar["sharpe_daily"] == stats.daily_sharpe(net, stamps, 365, day_open=0)
 
 
 def test_deflated_sharpe_reproduces_the_papers_worked_example():
