@@ -34,7 +34,7 @@ from jdqn.transition import Transition, example_transition
 from pallas_kernels import flat_tail
 
 # Named scopes of the step's parts (``jax.named_scope``), as they appear in the op metadata of
-# the compiled program; ``jdqn.bench.kernels`` attributes each kernel to one of them.
+# the compiled program; ``benchmarks/kernels.py`` attributes each kernel to one of them.
 SCOPES = (
     "per_sample",
     "donors",
