@@ -66,8 +66,11 @@ class Overlap:
 
     def __init__(self, threads: bool | None = None) -> None:
         threads = usable_cores() >= MIN_CORES if threads is None else threads
-        pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="jdqn-overlap") if threads else None
-        self.executor: Executor = pool or InlineExecutor()
+        self.executor: Executor = (
+            ThreadPoolExecutor(WORKERS, thread_name_prefix="jdqn-overlap")
+            if threads
+            else InlineExecutor()
+        )
 
     def __enter__(self) -> Executor:
         return self.executor
