@@ -19,6 +19,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jdqn import accel
 from jdqn.config import SMOKETEST, apply_overrides
@@ -176,6 +177,18 @@ def _check(case: str, rtol: float, atol: float) -> None:
             np.testing.assert_allclose(got[name], value, rtol=rtol, atol=atol, err_msg=name)
 
 
+@pytest.fixture(autouse=True)
+def _on_cpu():
+    """The values were pinned on the CPU backend, so they are checked there on any machine: a
+    GPU's float32 matmuls and reductions round differently, and 50 steps amplify it."""
+    try:
+        cpu = jax.devices("cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS leaves the CPU out
+        pytest.skip("the pinned values are the CPU backend's, and JAX_PLATFORMS leaves it out")
+    with jax.default_device(cpu):
+        yield
+
+
 def test_one_xla_step_matches_the_pinned_values():
     _check("xla_one", rtol=1e-5, atol=1e-6)
 
@@ -190,4 +203,5 @@ def test_one_step_of_the_kernels_tail_match_the_pinned_values():
 
 
 if __name__ == "__main__":
-    write_reference()
+    with jax.default_device(jax.devices("cpu")[0]):
+        write_reference()
