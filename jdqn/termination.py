@@ -5,14 +5,23 @@ but at a chunk boundary, with the state checkpointed there.
 Ctrl-C clean-up runs for it. Inside :class:`ChunkBoundaries` (the training loop) the signal only
 sets a flag: the loop checkpoints the chunk's state and raises :class:`Terminated` itself. The CLI
 exits 143 (128 + SIGTERM), as a shell would. Only the main thread's signals are changed.
+
+Python cannot propagate an exception raised inside a garbage-collector callback (JAX registers
+one) or a finaliser: it hands it to ``sys.unraisablehook`` and goes on. A SIGTERM handled there
+would be lost and the run would finish as if never asked to stop, so inside
+:func:`sigterm_raises` such a :class:`Terminated` sends the signal again, from another thread:
+the main thread handles it in the code it runs next.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -26,6 +35,21 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
     raise Terminated
 
 
+def _send_again(previous: Callable[[Any], None], unraisable: Any) -> None:
+    """``sys.unraisablehook``: a dropped :class:`Terminated` is signalled again (not printed)."""
+    if isinstance(unraisable.exc_value, Terminated):
+        threading.Thread(target=_signal_soon, daemon=True).start()
+    else:
+        previous(unraisable)
+
+
+def _signal_soon() -> None:
+    # After a pause, so that the main thread has left this hook: the handler raising inside the
+    # hook itself would be dropped for good (a drop in another callback comes back here).
+    time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -37,9 +61,12 @@ def sigterm_raises() -> Iterator[None]:
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: _send_again(previous_hook, unraisable)
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         signal.signal(signal.SIGTERM, previous)
 
 

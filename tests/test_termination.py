@@ -3,6 +3,7 @@ damaged checkpoint is refused and the run resumes from the one before, to the sa
 
 from __future__ import annotations
 
+import gc
 import json
 import shutil
 import signal
@@ -26,6 +27,28 @@ def test_sigterm_raises_terminated_which_is_a_ctrl_c():
         signal.raise_signal(signal.SIGTERM)
     assert issubclass(termination.Terminated, KeyboardInterrupt)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_sigterm_taken_by_a_garbage_collector_callback_is_delivered_again():
+    """A signal handled while a gc callback runs (JAX registers one) raises there, where Python
+    prints the exception and drops it: the run went on and exited 0 (seen on CI)."""
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            signal.raise_signal(signal.SIGTERM)  # handled at once, inside this callback
+
+    waited = 0.0
+    with pytest.raises(termination.Terminated), termination.sigterm_raises():
+        gc.callbacks.append(callback)
+        try:
+            gc.collect()
+        finally:
+            gc.callbacks.remove(callback)
+        start = time.monotonic()
+        while time.monotonic() - start < 5:
+            time.sleep(0.01)
+        waited = time.monotonic() - start
+    assert waited == 0.0  # delivered within the loop, not after it
 
 
 def test_at_chunk_boundaries_sigterm_only_asks_and_is_delivered_at_the_end():
