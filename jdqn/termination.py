@@ -7,10 +7,10 @@ sets a flag: the loop checkpoints the chunk's state and raises :class:`Terminate
 exits 143 (128 + SIGTERM), as a shell would. Only the main thread's signals are changed.
 
 Python cannot propagate an exception raised inside a garbage-collector callback (JAX registers
-one) or a finaliser: it hands it to ``sys.unraisablehook`` and goes on. A SIGTERM handled there
-would be lost and the run would finish as if never asked to stop, so inside
-:func:`sigterm_raises` such a :class:`Terminated` sends the signal again, from another thread:
-the main thread handles it in the code it runs next.
+one) or a finaliser: it hands it to ``sys.unraisablehook`` and goes on. A SIGTERM or Ctrl-C
+handled there would be lost and the run would finish as if never asked to stop, so inside
+:func:`sigterm_raises` such a :class:`Terminated` or ``KeyboardInterrupt`` sends its signal
+again, from another thread: the main thread handles it in the code it runs next.
 """
 
 from __future__ import annotations
@@ -36,18 +36,21 @@ def _raise_terminated(signum: int, frame: FrameType | None) -> None:
 
 
 def _send_again(previous: Callable[[Any], None], unraisable: Any) -> None:
-    """``sys.unraisablehook``: a dropped :class:`Terminated` is signalled again (not printed)."""
-    if isinstance(unraisable.exc_value, Terminated):
-        threading.Thread(target=_signal_soon, daemon=True).start()
+    """``sys.unraisablehook``: a dropped :class:`Terminated` or ``KeyboardInterrupt`` is
+    signalled again (not printed)."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        terminated = isinstance(unraisable.exc_value, Terminated)
+        signum = signal.SIGTERM if terminated else signal.SIGINT
+        threading.Thread(target=_signal_soon, args=(signum,), daemon=True).start()
     else:
         previous(unraisable)
 
 
-def _signal_soon() -> None:
+def _signal_soon(signum: int) -> None:
     # After a pause, so that the main thread has left this hook: the handler raising inside the
     # hook itself would be dropped for good (a drop in another callback comes back here).
     time.sleep(0.01)
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signum)
 
 
 def _on_main_thread() -> bool:

@@ -29,16 +29,20 @@ def test_sigterm_raises_terminated_which_is_a_ctrl_c():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_a_sigterm_taken_by_a_garbage_collector_callback_is_delivered_again():
+@pytest.mark.parametrize(
+    ("signum", "raised"),
+    [(signal.SIGTERM, termination.Terminated), (signal.SIGINT, KeyboardInterrupt)],
+)
+def test_a_signal_taken_by_a_garbage_collector_callback_is_delivered_again(signum, raised):
     """A signal handled while a gc callback runs (JAX registers one) raises there, where Python
     prints the exception and drops it: the run went on and exited 0 (seen on CI)."""
 
     def callback(phase: str, info: dict) -> None:
         if phase == "start":
-            signal.raise_signal(signal.SIGTERM)  # handled at once, inside this callback
+            signal.raise_signal(signum)  # handled at once, inside this callback
 
     waited = 0.0
-    with pytest.raises(termination.Terminated), termination.sigterm_raises():
+    with pytest.raises(raised), termination.sigterm_raises():
         gc.callbacks.append(callback)
         try:
             gc.collect()
