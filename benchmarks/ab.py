@@ -8,7 +8,8 @@ measure a specialisation against the plain path, e.g. the GPU kernels against XL
     python -m benchmarks.ab --a loss.causal_weight=0 --b loss.causal_weight=0.1
     python -m benchmarks.ab --profile default --b-kernels dense=autodiff --seeds 24
 
-``--a-kernels`` / ``--b-kernels`` give a side the test override ``JDQN_KERNELS`` (``jdqn.pieces``),
+``--a-kernels`` / ``--b-kernels`` give a side the test override ``JDQN_KERNELS``
+(``jdqn.accel.pieces``),
 which switches one specialisation at a time to its plain form, none of them a config value:
 
     python -m benchmarks.ab --b-kernels dense=autodiff --seeds 1 1024
@@ -22,7 +23,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from jdqn import pieces
+from jdqn.accel import pieces
 from jdqn.bench.seeds import SEEDS, seed_counts, time_seeds
 from jdqn.config import PROFILES, Config, apply_overrides
 

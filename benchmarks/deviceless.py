@@ -130,9 +130,9 @@ def compile_deviceless(
 
     from jdqn import accel
     from jdqn.accel import update_impl
+    from jdqn.agent import make_learner
     from jdqn.bench.breakdown import scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
-    from jdqn.learner import make_learner
 
     topology = topologies.get_topology_desc(
         platform="cuda", target_config=target_config, topology="1x1x1"

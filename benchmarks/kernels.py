@@ -5,7 +5,7 @@ The step is one executable, so per-operation timers cannot see inside it; ``jax.
 The scan of learner steps runs under a trace; the trace's per-op events (those with an
 ``hlo_op`` argument, on the GPU's device streams when there is a GPU) are summed per kernel, and
 each kernel is attributed to a part of the step through the ``op_name`` metadata of the compiled
-HLO (the learner's ``jax.named_scope`` names, ``jdqn.learner.step.SCOPES``; ops of the backward
+HLO (the learner's ``jax.named_scope`` names, ``jdqn.agent.step.SCOPES``; ops of the backward
 pass carry ``transpose(...)``). Device busy time per step against wall time per step says
 whether the step is launch-bound (the device idles between kernels) or kernel-bound.
 
@@ -40,9 +40,9 @@ from typing import Any
 
 import jax
 
+from jdqn.agent.step import SCOPES
 from jdqn.bench.breakdown import filled_learner, scan_steps_fn, time_repeated
 from jdqn.config import SMOKETEST, Config, apply_overrides
-from jdqn.learner.step import SCOPES
 
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # every kernel launched on its own
 _METADATA = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+) = .*?metadata=\{op_name="([^"]*)"')

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
-from jdqn.replay import ReplayState, replay_add, replay_init, replay_sample, replay_update
-from jdqn.transition import Transition, example_transition
+from jdqn.agent.replay import ReplayState, replay_add, replay_init, replay_sample, replay_update
+from jdqn.agent.transition import Transition, example_transition
 
 # (capacity, batch): the smoketest buffer/batch and a 1e6-slot buffer at the default batch.
 SIZES: tuple[tuple[int, int], ...] = ((256, 64), (1_000_000, 256))

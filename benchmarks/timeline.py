@@ -31,23 +31,23 @@ from jdqn.bench.walkforward_run import bench_overrides, run_worker
 EVENT_TAG = "JDQN_TIMELINE "
 START_VAR = "JDQN_TIMELINE_T0"
 # Timed steps: (module, attribute, label), wrapped where the run looks them up (a function that
-# jdqn.walkforward imported by name is wrapped there). Methods are given as "Class.method".
+# jdqn.run.walkforward imported by name is wrapped there). Methods are given as "Class.method".
 TIMED = (
-    ("jdqn.walkforward", "load_data", "load_data"),
-    ("jdqn.rundir", "new_run_dir", "new_run_dir"),
-    ("jdqn.walkforward", "_stack", "device transfer"),
-    ("jdqn.walkforward", "make_train", "make_train"),
-    ("jdqn.executables", "ExecutableCache.load", "program load"),
-    ("jdqn.executables", "ExecutableCache.compile", "program compile or load"),
-    ("jdqn.walkforward", "_baselines", "baselines"),
-    ("jdqn.walkforward", "_train_group", "training"),
-    ("jdqn.metrics_log", "MetricsLog.add", "chunk metrics"),
-    ("jdqn.checkpoint", "Checkpointer.save", "checkpoint save"),
-    ("jdqn.checkpoint", "Checkpointer.close", "checkpoint close"),
-    ("jdqn.walkforward", "_judge_group", "judge"),
-    ("jdqn.report", "BackgroundWrites.__exit__", "writes wait"),
-    ("jdqn.rundir", "write_json", "results"),
-    ("jdqn.rundir", "finalize", "finalize"),
+    ("jdqn.run.walkforward", "load_data", "load_data"),
+    ("jdqn.run.rundir", "new_run_dir", "new_run_dir"),
+    ("jdqn.run.walkforward", "_stack", "device transfer"),
+    ("jdqn.run.walkforward", "make_train", "make_train"),
+    ("jdqn.accel.executables", "ExecutableCache.load", "program load"),
+    ("jdqn.accel.executables", "ExecutableCache.compile", "program compile or load"),
+    ("jdqn.run.walkforward", "_baselines", "baselines"),
+    ("jdqn.run.walkforward", "_train_group", "training"),
+    ("jdqn.run.metrics_log", "MetricsLog.add", "chunk metrics"),
+    ("jdqn.run.checkpoint", "Checkpointer.save", "checkpoint save"),
+    ("jdqn.run.checkpoint", "Checkpointer.close", "checkpoint close"),
+    ("jdqn.run.walkforward", "_judge_group", "judge"),
+    ("jdqn.run.report", "BackgroundWrites.__exit__", "writes wait"),
+    ("jdqn.run.rundir", "write_json", "results"),
+    ("jdqn.run.rundir", "finalize", "finalize"),
 )
 # Marks of the summary table: the first event with each label.
 MARKS = (
@@ -86,7 +86,7 @@ def worker(overrides: Sequence[str]) -> None:
 
     from jdqn.cli import end_process
     from jdqn.config import apply_overrides, profile
-    from jdqn.walkforward import run_walkforward
+    from jdqn.run.walkforward import run_walkforward
 
     for module_name, attribute, label in TIMED:
         owner: Any = importlib.import_module(module_name)

@@ -1,13 +1,14 @@
 """jdqn: a JAX/XLA trainer for a distributional (C51) DQN on ES 1-minute bars, judged walk-forward.
 
 Public API (docs/design.md §1): ``Config`` and its profiles, ``make_learner`` (the one pure learner
-step), ``make_train`` (epochs as scans), ``load_policy`` (a run's saved policies, ``jdqn.policy``).
-``jdqn.walkforward.run_walkforward`` runs all folds x seeds into a run directory; ``jdqn.data``,
-``jdqn.env``, ``jdqn.evaluate`` hold the rest.
+step), ``make_train`` (epochs as scans), ``load_policy`` (a run's saved policies,
+``jdqn.evaluation.policy``).
+``jdqn.run.walkforward.run_walkforward`` runs all folds x seeds into a run directory; ``jdqn.data``,
+``jdqn.evaluation.env``, ``jdqn.evaluation.rollouts`` hold the rest.
 
 The learner and training names are imported on first use (PEP 562), so ``import jdqn`` and the
-modules that need no JAX (``jdqn.config``, ``jdqn.report``) stay light: the plot processes of a
-run (``jdqn.report.BackgroundWrites``) import only those.
+modules that need no JAX (``jdqn.config``, ``jdqn.run.report``) stay light: the plot processes of a
+run (``jdqn.run.report.BackgroundWrites``) import only those.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from jdqn.xla_flags import apply_gpu_flags
+from jdqn.accel.xla_flags import apply_gpu_flags
 
 # Before anything can start a JAX backend (jax starts it lazily, at the first computation).
 apply_gpu_flags()
@@ -23,21 +24,21 @@ apply_gpu_flags()
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile  # noqa: E402
 
 if TYPE_CHECKING:
-    from jdqn.learner import Learner, LearnerMetrics, LearnerState, make_learner
-    from jdqn.policy import Policy, load_policy
-    from jdqn.train import TrainProgram, TrainState, make_train
+    from jdqn.agent import Learner, LearnerMetrics, LearnerState, make_learner
+    from jdqn.agent.train import TrainProgram, TrainState, make_train
+    from jdqn.evaluation.policy import Policy, load_policy
 
 # Public name -> the module that defines it, imported when the name is first read.
 _LAZY = {
-    "Learner": "jdqn.learner",
-    "LearnerMetrics": "jdqn.learner",
-    "LearnerState": "jdqn.learner",
-    "make_learner": "jdqn.learner",
-    "Policy": "jdqn.policy",
-    "load_policy": "jdqn.policy",
-    "TrainProgram": "jdqn.train",
-    "TrainState": "jdqn.train",
-    "make_train": "jdqn.train",
+    "Learner": "jdqn.agent",
+    "LearnerMetrics": "jdqn.agent",
+    "LearnerState": "jdqn.agent",
+    "make_learner": "jdqn.agent",
+    "Policy": "jdqn.evaluation.policy",
+    "load_policy": "jdqn.evaluation.policy",
+    "TrainProgram": "jdqn.agent.train",
+    "TrainState": "jdqn.agent.train",
+    "make_train": "jdqn.agent.train",
 }
 
 

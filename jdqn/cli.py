@@ -6,7 +6,8 @@ User errors (bad flags, impossible config, malformed bar file, missing path) pri
 A run whose folds the guard halted exits with status 3. A ``--debug`` run whose check failed
 prints one line naming component, tensor, fold, seed, epoch and step and exits with status 4
 (its ``.incomplete`` run directory holds ``debug_failure.json``). Ctrl-C exits 130, SIGTERM
-143 (``jdqn.termination``); a full disk or another storage failure is a one-line error, status 2.
+143 (``jdqn.run.termination``); a full disk or another storage failure is a one-line error, status
+2.
 """
 
 from __future__ import annotations
@@ -20,17 +21,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from jdqn import console_log
 from jdqn.config import PROFILES, Config, apply_overrides, profile
 from jdqn.config.files import load_config_file
 from jdqn.config.keys import config_keys, format_keys
-from jdqn.instruments import apply_instrument
+from jdqn.evaluation.instruments import apply_instrument
+from jdqn.run import console_log
 
 EXIT_USER_ERROR = 2
 EXIT_HALTED = 3
 EXIT_DEBUG_FAILURE = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
-EXIT_TERMINATED = 143  # 128 + SIGTERM (jdqn.termination: the run stops as for a Ctrl-C)
+EXIT_TERMINATED = 143  # 128 + SIGTERM (jdqn.run.termination: the run stops as for a Ctrl-C)
 DEFAULT_PROFILE = "smoketest"
 
 
@@ -48,7 +49,7 @@ class _VersionAction(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
 
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
-        from jdqn.provenance import version_line
+        from jdqn.run.provenance import version_line
 
         print(version_line())
         parser.exit(0)
@@ -175,7 +176,8 @@ def _add_walkforward(wf: argparse.ArgumentParser) -> None:
         metavar="N",
         help="local devices that share the learners (default: all of them)",
     )
-    # One run over several processes (jdqn.processes); under SLURM or Open MPI read from the launch.
+    # One run over several processes (jdqn.run.processes); under SLURM or Open MPI read from the
+    # launch.
     wf.add_argument(
         "--coordinator",
         metavar="HOST:PORT",
@@ -221,9 +223,9 @@ def base_config(config_path: str | None, profile_name: str | None) -> Config:
 
 
 def _walkforward(args: argparse.Namespace) -> int:
-    from jdqn.debug import DebugCheckFailed
-    from jdqn.processes import start
-    from jdqn.walkforward import UserError, run_walkforward
+    from jdqn.agent.debug import DebugCheckFailed
+    from jdqn.run.processes import start
+    from jdqn.run.walkforward import UserError, run_walkforward
 
     config_flags: tuple[str, ...] = ("config", "profile", "data", "instrument", "out", "folds")
     config_flags += ("epochs", "seeds", "seed", "name")
@@ -265,7 +267,7 @@ def _walkforward(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from jdqn.evaluate_saved import evaluate_saved
+    from jdqn.evaluation.saved import evaluate_saved
 
     try:
         evaluate_saved(args.run_dir, args.data, fold=args.fold, out=args.out)
@@ -277,7 +279,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 
 def _data(args: argparse.Namespace) -> int:
     from jdqn.data import BarFileError, synthetic_bars, write_bars
-    from jdqn.instruments import data_settings, describe_bar_file, instrument
+    from jdqn.evaluation.instruments import data_settings, describe_bar_file, instrument
 
     try:
         if args.data_command == "synth":
@@ -330,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": _bench,
         "config": _config,
     }
-    from jdqn.termination import Terminated
+    from jdqn.run.termination import Terminated
 
     try:
         return handlers[args.command](args)

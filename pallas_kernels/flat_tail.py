@@ -6,7 +6,7 @@ vectors (it does not fuse sibling selects that share only a predicate). Here:
 
 - :func:`gram` reads the ``[parts, P]`` gradients once for ``row_max [parts]`` and the Gram
   matrix of the rows divided by their max, all that Gradient Vaccine (Wang et al., ICLR 2021)
-  and the budget (Pascanu et al., ICML 2013) need (``jdqn.surgery.surgery_scalars``);
+  and the budget (Pascanu et al., ICML 2013) need (``jdqn.agent.surgery.surgery_scalars``);
 - :func:`adam_select` forms the total gradient ``sum_k w_k g_k``, applies Adam (Kingma & Ba,
   ICLR 2015; optax's ``scale_by_adam`` in optax's order), the masks and the target sync, and keeps
   the candidate only when the guard passes: one launch sums the total's finiteness and the

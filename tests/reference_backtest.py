@@ -1,4 +1,5 @@
-"""Independent float64 reference backtester: a plain Python loop, sharing no code with jdqn.env.
+"""Independent float64 reference backtester: a plain Python loop, sharing no code with
+jdqn.evaluation.env.
 
 One episode, starting flat at bar ``start``: action ``k`` is taken at bar ``start + k`` and moves
 the held position to ``positions_grid[actions[k]]``; the position is then held over the interval

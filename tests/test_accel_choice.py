@@ -3,8 +3,8 @@
 import jax
 import pytest
 
-from jdqn import accel, pieces
-from jdqn.accel import Kernels, kernels_for
+from jdqn import accel
+from jdqn.accel import Kernels, kernels_for, pieces
 from jdqn.config import SMOKETEST, apply_overrides
 
 

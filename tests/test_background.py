@@ -1,4 +1,4 @@
-"""jdqn.background: inline or threaded, the same calls give the same futures."""
+"""jdqn.run.background: inline or threaded, the same calls give the same futures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jdqn import background
+from jdqn.run import background
 
 
 @pytest.mark.parametrize("threads", [False, True])

@@ -1,10 +1,10 @@
-"""jdqn.baselines against hand-computed cases."""
+"""jdqn.evaluation.baselines against hand-computed cases."""
 
 import numpy as np
 import pytest
 
-from jdqn import baselines
 from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.evaluation import baselines
 
 
 def test_band_positions_enter_beyond_the_band_and_hold_inside_it():

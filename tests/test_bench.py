@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jdqn.agent.donors import n_donors_for
+from jdqn.agent.replay import replay_sample
 from jdqn.bench import breakdown, suite, torch_peer, walkforward_run
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.donors import n_donors_for
-from jdqn.replay import replay_sample
 
 TINY = apply_overrides(
     SMOKETEST,
@@ -85,7 +85,7 @@ def test_breakdown_rows_cover_every_component_and_sum_to_the_full_step() -> None
 
 
 def _jax_batch_inputs(learner_state, cfg):
-    """The learner step's own draws (same key splits as jdqn.learner.step)."""
+    """The learner step's own draws (same key splits as jdqn.agent.step)."""
     _, sample_key, donor_key, causal_key, _ = jax.random.split(learner_state.key, 5)
     batch = cfg.train.batch_size
     indices, _, weights = replay_sample(

@@ -109,7 +109,7 @@ def test_ab_times_each_side_under_its_kernels_spec_added_to_the_environments(mon
     """A side's ``--a-kernels``/``--b-kernels`` is in force while its learner is built, traced
     and timed (``time_seeds`` does all three), on top of ``JDQN_KERNELS`` as it was."""
     from benchmarks import ab
-    from jdqn import pieces
+    from jdqn.accel import pieces
     from jdqn.config import SMOKETEST
 
     seen = []

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn.checkpoint import (
+from jdqn.run.checkpoint import (
     CheckpointCorruptError,
     Checkpointer,
     NoIntactCheckpointError,

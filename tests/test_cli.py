@@ -103,7 +103,7 @@ def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("jdqn.walkforward.run_walkforward", interrupted)
+    monkeypatch.setattr("jdqn.run.walkforward.run_walkforward", interrupted)
     assert main(["walkforward", "--no-progress"]) == EXIT_INTERRUPTED
     err = capsys.readouterr().err
     assert err == "jdqn: interrupted\n"

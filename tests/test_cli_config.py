@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from jdqn import console_log, provenance
 from jdqn.cli import main
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides
 from jdqn.config.keys import config_keys, field_comments
 from jdqn.config.sections import LossConfig
+from jdqn.run import console_log, provenance
 
 
 def _one_line_error(err: str, expected: str) -> None:

@@ -22,7 +22,7 @@ def test_profiles_have_the_documented_smoketest_shape():
 def test_volatility_units_resolve_from_the_train_window():
     """reward_scale / RMS of the per-bar price change; once resolved, resolving again is a no-op;
     a window whose close never moves is refused with the fix."""
-    from jdqn.env import volatility_reward_scale
+    from jdqn.evaluation.env import volatility_reward_scale
 
     env = apply_overrides(SMOKETEST, ["env.reward_scale=2.0"]).env
     close = [100.0, 101.0, 100.0, 102.0]  # changes 1, -1, 2: RMS sqrt(2)

@@ -19,14 +19,14 @@ import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
 from tiny_learner import N_FEATURES, TINY
 
-import jdqn.surgery as surgery_module
-from jdqn import debug, losses, networks, walkforward
+import jdqn.agent.surgery as surgery_module
+from jdqn.agent import GUARD_REASONS, debug, losses, make_learner, networks
+from jdqn.agent.train import FoldData, make_train
+from jdqn.agent.transition import Transition
 from jdqn.cli import EXIT_DEBUG_FAILURE, EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.data import FoldArrays
-from jdqn.learner import GUARD_REASONS, make_learner
-from jdqn.train import FoldData, make_train
-from jdqn.transition import Transition
+from jdqn.run import walkforward
 
 
 def _failures(fn, *args):

@@ -1,4 +1,5 @@
-"""jdqn.dense_stack: the forward and the per-part backward against float64 numpy, the vmap rule
+"""jdqn.agent.dense_stack: the forward and the per-part backward against float64 numpy, the vmap
+rule
 against autodiff under every batching the learner uses, bfloat16 inputs, and the rows-outermost
 layout of the parts' cotangent."""
 
@@ -7,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn import pieces
-from jdqn.dense_stack import dense_stack
+from jdqn.accel import pieces
+from jdqn.agent.dense_stack import dense_stack
 
 ROWS, FEATURES, HIDDEN, OUT, PARTS = 9, 5, (6, 4), 7, 3
 
@@ -150,7 +151,8 @@ def test_under_the_parts_vmap_the_cotangent_is_carried_rows_outermost():
 
 @pytest.mark.parametrize("plain", ["dense=autodiff", "barriers=off"])
 def test_the_plain_forms_forced_by_the_test_override_give_the_same_gradients(plain):
-    """``JDQN_KERNELS`` (jdqn.pieces) switches the hand-written backward for JAX's autodiff, or
+    """``JDQN_KERNELS`` (jdqn.accel.pieces) switches the hand-written backward for JAX's autodiff,
+    or
     drops its barrier: the same gradients under the parts' vmap, only the program differs."""
     torso, head, x, weights = _network(3)
 

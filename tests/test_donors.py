@@ -5,9 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jdqn.agent.donors import donor_rewards, make_donors, n_donors_for
+from jdqn.agent.transition import Transition
 from jdqn.config import EnvConfig
-from jdqn.donors import donor_rewards, make_donors, n_donors_for
-from jdqn.transition import Transition
 
 POSITIONS = np.array([-1.0, 0.0, 1.0])
 COST_POINTS = 0.3  # (1 + 0.2) ticks x 0.25
@@ -68,7 +68,7 @@ def test_donor_rewards_hand_case():
 
 
 def test_donor_rewards_equal_environment_rewards():
-    env = pytest.importorskip("jdqn.env", reason="jdqn.env not written yet")
+    env = pytest.importorskip("jdqn.evaluation.env", reason="jdqn.evaluation.env not written yet")
     rng = np.random.default_rng(2)
     cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0), reward_scale=0.25)
     n_bars, n_features = 30, 4

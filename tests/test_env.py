@@ -8,8 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reference_backtest import backtest
 
-from jdqn import env
 from jdqn.config import EnvConfig
+from jdqn.evaluation import env
 
 N_BARS = 32  # fixed array length in property tests: one compile, windows vary via start/end
 N_FEATURES = 3

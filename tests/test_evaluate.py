@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from reference_backtest import backtest
 
-from jdqn import env
-from jdqn import evaluate as ev
 from jdqn.config import EnvConfig
+from jdqn.evaluation import env
+from jdqn.evaluation import rollouts as ev
 
 N_BARS = 40
 BARS_PER_YEAR = 100.0

@@ -1,10 +1,10 @@
-"""Compiled programs kept on disk (jdqn.executables): stored once, loaded instead of traced,
+"""Compiled programs kept on disk (jdqn.accel.executables): stored once, loaded instead of traced,
 the same numbers, keys that change with everything a program depends on.
 
 The tests that load a stored program run in a fresh process, as a warm start would: XLA:CPU
 shares the machine code of identical small kernels between the executables of one process, so
 in a process that has compiled other programs a serialised executable can miss a kernel (the
-reason jdqn stores programs only on the GPU; jdqn.walkforward._executable_cache). In a fresh
+reason jdqn stores programs only on the GPU; jdqn.run.walkforward._executable_cache). In a fresh
 process the stored program is whole on every backend.
 """
 
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn.executables import SUFFIX, ExecutableCache, cache_key
+from jdqn.accel.executables import SUFFIX, ExecutableCache, cache_key
 
 
 def _step(state: dict, x: jax.Array, scale: jax.Array) -> tuple[dict, jax.Array]:
@@ -102,7 +102,7 @@ def test_the_key_changes_with_what_the_program_depends_on(monkeypatch):
 def test_the_key_changes_with_a_traced_librarys_version(monkeypatch):
     import optax
 
-    from jdqn import executables
+    from jdqn.accel import executables
 
     args = _args()
     key = cache_key("step", "c", args)

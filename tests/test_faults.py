@@ -14,10 +14,10 @@ from es_sample import ES_SAMPLE
 from test_cli import _assert_one_line_error
 from test_termination import SMALL
 
-from jdqn import faults, rundir
-from jdqn.checkpoint import Checkpointer
 from jdqn.cli import EXIT_USER_ERROR, main
-from jdqn.metrics_log import MetricsLog
+from jdqn.run import faults, rundir
+from jdqn.run.checkpoint import Checkpointer
+from jdqn.run.metrics_log import MetricsLog
 
 
 def _real_enospc() -> OSError:

@@ -14,7 +14,12 @@ from jdqn.config import DEFAULT, SMOKETEST, DataConfig, apply_overrides
 from jdqn.config.sections import _CALENDAR_NAMES
 from jdqn.data import bars_per_year, compute_features, load_source, synthetic_bars
 from jdqn.data.calendars import CALENDARS, calendar_features
-from jdqn.instruments import INSTRUMENTS, apply_instrument, instrument, instrument_overrides
+from jdqn.evaluation.instruments import (
+    INSTRUMENTS,
+    apply_instrument,
+    instrument,
+    instrument_overrides,
+)
 
 ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
 # Dollar value of one tick per position unit, from the exchanges' contract specifications.

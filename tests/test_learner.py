@@ -12,12 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn import accel, losses, networks
+from jdqn import accel
 from jdqn.accel import FUSED_TAIL_MIN_LEARNERS, update_impl
-from jdqn.checkpoint import Checkpointer
+from jdqn.agent import GUARD_REASONS, LearnerMetrics, losses, make_learner, networks
+from jdqn.agent.transition import Transition
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.learner import GUARD_REASONS, LearnerMetrics, make_learner
-from jdqn.transition import Transition
+from jdqn.run.checkpoint import Checkpointer
 
 N_FEATURES = 4
 NON_CAUSAL = (0, 1)
@@ -172,7 +172,7 @@ def test_the_guard_stops_a_fold_whose_returns_leave_the_support():
 
 
 def test_support_collapse_flags_q_at_an_edge_and_edge_mass():
-    from jdqn.losses import support_collapse
+    from jdqn.agent.losses import support_collapse
 
     target = jnp.zeros((2, 11)).at[:, 5].set(1.0)
     pinned, heavy = support_collapse(jnp.array([0.0, 15.9]), target, -20.0, 20.0, 11, 0.5)
@@ -371,7 +371,8 @@ def test_fused_tail_matches_the_xla_tail(extra):
 # the heads' own tests check each piece's numbers alone.
 @pytest.mark.parametrize("plain", ["vjp=autodiff", "dense=autodiff,vjp=autodiff,barriers=off"])
 def test_each_specialisation_switched_off_gives_the_default_step(plain, monkeypatch):
-    """The test override's plain forms (jdqn.pieces: JAX's autodiff for the dense stack and the
+    """The test override's plain forms (jdqn.accel.pieces: JAX's autodiff for the dense stack and
+    the
     loss heads, no optimization barriers), set when the learner is built and in force when its
     step is traced later: six steps equal the default's to float32 rounding, and the program
     has none of what was switched off."""
@@ -513,7 +514,7 @@ def test_auto_update_impl_uses_the_kernels_on_a_gpu_for_many_learners_only():
 
 
 def test_debug_checks_absent_from_the_program_when_off():
-    """Debug off: no check enters the traced step (jdqn.debug owns the checks themselves)."""
+    """Debug off: no check enters the traced step (jdqn.agent.debug owns the checks themselves)."""
     state = _filled(_learner())
     args = (state, jnp.float32(0.2), jnp.float32(0.4))
     plain = str(jax.make_jaxpr(_learner().step)(*args))
@@ -581,8 +582,8 @@ def test_old_failure_mse_phase_then_c51_with_rewards_beyond_support_stays_bounde
 
 
 def test_packed_metrics_round_trip_exactly_with_dtypes_and_leading_axes() -> None:
-    from jdqn.learner import LearnerMetrics, pack_metrics, unpack_metrics
-    from jdqn.train import IterationMetrics
+    from jdqn.agent import LearnerMetrics, pack_metrics, unpack_metrics
+    from jdqn.agent.train import IterationMetrics
 
     metrics = LearnerMetrics(
         *[jnp.float32(0.5 * i - 3.0) for i in range(len(LearnerMetrics._fields))]
@@ -609,7 +610,7 @@ def test_packed_metrics_round_trip_exactly_with_dtypes_and_leading_axes() -> Non
 
 
 def test_the_static_metrics_record_matches_what_the_step_returns() -> None:
-    from jdqn.learner import LEARNER_METRICS_RECORD
+    from jdqn.agent import LEARNER_METRICS_RECORD
 
     learner = make_learner(_cfg(), 15, (9, 10))
     state = learner.init(jax.random.PRNGKey(0))
@@ -626,7 +627,7 @@ def test_is_weights_and_donors_enter_the_loss(monkeypatch):
     with every IS weight set to w (the sampler patched to return w, through the step's beta
     argument, so one compile serves every w), each loss part is D + w S with D > 0 (donors) and
     S > 0 (sampled rows), exactly linear in w."""
-    from jdqn.learner import batch as batch_module
+    from jdqn.agent import batch as batch_module
 
     real = batch_module.replay_sample
 

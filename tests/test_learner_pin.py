@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 
 from jdqn import accel
+from jdqn.agent import LearnerMetrics, make_learner
+from jdqn.agent.transition import Transition
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.learner import LearnerMetrics, make_learner
-from jdqn.transition import Transition
 
 DATA = Path(__file__).parent / "data" / "learner_pin.npz"
 N_FEATURES = 4

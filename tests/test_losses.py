@@ -6,7 +6,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jdqn import losses, pieces
+from jdqn.accel import pieces
+from jdqn.agent import losses
 
 V_MIN, V_MAX = -10.0, 10.0
 SUPPORT = np.linspace(V_MIN, V_MAX, 5)  # dz = 5
@@ -319,7 +320,7 @@ def test_mse_unit_reward_measures_the_error_in_reward_units():
 
 
 def test_the_closed_form_gradients_equal_autodiffs_when_the_test_override_forces_it():
-    """``JDQN_KERNELS=vjp=autodiff`` (jdqn.pieces): c51_head and causal_kl without their
+    """``JDQN_KERNELS=vjp=autodiff`` (jdqn.accel.pieces): c51_head and causal_kl without their
     custom VJPs, JAX differentiating the same forwards; the same values and gradients (under a
     vmap over two cotangents, as the learner's parts) to float32 rounding."""
     rng = np.random.default_rng(5)

@@ -1,4 +1,4 @@
-"""The size estimate (jdqn.memory) against the real arrays, and requests that cannot fit refused
+"""The size estimate (jdqn.run.memory) against the real arrays, and requests that cannot fit refused
 in one line before any memory is taken."""
 
 from __future__ import annotations
@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from test_cli import _assert_one_line_error
 
-from jdqn import memory, networks
+from jdqn.agent import networks
+from jdqn.agent.train import FoldData, make_train
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.data import compute_features, synthetic_bars
-from jdqn.train import FoldData, make_train
+from jdqn.run import memory
 
 GIB = 2**30
 

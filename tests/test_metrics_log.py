@@ -1,7 +1,8 @@
-"""jdqn.metrics_log: a missing tensorboardX turns its logs off with one line, not a traceback."""
+"""jdqn.run.metrics_log: a missing tensorboardX turns its logs off with one line, not a
+traceback."""
 
-from jdqn import metrics_log
 from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.run import metrics_log
 
 
 def test_missing_tensorboard_turns_its_logs_off_with_one_notice(monkeypatch):

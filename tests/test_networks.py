@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jdqn import networks
+from jdqn.agent import networks
 from jdqn.config import SMOKETEST, apply_overrides
 
 

@@ -1,4 +1,5 @@
-"""n-step returns (jdqn.nstep, docs/design.md §5 step 4): the stored transitions and the learner's
+"""n-step returns (jdqn.agent.nstep, docs/design.md §5 step 4): the stored transitions and the
+learner's
 targets against an independent float64 numpy loop; n = 1 keeps the one-step form."""
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ import numpy as np
 import pytest
 from tiny_learner import N_FEATURES, TINY
 
-from jdqn import nstep
+from jdqn.agent import LEARNER_METRICS_RECORD, make_learner, nstep
+from jdqn.agent import step as step_module
+from jdqn.agent.batch import sample_batch
+from jdqn.agent.train import FoldData, first_training_iteration, make_train
+from jdqn.agent.transition import NStepReturn, Transition
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.learner import LEARNER_METRICS_RECORD, make_learner
-from jdqn.learner import step as step_module
-from jdqn.learner.batch import sample_batch
-from jdqn.train import FoldData, first_training_iteration, make_train
-from jdqn.transition import NStepReturn, Transition
 
 GAMMA = 0.9
 POSITIONS = np.array([-1.0, 0.0, 1.0])

@@ -1,4 +1,4 @@
-"""Learners over devices and in waves (jdqn.placement, issue 36): padding, the memory estimate,
+"""Learners over devices and in waves (jdqn.run.placement, issue 36): padding, the memory estimate,
 the wave plan, and a run sharded over 4 forced CPU devices against the one-device run."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 from tiny_learner import TINY
 
-from jdqn import accel, memory, placement
+from jdqn import accel
+from jdqn.agent.train import FoldData, make_train
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import DEFAULT, SMOKETEST, apply_overrides
-from jdqn.train import FoldData, make_train
+from jdqn.run import memory, placement
 
 CPU = SimpleNamespace(platform="cpu")  # a stand-in device: the plan reads only its platform
 
@@ -117,10 +118,10 @@ _SHARDED_RUNS = textwrap.dedent(
     sys.path.insert(0, "tests")
     from es_sample import ES_FOLDS, ES_SAMPLE
     from tiny_learner import TINY
-    from jdqn import memory, placement
-    from jdqn.checkpoint import Checkpointer
+    from jdqn.run import memory, placement
+    from jdqn.run.checkpoint import Checkpointer
     from jdqn.config import SMOKETEST, apply_overrides
-    from jdqn.walkforward import load_data, run_walkforward
+    from jdqn.run.walkforward import load_data, run_walkforward
 
     out = sys.argv[1]
     cfg = apply_overrides(SMOKETEST, [*ES_FOLDS, *TINY, f"data.path={ES_SAMPLE}",

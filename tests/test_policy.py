@@ -17,16 +17,17 @@ import pytest
 from es_sample import ES_SAMPLE
 
 import jdqn
-from jdqn import policy as policy_module
-from jdqn import policy_bundle, report
+from jdqn.agent.networks import param_layout
 from jdqn.cli import main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.data import load_bars, prepare_walkforward
 from jdqn.data.calendars import CALENDARS
-from jdqn.evaluate_saved import evaluate_saved
-from jdqn.networks import param_layout
-from jdqn.policy import PolicyError, load_policy, saved_policies
-from jdqn.walkforward import run_walkforward
+from jdqn.evaluation import policy as policy_module
+from jdqn.evaluation import policy_bundle
+from jdqn.evaluation.policy import PolicyError, load_policy, saved_policies
+from jdqn.evaluation.saved import evaluate_saved
+from jdqn.run import report
+from jdqn.run.walkforward import run_walkforward
 
 # Two rolling folds of 300 train / 60 purge / 150 test bars of the real ES sample, two seeds, a
 # network small enough to compile fast.

@@ -1,4 +1,4 @@
-"""Runs of several processes (jdqn.processes): the shares, the flags, the refusals, and a
+"""Runs of several processes (jdqn.run.processes): the shares, the flags, the refusals, and a
 two-process ``jax.distributed`` run on localhost against the one-process run."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pytest
 from es_sample import ES_SAMPLE
 from tiny_learner import TINY
 
-from jdqn import processes as processes_module
-from jdqn.checkpoint import META, leaf_name
 from jdqn.cli import EXIT_USER_ERROR, main
-from jdqn.processes import ProcessError, Processes, launched_by, start
+from jdqn.run import processes as processes_module
+from jdqn.run.checkpoint import META, leaf_name
+from jdqn.run.processes import ProcessError, Processes, launched_by, start
 
 
 def test_each_process_takes_a_contiguous_share_padded_with_the_last_run():
@@ -102,7 +102,7 @@ def test_resuming_with_another_process_count_is_a_one_line_error(tmp_path, capsy
 # start-up each, jax.distributed initialised once).
 _CHILD = """
 import sys
-from jdqn import walkforward
+from jdqn.run import walkforward
 from jdqn.cli import main
 
 argv = sys.argv[1:]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jdqn.replay import (
+from jdqn.agent.replay import (
     ReplayState,
     _below,
     _first_positive_above,
@@ -19,7 +19,7 @@ from jdqn.replay import (
     replay_serials,
     replay_update,
 )
-from jdqn.transition import Transition, example_transition
+from jdqn.agent.transition import Transition, example_transition
 
 N_FEATURES = 3
 LARGEST_BELOW_ONE = np.float32(1.0 - 2.0**-24)  # the largest uniform jax.random can return

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from child import run_child
 
-from jdqn import report
-from jdqn.report import BackgroundWrites
+from jdqn.run import report
+from jdqn.run.report import BackgroundWrites
 
 
 def test_writes_run_in_order_on_a_worker_and_finish_with_the_block():
@@ -97,18 +97,18 @@ def test_plot_processes_draw_the_files_the_writer_thread_draws(tmp_path):
 
 
 def test_a_plot_process_imports_no_jax():
-    """What a plot process imports (``jdqn.report`` and the plotting library) leaves JAX out,
+    """What a plot process imports (``jdqn.run.report`` and the plotting library) leaves JAX out,
     so the processes are ready before training ends; the package's learner names still load
     on first use."""
     code = (
-        "import sys, jdqn.report, matplotlib.figure\n"
+        "import sys, jdqn.run.report, matplotlib.figure\n"
         "print('jax' in sys.modules, 'flax' in sys.modules)\n"
         "from jdqn import make_learner\n"
         "print(make_learner.__module__)\n"
     )
     done = run_child(code)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False", "jdqn.learner.step"]
+    assert done.stdout.split() == ["False", "False", "jdqn.agent.step"]
 
 
 def test_plot_processes_serve_the_later_runs_of_a_python_process(tmp_path):
@@ -209,10 +209,10 @@ def test_equity_csv_round_trips_exactly_with_rows_at_the_realising_bar(tmp_path)
 
 
 def test_the_plotting_library_is_imported_only_for_plots_and_off_the_main_thread():
-    """``import jdqn.walkforward`` leaves matplotlib out (runs without plots never pay its
+    """``import jdqn.run.walkforward`` leaves matplotlib out (runs without plots never pay its
     import); ``BackgroundWrites(PLOT_MODULES)`` imports it on the writer thread."""
     code = (
-        "import sys, threading, jdqn.walkforward\n"
+        "import sys, threading, jdqn.run.walkforward\n"
         "from jdqn import report\n"
         "before = 'matplotlib' in sys.modules\n"
         "main = threading.get_ident()\n"

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from jdqn import rundir, walkforward
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import SMOKETEST, apply_overrides
+from jdqn.run import rundir, walkforward
 
 
 @pytest.fixture(autouse=True)
@@ -132,7 +132,7 @@ def test_names_that_are_taken_get_the_next_free_suffix_and_the_directory_is_lock
 
 _CREATE_MANY = """
 import sys
-from jdqn import rundir
+from jdqn.run import rundir
 for _ in range(int(sys.argv[2])):
     rundir.finalize(rundir.new_run_dir(sys.argv[1], "r"))
 """
@@ -151,7 +151,7 @@ def test_two_processes_creating_runs_of_one_name_never_collide(tmp_path):
 
 _HOLD_LOCK = """
 import sys, time
-from jdqn import rundir
+from jdqn.run import rundir
 run = rundir.open_incomplete_run_dir(sys.argv[1])
 print("locked", flush=True)
 time.sleep(120)

@@ -21,8 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn import losses
-from jdqn.surgery import budget_clip, budget_shares
+from jdqn.agent import losses
+from jdqn.agent.surgery import budget_clip, budget_shares
 
 N_ATOMS, V_MIN, V_MAX, GAMMA, ALPHA = 51, -10.0, 10.0, 0.9, 0.2
 ATOMS = jnp.linspace(V_MIN, V_MAX, N_ATOMS)

@@ -1,4 +1,5 @@
-"""jdqn.stats against hand-computed cases and independent references (scipy, exact enumeration
+"""jdqn.evaluation.stats against hand-computed cases and independent references (scipy, exact
+enumeration
 of the bootstrap, the deflated Sharpe paper's worked example)."""
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from jdqn import stats
 from jdqn.data.calendars import CALENDARS
+from jdqn.evaluation import stats
 
 
 def test_iqm_is_scipys_quarter_trimmed_mean():
@@ -196,7 +197,7 @@ def test_a_summary_of_halted_runs_only_has_no_estimates():
     assert summary["overall"]["agent"]["sharpe"]["median"] is None
     assert summary["folds"]["0"]["deflated_sharpe"]["dsr"] is None
     assert stats.stitch([_series(0, 0, None)], [0]).seeds == []
-    from jdqn import report
+    from jdqn.run import report
 
     assert "net $" in report.summary_text(summary)
 

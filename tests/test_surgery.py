@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jdqn.surgery import budget_clip, gradient_surgery, gradient_vaccine, surgery_scalars
+from jdqn.agent.surgery import budget_clip, gradient_surgery, gradient_vaccine, surgery_scalars
 
 
 def vaccine_reference(g1, g2, phi_hat, beta):

@@ -16,10 +16,10 @@ import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
 from test_checkpoint_integrity import _flip_64_bytes, _largest_data_file
 
-from jdqn import rundir, termination, walkforward
 from jdqn.cli import EXIT_TERMINATED
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.metrics_log import MetricsLog
+from jdqn.run import rundir, termination, walkforward
+from jdqn.run.metrics_log import MetricsLog
 
 
 def test_sigterm_raises_terminated_which_is_a_ctrl_c():

@@ -1,4 +1,4 @@
-"""jdqn.train: which iterations train the learner (docs/design.md §7: one learner step per
+"""jdqn.agent.train: which iterations train the learner (docs/design.md §7: one learner step per
 iteration once the buffer holds a batch, every ``train.train_every`` iterations)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from tiny_learner import N_FEATURES, TINY
 
+from jdqn.agent.train import FoldData, first_training_iteration, learner_schedule, make_train
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.train import FoldData, first_training_iteration, learner_schedule, make_train
 
 
 def _two_vmapped_runs(cfg):

@@ -21,11 +21,13 @@ import pytest
 from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 
-from jdqn import accel, background, networks, report, walkforward
-from jdqn.checkpoint import Checkpointer, CheckpointLayoutError, all_finite
+from jdqn import accel
+from jdqn.agent import networks
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
-from jdqn.walkforward import check_param_layout, run_walkforward
+from jdqn.run import background, report, walkforward
+from jdqn.run.checkpoint import Checkpointer, CheckpointLayoutError, all_finite
+from jdqn.run.walkforward import check_param_layout, run_walkforward
 
 
 def _run(tmp_path: Path, overrides: list[str], name: str = "run"):
@@ -183,7 +185,7 @@ def test_a_warm_run_loads_its_programs_instead_of_tracing_them(tmp_path, monkeyp
     one) finds the compiled training, init, evaluation and baselines programs on disk: it
     neither traces nor compiles them, and its numbers are the first run's. On CPU nothing is
     stored (an XLA:CPU executable is not whole when serialised:
-    jdqn.walkforward._executable_cache) and both runs trace; the numbers agree all the same."""
+    jdqn.run.walkforward._executable_cache) and both runs trace; the numbers agree all the same."""
     monkeypatch.setenv("JDQN_CACHE_DIR", str(tmp_path / "cache"))
     small = [
         *ES_FOLDS,
@@ -326,10 +328,10 @@ ORACLE_SHARE = 0.15  # the seeds' median net in every fold is at least this shar
 def _learning_runs(strengths: tuple[float, ...], seeds: int):
     """Net $ and position changes [strength][fold][seed] of the greedy agent on each data set's
     test windows, with the fold's buy-and-hold and oracle net $."""
-    from jdqn.baselines import band_positions, oracle_signal, position_record
+    from jdqn.agent.train import FoldData, make_train
     from jdqn.data import prepare_walkforward, synthetic_bars
-    from jdqn.train import FoldData, make_train
-    from jdqn.walkforward import resolve_reward_unit, run_keys
+    from jdqn.evaluation.baselines import band_positions, oracle_signal, position_record
+    from jdqn.run.walkforward import resolve_reward_unit, run_keys
 
     cfg = apply_overrides(
         SMOKETEST,
@@ -502,8 +504,8 @@ def test_orbax_is_imported_at_the_first_checkpoint_not_with_the_walk_forward(tmp
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "import jdqn.walkforward, jdqn.cli\n"
-        "from jdqn.checkpoint import Checkpointer\n"
+        "import jdqn.run.walkforward, jdqn.cli\n"
+        "from jdqn.run.checkpoint import Checkpointer\n"
         "loaded = lambda: any(m.split('.')[0] == 'orbax' for m in sys.modules)\n"
         "assert not loaded(), 'orbax imported with the walk-forward'\n"
         f"c = Checkpointer(Path({str(tmp_path / 'group0')!r}))\n"
@@ -562,7 +564,7 @@ def test_the_tensorboard_writer_waits_for_the_first_chunk(tmp_path):
     that the first add writes the events is checked by the complete runs above."""
     from types import SimpleNamespace
 
-    from jdqn.metrics_log import MetricsLog
+    from jdqn.run.metrics_log import MetricsLog
 
     run = SimpleNamespace(
         metrics_path=tmp_path / "metrics.jsonl", tensorboard_dir=tmp_path / "tensorboard"
@@ -579,8 +581,8 @@ def test_a_chunk_row_averages_the_causal_kl_over_its_due_steps_only(tmp_path):
     every other metric averages over all trained iterations."""
     from types import SimpleNamespace
 
-    from jdqn.learner import LearnerMetrics
-    from jdqn.metrics_log import MetricsLog
+    from jdqn.agent import LearnerMetrics
+    from jdqn.run.metrics_log import MetricsLog
 
     run = SimpleNamespace(metrics_path=tmp_path / "metrics.jsonl")
     cfg = apply_overrides(SMOKETEST, ["output.tensorboard=false"])

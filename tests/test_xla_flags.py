@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from jdqn.xla_flags import (
+from jdqn.accel.xla_flags import (
     AUTOTUNE_CACHE_FLAG,
     CPU_YNN_FUSIONS_FLAG,
     DOT_MERGER_FLAG,

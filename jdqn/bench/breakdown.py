@@ -28,13 +28,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jdqn import accel, losses, networks
+from jdqn import accel
+from jdqn.agent import Learner, LearnerState, losses, make_learner, networks, pack_metrics
+from jdqn.agent.replay import replay_sample, replay_update
+from jdqn.agent.surgery import gradient_surgery
+from jdqn.agent.transition import NStepReturn, Transition
 from jdqn.bench import markdown_table
 from jdqn.config import SMOKETEST, Config, apply_overrides
-from jdqn.learner import Learner, LearnerState, make_learner, pack_metrics
-from jdqn.replay import replay_sample, replay_update
-from jdqn.surgery import gradient_surgery
-from jdqn.transition import NStepReturn, Transition
 
 # Synthetic ES features of the smoketest run: 4 returns + 4 range + 1 volume + 6 calendar
 # columns (jdqn.data.features); the calendar group (columns 9..14) is the non-causal one.
@@ -117,10 +117,10 @@ def scan_steps(
     def run(state: LearnerState) -> tuple[LearnerState, Any]:
         def body(carry: LearnerState, _: None) -> tuple[LearnerState, Any]:
             # The vmapped learners start together and step in lock-step: their step counter,
-            # unbatched, is the learner's clock (as jdqn.train gives it).
+            # unbatched, is the learner's clock (as jdqn.agent.train gives it).
             clock = carry.step[0] if vmapped else None
             carry, metrics = step(carry, jnp.float32(ALPHA), jnp.float32(BETA), clock)
-            # Metrics packed into one vector per step, as jdqn.train records them.
+            # Metrics packed into one vector per step, as jdqn.agent.train records them.
             return carry, pack_metrics(metrics)
 
         return jax.lax.scan(body, state, None, length=n_steps, unroll=unroll)

@@ -2,7 +2,8 @@
 
 ``jdqn bench --only learning`` runs the walk-forward at a profile (``default``) over S seeds x the
 profile's folds on each case below and reports, per case, over the seed-folds: the share above 0
-and above each baseline of the same fold (``jdqn.evaluate``, ``jdqn.baselines``), the median and
+and above each baseline of the same fold (``jdqn.evaluation.rollouts``,
+``jdqn.evaluation.baselines``), the median and
 the interquartile mean (IQM; Agarwal et al., 2021) of net $ and Sharpe with percentile-bootstrap
 95 % confidence intervals, position changes per 1,000 bars, and on synthetic data the median ratio
 of the agent's net to the oracle's.
@@ -31,9 +32,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from jdqn import stats
 from jdqn.bench import markdown_table
 from jdqn.config import DEFAULT, Config, apply_overrides
+from jdqn.evaluation import stats
 
 ES_SAMPLE = Path(__file__).resolve().parents[2] / "tests" / "data" / "es_2013-09_1min.csv"
 ES_FOLDS = (
@@ -139,7 +140,7 @@ def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def run_case(cfg: Config, overrides: Sequence[str]) -> list[dict[str, Any]]:
     """One walk-forward of ``cfg`` with ``overrides`` in a scratch directory; its fold rows."""
-    from jdqn.walkforward import run_walkforward
+    from jdqn.run.walkforward import run_walkforward
 
     with tempfile.TemporaryDirectory() as scratch:
         case_cfg = apply_overrides(

@@ -1,6 +1,6 @@
 """Scaling over devices: seed-steps per second of the sharded learner step on 1..N devices.
 
-Learners are placed as a walk-forward run places them (``jdqn.placement``: the learner axis
+Learners are placed as a walk-forward run places them (``jdqn.run.placement``: the learner axis
 sharded over a one-axis mesh, each device stepping its own learners in ``lax.scan``). Weak
 scaling keeps the learners per device fixed (the total grows with N); strong scaling keeps the
 total fixed. Efficiency = throughput(N) / (N x throughput(1)), 1.0 being perfect.
@@ -27,7 +27,7 @@ from jdqn.bench import markdown_table
 from jdqn.bench.breakdown import scan_steps, time_repeated
 from jdqn.bench.seeds import seeded_states
 from jdqn.config import SMOKETEST, Config
-from jdqn.placement import Placement
+from jdqn.run.placement import Placement
 
 FORCED_CPU_DEVICES = 4
 

@@ -20,6 +20,7 @@ from typing import Any
 import jax
 
 from jdqn.accel import update_impl
+from jdqn.agent import Learner, LearnerState, make_learner
 from jdqn.bench import markdown_table
 from jdqn.bench.breakdown import (
     N_FEATURES,
@@ -29,7 +30,6 @@ from jdqn.bench.breakdown import (
     time_repeated,
 )
 from jdqn.config import SMOKETEST, Config, apply_overrides
-from jdqn.learner import Learner, LearnerState, make_learner
 
 SEEDS: tuple[int, ...] = (1, 16, 128, 1024)
 QUICK_SEEDS: tuple[int, ...] = (1, 16)

@@ -1,6 +1,6 @@
 """The peer: jdqn's learner step re-implemented in PyTorch, timed eager and CUDA-graph captured.
 
-What a researcher would otherwise write, doing the same work as ``jdqn.learner`` at the same
+What a researcher would otherwise write, doing the same work as ``jdqn.agent`` at the same
 sizes, so the ratio is honest. Included, per step: proportional stratified PER sampling with IS
 weights (one-level prefix sums: exact at the smoketest capacity), HER "best" donors with
 recomputed rewards, spectral norm (one power iteration per torso layer, persistent ``u``, also on
@@ -144,7 +144,7 @@ class TorchPeer:
         for name in self.layers[:-1]:
             kernel, bias = eff[name]
             x = self.torch.relu(x @ kernel + bias)
-        kernel, bias = eff["head"]  # [out, in], as jdqn stores it (jdqn.networks.HEAD)
+        kernel, bias = eff["head"]  # [out, in], as jdqn stores it (jdqn.agent.networks.HEAD)
         out = x @ kernel.T + bias
         return out.reshape(x.shape[0], self.cfg.env.n_actions, self.cfg.network.n_atoms)
 

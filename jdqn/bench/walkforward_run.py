@@ -2,17 +2,18 @@
 
 ``jdqn walkforward`` on the smoketest profile (3 folds x 2 epochs, 60,000 synthetic bars) is run
 twice, each time in a new Python process so nothing is shared but the persistent XLA compilation
-cache (``JDQN_CACHE_DIR``, see ``jdqn.walkforward.enable_compilation_cache``):
+cache (``JDQN_CACHE_DIR``, see ``jdqn.run.walkforward.enable_compilation_cache``):
 
 - cold: a fresh, empty cache directory, so every executable is compiled;
 - warm: the same directory again, so executables load from the caches: the training, init and
-  evaluation programs from jdqn's own (``jdqn.executables``: no tracing, no compile event; their
+  evaluation programs from jdqn's own (``jdqn.accel.executables``: no tracing, no compile event;
+  their
   load time is part of ``run``), the smaller programs from JAX's compilation cache.
 
 Each worker reports the wall time of ``run_walkforward`` and, from JAX's monitoring events, the
 seconds spent tracing, lowering and compiling (``/jax/core/compile/*``; on a cache hit the backend
 event covers the cache load instead), in all and for the training program alone (the events name
-their function). Programs compile on several threads at once (``jdqn.walkforward`` compiles
+their function). Programs compile on several threads at once (``jdqn.run.walkforward`` compiles
 ahead of use), so the summed compile seconds can exceed the run's wall time; ``run`` is the
 wall time during which nothing was tracing, lowering or compiling: ``total`` less the union of
 the compile events' intervals (``compiling``). The parent also reports the
@@ -55,7 +56,7 @@ OPTIONAL_OUTPUTS = {
 }
 
 
-# The training program (``jdqn.walkforward``: one chunk of epochs for every run of a group): the
+# The training program (``jdqn.run.walkforward``: one chunk of epochs for every run of a group): the
 # compile is its trace + lower + backend compile.
 TRAINING_PROGRAM = "run_chunk"
 
@@ -119,7 +120,7 @@ def worker(overrides: Sequence[str]) -> dict[str, Any]:
     monitoring.register_event_duration_secs_listener(times)
     durations, counts = times.durations, times.counts
     from jdqn.config import apply_overrides, profile
-    from jdqn.walkforward import run_walkforward
+    from jdqn.run.walkforward import run_walkforward
 
     import_s = time.perf_counter() - start
     cfg = apply_overrides(profile("smoketest"), list(overrides))

@@ -111,7 +111,7 @@ class DataConfig:
 class EnvConfig:
     """Trading environment: position grid, costs in ticks, reward scale (docs/design.md §3)."""
 
-    instrument: str = "ES"  # name of the traded instrument (jdqn.instruments; a label otherwise)
+    instrument: str = "ES"  # the traded instrument (jdqn.evaluation.instruments; else a label)
     positions: tuple[float, ...] = (-1.0, 0.0, 1.0)  # action i -> target position (contracts)
     tick_size: float = 0.25  # index points per tick (ES)
     point_value_usd: float = 50.0  # dollars per index point (ES)

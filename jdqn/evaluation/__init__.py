@@ -1,0 +1,2 @@
+"""Judging a policy: the trading environment, rollouts, baselines, statistics,
+instruments and saved policies."""

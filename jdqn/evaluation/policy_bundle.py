@@ -1,0 +1,197 @@
+"""Policy bundles: the files a walk-forward run keeps of each trained (fold, seed).
+
+A run saves one bundle per (fold, seed) that trained to its end (a halted run saves none) in
+``<run>/policies/fold<k>_seed<s>/``, written into a temporary directory and renamed into place:
+
+- ``arrays.npz``: ``params/<layer>/kernel``, ``params/<layer>/bias`` (the network's canonical
+  per-layer tree, :mod:`jdqn.agent.networks`: torso kernels [in, out], the head's [out, in]),
+  ``masks/<layer>/...`` (the pruning masks, same shapes, {0, 1}), ``sn_u/<layer>`` (each torso
+  layer's spectral-norm vector [H_l]), ``normaliser/mean`` and ``normaliser/std`` ([F] float64,
+  the fold's train-window feature statistics). float32 unless said.
+- ``policy.json``: ``format`` ("jdqn-policy"), ``version``, ``fold``, ``seed``, ``window`` (the
+  fold's bar ranges and test-window times), ``config`` (the run's resolved config), ``source``,
+  ``features`` (names, groups, lookback and clip), ``instrument`` (tick size, point value, cost,
+  position grid, bar interval, median close and volume of the training bars), ``bars_per_year``
+  and ``param_layout`` (:meth:`jdqn.agent.networks.ParamLayout.record`).
+
+:func:`jdqn.evaluation.policy.load_policy` reads one back as a
+:class:`jdqn.evaluation.policy.Policy`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jdqn.agent import networks
+from jdqn.config import Config
+from jdqn.data import Normaliser, WalkForwardData
+
+POLICIES = "policies"
+FORMAT = "jdqn-policy"
+VERSION = 1
+
+
+class PolicyError(ValueError):
+    """A run without the asked-for policy, or bars a policy cannot judge: one line with the fix."""
+
+
+class Network(NamedTuple):
+    """A policy's network as the greedy pass reads it."""
+
+    params: networks.Params  # {layer: {"kernel", "bias"}} float32, the canonical tree
+    masks: networks.Params  # same tree, {0, 1} float32
+    sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32}
+
+
+def save_run_policies(
+    run_dir: Path,
+    cfg: Config,
+    data: WalkForwardData,
+    layout: networks.ParamLayout,
+    network: Network,
+    run_ids: list[tuple[int, int]],
+    rows: list[dict[str, Any]],
+    submit: Callable[..., None],
+) -> None:
+    """A bundle for each run of a group (``network``'s leaves [R, ...], run r = ``run_ids[r]``)
+    whose row says it trained to its end, each written by ``submit(save)`` (a writer's queue)."""
+    stacked = jax.tree.map(np.asarray, jax.device_get(network))  # leaves [R, ...]
+    common = {
+        "config": json.loads(cfg.to_json()),
+        "source": data.source,
+        "bars_per_year": data.bars_per_year,
+        "features": {
+            "names": list(data.feature_names),
+            "groups": {name: list(ids) for name, ids in data.feature_groups.items()},
+            "lookback_bars": cfg.data.lookback_bars,
+            "clip": cfg.data.feature_clip,
+        },
+        "param_layout": layout.record(),
+    }
+    stamps = [np.asarray(t, "datetime64[ns]").astype(np.int64) for t in data.test_timestamps]
+    bar_seconds = float(np.median(np.concatenate([np.diff(t) for t in stamps])) / 1e9)
+    for r, ((fold, seed), row) in enumerate(zip(run_ids, rows, strict=True)):
+        if row["status"] != "ok":
+            continue
+        instrument = {
+            "tick_size": cfg.env.tick_size,
+            "point_value_usd": cfg.env.point_value_usd,
+            "cost_points": cfg.env.cost_points,
+            "positions": list(cfg.env.positions),
+            "bar_seconds": bar_seconds,
+            "median_close": float(np.median(data.train[fold].close)),
+            "has_volume": data.has_volume,
+        }
+        save = functools.partial(
+            save_policy,
+            run_dir,
+            fold=fold,
+            seed=seed,
+            network=jax.tree.map(lambda x, r=r: x[r], stacked),
+            normaliser=data.normalisers[fold],
+            meta={**common, "window": row["window"], "instrument": instrument},
+        )
+        submit(save)
+
+
+def bundle_dir(run_dir: str | os.PathLike[str], fold: int, seed: int) -> Path:
+    return Path(run_dir) / POLICIES / f"fold{fold}_seed{seed}"
+
+
+def save_policy(
+    run_dir: Path,
+    *,
+    fold: int,
+    seed: int,
+    network: Network,
+    normaliser: Normaliser,
+    meta: dict[str, Any],
+) -> Path:
+    """Write one bundle (module docstring) atomically: a temporary directory renamed into place,
+    replacing a bundle of the same name (a resumed run judges its folds again)."""
+    arrays = {  # params/<layer>/<leaf>, masks/<layer>/<leaf>, sn_u/<layer>
+        jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf, np.float32)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(network)
+    }
+    arrays["normaliser/mean"] = np.asarray(normaliser.mean, np.float64)
+    arrays["normaliser/std"] = np.asarray(normaliser.std, np.float64)
+    record = {"format": FORMAT, "version": VERSION, "fold": fold, "seed": seed, **meta}
+    final = bundle_dir(run_dir, fold, seed)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    try:
+        np.savez(staging / "arrays.npz", **arrays)  # type: ignore[arg-type]  # keyword arrays
+        text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n"
+        (staging / "policy.json").write_text(text)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return final
+
+
+def saved_policies(run_dir: str | os.PathLike[str]) -> list[tuple[int, int]]:
+    """(fold, seed) of every bundle in a run directory, sorted."""
+    found = []
+    for path in (Path(run_dir) / POLICIES).glob("fold*_seed*"):
+        fold, _, seed = path.name.removeprefix("fold").partition("_seed")
+        if fold.isdigit() and seed.isdigit() and (path / "policy.json").is_file():
+            found.append((int(fold), int(seed)))
+    return sorted(found)
+
+
+def read_bundle(
+    run_dir: str | os.PathLike[str], fold: int | None = None, seed: int = 0
+) -> tuple[int, dict[str, Any], Network, Normaliser]:
+    """(fold, policy.json, network, normaliser) of the bundle of (``fold``, ``seed``); ``fold``
+    None: the run's last. Raises :class:`PolicyError` (one line) when it is not there."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise PolicyError(f"{run}: no such run directory; fix: pass a walk-forward run directory")
+    saved = saved_policies(run)
+    if not saved:
+        raise PolicyError(
+            f"{run}: no saved policies (the run saved none: it predates saved policies or every "
+            "run of it halted); fix: train it again with this jdqn"
+        )
+    folds = sorted({f for f, _ in saved})
+    fold = folds[-1] if fold is None else int(fold)
+    if (fold, seed) not in saved:
+        listed = ", ".join(f"fold {f} seed {s}" for f, s in saved)
+        raise PolicyError(
+            f"{run}: no policy for fold {fold} seed {seed} (halted runs save none); "
+            f"fix: pick one of: {listed}"
+        )
+    path = bundle_dir(run, fold, seed)
+    meta = json.loads((path / "policy.json").read_text())
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise PolicyError(
+            f"{path}: a policy of format {meta.get('format')!r} version {meta.get('version')!r}, "
+            f"this jdqn reads {FORMAT!r} version {VERSION}; fix: use the jdqn that wrote it"
+        )
+    with np.load(path / "arrays.npz") as stored:
+        arrays = {name: stored[name] for name in stored.files}
+    tree: dict[str, dict[str, Any]] = {"params": {}, "masks": {}, "sn_u": {}}
+    for name, value in arrays.items():
+        kind, *layers, leaf = name.split("/")  # sn_u/<layer>, params/<layer>/<leaf>, ...
+        if kind in tree:
+            node = tree[kind]
+            for layer in layers:
+                node = node.setdefault(layer, {})
+            node[leaf] = value
+    network = Network(**jax.tree.map(jnp.asarray, tree))
+    normaliser = Normaliser(mean=arrays["normaliser/mean"], std=arrays["normaliser/std"])
+    return fold, meta, network, normaliser

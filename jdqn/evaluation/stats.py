@@ -1,0 +1,286 @@
+"""Statistics across seeds, float64 numpy on the host (docs/design.md §16).
+
+A handful of seeds per fold is a small sample of a noisy quantity, so a run is summarised as
+Agarwal et al. (NeurIPS 2021, "Deep reinforcement learning at the edge of the statistical
+precipice") recommend: the median and interquartile mean (IQM) over runs, each with a 95 %
+percentile interval from a stratified bootstrap (seeds resampled within each fold). The best
+seed's Sharpe ratio is deflated for the number of seeds tried (Bailey & Lopez de Prado, 2014,
+"The deflated Sharpe ratio"). The folds' test windows are stitched into one curve per seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from statistics import NormalDist
+from typing import Any, NamedTuple
+
+import numpy as np
+
+# Metrics summarised across seeds (keys of ``jdqn.evaluation.rollouts.metrics``, plus
+# ``sharpe_daily``).
+SUMMARY_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", "turnover")
+BOOTSTRAP_REPS = 2_000
+CONFIDENCE = 0.95
+EULER_GAMMA = 0.5772156649015329
+
+
+class RunSeries(NamedTuple):
+    """One (fold, seed)'s per-bar net PnL over its test window (host numpy)."""
+
+    fold: int
+    seed: int
+    agent: np.ndarray | None  # [n] float, net points per bar interval; None when halted
+    baselines: Mapping[str, np.ndarray]  # name -> [n] float, net points per bar interval
+    realised_at: np.ndarray  # [n] datetime64, bar t+1 of interval t (where the PnL lands)
+
+
+# --- point estimates and intervals ------------------------------------------------------------
+
+
+def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Interquartile mean: the mean of the values left after cutting ``floor(n / 4)`` from each
+    end (``scipy.stats.trim_mean(values, 0.25)``; Agarwal et al., 2021)."""
+    ordered = np.sort(np.asarray(values, np.float64), axis=axis)
+    n = ordered.shape[axis]
+    cut = int(0.25 * n)
+    return np.mean(np.take(ordered, np.arange(cut, n - cut), axis=axis), axis=axis)
+
+
+def median(values: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.median(np.asarray(values, np.float64), axis=axis)
+
+
+def bootstrap_distribution(
+    strata: Sequence[np.ndarray],
+    statistic: Callable[[np.ndarray], np.ndarray],
+    *,
+    reps: int = BOOTSTRAP_REPS,
+    seed: int = 0,
+) -> np.ndarray:
+    """``statistic`` of ``reps`` stratified resamples, [reps] float64: each replicate draws
+    ``len(s)`` values with replacement from every stratum ``s`` (in order, from
+    ``numpy.random.default_rng(seed)``) and applies ``statistic`` along the last axis of their
+    concatenation."""
+    rng = np.random.default_rng(seed)
+    draws = [
+        np.asarray(s, np.float64)[rng.integers(0, len(s), size=(reps, len(s)))] for s in strata
+    ]
+    return np.asarray(statistic(np.concatenate(draws, axis=-1)), np.float64)
+
+
+def percentile_interval(
+    distribution: np.ndarray, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """The central ``confidence`` percentile interval of a bootstrap distribution."""
+    tail = (1.0 - confidence) / 2.0 * 100.0
+    low, high = np.percentile(distribution, [tail, 100.0 - tail])
+    return float(low), float(high)
+
+
+def aggregate(
+    strata: Sequence[np.ndarray], *, reps: int = BOOTSTRAP_REPS, seed: int = 0
+) -> dict[str, Any]:
+    """Median and IQM over all values of ``strata``, each with its stratified bootstrap 95 %
+    interval (both from the same resamples)."""
+    strata = [np.asarray(s, np.float64) for s in strata if len(s)]
+    if not strata:
+        return {"n": 0, "median": None, "median_ci": None, "iqm": None, "iqm_ci": None}
+    values = np.concatenate(strata)
+    resampled = bootstrap_distribution(strata, lambda x: x, reps=reps, seed=seed)  # [reps, n]
+    return {
+        "n": int(values.size),
+        "median": float(median(values)),
+        "median_ci": list(percentile_interval(median(resampled))),
+        "iqm": float(iqm(values)),
+        "iqm_ci": list(percentile_interval(iqm(resampled))),
+    }
+
+
+# --- Sharpe ratios ----------------------------------------------------------------------------
+
+
+def per_bar_sharpe(net: np.ndarray) -> float:
+    """mean / sample std (ddof = 1) of per-bar net PnL, not annualised; 0 for a constant series
+    or fewer than two bars."""
+    net = np.asarray(net, np.float64)
+    std = float(net.std(ddof=1)) if net.size >= 2 else 0.0
+    return float(net.mean()) / std if std > 0 else 0.0
+
+
+def daily_sharpe(
+    net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0, day_open: int = 17 * 60
+) -> float | None:
+    """Sharpe ratio of the daily net PnL (per-bar PnL summed per trading day, days with a bar;
+    a bar from ``day_open``, minutes after local midnight, belongs to the next day's session:
+    17:00 CT for CME's Globex, midnight for crypto), annualised by sqrt(days_per_year); 0
+    without spread, None for fewer than two trading days."""
+    shift = np.timedelta64((24 * 60 - day_open) % (24 * 60), "m")  # the day open -> midnight
+    sessions = (np.asarray(realised_at, "datetime64[ns]") + shift).astype("datetime64[D]")
+    _, day = np.unique(sessions, return_inverse=True)
+    daily = np.bincount(day, weights=np.asarray(net, np.float64))
+    return per_bar_sharpe(daily) * math.sqrt(days_per_year) if daily.size >= 2 else None
+
+
+def expected_max_sharpe(n_trials: int, variance: float) -> float:
+    """E[max of n_trials Sharpe ratios] under the null of no skill, the deflated Sharpe's
+    benchmark SR_0 = sqrt(V) ((1 - g) Z^-1(1 - 1/N) + g Z^-1(1 - 1/(N e))), g Euler's constant
+    (Bailey & Lopez de Prado, 2014, eq. 5 of "The deflated Sharpe ratio"); 0 for one trial."""
+    if n_trials < 2 or variance <= 0:
+        return 0.0
+    z = NormalDist().inv_cdf
+    return math.sqrt(variance) * (
+        (1.0 - EULER_GAMMA) * z(1.0 - 1.0 / n_trials)
+        + EULER_GAMMA * z(1.0 - 1.0 / (n_trials * math.e))
+    )
+
+
+def probabilistic_sharpe(
+    sharpe: float, benchmark: float, n_obs: int, skew: float, kurtosis: float
+) -> float | None:
+    """P(true SR > benchmark) given an estimate from ``n_obs`` returns of this skewness and
+    (non-excess) kurtosis (Bailey & Lopez de Prado, 2012, the probabilistic Sharpe ratio);
+    None where the estimate's variance term is not positive or there are too few returns."""
+    spread = 1.0 - skew * sharpe + (kurtosis - 1.0) / 4.0 * sharpe**2
+    if n_obs < 2 or spread <= 0:
+        return None
+    return NormalDist().cdf((sharpe - benchmark) * math.sqrt(n_obs - 1) / math.sqrt(spread))
+
+
+def deflated_sharpe(returns_by_trial: Sequence[np.ndarray]) -> dict[str, Any]:
+    """The deflated Sharpe ratio of the trial with the best per-bar Sharpe, given how many were
+    tried and how much their Sharpe ratios vary (Bailey & Lopez de Prado, 2014): the
+    probabilistic Sharpe ratio of the best against ``expected_max_sharpe``. Per-bar returns;
+    skewness and kurtosis are the best trial's population moments."""
+    sharpes = [per_bar_sharpe(r) for r in returns_by_trial]
+    if not sharpes:
+        return {"dsr": None, "n_trials": 0}
+    best = int(np.argmax(sharpes))
+    returns = np.asarray(returns_by_trial[best], np.float64)
+    variance = float(np.var(sharpes, ddof=1)) if len(sharpes) > 1 else 0.0
+    benchmark = expected_max_sharpe(len(sharpes), variance)
+    centred = returns - returns.mean()
+    m2 = float(np.mean(centred**2))
+    skew = float(np.mean(centred**3)) / m2**1.5 if m2 > 0 else 0.0
+    kurtosis = float(np.mean(centred**4)) / m2**2 if m2 > 0 else 3.0
+    return {
+        "dsr": probabilistic_sharpe(sharpes[best], benchmark, returns.size, skew, kurtosis),
+        "best_trial": best,
+        "n_trials": len(sharpes),
+        "sharpe_per_bar": sharpes[best],
+        "benchmark_sharpe_per_bar": benchmark,
+        "n_bars": int(returns.size),
+        "skew": skew,
+        "kurtosis": kurtosis,
+    }
+
+
+# --- the summary of a run ---------------------------------------------------------------------
+
+
+def with_daily_sharpe(
+    metrics: Mapping[str, Any], net: np.ndarray, realised_at: np.ndarray, calendar: Any
+) -> dict[str, Any]:
+    """``metrics`` with ``sharpe_daily`` (:func:`daily_sharpe`) added, by the trading days of
+    ``calendar`` (a ``jdqn.data.calendars.TradingCalendar``)."""
+    days = daily_sharpe(net, realised_at, calendar.trading_days_per_year, calendar.day_open)
+    return {**metrics, "sharpe_daily": days}
+
+
+def summarise(
+    rows: Sequence[Mapping[str, Any]],
+    series: Sequence[RunSeries],
+    *,
+    seed: int,
+    reps: int = BOOTSTRAP_REPS,
+) -> dict[str, Any]:
+    """results.json's ``summary``: per fold and over all folds, each metric's median and IQM
+    across seeds with stratified bootstrap 95 % intervals (strata = folds), the agent minus each
+    baseline (per run, its fold's baseline), and the best seed's deflated Sharpe ratio. Runs the
+    guard halted are left out (counted in ``n_halted``). The bootstrap draws from ``seed``."""
+    folds = sorted({int(row["fold"]) for row in rows})
+    ok = [row for row in rows if row.get("agent") is not None]
+    baselines = sorted(rows[0]["baselines"]) if rows else []
+
+    def block(fold_ids: list[int]) -> dict[str, Any]:
+        scoped = [r for r in ok if r["fold"] in fold_ids]
+
+        def across_seeds(metric: str, baseline: str | None = None) -> dict[str, Any]:
+            """Strata = folds: each run's metric (minus its fold's ``baseline``'s when given);
+            runs where either is None (a daily Sharpe ratio of one day) are left out."""
+            strata = []
+            for fold in fold_ids:
+                runs = [r for r in scoped if r["fold"] == fold]
+                others = [
+                    0.0 if baseline is None else r["baselines"][baseline][metric] for r in runs
+                ]
+                pairs = zip((r["agent"][metric] for r in runs), others, strict=True)
+                kept = [a - b for a, b in pairs if a is not None and b is not None]
+                strata.append(np.array(kept, np.float64))
+            return aggregate(strata, reps=reps, seed=seed)
+
+        stitched = stitch(series, fold_ids)
+        dsr: dict[str, Any] = {"dsr": None}
+        if stitched.seeds:
+            dsr = deflated_sharpe(list(stitched.agent))
+            dsr["best_seed"] = stitched.seeds[dsr.pop("best_trial")]
+        return {
+            "n_runs": len(scoped),
+            "n_halted": sum(1 for r in rows if r["fold"] in fold_ids) - len(scoped),
+            "agent": {m: across_seeds(m) for m in SUMMARY_METRICS},
+            "agent_minus": {n: {m: across_seeds(m, n) for m in SUMMARY_METRICS} for n in baselines},
+            "deflated_sharpe": dsr,
+        }
+
+    return {
+        "method": (
+            "median and interquartile mean across seeds with stratified bootstrap percentile "
+            "intervals (strata = folds; Agarwal et al., 2021); deflated Sharpe ratio of the best "
+            "seed's per-bar net PnL (Bailey & Lopez de Prado, 2014)"
+        ),
+        "confidence": CONFIDENCE,
+        "bootstrap_reps": reps,
+        "bootstrap_seed": seed,
+        "metrics": list(SUMMARY_METRICS),
+        "overall": block(folds),
+        "folds": {str(f): block([f]) for f in folds},
+    }
+
+
+class Stitched(NamedTuple):
+    """The test windows of some folds, in order, as one out-of-sample series per seed."""
+
+    seeds: list[int]  # seeds with every fold trained to its end
+    realised_at: np.ndarray  # [n] datetime64
+    agent: np.ndarray  # [S, n] float64 net points per bar interval
+    baselines: dict[str, np.ndarray]  # name -> [n] (each fold's baseline, the same for its seeds)
+
+
+def stitch(series: Sequence[RunSeries], fold_ids: Sequence[int]) -> Stitched:
+    """Concatenate the folds' test windows (they tile the series without overlap) per seed."""
+    by_run = {(s.fold, s.seed): s for s in series}
+    seeds = sorted(
+        seed
+        for seed in {s.seed for s in series}
+        if all(getattr(by_run.get((f, seed)), "agent", None) is not None for f in fold_ids)
+    )
+    if not seeds or not fold_ids:
+        return Stitched([], np.zeros(0, "datetime64[ns]"), np.zeros((0, 0)), {})
+    first = [by_run[(f, seeds[0])] for f in fold_ids]  # the realised times and baselines
+
+    def join(arrays: Iterable[Any], dtype: Any = np.float64) -> np.ndarray:
+        return np.concatenate([np.asarray(a, dtype) for a in arrays])
+
+    return Stitched(
+        seeds=seeds,
+        realised_at=join((r.realised_at for r in first), "datetime64[ns]"),
+        agent=np.stack([join(by_run[(f, s)].agent for f in fold_ids) for s in seeds]),
+        baselines={name: join(r.baselines[name] for r in first) for name in first[0].baselines},
+    )
+
+
+def equity_band(agent: np.ndarray) -> dict[str, np.ndarray]:
+    """Per bar across seeds of the cumulative equity [S, n]: its 10th, 50th and 90th percentile."""
+    equity = np.cumsum(agent, axis=-1)
+    low, mid, high = np.percentile(equity, [10.0, 50.0, 90.0], axis=0)
+    return {"p10": low, "median": mid, "p90": high}

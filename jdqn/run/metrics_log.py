@@ -1,0 +1,132 @@
+"""Training metrics of a walk-forward group, one row per (run, chunk): JSONL, TensorBoard, plots.
+
+On resume, rows of epochs that the checkpoint already covers are kept and later ones rewritten, so
+``metrics.jsonl`` of a resumed run matches an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from jdqn.config import Config, apply_overrides
+from jdqn.run import report, rundir
+
+TENSORBOARD = "tensorboardX"  # the module, for callers that import it ahead of use
+
+
+def without_missing_tensorboard(cfg: Config, log: Callable[[str], None]) -> Config:
+    """``cfg``, with ``output.tensorboard`` off and a one-line notice where tensorboardX is not
+    installed: its event files are an extra, not a reason to lose a run."""
+    if not cfg.output.tensorboard or importlib.util.find_spec(TENSORBOARD) is not None:
+        return cfg
+    log(
+        f"jdqn: no TensorBoard logs: {TENSORBOARD} is not installed (pip install {TENSORBOARD}; "
+        "--set output.tensorboard=false silences this)"
+    )
+    return apply_overrides(cfg, ["output.tensorboard=false"])
+
+
+# Learner metrics measured only on some steps, with the metric that flags those steps: a
+# chunk's row averages them over the flagged steps (None when the chunk has none).
+MEASURED_WHEN = {"loss_causal": "causal_applied"}
+
+
+class MetricsLog:
+    """Per-chunk training metrics: JSONL, TensorBoard and the training-curve plots."""
+
+    def __init__(
+        self,
+        run: rundir.RunDir,
+        cfg: Config,
+        run_ids: list[tuple[int, int]],
+        group_index: int,
+        start_epoch: int,
+        writes: report.BackgroundWrites,
+        start_chunk: int = 0,
+    ) -> None:
+        self._run, self._cfg, self._run_ids, self._writes = run, cfg, run_ids, writes
+        self._rows: dict[int, list[dict[str, Any]]] = {r: [] for r in range(len(run_ids))}
+        self._path = run.metrics_path
+        kept = []
+        if self._path.exists():  # resume: keep what earlier (checkpointed) chunks wrote
+            for line in self._path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except ValueError:  # the last line, cut short by a kill or a full disk
+                    continue
+                earlier = (row["epoch"], row["chunk"]) < (start_epoch, start_chunk)
+                if row["group"] != group_index or earlier:
+                    kept.append(line)
+                if row["group"] == group_index and earlier:
+                    self._rows[row["run"]].append(row)
+        self._path.write_text("".join(line + "\n" for line in kept))
+        self._group = group_index
+        self._writer: Any = None  # made at the first add (below)
+
+    def add(self, epoch: int, chunk: int, learner_steps: Any, chunk_metrics: Any) -> dict[str, str]:
+        """Log a chunk's rows: ``learner_steps`` [R] and ``chunk_metrics`` (leaves [R, L]) of
+        the runs, on the host or the device."""
+        if self._writer is None and self._cfg.output.tensorboard:
+            # Here, not in __init__: the first chunk is queued on the device by now, so
+            # tensorboardX's import runs while it trains instead of before.
+            summary_writer = importlib.import_module(TENSORBOARD).SummaryWriter
+            self._writer = summary_writer(str(self._run.tensorboard_dir / f"group{self._group}"))
+        host = jax.device_get(chunk_metrics)
+        learner_steps = np.asarray(learner_steps)
+        active = np.asarray(host.active)  # [R, L]; padding of the epoch's last chunk is False
+        used = np.asarray(host.trained) & active
+        learner = {name: np.asarray(values) for name, values in host.learner._asdict().items()}
+        lines = []
+        for r, (fold, seed) in enumerate(self._run_ids):
+            row: dict[str, Any] = {
+                "group": self._group,
+                "run": r,
+                "fold": fold,
+                "seed": seed,
+                "epoch": epoch,
+                "chunk": chunk,
+                "step": int(learner_steps[r]),
+                # The last chunk of an epoch ends in padding iterations (not run): skip them.
+                "epsilon": float(np.asarray(host.epsilon)[r][active[r]][-1]),
+                "reward_mean": float(np.mean(np.asarray(host.reward_mean)[r][active[r]])),
+            }
+            for name, values in learner.items():
+                mask = used[r]
+                if name in MEASURED_WHEN:
+                    mask = mask & (learner[MEASURED_WHEN[name]][r] > 0)
+                row[name] = float(np.mean(values[r][mask])) if mask.any() else None
+            lines.append(json.dumps(row, allow_nan=True))
+            self._rows[r].append(row)
+            if self._writer is not None:
+                for name, value in row.items():
+                    if isinstance(value, float) and name != "epsilon":
+                        self._writer.add_scalar(f"fold{fold}_seed{seed}/{name}", value, row["step"])
+        with self._path.open("a") as handle:
+            handle.write("".join(line + "\n" for line in lines))
+        first = self._rows[0][-1]
+        loss = first.get("loss_c51") or first.get("loss_mse")
+        return {"loss": _short(loss), "q": _short(first.get("q_mean"))}
+
+    def close(self, write_plots: bool = True) -> None:
+        """Flush TensorBoard; queue the training-curve plots (skipped when the run failed)."""
+        if self._writer is not None:
+            self._writer.close()
+        if write_plots and self._cfg.output.plots:
+            for r, (fold, seed) in enumerate(self._run_ids):
+                self._writes.submit_plot(
+                    report.plot_training,
+                    self._run.plots_dir / f"fold{fold}_seed{seed}_training.png",
+                    list(self._rows[r]),  # a copy: the worker reads it later
+                    f"fold {fold} seed {seed}: training",
+                )
+
+
+def _short(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

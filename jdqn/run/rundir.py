@@ -1,0 +1,231 @@
+"""Run directories that are whole or visibly not: written as ``NAME.incomplete``, renamed last.
+
+A run writes into ``<out>/<name>.incomplete/`` and renames it to ``<out>/<name>/`` after its last
+file, so a directory without the suffix always holds a whole run; a killed run leaves its
+``.incomplete`` directory (with its checkpoints) for ``--resume``. Directories are created with an
+exclusive ``mkdir`` (two processes that pick one name get two directories) and locked
+(``fcntl.flock`` on ``.lock``) while a process writes them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+INCOMPLETE_SUFFIX = ".incomplete"
+COMPLETE_MARKER = "results.json"
+LOCK_FILE = ".lock"
+
+
+class RunLock:
+    """An exclusive ``flock`` on a run directory's lock file, held until :meth:`release` (or the
+    process's end: the kernel drops it with the descriptor, so a killed run leaves no stale
+    lock). The file holds the owner's pid, for the message that refuses a second process."""
+
+    def __init__(self, directory: Path) -> None:
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ValueError(
+                f"{directory}: in use by another jdqn process (pid {owner}); fix: wait for it "
+                "to end, or stop it first"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Paths of one run: ``path`` is where files are written now (``.incomplete`` until done),
+    ``lock`` this process's lock on it (released by :func:`finalize`, :func:`discard`)."""
+
+    path: Path
+    final_path: Path
+    lock: RunLock | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / "config.json"
+
+    @property
+    def results_path(self) -> Path:
+        return self.path / COMPLETE_MARKER
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def plots_dir(self) -> Path:
+        return self.path / "plots"
+
+    @property
+    def curves_dir(self) -> Path:
+        return self.path / "curves"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / "tensorboard"
+
+
+def check_name(name: str) -> None:
+    """A run name is one path component of its own: no separator, no leading dot (nor ``.`` or
+    ``..``), no ``.incomplete`` suffix (which marks an unfinished run)."""
+    problem = None
+    if not name or name.strip() != name:
+        problem = "is empty or has surrounding spaces"
+    elif "/" in name or (os.altsep and os.altsep in name) or "\0" in name:
+        problem = "is not a single path component"
+    elif name.startswith("."):
+        problem = "starts with a dot"
+    elif name.endswith(INCOMPLETE_SUFFIX):
+        problem = f"ends with {INCOMPLETE_SUFFIX}, which marks unfinished runs"
+    if problem is not None:
+        raise ValueError(
+            f"--name {name!r}: {problem}; fix: a plain name such as es-2024 (--out says where)"
+        )
+
+
+def new_run_dir(out_dir: str | os.PathLike[str], name: str | None = None) -> RunDir:
+    """Create and lock ``<out_dir>/<name>.incomplete`` (name defaults to a UTC timestamp); a name
+    taken (complete or not) gets the first free ``-N`` suffix."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a directory; fix: choose another --out")
+    if name is not None:
+        check_name(name)
+    stamp = name or datetime.now(UTC).strftime("run-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    for suffix in range(100_000):
+        final = out / (stamp if suffix == 0 else f"{stamp}-{suffix}")
+        path = final.with_name(final.name + INCOMPLETE_SUFFIX)
+        if final.exists():
+            continue
+        try:
+            path.mkdir()  # exclusive: of two processes, one gets the name
+        except FileExistsError:
+            continue
+        # A run of this name renames its .incomplete directory to the final one, so a final
+        # directory made before our mkdir is seen now: give the name back.
+        if final.exists():
+            path.rmdir()
+            continue
+        return RunDir(path=path, final_path=final, lock=RunLock(path))
+    raise ValueError(f"--out {out}: no free run name from {stamp}; fix: choose another --name")
+
+
+def open_incomplete_run_dir(path: str | os.PathLike[str], lock: bool = True) -> RunDir:
+    """Reopen and lock a killed run's ``.incomplete`` directory for ``--resume`` (``lock``
+    False: unlocked, for the processes of a run whose process 0 holds the lock)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise ValueError(f"--resume {p}: no such directory; fix: pass the run's .incomplete dir")
+    if p.name.endswith(INCOMPLETE_SUFFIX):
+        final = p.with_name(p.name[: -len(INCOMPLETE_SUFFIX)])
+        if final.exists():
+            raise ValueError(
+                f"--resume {p}: {final} already exists, so the resumed run could not be renamed "
+                f"to it; fix: move {final} away first"
+            )
+        if not lock:
+            return RunDir(path=p, final_path=final)
+        run_lock = RunLock(p)
+        if not p.is_dir():  # completed by the process that held the lock just now
+            run_lock.release()
+            raise ValueError(f"--resume {p}: the run was just completed; nothing to resume")
+        return RunDir(path=p, final_path=final, lock=run_lock)
+    if (p / COMPLETE_MARKER).exists():
+        raise ValueError(f"--resume {p}: this run is already complete; nothing to resume")
+    raise ValueError(f"--resume {p}: not a run directory; fix: pass the run's .incomplete dir")
+
+
+def unlock(run: RunDir) -> None:
+    """Release this process's lock on ``run`` (if it holds one)."""
+    if run.lock is not None:
+        run.lock.release()
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C (SIGINT), and SIGTERM where Python handles it (``jdqn.run.termination``),
+    for
+    the block and deliver them after it: a Ctrl-C between a ``mkdir`` and the clean-up after it, or
+    half-way through that clean-up, would leave a ``.incomplete`` directory nothing removes. Only
+    the main thread receives signals; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    # A handler not set from Python (None), or the default or ignore action: leave it be.
+    held = [s for s in (signal.SIGINT, signal.SIGTERM) if callable(signal.getsignal(s))]
+    received: list[int] = []
+    previous = {s: signal.signal(s, lambda n, _frame: received.append(n)) for s in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for number in dict.fromkeys(received):
+            signal.raise_signal(number)  # to the handler that was there before
+
+
+def finalize(run: RunDir) -> Path:
+    """Rename the finished run into place; the last step of every successful run."""
+    if run.path == run.final_path:
+        return run.final_path
+    os.rename(run.path, run.final_path)  # refuses a final directory that holds files
+    (run.final_path / LOCK_FILE).unlink(missing_ok=True)
+    unlock(run)
+    return run.final_path
+
+
+def discard(run: RunDir) -> None:
+    """Remove a run directory that holds nothing worth resuming."""
+    shutil.rmtree(run.path, ignore_errors=True)
+    unlock(run)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` atomically (temp file + rename): a reader never sees half a file, and a failed
+    write leaves no temp file behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Write JSON atomically (``write_atomic``)."""
+    text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
+    write_atomic(path, text.encode())

@@ -1,0 +1,892 @@
+"""Walk-forward runs: every fold (and seed) trained, judged out of sample, written to a run dir.
+
+Rolling folds have equal lengths, so all folds x seeds are one vmapped program (one compile);
+expanding folds differ in length and run in sequence (docs/design.md §7, §8, §11).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jdqn.accel import pieces
+from jdqn.accel.executables import ExecutableCache
+from jdqn.accel.xla_flags import cache_root
+from jdqn.agent import GUARD_REASONS
+from jdqn.agent import debug as debug_mode
+from jdqn.agent.train import FoldData, TrainProgram, TrainState, make_train
+from jdqn.config import Config
+from jdqn.data import (
+    CALENDARS,
+    FoldArrays,
+    WalkForwardData,
+    describe_source,
+    load_source,
+    prepare_walkforward,
+    stack_folds,
+)
+from jdqn.evaluation import policy_bundle, stats
+from jdqn.evaluation.baselines import extra_baselines, oracle_signal
+from jdqn.evaluation.env import make_params, volatility_reward_scale
+from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
+from jdqn.run import (
+    background,
+    faults,
+    memory,
+    metrics_log,
+    placement,
+    provenance,
+    report,
+    rundir,
+    termination,
+)
+from jdqn.run.checkpoint import (
+    ORBAX,
+    Checkpointer,
+    CheckpointLayoutError,
+    NoIntactCheckpointError,
+    ShareCheckpointer,
+)
+from jdqn.run.metrics_log import TENSORBOARD, MetricsLog
+from jdqn.run.processes import ProcessError, Processes
+
+
+class UserError(Exception):
+    """A problem with the user's input: reported as one line, exit status 2, no traceback."""
+
+
+@contextlib.contextmanager
+def _as_user_error(*errors: type[Exception]) -> Iterator[None]:
+    """``errors`` raised inside become a ``UserError`` with the same one-line message."""
+    try:
+        yield
+    except errors as error:
+        raise UserError(str(error)) from None
+
+
+@dataclass(frozen=True)
+class WalkForwardOutcome:
+    run_dir: Path
+    results: dict[str, Any]
+    halted: bool
+
+
+def enable_compilation_cache(cfg: Config) -> None:
+    """Persist XLA executables across runs (warm starts skip compilation)."""
+    if not cfg.output.compilation_cache:
+        return
+    jax.config.update("jax_compilation_cache_dir", str(cache_root()))
+    # Cache every program, not only slow ones: the many small ones add up.
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+def load_data(cfg: Config) -> WalkForwardData:
+    """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
+    if cfg.data.path and not Path(cfg.data.path).exists():
+        raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
+    with _as_user_error(ValueError):  # BarFileError included: one line naming file, row and fix
+        bars = load_source(cfg.data)
+        return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
+
+
+def run_walkforward(
+    cfg: Config | None,
+    *,
+    resume: str | os.PathLike[str] | None = None,
+    debug: bool = False,
+    progress: bool = True,
+    name: str | None = None,
+    log: Callable[[str], None] = print,
+    plot_processes: bool = False,
+    devices: int | None = None,
+    processes: Processes | None = None,
+) -> WalkForwardOutcome:
+    """Train and judge every fold; returns the finished run directory and its results.
+
+    ``plot_processes``: draw the plots in spawned worker processes where cores are spare
+    (``report.plot_processes``): a script that turns this on must keep its top-level code under
+    ``if __name__ == "__main__":``. ``devices``: local devices that share the learners (default
+    all; ``jdqn.run.placement``). ``processes``: this process's place in a run of several
+    (``jdqn.run.processes``; default jax's count and index). Process 0 writes the run directory and
+    returns the results; the others return its path, no results and whether a run halted."""
+    processes = processes or Processes(jax.process_count(), jax.process_index())
+    # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
+    with contextlib.ExitStack() as unlocks, termination.sigterm_raises():
+        run: rundir.RunDir | None = None
+        if not processes.writer:  # process 0 reports for all of them
+            log, progress, plot_processes = (lambda _: None), False, False
+        if name is not None:
+            with _as_user_error(ValueError):
+                rundir.check_name(name)
+        if resume is not None:
+            run, cfg = _open_resumed(resume, unlocks, processes)
+        assert cfg is not None
+        cfg = metrics_log.without_missing_tensorboard(cfg, log)
+        enable_compilation_cache(cfg)
+        # Before any memory is taken and any directory exists: a request too large, or bad input,
+        # leaves nothing behind (the second check, with the data's own feature count).
+        memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
+        data = load_data(cfg)
+        memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
+        cfg = resolve_reward_unit(cfg, data)
+        made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
+        layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
+        try:
+            if resume is None:
+                run = _new_run(cfg, name, layout, processes, unlocks)
+            assert run is not None
+            log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+            if processes.count > 1:
+                log(f"jdqn: {processes.count} processes share the learners")
+            layout.announce(log)
+            log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
+            # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
+            preload = report.PLOT_MODULES if cfg.output.plots and processes.writer else ()
+            plot_elsewhere = cfg.output.plots and plot_processes
+            cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
+            series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
+            with report.BackgroundWrites(preload, plot_processes=cores) as writes:
+                job = _Job(cfg, data, run, writes, series, processes, debug, progress, log)
+                fold_results = _run_all_folds(job, layout)
+                if processes.writer:
+                    report.write_stitched(run.path, series, cfg.output.plots, writes)
+            summary: dict[str, Any] = {}
+            if processes.writer:
+                summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
+        except debug_mode.DebugCheckFailed as failure:
+            # Keep the .incomplete directory: it holds the failure record and the metrics so far.
+            log(f"jdqn: {failure}; recorded in {failure.record}")
+            raise
+        except (CheckpointLayoutError, NoIntactCheckpointError):
+            raise  # resuming cannot help (the error says to start again); the directory stays
+        except BaseException as error:
+            if run is None or not processes.writer:
+                raise  # no directory was made, or process 0 owns it
+            # A second Ctrl-C must not stop the clean-up half-way.
+            with rundir.interrupts_deferred():
+                resumable = any(run.checkpoint_dir.glob("group*/[0-9]*")) or any(
+                    run.checkpoint_dir.glob("group*/process-*/[0-9]*")  # several processes' shares
+                )
+                if not resumable:
+                    rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
+                elif faults.io_problem(error) is None:  # a storage failure's line says it instead
+                    log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
+            faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
+            raise
+        if not processes.writer:
+            ended = json.loads(processes.broadcast_text(""))  # once process 0 has renamed the run
+            return WalkForwardOutcome(Path(ended["run_dir"]), results={}, halted=ended["halted"])
+        return _finish(job, fold_results, summary, made_by)
+
+
+def _open_resumed(
+    resume: str | os.PathLike[str], unlocks: contextlib.ExitStack, processes: Processes
+) -> tuple[rundir.RunDir, Config]:
+    """A killed run's directory (locked by process 0) and its config, for ``--resume``."""
+    with _as_user_error(ValueError):
+        run = rundir.open_incomplete_run_dir(resume, lock=processes.writer)
+    unlocks.callback(rundir.unlock, run)
+    with _as_user_error(ProcessError):
+        processes.check_resume(run.path)
+    try:
+        return run, Config.from_json(run.config_path.read_text())
+    except (OSError, ValueError) as error:
+        raise UserError(
+            f"--resume {run.path}: cannot read its config.json ({error}); fix: start a new run"
+        ) from None
+
+
+def _new_run(
+    cfg: Config,
+    name: str | None,
+    layout: placement.RunLayout,
+    processes: Processes,
+    unlocks: contextlib.ExitStack,
+) -> rundir.RunDir:
+    """A new run directory: process 0 makes it and writes the config, the waves and the process
+    count; the other processes are told its path."""
+    run = None
+    if processes.writer:
+        try:
+            # A Ctrl-C is held back until the directory is written, then removes it below.
+            with rundir.interrupts_deferred():
+                with _as_user_error(ValueError, OSError):
+                    run = rundir.new_run_dir(cfg.output.out_dir, name)
+                unlocks.callback(rundir.unlock, run)
+                run.config_path.write_text(cfg.to_json() + "\n")
+                layout.record(run)
+                processes.record(run.path)
+        except BaseException as error:
+            if run is not None:
+                with rundir.interrupts_deferred():
+                    rundir.discard(run)
+            faults.raise_as_user_error(error, None)  # disk full: one line
+            raise
+    path = Path(processes.broadcast_text(str(run.path) if run is not None else ""))
+    final = path.with_name(path.name.removesuffix(rundir.INCOMPLETE_SUFFIX))
+    return run or rundir.RunDir(path=path, final_path=final)
+
+
+def _finish(
+    job: _Job, fold_results: list[dict[str, Any]], summary: dict[str, Any], made_by: dict[str, Any]
+) -> WalkForwardOutcome:
+    """Process 0 writes results.json, renames the run into place and reports it."""
+    cfg, run, log = job.cfg, job.run, job.log
+    results = {
+        "config": json.loads(cfg.to_json()),  # lists, as in results.json
+        "source": job.data.source,
+        "bars_per_year": job.data.bars_per_year,
+        "folds": fold_results,
+        "summary": summary,
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        **made_by,
+    }
+    try:
+        rundir.write_json(run.results_path, results)
+        final = rundir.finalize(run)
+    except OSError as error:  # every epoch is checkpointed: a resume only judges again
+        faults.raise_as_user_error(error, run.path if cfg.output.checkpoints else None)
+        raise
+    halted = [r for r in fold_results if r["status"] != "ok"]
+    job.processes.broadcast_text(json.dumps({"run_dir": str(final), "halted": bool(halted)}))
+    log(report.summary_table(fold_results))
+    log(report.summary_text(summary))
+    plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
+    log(f"jdqn: results in {final / 'results.json'}{plots}")
+    for row in halted:
+        log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
+    return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
+
+
+def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
+    """The config with ``env.reward_unit`` resolved to points (``env.volatility_reward_scale``)
+    from the first fold's train window, which precedes every test window."""
+    with _as_user_error(ValueError):
+        return dataclasses.replace(cfg, env=volatility_reward_scale(cfg.env, data.train[0].close))
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A walk-forward run in progress, as each of its groups sees it: config, data, directory,
+    writer thread, this process's place among the processes, and how the run reports."""
+
+    cfg: Config
+    data: WalkForwardData
+    run: rundir.RunDir
+    writes: report.BackgroundWrites
+    series: list[stats.RunSeries]  # each run's test-window PnL, for the summary (process 0)
+    processes: Processes
+    debug: bool
+    progress: bool
+    log: Callable[[str], None]
+
+
+def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
+    """Every group's result rows (process 0's; the others train their share and return none).
+    A group whose learners do not fit at once runs in waves, each a group of its own."""
+    rows: list[dict[str, Any]] = []
+    for index, (fold_ids, wave) in enumerate(layout.groups(_fold_groups(job.cfg, job.data))):
+        rows += _run_group(job, _group_programs(job, index, fold_ids, wave, layout.devices))
+    return rows
+
+
+def _fold_groups(cfg: Config, data: WalkForwardData) -> list[list[int]]:
+    """Folds trained together: all of them (rolling windows, one vmapped program) or one at a
+    time (expanding windows differ in length)."""
+    folds = range(len(data.folds))
+    return [list(folds)] if cfg.walkforward.mode == "rolling" else [[k] for k in folds]
+
+
+def _layout(
+    cfg: Config,
+    data: WalkForwardData,
+    devices: int | None,
+    debug: bool,
+    run: rundir.RunDir | None,
+    processes: Processes,
+) -> placement.RunLayout:
+    """Devices and waves of the run (a resumed run keeps the waves it started with); every
+    process runs the smallest waves any of them can hold, so that their shares stay in step."""
+    groups = _fold_groups(cfg, data)
+    with _as_user_error(placement.PlacementError):
+        layout = placement.run_layout(
+            cfg, data, groups, devices, debug=debug, resumed=run, processes=processes.count
+        )
+    return dataclasses.replace(layout, wave_sizes=tuple(processes.smallest(layout.wave_sizes)))
+
+
+class RunKeys(NamedTuple):
+    """Each run's keys, [R, 2] uint32 (R = folds x seeds of a group)."""
+
+    training: jax.Array  # fold_in(fold_in(PRNGKey(seed), fold), seed index): init and training
+    evaluation: jax.Array  # fold_in(training, 2**20): the greedy test-window pass
+    baselines: jax.Array  # fold_in(training, 2**21): the random baseline of the run's fold
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def run_keys(seed: int, folds: jax.Array, seeds: jax.Array) -> RunKeys:
+    """Every key of a group's runs from the config seed and each run's (fold, seed index), in one
+    small program (op-by-op derivation compiled a program per operation on a cold start)."""
+    training = jax.vmap(
+        lambda f, s: jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), f), s)
+    )(folds, seeds)
+    fold_in = jax.vmap(jax.random.fold_in, (0, None))
+    return RunKeys(training, fold_in(training, 2**20), fold_in(training, 2**21))
+
+
+def _executable_cache(cfg: Config, debug: bool) -> ExecutableCache:
+    """Compiled programs on disk next to the compilation cache, on the GPU. Off with that cache,
+    for debug runs (their checked programs are compiled in each process) and on CPU: XLA:CPU
+    shares the machine code of identical small kernels between the executables of one process,
+    so an executable compiled after another is not whole when serialised."""
+    on = cfg.output.compilation_cache and not debug and jax.default_backend() == "gpu"
+    on = on and pieces.piece("executables") == "on"  # off: to time them (benchmarks)
+    return ExecutableCache(cache_root() / "executables" if on else None)
+
+
+def _stack(arrays: Sequence[FoldArrays]) -> FoldData:
+    """Folds of equal length on a leading axis, on the device."""
+    stacked = stack_folds(arrays)
+    return FoldData(features=jnp.asarray(stacked.features), close=jnp.asarray(stacked.close))
+
+
+def _take(stacked: FoldData, index: jax.Array) -> FoldData:
+    return jax.tree.map(lambda a: a[index], stacked)
+
+
+class RunOutputs(NamedTuple):
+    """What judging and the policy bundles read of a group's trained runs: host arrays
+    ``[R, ...]``, the form process 0 gathers from every process (``jdqn.run.processes``)."""
+
+    rollouts: Any  # jdqn.evaluation.env.Rollout of the greedy test-window pass, leaves [R, T]
+    guard: Any  # the learner's GuardRecord, leaves [R]
+    learner_steps: np.ndarray  # [R] int32
+    iterations: np.ndarray  # [R] int32
+    halted_epoch: np.ndarray  # [R] int32, the epoch in which a run halted; -1: it did not
+    network: policy_bundle.Network  # the trained parameters, masks and spectral-norm vectors
+
+
+@dataclass(frozen=True)
+class GroupPrograms:
+    """A group's runs, placement, fold data and programs: the vmapped init, chunk and evaluation
+    of its runs, compiled on demand (each over the placement's devices, ``jdqn.run.placement``)."""
+
+    index: int  # the group's number (checkpoints/group<index>)
+    fold_ids: list[int]
+    wave: list[tuple[int, int]]  # its (fold, seed) runs, over every process
+    run_ids: list[tuple[int, int]]  # this process's share of them (jdqn.run.processes)
+    place: placement.Placement
+    train: FoldData  # [G, ...] the group's train windows, on every device
+    test: FoldData  # [G, ...] its test windows
+    program: TrainProgram
+    local_fold: jax.Array  # [padded] int32: run r trains the group's fold local_fold[r]
+    compile_program: Callable[..., Any]  # ExecutableCache.compile with the group's context
+    init_all: Callable[..., Any]  # jit(vmap(init)) over the runs
+    init_types: tuple[Any, ...]  # the init program's argument types
+    stored_init: Any  # a warm start's stored init program, or None
+    run_chunk: Callable[..., Any]  # one run's chunk (checked in debug mode)
+    evaluate_run: Callable[..., Any]  # one run's greedy test-window pass
+
+    def init(self, training_keys: jax.Array) -> TrainState:
+        """Every run's initial state."""
+        args = (training_keys, self.local_fold, self.train)
+        init_all = self.stored_init or self.compile_program("init_run", self.init_all, *args)
+        return init_all(*args)
+
+    def compile_chunk(self) -> Callable[..., Any]:
+        """The chunk program, compiled for the state's type, from the stored init program or
+        traced from init without running it; it runs any epoch and chunk number and any
+        restored state of that type."""
+        state_type = (
+            _abstract(self.stored_init.out_info)
+            if self.stored_init is not None
+            else jax.eval_shape(self.init_all, *self.init_types)
+        )
+        chunk_all = self.place.vmap(self.run_chunk, (0, 0, None, None, None), donate_argnums=0)
+        zero = jnp.int32(0)
+        return self.compile_program(
+            "run_chunk", chunk_all, state_type, self.local_fold, zero, zero, self.train
+        )
+
+    def compile_evaluate(self, state_type: Any, evaluation_keys: jax.Array) -> Callable[..., Any]:
+        evaluate_all = self.place.vmap(self.evaluate_run, (0, 0, 0, None))
+        args = (state_type, self.local_fold, evaluation_keys, self.place.shared(self.test))
+        return self.compile_program("evaluate_run", evaluate_all, *args)
+
+
+def _group_programs(
+    job: _Job,
+    index: int,
+    fold_ids: list[int],
+    wave: list[tuple[int, int]],
+    devices: tuple[Any, ...],
+) -> GroupPrograms:
+    """The placement, data and programs of this process's share of the runs ``wave`` of folds
+    ``fold_ids``."""
+    cfg, data, debug = job.cfg, job.data, job.debug
+    non_causal = tuple(data.feature_groups.get(cfg.loss.non_causal_group, ()))
+    run_ids = job.processes.share(wave)
+    place = placement.Placement(devices[: len(run_ids)], len(run_ids))  # no idle device
+    train = place.shared(_stack([data.train[k] for k in fold_ids]))
+    program = make_train(
+        cfg,
+        train.features.shape[-1],
+        train.features.shape[1],
+        non_causal,
+        debug=debug,
+        learners=place.per_device,  # what each device's kernels see
+    )
+    # Run r trains fold run_ids[r][0] with seed run_ids[r][1]; the padding repeats the last.
+    local_fold = place.learner_arrays(np.asarray([fold_ids.index(f) for f, _ in run_ids], np.int32))
+
+    # The programs take the folds' data as an argument (not a closure), so that a compiled
+    # program depends only on what ``context`` and the arguments' types say
+    # (jdqn.accel.executables):
+    # every config section but output, the permuted feature columns, debug mode and the mesh
+    # (a stored program runs on the devices it was built for).
+    executables = _executable_cache(cfg, debug)
+    sections = {k: v for k, v in json.loads(cfg.to_json()).items() if k != "output"}
+    context = json.dumps([sections, non_causal, debug], sort_keys=True)
+    if len(place.devices) > 1:
+        context += f"|devices={len(place.devices)}"
+
+    # Named functions: the compile events and the stored programs carry these names.
+    def init_run(key: jax.Array, i: jax.Array, data: FoldData) -> TrainState:
+        return program.init(key, _take(data, i))
+
+    def run_chunk(s: TrainState, i: jax.Array, e: jax.Array, c: jax.Array, data: FoldData) -> Any:
+        return program.run_chunk(s, _take(data, i), e, c)
+
+    def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
+        return program.evaluate(s, _take(data, i), key)
+
+    key_type = place.padded_type(
+        jax.eval_shape(functools.partial(run_keys, cfg.train.seed), *_folds_and_seeds(run_ids))
+    )
+    init_types = (key_type.training, local_fold, train)
+    return GroupPrograms(
+        index=index,
+        fold_ids=fold_ids,
+        wave=wave,
+        run_ids=run_ids,
+        place=place,
+        train=train,
+        test=_stack([data.test[k] for k in fold_ids]),
+        program=program,
+        local_fold=local_fold,
+        compile_program=functools.partial(executables.compile, context=context),
+        init_all=place.vmap(init_run, (0, 0, None)),
+        init_types=init_types,
+        # A warm start's stored init program; its output type is the state's (no tracing).
+        stored_init=executables.load("init_run", *init_types, context=context),
+        # Debug: checkify inside the vmap keeps one error entry per run (fold, seed).
+        run_chunk=debug_mode.checked(run_chunk) if debug else run_chunk,
+        evaluate_run=evaluate_run,
+    )
+
+
+def _folds_and_seeds(run_ids: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Each run's fold and seed index, [R] int32 each (the arguments of :func:`run_keys`)."""
+    folds, seeds = np.asarray(run_ids, np.int32).T
+    return folds, seeds
+
+
+def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
+    """Train this process's share of a group's runs as one vmapped program, sharded over its
+    placement's devices, and evaluate them; process 0 judges the whole wave
+    (``jdqn.run.processes``) and returns its result rows, the others none."""
+    cfg, processes, wave = job.cfg, job.processes, programs.wave
+    with background.Overlap() as overlap:
+        # The training program compiles on a worker thread meanwhile (docs/design.md §13).
+        compiling_chunk = overlap.submit(programs.compile_chunk)
+        keys = programs.place.learner_arrays(
+            run_keys(cfg.train.seed, *_folds_and_seeds(programs.run_ids))
+        )
+        baselines = _submit_baselines(overlap, job, programs) if processes.writer else None
+        state = programs.init(keys.training)
+        # For the state's type, not its buffers: the first chunk donates them while the
+        # evaluation program may still be compiling.
+        compiling_evaluate = overlap.submit(
+            programs.compile_evaluate, _abstract(state), keys.evaluation
+        )
+        state, halted_epoch = _train_group(job, programs, state, compiling_chunk.result())
+        outputs = _evaluate_group(programs, compiling_evaluate.result(), state, keys, halted_epoch)
+        by_fold = None if baselines is None else baselines()
+    outputs = processes.gather(outputs, len(wave))
+    if by_fold is None:  # not process 0, which judges the whole wave
+        return []
+    rows = _judge_group(job, outputs, wave, by_fold)
+    policy_bundle.save_run_policies(
+        job.run.path,
+        cfg,
+        job.data,
+        programs.program.learner.layout,
+        outputs.network,
+        wave,
+        rows,
+        job.writes.submit,
+    )
+    return rows
+
+
+def _submit_baselines(
+    overlap: Any, job: _Job, programs: GroupPrograms
+) -> Callable[[], dict[int, dict[str, Any]]]:
+    """Start each fold's baselines on ``overlap``'s threads (seeded by the keys of the whole
+    wave's runs, as in one process); returns the function that waits for them."""
+    keys = run_keys(job.cfg.train.seed, *_folds_and_seeds(programs.wave))
+    baselines = overlap.submit(_baselines, job, programs, np.asarray(keys.baselines))
+    extras = overlap.submit(_extra_baselines, job.cfg, job.data, programs.fold_ids)
+
+    def by_fold() -> dict[int, dict[str, Any]]:
+        return {fold: rows | extras.result()[fold] for fold, rows in baselines.result().items()}
+
+    return by_fold
+
+
+def _evaluate_group(
+    programs: GroupPrograms,
+    evaluate_all: Callable[..., Any],
+    state: TrainState,
+    keys: RunKeys,
+    halted_epoch: dict[int, int],
+) -> RunOutputs:
+    """The trained runs' greedy test-window pass and what judging reads of their state, on the
+    host, without the padding."""
+    learners = len(programs.run_ids)
+    rollouts = evaluate_all(
+        state, programs.local_fold, keys.evaluation, programs.place.shared(programs.test)
+    )
+    learner = state.learner
+    network = policy_bundle.Network(learner.params, learner.masks, learner.sn_u)
+    rollouts, guard, steps, iterations, network = _host(
+        (rollouts, learner.guard, learner.step, state.iteration, network), learners
+    )
+    halted = np.asarray([halted_epoch.get(r, -1) for r in range(learners)], np.int32)
+    return RunOutputs(rollouts, guard, steps, iterations, halted, network)
+
+
+def _host(tree: Any, learners: int) -> Any:
+    """The first ``learners`` runs of every leaf, on the host: without the device padding."""
+    return jax.tree.map(lambda x: np.asarray(x)[:learners], jax.device_get(tree))
+
+
+def _abstract(tree: Any) -> Any:
+    """The type of every array leaf (shape, dtype, weak type, placement), without its buffer."""
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=x.sharding, weak_type=jax.typeof(x).weak_type
+        ),
+        tree,
+    )
+
+
+def _train_group(
+    job: _Job, programs: GroupPrograms, state: TrainState, chunk_all: Callable[..., Any]
+) -> tuple[TrainState, dict[int, int]]:
+    """Every epoch of this process's share of a group, from its initial (or last checkpointed)
+    state; returns the trained state and the epoch in which each halted run halted (by this
+    process's run index). Process 0 logs the metrics of the whole wave."""
+    cfg, run, writes, processes, log = job.cfg, job.run, job.writes, job.processes, job.log
+    program, local_fold, train = programs.program, programs.local_fold, programs.train
+    group_index, run_ids, wave = programs.index, programs.run_ids, programs.wave
+    checkpoints = GroupCheckpoints(job, programs)
+    start_epoch, start_chunk, halted_epoch = 0, 0, {}
+    resumed = checkpoints.resume(state, log)
+    if resumed is not None:
+        state, meta = resumed
+        start_epoch = int(meta["epochs_done"])
+        start_chunk = int(meta.get("chunks_done", 0))  # > 0: saved mid-epoch, at a SIGTERM
+        halted_epoch = meta["halted_epoch"]
+        within = f", chunk {start_chunk} of epoch {start_epoch + 1}" if start_chunk else ""
+        log(f"jdqn: resumed group {group_index} after epoch {start_epoch}{within}")
+    metrics_log = None  # process 0 logs the whole wave's metrics
+    if processes.writer:
+        metrics_log = MetricsLog(run, cfg, wave, group_index, start_epoch, writes, start_chunk)
+    # Imported at their first use, not before training (jdqn.run.checkpoint, jdqn.run.metrics_log).
+    later_imports = [TENSORBOARD] if cfg.output.tensorboard else []
+    later_imports += [ORBAX] if checkpoints.enabled else []
+
+    total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch - start_chunk
+    bar: Any = None
+    if job.progress and total > 0:
+        from tqdm.auto import tqdm
+
+        label = f"folds {programs.fold_ids} x {cfg.train.seeds} seed(s)"
+        # Counted in iterations, so the rate reads lock-step iterations/s (x slices x runs).
+        bar = tqdm(total=total, desc=label, unit="it", unit_scale=program.chunk_length, leave=False)
+    completed = False
+    try:
+        # A SIGTERM lets the chunk on the device end; its state is checkpointed, then the run
+        # stops as for a Ctrl-C (jdqn.run.termination).
+        with termination.ChunkBoundaries() as boundaries:
+            for epoch in range(start_epoch, cfg.train.epochs):
+                first_chunk = start_chunk if epoch == start_epoch else 0
+                for chunk in range(first_chunk, program.chunks_per_epoch):
+                    result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
+                    if epoch == start_epoch and chunk == first_chunk:
+                        # The chunk is queued and this thread now waits on the device: the
+                        # writer thread imports what the metrics and the checkpoint need.
+                        writes.prefetch(later_imports)
+                    error, (state, chunk_metrics) = result if job.debug else (None, result)
+                    record = _host((state.learner.step, chunk_metrics), len(run_ids))
+                    steps, metrics = processes.gather(record, len(wave))  # [R], [R, L] of the wave
+                    summary = metrics_log.add(epoch, chunk, steps, metrics) if metrics_log else {}
+                    if error is not None:  # fetched once per chunk, with the chunk's metrics
+                        debug_mode.raise_if_failed(
+                            error, run_ids=run_ids, epoch=epoch, chunk=chunk, run_dir=run.path
+                        )
+                    halted = np.asarray(state.learner.guard.halted)[: len(run_ids)]
+                    for r in np.flatnonzero(halted):
+                        halted_epoch.setdefault(int(r), epoch)
+                    if bar is not None:
+                        epochs = f"{epoch + 1}/{cfg.train.epochs}"
+                        bar.set_postfix({"epoch": epochs, **summary}, refresh=False)
+                        bar.update(1)
+                    # Every process stops at the chunk where any of them saw a SIGTERM (a
+                    # checkpoint gathers from all of them).
+                    stop = processes.any_of(boundaries.requested)
+                    if stop and chunk + 1 < program.chunks_per_epoch:
+                        checkpoints.save(epoch, chunk + 1, state, halted_epoch)
+                        raise termination.Terminated
+                checkpoints.save(epoch + 1, 0, state, halted_epoch)
+                if processes.any_of(boundaries.requested):
+                    raise termination.Terminated
+        completed = True
+    finally:  # also on failure: no thread or file left open behind the one-line error
+        if bar is not None:
+            bar.close()
+        if metrics_log is not None:
+            metrics_log.close(write_plots=completed)
+        checkpoints.close()
+    return state, halted_epoch
+
+
+class GroupCheckpoints:
+    """A group's checkpoints: orbax in ``checkpoints/group<g>/``, or each process's own share in
+    ``process-<i>/`` below it (:class:`ShareCheckpointer`; docs/design.md §11)."""
+
+    def __init__(self, job: _Job, programs: GroupPrograms) -> None:
+        processes = job.processes
+        self.enabled = job.cfg.output.checkpoints
+        self._directory = job.run.checkpoint_dir / f"group{programs.index}"
+        if processes.count > 1:
+            self._directory /= f"process-{processes.index}"
+        store = ShareCheckpointer if processes.count > 1 else Checkpointer
+        self._store = store(self._directory) if self.enabled else None
+        self._place, self._processes = programs.place, processes
+        self._indices = processes.share(list(range(len(programs.wave))))  # its runs in the wave
+        self._chunks_per_epoch = programs.program.chunks_per_epoch
+        self._param_layout = programs.program.learner.layout.record()  # saved with each one
+
+    def resume(
+        self, state: TrainState, log: Callable[[str], None]
+    ) -> tuple[TrainState, dict[str, Any]] | None:
+        """The newest intact checkpoint's share of the state, placed as ``state`` is, and its
+        metadata (``halted_epoch`` by this process's run index); None without one."""
+        if self._store is None:
+            return None
+        missing = self._store.latest_step() is None
+        if self._processes.any_of(missing):  # every process starts afresh, or none does
+            if self._processes.count > 1:
+                self._store.discard_after(-1)  # so that no older run's step outlives the new
+            return None
+        share = self._share(state)
+        try:
+            share, meta, step = self._store.restore_intact(share, log)
+        except NoIntactCheckpointError:
+            if self._processes.count == 1:
+                raise
+            step = -1  # told to the others first, so that they do not wait for this one
+        agreed = self._processes.smallest([step])[0]
+        if agreed < 0:
+            raise NoIntactCheckpointError(
+                f"{self._directory.parent}: a process has no checkpoint that passes "
+                "verification; fix: start the run again"
+            )
+        if agreed != step:  # another process holds no intact checkpoint this new
+            share, meta = self._store.restore(share, agreed)
+            self._store.discard_after(agreed)  # training writes them again
+            log(f"jdqn: resuming from step {agreed}, the newest every process holds intact")
+        check_param_layout(meta, self._param_layout, self._directory)
+        halted = meta["halted_epoch"]
+        meta["halted_epoch"] = {
+            r: halted[str(g)] for r, g in enumerate(self._indices) if str(g) in halted
+        }
+        return self._place.learner_arrays(share), meta
+
+    def save(
+        self, epochs_done: int, chunks_done: int, state: TrainState, halted_epoch: dict[int, int]
+    ) -> None:
+        """Checkpoint after ``epochs_done`` epochs and ``chunks_done`` chunks of the next one
+        (numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends); every
+        process calls it."""
+        if self._store is None:
+            return
+        # halted_epoch by the wave's run index g, as one process would record it.
+        halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}
+        meta: dict[str, Any] = dict(
+            epochs_done=epochs_done, halted_epoch=halted, param_layout=self._param_layout
+        )
+        if chunks_done:
+            meta["chunks_done"] = chunks_done
+        step = epochs_done * self._chunks_per_epoch + chunks_done
+        self._store.save(step, self._share(state), meta)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def _share(self, state: TrainState) -> Any:
+        """This process's share of the wave's state on the host, without the device padding:
+        with one process, the whole wave."""
+        return _host(self._place.real(state), len(self._indices))
+
+
+def check_param_layout(meta: dict[str, Any], expected: list[list[Any]], directory: Path) -> None:
+    """Refuse a checkpoint whose flat parameter vectors are laid out otherwise than this jdqn's
+    (``ParamLayout.record``; a checkpoint without the record predates it): same sizes, so the
+    state restores, but the values would land in the wrong places."""
+    if meta.get("param_layout") != expected:
+        raise CheckpointLayoutError(
+            f"checkpoint {directory} holds parameters in another order or shape (written by "
+            "another jdqn version); fix: start the run again"
+        )
+
+
+def _baselines(job: _Job, programs: GroupPrograms, keys: np.ndarray) -> dict[int, dict[str, Any]]:
+    """Each fold's baselines on its test window, seeded by the key of the fold's first run in
+    the wave: one program for the group's folds (``evaluate.baseline_rollouts`` vmapped)."""
+    cfg, test = job.cfg, programs.test
+    wave_folds = [fold for fold, _ in programs.wave]
+    folds = list(dict.fromkeys(wave_folds))  # each once, in the order of its first run
+    local = np.asarray([programs.fold_ids.index(fold) for fold in folds], np.int32)
+    fold_keys = keys[[wave_folds.index(fold) for fold in folds]]
+
+    def baselines_run(i: jax.Array, key: jax.Array, data: FoldData) -> Any:
+        fold = _take(data, i)
+        params = make_params(fold.features, fold.close, cfg.env)
+        return baseline_rollouts(params, key, cfg.env)
+
+    program = programs.compile_program(
+        "baselines_run", jax.jit(jax.vmap(baselines_run, (0, 0, None))), local, fold_keys, test
+    )
+    records = jax.device_get(program(local, fold_keys, test))
+    n_steps = test.close.shape[-1] - 1  # the whole window is one episode
+    return {
+        fold: baseline_results(
+            jax.tree.map(lambda x, j=j: x[j], records),
+            n_steps,
+            point_value_usd=cfg.env.point_value_usd,
+            bars_per_year=job.data.bars_per_year,
+        )
+        for j, fold in enumerate(folds)
+    }
+
+
+def _extra_baselines(
+    cfg: Config, data: WalkForwardData, fold_ids: list[int]
+) -> dict[int, dict[str, Any]]:
+    """Each fold's momentum, MACD, ridge and (synthetic data) oracle baselines, tuned on its
+    train window (``jdqn.evaluation.baselines``), on the host."""
+    extras = {}
+    for fold in fold_ids:
+        window = data.folds[fold]
+        oracle = oracle_signal(cfg, window.test_start, window.test_end)
+        extras[fold] = extra_baselines(  # each window's (features, close): train, then test
+            cfg, *data.train[fold], *data.test[fold], oracle, bars_per_year=data.bars_per_year
+        )
+    return extras
+
+
+def _judge_group(
+    job: _Job,
+    outputs: RunOutputs,
+    run_ids: list[tuple[int, int]],
+    baselines_by_fold: dict[int, dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """Each run's result row from its test-window rollout, with its fold's baselines; the
+    equity CSVs and plots are handed to the writer thread; each run's per-bar net PnL is added
+    to ``job.series``."""
+    cfg, data, run, writes = job.cfg, job.data, job.run, job.writes
+    guard, rollouts = outputs.guard, outputs.rollouts
+    calendar = CALENDARS[cfg.data.calendar]
+    rows: list[dict[str, Any]] = []
+    for r, (fold, seed) in enumerate(run_ids):
+        fold_window = data.folds[fold]
+        timestamps = data.test_timestamps[fold]
+        baselines = baselines_by_fold[fold]
+        positions = np.asarray(rollouts.positions[r])
+        net = np.asarray(rollouts.net_points[r])
+        realised_at = timestamps[1 : len(net) + 1]  # interval t's PnL lands at bar t+1
+        if bool(guard.halted[r]):
+            reason, epoch = GUARD_REASONS[int(guard.reason[r])], int(outputs.halted_epoch[r])
+            status = f"halted: {reason} at epoch {max(epoch, 0) + 1} step {int(guard.step[r])}"
+            agent = None
+        else:
+            status = "ok"
+            agent = metrics(
+                net,
+                positions,
+                point_value_usd=cfg.env.point_value_usd,
+                bars_per_year=data.bars_per_year,
+                gross_points=np.asarray(rollouts.pnl_points[r]),
+                cost_points=np.asarray(rollouts.cost_points[r]),
+            )
+            agent = stats.with_daily_sharpe(agent, net, realised_at, calendar)
+        baseline_nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
+        agent_net = None if agent is None else net
+        job.series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
+        curves = {"agent": equity_curve(net)} | {
+            name: equity_curve(baseline_net) for name, baseline_net in baseline_nets.items()
+        }
+        held = {"agent": positions} | {
+            name: np.asarray(b["rollout"].positions) for name, b in baselines.items()
+        }
+        stem = f"fold{fold}_seed{seed}"
+        csv_path = run.curves_dir / f"{stem}_equity.csv"
+        writes.submit(report.write_equity_csv, csv_path, timestamps, curves, held)
+        if cfg.output.plots:
+            writes.submit_plot(
+                report.plot_equity,
+                run.plots_dir / f"{stem}_equity.png",
+                timestamps,
+                curves,
+                f"fold {fold} seed {seed}: out-of-sample equity ({status})",
+            )
+        rows.append(
+            {
+                "fold": fold,
+                "seed": seed,
+                "status": status,
+                "window": {
+                    "train": [fold_window.train_start, fold_window.train_end],
+                    "test": [fold_window.test_start, fold_window.test_end],
+                    "test_time": [str(timestamps[0]), str(timestamps[-1])],
+                },
+                "agent": agent,
+                "baselines": {
+                    name: stats.with_daily_sharpe(
+                        b["metrics"], baseline_nets[name], realised_at, calendar
+                    )
+                    for name, b in baselines.items()
+                },
+                "training": {
+                    "learner_steps": int(outputs.learner_steps[r]),
+                    "iterations": int(outputs.iterations[r]),
+                },
+            }
+        )
+    return rows
