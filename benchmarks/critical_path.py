@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from benchmarks.kernels import scope_of
+from jdqn.accel.xla_flags import configure
 
 # Instructions that launch no GPU work.
 FREE = frozenset(
@@ -338,4 +339,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

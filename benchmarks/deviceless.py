@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.critical_path import analyse
+from jdqn.accel.xla_flags import configure
 
 # An H200's description for XLA's cost models: 132 SMs of compute capability 9.0, 50 MB of L2,
 # 4.8 TB/s, 141 GB (NVIDIA's data sheet); the other fields are Hopper's limits.
@@ -220,4 +221,5 @@ def _has_plugin() -> bool:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 
+from jdqn.accel.xla_flags import configure
 from jdqn.agent.step import SCOPES
 from jdqn.bench.breakdown import filled_learner, scan_steps_fn, time_repeated
 from jdqn.config import SMOKETEST, Config, apply_overrides
@@ -278,4 +279,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

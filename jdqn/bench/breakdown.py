@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import optax
 
 from jdqn import accel
+from jdqn.accel.xla_flags import configure
 from jdqn.agent import Learner, LearnerState, losses, make_learner, networks, pack_metrics
 from jdqn.agent.replay import replay_sample, replay_update
 from jdqn.agent.surgery import gradient_surgery
@@ -400,4 +401,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()
