@@ -295,7 +295,7 @@ def table(result: dict[str, Any]) -> str:
 
 def compiled_scan_hlo(overrides: Sequence[str], n_seeds: int, n_steps: int = 8) -> str:
     """Optimised HLO of the bench's scan of learner steps (as ``benchmarks.kernels`` times it)."""
-    from jdqn.bench.breakdown import filled_learner, scan_steps_fn
+    from jdqn.bench.fixture import filled_learner, scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
 
     cfg = apply_overrides(SMOKETEST, list(overrides))

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jdqn.accel.xla_flags import configure
-from jdqn.bench.breakdown import ALPHA, BETA, filled_learner, scan_steps_fn, time_repeated
+from jdqn.bench.fixture import ALPHA, BETA, filled_learner, scan_steps_fn, time_repeated
 from jdqn.config import SMOKETEST, Config
 
 

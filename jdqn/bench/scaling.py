@@ -25,7 +25,7 @@ import jax
 
 from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
-from jdqn.bench.breakdown import scan_steps, time_repeated
+from jdqn.bench.fixture import scan_steps, time_repeated
 from jdqn.bench.seeds import seeded_states
 from jdqn.config import SMOKETEST, Config
 from jdqn.run.placement import Placement

@@ -23,7 +23,7 @@ from jdqn.accel import update_impl
 from jdqn.accel.xla_flags import configure
 from jdqn.agent import Learner, LearnerState, make_learner
 from jdqn.bench import markdown_table
-from jdqn.bench.breakdown import (
+from jdqn.bench.fixture import (
     N_FEATURES,
     NON_CAUSAL,
     filled_state,
