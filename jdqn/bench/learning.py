@@ -272,7 +272,8 @@ def run(
         row = _stored(store, key)
         if row is None:
             start = time.perf_counter()
-            data = "evaluation" if _is_synthetic(case_overrides) else "development"
+            judged = _is_synthetic(case_overrides) and set(scale.paths) <= set(EVALUATION_PATHS)
+            data = "evaluation" if judged else "development"
             fold_rows = run_paths(scale.cfg, case_overrides, scale.paths)
             row = {"case": case, "data": data, "seeds": scale.seeds, "paths": list(scale.paths)}
             row |= {"wall_s": time.perf_counter() - start} | score(fold_rows)
