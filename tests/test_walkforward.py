@@ -481,7 +481,7 @@ def test_agent_takes_a_planted_edge_on_an_evaluation_path(learned):
 @pytest.mark.xfail(
     strict=True,
     reason="issue 45: the agent holds one position through a martingale window (measured on "
-    "the CPU, path 100, 3 seeds x 3 folds: exposure 100 % in 9 of 9 seed-folds); strict, so "
+    "the CPU, path 100, 3 seeds x 3 folds: exposure above 99.9 % in 9 of 9 seed-folds); strict: "
     "the test reports XPASS, a failure, once the agent sits out and this marker must go",
 )
 def test_agent_sits_out_a_martingale(learned):

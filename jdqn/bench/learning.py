@@ -112,7 +112,7 @@ def _median(values: Sequence[float]) -> float | None:
     return float(np.median(values)) if len(values) else None
 
 
-def _share(passed: Sequence[bool], runs: int) -> float | None:
+def _share(passed: Sequence[bool] | np.ndarray, runs: int) -> float | None:
     """Share of ``runs`` that passed (halted runs are in ``runs``, not in ``passed``)."""
     return float(np.sum(passed)) / runs if runs else None
 

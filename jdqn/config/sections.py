@@ -72,9 +72,9 @@ class DataConfig:
     synthetic_seed: int = 0  # seed of the synthetic bar generator
     signal_strength: float = 0.0  # planted predictable drift, in units of bar volatility
     # shape of the planted drift (jdqn.data.synth): momentum, reversion (moves fade) or
-    # rth_momentum (momentum inside regular trading hours only), over signal_lookback bars
+    # rth_momentum (momentum inside regular trading hours only)
     signal_kind: Literal["momentum", "reversion", "rth_momentum"] = "momentum"
-    signal_lookback: int = 15
+    signal_lookback: int = 15  # bars of past return the planted drift follows
     return_horizons: tuple[int, ...] = (1, 5, 15, 60)  # log-return lookbacks, in bars
     volume_window: int = 60  # bars in the trailing volume z-score window
     feature_clip: float = 5.0  # normalised features are clipped to +-feature_clip
