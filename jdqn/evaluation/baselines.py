@@ -1,8 +1,8 @@
-"""The quant baselines: rules and a forecaster tuned on the train window only, and the oracle
-(docs/design.md §8). Each is a position path over the test window, computed on the host in float64
-from bars ``<= t``, with the environment's convention (``jdqn.evaluation.env``): ``positions[i]``
-is chosen at
-bar ``i`` and held over ``i -> i+1``, trading costs ``cost_points`` per contract, from flat.
+"""The quant baselines: rules and a forecaster tuned on the train window only, and the informed
+rule (docs/design.md §8). Each is a position path over the test window, computed on the host in
+float64 from bars ``<= t``, with the environment's convention (``jdqn.evaluation.env``):
+``positions[i]`` is chosen at bar ``i`` and held over ``i -> i+1``, trading costs
+``cost_points`` per contract, from flat.
 
 - ``momentum``: time-series momentum (Moskowitz, Ooi & Pedersen, 2012), with a no-trade band.
 - ``macd``: the volatility-normalised MACD signal of Baz, Granger, Harvey, Le Roux & Rattray
