@@ -138,6 +138,18 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_the_yardstick_judges_the_baselines_without_training(monkeypatch):
+    """The bar to reach, from the baselines alone: on a martingale the informed rule and the
+    causal bound are 0 (no drift); on planted momentum both are positive."""
+    monkeypatch.setattr(learning, "run_case", lambda *_: pytest.fail("nothing may train"))
+    rows = learning.yardstick(learning.SMALL)
+    martingale, planted = (r["median_net_usd"] for r in rows)
+    assert martingale["informed"] == 0.0 and martingale["causal bound"] == 0.0
+    assert planted["informed"] > 0.0 and planted["causal bound"] > 0.0
+    assert all(r["windows"] == 3 and r["best_baseline"] in learning.TUNED_BASELINES for r in rows)
+    assert "| planted_0.3 | 3 |" in learning.format_yardstick(rows)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU variant")
 def test_the_cpu_variant_scores_every_case_against_the_best_baseline(tmp_path):

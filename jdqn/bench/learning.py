@@ -288,6 +288,49 @@ def run(
     return rows
 
 
+def yardstick(scale: Scale, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Each case's tuned baselines, informed rule and causal bound on its paths' test windows,
+    without training: the bar the agent has to reach (host numpy; seconds a case on a CPU)."""
+    from jdqn.evaluation.baselines import fold_baselines
+    from jdqn.run.walkforward import load_data
+
+    rows = []
+    for case in scale.cases:
+        nets: dict[str, list[float]] = {}
+        case_overrides = [*scale.overrides, *overrides, *CASES[case]]
+        paths = scale.paths if _is_synthetic(case_overrides) else (None,)
+        for path in paths:
+            seed = [] if path is None else [f"data.synthetic_seed={path}"]
+            cfg = apply_overrides(scale.cfg, [*case_overrides, *seed])
+            data = load_data(cfg)
+            for fold in range(len(data.folds)):
+                for name, result in fold_baselines(cfg, data, fold).items():
+                    nets.setdefault(name, []).append(result["metrics"]["net_pnl_usd"])
+                    if name == "informed":
+                        nets.setdefault("causal bound", []).append(
+                            result["metrics"]["causal_bound_usd"]
+                        )
+        medians = {name: float(np.median(v)) for name, v in nets.items()}
+        best = max(TUNED_BASELINES, key=medians.__getitem__)
+        windows = len(nets["momentum"])
+        rows.append(
+            {"case": case, "windows": windows, "best_baseline": best, "median_net_usd": medians}
+        )
+    return rows
+
+
+def format_yardstick(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table: per case, each baseline's median test net over its windows."""
+    names = ("momentum", "macd", "ridge", "informed", "causal bound")
+    header = ("case", "windows", "best tuned", *(f"{n} $" for n in names))
+    lines = [
+        (r["case"], r["windows"], r["best_baseline"],
+         *(_money(r["median_net_usd"].get(n)) for n in names))
+        for r in rows
+    ]  # fmt: skip
+    return markdown_table(header, lines)
+
+
 def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:+,.0f}"
 
@@ -398,6 +441,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--label", default="")
     parser.add_argument("--json")
     parser.add_argument("--store", help="directory of finished cases: reused, so a rerun resumes")
+    parser.add_argument(
+        "--yardstick", action="store_true", help="only the baselines and bounds, no training"
+    )
     args = parser.parse_args(argv)
     from jdqn.config import profile
 
@@ -413,6 +459,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"learning scorecard: {error}; fix: see --help", file=sys.stderr)
         return 2
+
+    if args.yardstick:
+        print(format_yardstick(yardstick(scale, args.set)))
+        return 0
 
     def write(rows: list[dict[str, Any]]) -> None:
         for row in rows:

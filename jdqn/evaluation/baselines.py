@@ -226,6 +226,17 @@ def tune_informed(train_close: np.ndarray, train_drift: np.ndarray, cost: float)
     return {"scale": scale, "band": band}
 
 
+def fold_baselines(cfg: Config, data: Any, fold: int) -> dict[str, dict[str, Any]]:
+    """:func:`extra_baselines` of one fold of ``data`` (a ``WalkForwardData``): tuned on its
+    train window, judged on its test window, with the planted drift of synthetic data."""
+    w = data.folds[fold]
+    train_drift = planted_drift(cfg, w.train_start, w.train_end)
+    test_drift = planted_drift(cfg, w.test_start, w.test_end)
+    drift = None if train_drift is None or test_drift is None else (train_drift, test_drift)
+    train, test = data.train[fold], data.test[fold]  # each window's (features, close)
+    return extra_baselines(cfg, *train, *test, drift, bars_per_year=data.bars_per_year)
+
+
 def extra_baselines(
     cfg: Config,
     train_features: np.ndarray,

@@ -37,7 +37,7 @@ from jdqn.data import (
     stack_folds,
 )
 from jdqn.evaluation import policy_bundle, stats
-from jdqn.evaluation.baselines import extra_baselines, planted_drift
+from jdqn.evaluation.baselines import fold_baselines
 from jdqn.evaluation.env import make_params, volatility_reward_scale
 from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.run import (
@@ -804,16 +804,7 @@ def _extra_baselines(
 ) -> dict[int, dict[str, Any]]:
     """Each fold's momentum, MACD, ridge and (synthetic data) informed baselines, tuned on its
     train window (``jdqn.evaluation.baselines``), on the host."""
-    extras = {}
-    for fold in fold_ids:
-        w = data.folds[fold]
-        train_drift = planted_drift(cfg, w.train_start, w.train_end)
-        test_drift = planted_drift(cfg, w.test_start, w.test_end)
-        drift = None if train_drift is None or test_drift is None else (train_drift, test_drift)
-        extras[fold] = extra_baselines(  # each window's (features, close): train, then test
-            cfg, *data.train[fold], *data.test[fold], drift, bars_per_year=data.bars_per_year
-        )
-    return extras
+    return {fold: fold_baselines(cfg, data, fold) for fold in fold_ids}
 
 
 def _judge_group(
