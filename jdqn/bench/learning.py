@@ -356,7 +356,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table: one line per case (intervals: :data:`COVERS`)."""
     header = ("case", "data", "runs (halted)", "best baseline: median $",
               "agent median $ [95 % CI]", "agent - best $ [95 % CI]", "> best", "> 0",
-              "within $2.5K of flat", "exposure",
+              "within $2,500 per 12,000 bars of flat", "exposure",
               "changes / 1,000 bars", "Sharpe (daily, ann.)", "/ causal bound", "s")  # fmt: skip
     lines = []
     for r in rows:
