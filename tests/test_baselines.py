@@ -1,5 +1,7 @@
 """jdqn.evaluation.baselines against hand-computed cases."""
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -48,9 +50,9 @@ def test_ridge_recovers_a_linear_forecast():
     np.testing.assert_allclose(baselines.ridge_forecast(x[:2], weights), y[:2])
 
 
-def test_tuning_uses_the_train_window_and_the_oracle_needs_synthetic_data():
+def test_tuning_uses_the_train_window_and_the_informed_rule_needs_synthetic_data():
     """Momentum picked on a trending train window keeps a short lookback; a bar file has no
-    oracle; the synthetic oracle reads the planted m_t of the test window."""
+    planted drift; the synthetic one is the drift in points of the configured shape."""
     rng = np.random.default_rng(2)
     steps = np.repeat(rng.choice([-1.0, 1.0], 100), 50) * 0.5 + 0.1 * rng.standard_normal(5_000)
     close = 1_000 + np.cumsum(steps)
@@ -67,10 +69,46 @@ def test_tuning_uses_the_train_window_and_the_oracle_needs_synthetic_data():
         )
         > 1_000
     )
-    assert baselines.oracle_signal(apply_overrides(SMOKETEST, ["data.path=x.csv"]), 0, 10) is None
+    assert baselines.planted_drift(apply_overrides(SMOKETEST, ["data.path=x.csv"]), 0, 10) is None
     from jdqn.data.synth import synthetic_path
 
-    cfg = apply_overrides(SMOKETEST, ["data.signal_strength=0.3", "data.synthetic_bars=2000"])
-    np.testing.assert_array_equal(
-        baselines.oracle_signal(cfg, 100, 200), synthetic_path(2_000, 0, 0.3).momentum[100:200]
+    cfg = apply_overrides(
+        SMOKETEST,
+        ["data.signal_strength=0.3", "data.synthetic_bars=2000", "data.signal_kind=reversion"],
     )
+    np.testing.assert_array_equal(
+        baselines.planted_drift(cfg, 100, 200),
+        synthetic_path(2_000, 0, 0.3, "reversion", 15).drift_points[100:200],
+    )
+
+
+def test_causal_bound_is_the_best_position_path_by_brute_force():
+    """Every path in {-1, 0, 1}^7 from flat: the dynamic programme finds the best one's value."""
+    rng = np.random.default_rng(5)
+    for cost in (0.0, 0.3, 2.0):
+        drift = rng.normal(0.0, 0.5, 7)
+        paths = np.array(list(itertools.product((-1, 0, 1), repeat=7)), np.float64)
+        traded = np.abs(np.diff(np.concatenate([np.zeros((len(paths), 1)), paths], 1), axis=1))
+        best = np.max(paths @ drift - cost * traded.sum(1))
+        assert baselines.causal_bound_points(drift, cost) == pytest.approx(best, abs=1e-12)
+    assert baselines.causal_bound_points(np.zeros(50), 0.3) == 0.0
+
+
+def test_the_informed_rule_trades_a_planted_drift_and_sits_out_none():
+    """Tuned on the train window's drift; on a martingale it never trades (drift 0), on planted
+    momentum it nets more than 0, and its expected net is at most the causal bound."""
+    from jdqn.data.synth import synthetic_path
+
+    for strength in (0.0, 0.3):
+        path = synthetic_path(24_000, 3, strength)
+        close, drift = path.bars.close, path.drift_points
+        picked = baselines.tune_informed(close[:12_000], drift[:12_000], 0.3)
+        held = baselines.band_positions(drift[12_000:] / picked["scale"], picked["band"])
+        net = baselines.net_points(close[12_000:], held, 0.3)
+        bound = baselines.causal_bound_points(drift[12_000:-1], 0.3)
+        traded = np.abs(np.diff(np.concatenate([[0.0], held[:-1]])))
+        expected = float(held[:-1] @ drift[12_000:-1] - 0.3 * traded.sum())
+        if strength == 0.0:
+            assert net == 0.0 and bound == 0.0
+        else:
+            assert net > 0.0 and 0.0 < expected <= bound

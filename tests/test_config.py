@@ -69,6 +69,9 @@ def test_overrides_are_typed():
         ("replay.capacity=8", "replay.capacity"),
         ("loss.alpha_schedule=[0.0, 1.5]", "loss.alpha_schedule"),
         ("accel.kernels=interpret", "accel.kernels"),
+        ("data.signal_kind=trend", "data.signal_kind: 'trend' is not one of"),
+        ("data.signal_lookback=0", "data.signal_lookback"),
+        ("output.settings_tried=0", "output.settings_tried"),
         ("trainepochs", "section.field=value"),
     ],
 )

@@ -103,6 +103,25 @@ def test_drift_matches_documented_formula(signal):
     np.testing.assert_allclose(signal.drift_points, signal.drift * close, rtol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["reversion", "rth_momentum"])
+def test_other_shapes_plant_their_drift_as_documented(kind):
+    """Independent float64 recomputation at lookback 45: reversion flips the sign, the RTH-only
+    shape is 0 outside 08:30-15:00 CT; an unknown shape is refused with the valid ones."""
+    path = synthetic_path(8_000, 4, 0.3, kind, 45)
+    close, sigma = path.bars.close, path.sigma
+    t = np.arange(len(close))
+    k = np.minimum(t, 45)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = np.where(k > 0, np.log(close / close[t - k]) / (sigma * np.sqrt(k)), 0.0)
+    minute = _minute_of_day(path.bars.timestamp)
+    rth = (minute >= 8 * 60 + 30) & (minute < 15 * 60)
+    gate = -1.0 if kind == "reversion" else np.where(rth, 1.0, 0.0)
+    np.testing.assert_allclose(path.drift, gate * 0.3 * sigma * np.tanh(m), rtol=1e-9, atol=1e-15)
+    assert np.count_nonzero(path.drift) > 1_000
+    with pytest.raises(ValueError, match="fix: use one of"):
+        synthetic_path(3_000, 4, 0.3, "trend", 15)
+
+
 def _forward_correlation(path, horizon: int) -> float:
     close, sigma = path.bars.close, path.sigma
     change = (close[horizon:] - close[:-horizon]) / (sigma[:-horizon] * close[:-horizon])

@@ -1,55 +1,85 @@
-"""The learning scorecard's statistics against hand-computed cases (no training)."""
+"""The learning scorecard's statistics against hand-computed cases, its store, its command line
+and (slow) its CPU variant end to end."""
 
+import json
+
+import jax
 import pytest
 
 from jdqn.bench import learning
 
 
-def _row(agent, trades, fold=0, seed=0, **baselines):
+def _row(agent, trades, fold=0, seed=0, path=100, exposure=0.5, **baselines):
     return {
+        "path": path,
         "fold": fold,
         "seed": seed,
         "agent": None
         if agent is None
-        else {"net_pnl_usd": agent, "sharpe": agent / 1000, "n_trades": trades, "n_bars": 2000},
+        else {
+            "net_pnl_usd": agent,
+            "sharpe": agent / 1000,
+            "sharpe_daily": agent / 4000,
+            "n_trades": trades,
+            "n_bars": 6000,
+            "exposure": exposure,
+        },
         "baselines": {name: {"net_pnl_usd": value} for name, value in baselines.items()},
     }
 
 
-def test_score_counts_shares_changes_and_the_oracle_ratio():
+def test_score_picks_the_best_tuned_baseline_and_counts_halted_runs_as_failures():
     rows = [
-        _row(1000.0, 2, 0, 0, buy_and_hold=500.0, oracle=4000.0),
-        _row(-200.0, 4, 0, 1, buy_and_hold=-300.0, oracle=2000.0),
-        _row(3000.0, 10, 1, 0, buy_and_hold=3500.0, oracle=3000.0),
-        _row(None, 0, 1, 1, buy_and_hold=0.0, oracle=1.0),  # a halted run counts as halted
+        _row(1000.0, 2, 0, 0, momentum=800.0, ridge=900.0, buy_and_hold=9e9, exposure=0.0),
+        _row(-200.0, 4, 0, 1, momentum=800.0, ridge=900.0, buy_and_hold=9e9, exposure=0.2),
+        _row(3000.0, 10, 1, 0, momentum=3500.0, ridge=1000.0, buy_and_hold=9e9, exposure=0.9),
+        _row(None, 0, 1, 1, momentum=3500.0, ridge=1000.0, buy_and_hold=9e9),  # halted
     ]
     card = learning.score(rows)
     assert (card["runs"], card["halted"]) == (4, 1)
-    assert card["share_positive"] == pytest.approx(2 / 3)
-    assert card["share_above"]["buy_and_hold"] == pytest.approx(2 / 3)
-    assert card["net_usd"]["median"] == 1000.0
-    assert card["net_usd"]["median_ci"][0] <= 1000.0 <= card["net_usd"]["median_ci"][1]
-    assert card["fold_seed_by_run"] == [[0, 0], [0, 1], [1, 0]]
-    # agent - buy & hold: +500, +100, -500; the median of the three
-    assert card["agent_minus_baseline_net_usd"]["buy_and_hold"]["median"] == 100.0
-    assert "| planted_0.3 | oracle |" in learning.format_baselines(
-        [{"case": "planted_0.3", **card}]
-    )
-    assert card["changes_per_1000_bars"] == 2.0  # median of 1, 2, 5 per 1,000 bars
-    assert card["oracle_ratio"] == pytest.approx(1000.0 / 3000.0)
-    assert "planted_0.3" in learning.format_table([{"case": "planted_0.3", "wall_s": 1.0, **card}])
+    # Medians over every seed-fold: momentum 2,150 (800, 800, 3500, 3500), ridge 950; buy & hold
+    # is not a tuned baseline, so it is never "best".
+    assert card["best_baseline"] == "momentum"
+    assert card["baseline_median_net_usd"]["ridge"] == 950.0
+    # agent - momentum: +200, -1000, -500; halted runs fail every share (denominator 4).
+    best = card["agent_minus_best_net_usd"]
+    assert best["median"] == -500.0 and best["clusters"] == 2 and best["few_seeds"]
+    assert card["share_above"]["momentum"] == pytest.approx(1 / 4)
+    assert card["share_positive"] == pytest.approx(2 / 4)
+    # Within $2,500 x 6,000 / 12,000 = $1,250 of flat: 1000 and -200.
+    assert card["share_within_flat_band"] == pytest.approx(2 / 4)
+    assert card["exposure"] == 0.2 and card["share_sitting_out"] == pytest.approx(1 / 4)
+    assert card["changes_per_1000_bars"] == pytest.approx(4 / 6)
+    assert card["net_usd"]["median"] == 1000.0 and card["sharpe_daily"]["median"] == 0.25
+    assert card["run_ids"] == [[100, 0, 0], [100, 0, 1], [100, 1, 0]]
+    table = learning.format_table([{"case": "c", "data": "evaluation", "wall_s": 1.0, **card}])
+    assert "| momentum: +2,150 |" in table and "-500 [" in table and "]* |" in table
+    assert "| c | momentum (best) | +2,150 |" in learning.format_baselines([{"case": "c", **card}])
 
 
-def test_unknown_case_is_refused_with_the_valid_ones():
-    with pytest.raises(ValueError, match="valid"):
-        learning.run(True, cases=["nope"])
+def test_a_case_whose_runs_all_halted_prints_n_a():
+    card = learning.score([_row(None, 0, momentum=5.0)])
+    assert card["halted"] == 1 and card["best_baseline"] == "momentum"
+    assert card["exposure"] is None and card["agent_minus_best_net_usd"]["median"] is None
+    table = learning.format_table([{"case": "c", "data": "evaluation", "wall_s": 1.0, **card}])
+    assert table.count("n/a") >= 6 and "| 1 (1) |" in table
 
 
-def test_paired_compares_the_same_fold_and_seed_only():
-    """A - B on the seed-folds both have: (0,0) +500, (0,1) -100, (1,0) +0; (1,1) only in B."""
+def test_the_causal_bound_share_uses_the_informed_baseline():
+    rows = [_row(x, 1, 0, s, momentum=0.0, informed=0.0) for s, x in enumerate((10.0, 30.0))]
+    for row, bound in zip(rows, (80.0, 120.0), strict=True):
+        row["baselines"]["informed"]["causal_bound_usd"] = bound
+    card = learning.score(rows)
+    assert card["causal_bound_usd"] == 100.0 and card["share_of_bound"] == pytest.approx(0.2)
+
+
+def test_paired_compares_the_same_path_fold_and_seed_only():
+    """A - B on the runs both have: (100,0,0) +500, (100,0,1) -100, (100,1,0) +0; B's
+    (100,1,1) and (101,0,0) have no partner."""
     a = learning.score([_row(1500.0, 1, 0, 0), _row(-300.0, 1, 0, 1), _row(50.0, 1, 1, 0)])
     b = learning.score(
         [_row(1000.0, 1, 0, 0), _row(-200.0, 1, 0, 1), _row(50.0, 1, 1, 0), _row(9.0, 1, 1, 1)]
+        + [_row(7.0, 1, 0, 0, path=101)]
     )
     versus = learning.paired(a, b)
     assert versus["pairs"] == 3
@@ -57,3 +87,82 @@ def test_paired_compares_the_same_fold_and_seed_only():
     assert versus["net_usd_a_minus_b"]["median"] == 0.0
     low, high = versus["net_usd_a_minus_b"]["median_ci"]
     assert -100.0 <= low <= 0.0 <= high <= 500.0
+
+
+def test_the_data_split_is_fixed_and_evaluation_paths_are_never_development():
+    assert len(learning.EVALUATION_PATHS) >= 5 and learning.FULL.paths == learning.EVALUATION_PATHS
+    assert not set(learning.EVALUATION_PATHS) & set(learning.DEVELOPMENT_PATHS)
+    assert set(learning.SMALL.paths) <= set(learning.EVALUATION_PATHS)
+
+
+def test_unknown_case_is_refused_with_the_valid_ones():
+    with pytest.raises(ValueError, match="valid"):
+        learning.run(learning.SMALL._replace(cases=("nope",)))
+
+
+def test_a_finished_case_is_stored_and_reused_until_its_inputs_change(tmp_path, monkeypatch):
+    calls = []
+
+    def fake_case(cfg, overrides):
+        calls.append(list(overrides))
+        return [_row(100.0 * len(calls), 1, 0, s, path=None, momentum=0.0) for s in range(2)]
+
+    monkeypatch.setattr(learning, "run_case", fake_case)
+    scale = learning.SMALL._replace(cases=("martingale", "planted_0.3"))
+    first = learning.run(scale, store=tmp_path)
+    assert len(calls) == 2 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "martingale.json",
+        "planted_0.3.json",
+    ]
+    assert learning.run(scale, store=tmp_path) == json.loads(json.dumps(first, default=float))
+    assert len(calls) == 2  # both reused
+    (tmp_path / "planted_0.3.json").unlink()  # as if cut short before the second case ended
+    learning.run(scale, store=tmp_path)
+    assert len(calls) == 3 and "data.signal_strength=0.3" in calls[-1]
+    learning.run(scale, overrides=["train.epochs=3"], store=tmp_path)
+    assert len(calls) == 5  # other overrides: computed again
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--cases", "nope"], "unknown case 'nope'"),
+        (["--set", "train.epochs=x"], "train.epochs"),
+        (["--paths", "a,b"], "invalid literal"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(learning, "run_case", lambda *_: pytest.fail("nothing may run"))
+    assert learning.main([*argv, "--small"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_yardstick_judges_the_baselines_without_training(monkeypatch):
+    """The bar to reach, from the baselines alone: on a martingale the informed rule and the
+    causal bound are 0 (no drift); on planted momentum both are positive."""
+    monkeypatch.setattr(learning, "run_case", lambda *_: pytest.fail("nothing may train"))
+    rows = learning.yardstick(learning.SMALL)
+    martingale, planted = (r["median_net_usd"] for r in rows)
+    assert martingale["informed"] == 0.0 and martingale["causal bound"] == 0.0
+    assert planted["informed"] > 0.0 and planted["causal bound"] > 0.0
+    assert all(r["windows"] == 3 and r["best_baseline"] in learning.TUNED_BASELINES for r in rows)
+    assert "| planted_0.3 | 3 |" in learning.format_yardstick(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU variant")
+def test_the_cpu_variant_scores_every_case_against_the_best_baseline(tmp_path):
+    """What ``jdqn bench --only learning`` runs on a CPU: every case scored on its evaluation
+    path with a best tuned baseline, the informed rule's bound on synthetic data, stored."""
+    from jdqn.config import apply_overrides
+
+    cfg = apply_overrides(learning.SMALL.cfg, [f"output.out_dir={tmp_path}"])
+    result = learning.section(quick=True, cfg=cfg)
+    assert result["small"] and [r["case"] for r in result["rows"]] == list(learning.SMALL.cases)
+    for row in result["rows"]:
+        assert row["runs"] == 3 * learning.SMALL.seeds and row["halted"] == 0
+        assert row["best_baseline"] in learning.TUNED_BASELINES
+        assert row["net_usd"]["few_seeds"] and row["causal_bound_usd"] is not None
+    store = tmp_path / "learning_scorecard"
+    assert sorted(p.name for p in store.iterdir()) == [f"{c}.json" for c in learning.SMALL.cases]

@@ -50,6 +50,7 @@ TINY_RUN = [
     "output.checkpoints=false",
     "output.plots=false",  # drawn by the evaluate test (and the walk-forward tests)
     "output.compilation_cache=false",
+    "output.settings_tried=3",  # as a sweep of three settings reports it
 ]
 
 
@@ -221,7 +222,8 @@ def test_results_carry_the_summary_across_seeds_and_the_stitched_curve(tiny_run)
     flat = summary["overall"]["agent_minus"]["flat"]["net_pnl_usd"]
     assert flat["median"] == pytest.approx(np.median(nets))  # the flat baseline earns nothing
     dsr = summary["overall"]["deflated_sharpe"]
-    assert 0.0 <= dsr["dsr"] <= 1.0 and dsr["n_trials"] == 2 and dsr["n_bars"] == 2 * 149
+    assert 0.0 <= dsr["dsr"] <= 1.0 and dsr["n_trials"] == 3 * 2 and dsr["n_bars"] == 2 * 149
+    assert summary["settings_tried"] == 3 and summary["few_seeds"]  # 2 seeds < 5
     assert all("sharpe_daily" in b for row in results["folds"] for b in row["baselines"].values())
 
     stitched = pd.read_csv(run_dir / "curves" / "stitched_equity.csv")
@@ -234,6 +236,7 @@ def test_results_carry_the_summary_across_seeds_and_the_stitched_curve(tiny_run)
     assert {"flat_equity_points", "buy_and_hold_equity_points"} <= set(stitched)
     table = report.summary_text(summary)
     assert "deflated Sharpe" in table and "agent - random $" in table and "fold 1" in table
+    assert "6 trials = 3 setting(s) x seeds" in table and "* from fewer than 5 seeds" in table
 
 
 def _test_window_file(run_dir: Path, results: dict, fold: int, path: Path) -> Path:

@@ -211,3 +211,44 @@ def test_stitch_puts_the_test_windows_end_to_end_with_the_seeds_band():
     band = stats.equity_band(stitched.agent)
     np.testing.assert_allclose(band["median"], np.cumsum(stitched.agent[1]))
     np.testing.assert_allclose(band["p10"], np.percentile(np.cumsum(stitched.agent, 1), 10, 0))
+
+
+def test_the_deflated_sharpe_counts_settings_and_is_undefined_without_trades():
+    rng = np.random.default_rng(3)
+    trials = [rng.normal(0.05, 1.0, 400) for _ in range(3)]
+    one = stats.deflated_sharpe(trials)
+    ten = stats.deflated_sharpe(trials, settings_tried=10)
+    assert (one["n_trials"], ten["n_trials"]) == (3, 30) and ten["dsr"] < one["dsr"]
+    # One seed of 10 settings: the trials vary as a Sharpe estimate from 400 bars does.
+    alone = stats.deflated_sharpe(trials[:1], settings_tried=10)
+    assert alone["benchmark_sharpe_per_bar"] == pytest.approx(
+        stats.expected_max_sharpe(10, 1 / 399), rel=1e-12
+    )
+    never_traded = stats.deflated_sharpe([np.zeros(400), np.zeros(400)])
+    assert never_traded["dsr"] is None and never_traded["n_trials"] == 2
+
+
+def test_intervals_from_fewer_than_five_seeds_are_flagged():
+    four, five = [np.arange(4.0), np.arange(6.0)], [np.arange(5.0), np.arange(6.0)]
+    assert stats.aggregate(four, reps=50)["few_seeds"] is True
+    assert stats.aggregate(five, reps=50)["few_seeds"] is False
+    assert stats.clustered_aggregate(four, reps=50)["few_seeds"] is True
+    rows = [_row(0, s, float(s), flat=0.0) for s in range(4)]
+    summary = stats.summarise(rows, [_series(0, s, np.ones(4)) for s in range(4)], seed=0, reps=9)
+    assert summary["few_seeds"] and summary["overall"]["agent"]["net_pnl_usd"]["few_seeds"]
+    from jdqn.run import report
+
+    text = report.summary_text(summary)
+    assert "* from fewer than 5 seeds" in text and "]*" in text
+
+
+def test_the_clustered_interval_covers_the_spread_between_windows():
+    """Seeds agree inside each window but windows differ: the stratified interval (seeds within
+    fixed windows) is a point, the two-stage one spans the windows' medians."""
+    windows = [np.full(6, value) for value in (-300.0, -100.0, 50.0, 200.0, 400.0)]
+    fixed = stats.aggregate(windows, reps=500, seed=1)
+    clustered = stats.clustered_aggregate(windows, reps=500, seed=1)
+    assert fixed["median_ci"] == [50.0, 50.0] and clustered["median"] == 50.0
+    low, high = clustered["median_ci"]
+    assert -300.0 <= low <= -100.0 and 200.0 <= high <= 400.0
+    assert clustered["clusters"] == 5 and clustered["n"] == 30

@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +24,7 @@ from es_sample import ES_FOLDS, ES_SAMPLE
 
 from jdqn import accel
 from jdqn.agent import networks
+from jdqn.bench import learning
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.run import background, report, walkforward
@@ -317,37 +319,74 @@ def test_killed_run_resumes_to_the_uninterrupted_numbers(tmp_path):
 
 
 # Learning: the smoketest agent, 3 seeds x 3 folds, on planted momentum 0.3 and on a martingale
-# (jdqn.data.synth), with shorter test windows (20,000 train bars, 6,000 test bars) so that one
-# compiled program trains all 18 runs on a CPU. Both data sets share the volatility unit of the
-# first one's first train window (the same shocks drive both), so they share the program.
+# (jdqn.data.synth) of an evaluation path (never used to choose a setting), with shorter test
+# windows (20,000 train bars, 6,000 test bars) so that one compiled program trains all 18 runs
+# on a CPU. Both data sets share the volatility unit of the first one's first train window (the
+# same shocks drive both), so they share the program.
 LEARNING_WINDOWS = ["walkforward.train_bars=20000", "walkforward.test_bars=6000"]
 LEARNING_BARS = 20_000 + 1_380 + 3 * 6_000
-ORACLE_SHARE = 0.15  # the seeds' median net in every fold is at least this share of the oracle's
+LEARNING_PATH = learning.EVALUATION_PATHS[0]
+# The scorecard's yardstick: $2,500 per 12,000 bars, so $1,250 per 6,000-bar test window.
+FLAT_BAND_USD = learning.FLAT_BAND_USD * 6_000 / learning.FLAT_BAND_BARS
 
 
-def _learning_runs(strengths: tuple[float, ...], seeds: int):
-    """Net $ and position changes [strength][fold][seed] of the greedy agent on each data set's
-    test windows, with the fold's buy-and-hold and oracle net $."""
-    from jdqn.agent.train import FoldData, make_train
+class Judged(NamedTuple):
+    """A policy's test-window results [fold][seed]."""
+
+    net_usd: list[list[float]]
+    exposure: list[list[float]]  # share of bars in a position
+
+
+def takes_the_edge(judged: Judged) -> bool:
+    """Every seed-fold nets at least the flat band above flat: a margin float32 rounding cannot
+    flip, and one a policy that stopped learning (flat, random) does not reach."""
+    return all(min(nets) >= FLAT_BAND_USD for nets in judged.net_usd)
+
+
+def sits_out(judged: Judged) -> bool:
+    """No edge: the median exposure over seed-folds is at most the scorecard's 10 % and every
+    seed-fold stays within the flat band (holding one direction, whatever it nets, fails)."""
+    exposure = np.median(np.concatenate(judged.exposure))
+    nets = np.abs(np.concatenate(judged.net_usd))
+    return bool(exposure <= learning.SITTING_OUT_EXPOSURE and np.all(nets <= FLAT_BAND_USD))
+
+
+def _learning_data(strengths: tuple[float, ...], seeds: int):
     from jdqn.data import prepare_walkforward, synthetic_bars
-    from jdqn.evaluation.baselines import band_positions, oracle_signal, position_record
-    from jdqn.run.walkforward import resolve_reward_unit, run_keys
 
     cfg = apply_overrides(
         SMOKETEST,
-        [
-            *LEARNING_WINDOWS,
-            f"data.synthetic_bars={LEARNING_BARS}",
-            f"train.seeds={seeds}",
-        ],
+        [*LEARNING_WINDOWS, f"data.synthetic_bars={LEARNING_BARS}", f"train.seeds={seeds}"],
     )
     datasets = [
         prepare_walkforward(
-            synthetic_bars(LEARNING_BARS, 0, strength),
+            synthetic_bars(LEARNING_BARS, LEARNING_PATH, strength),
             apply_overrides(cfg, [f"data.signal_strength={strength}"]),
         )
         for strength in strengths
     ]
+    return cfg, datasets
+
+
+def _judge_positions(cfg, close: np.ndarray, held: list[np.ndarray]) -> tuple[list, list]:
+    """Net $ and exposure of each position path over one test window (the environment's
+    convention: ``held[i]`` over bar i -> i+1, from flat)."""
+    from jdqn.evaluation.baselines import position_record
+
+    records = [position_record(close, h, cfg.env.cost_points) for h in held]
+    usd = cfg.env.point_value_usd
+    return (
+        [usd * float(r.net_points.sum()) for r in records],
+        [float(np.mean(r.positions != 0.0)) for r in records],
+    )
+
+
+def _learning_runs(strengths: tuple[float, ...], seeds: int) -> list[Judged]:
+    """The greedy agent's test-window results on each data set."""
+    from jdqn.agent.train import FoldData, make_train
+    from jdqn.run.walkforward import resolve_reward_unit, run_keys
+
+    cfg, datasets = _learning_data(strengths, seeds)
     cfg = resolve_reward_unit(cfg, datasets[0])
     first = datasets[0]
     non_causal = tuple(first.feature_groups["calendar"])
@@ -359,7 +398,7 @@ def _learning_runs(strengths: tuple[float, ...], seeds: int):
     chunk = jax.jit(jax.vmap(program.run_chunk, in_axes=(0, 0, None, None)))
     evaluate = jax.jit(jax.vmap(program.evaluate))
     results = []
-    for strength, data in zip(strengths, datasets, strict=True):
+    for data in datasets:
 
         def stacked(windows):
             return FoldData(
@@ -375,51 +414,80 @@ def _learning_runs(strengths: tuple[float, ...], seeds: int):
         assert not np.any(np.asarray(state.learner.guard.halted))
         rollout = jax.device_get(evaluate(state, test, keys.evaluation))
         usd = cfg.env.point_value_usd
-        rows = []
-        for k, window in enumerate(data.folds):
-            close = np.asarray(data.test[k].close, np.float64)
-            runs = [r for r in range(folds * seeds) if fold_of_run[r] == k]
-            agent = [usd * float(np.sum(rollout.net_points[r])) for r in runs]
-            held = [np.asarray(rollout.positions[r]) for r in runs]
-            changes = [int(np.count_nonzero(np.diff(np.r_[0.0, h]))) for h in held]
-            hold = usd * (close[-1] - close[0] - cfg.env.cost_points)
-            signal = oracle_signal(
-                apply_overrides(cfg, [f"data.signal_strength={strength}"]),
-                window.test_start,
-                window.test_end,
-            )
-            oracle = position_record(close, band_positions(signal, 1.0), cfg.env.cost_points)
-            rows.append(
-                {
-                    "agent": agent,
-                    "changes": changes,
-                    "buy_and_hold": hold,
-                    "oracle": usd * float(oracle.net_points.sum()),
-                    "bars": close.size - 1,
-                }
-            )
-        results.append(rows)
+        runs = [np.flatnonzero(fold_of_run == k) for k in range(folds)]
+        judged = Judged(
+            [[usd * float(np.sum(rollout.net_points[r])) for r in fold] for fold in runs],
+            [[float(np.mean(rollout.positions[r] != 0)) for r in fold] for fold in runs],
+        )
+        results.append(judged)
     return results
 
 
+def test_the_learning_checks_fail_flat_always_long_always_short_and_random():
+    """The checks the learning test applies, run on policies that learned nothing, over the same
+    test windows: none takes the planted edge (a trader who knows the drift does); on the
+    martingale, only flat sits out."""
+    cfg, (planted, martingale) = _learning_data((0.3, 0.0), seeds=1)
+    rng = np.random.default_rng(0)
+
+    def policy(data, make):
+        judged = Judged([], [])
+        for window in data.test:
+            close = np.asarray(window.close, np.float64)
+            held = [make(close.size - 1) for _ in range(3)]
+            net, exposure = _judge_positions(cfg, close, held)
+            judged.net_usd.append(net)
+            judged.exposure.append(exposure)
+        return judged
+
+    policies = {
+        "flat": np.zeros,
+        "always long": np.ones,
+        "always short": lambda n: -np.ones(n),
+        "random": lambda n: rng.integers(-1, 2, n).astype(np.float64),
+    }
+    for name, make in policies.items():
+        assert not takes_the_edge(policy(planted, make)), name
+        assert sits_out(policy(martingale, make)) == (name == "flat"), name
+    # A trader who knows the planted drift passes the edge check.
+    from jdqn.data.synth import synthetic_path
+    from jdqn.evaluation.baselines import band_positions
+
+    drift = synthetic_path(LEARNING_BARS, LEARNING_PATH, 0.3).drift_points
+    informed = Judged([], [])
+    for window, fold in zip(planted.test, planted.folds, strict=True):
+        signal = drift[fold.test_start : fold.test_end]
+        held = band_positions(signal / signal.std(), 1.0)
+        net, exposure = _judge_positions(cfg, np.asarray(window.close, np.float64), [held])
+        informed.net_usd.append(net)
+        informed.exposure.append(exposure)
+    assert takes_the_edge(informed), informed
+
+
+@pytest.fixture(scope="module")
+def learned() -> list[Judged]:
+    return _learning_runs((0.3, 0.0), seeds=3)
+
+
 @pytest.mark.slow
-def test_agent_takes_a_planted_edge_and_sits_out_a_martingale():
-    """Planted momentum 0.3: every seed-fold above buy-and-hold, and in every fold the seeds'
-    median at least ORACLE_SHARE of the oracle's net (measured: 0.19 to 0.50). Martingale: every
-    seed-fold changes position on at most 0.5 % of the bars, so it pays at most $450 in costs,
-    and loses no more than holding one contract through the window could plus those costs (a
-    learner that trades the noise, as the points-scaled +-240 support did, loses tens of
-    thousands here; this one takes at most a position and keeps it)."""
-    planted, martingale = _learning_runs((0.3, 0.0), seeds=3)
-    for fold in planted:
-        assert all(a > fold["buy_and_hold"] for a in fold["agent"]), fold
-        assert fold["oracle"] > 0, fold
-        assert np.median(fold["agent"]) >= ORACLE_SHARE * fold["oracle"], fold
-    for fold in martingale:
-        assert all(c <= 0.005 * fold["bars"] for c in fold["changes"]), fold
-        cost_usd = SMOKETEST.env.cost_points * SMOKETEST.env.point_value_usd  # per contract
-        exposure = abs(fold["buy_and_hold"]) + 0.005 * fold["bars"] * cost_usd
-        assert all(a >= -exposure for a in fold["agent"]), fold
+def test_agent_takes_a_planted_edge_on_an_evaluation_path(learned):
+    """Planted momentum 0.3 on a path no setting was chosen on: every seed-fold nets at least
+    $1,250 per 6,000 bars (the scorecard's $2,500 per 12,000)."""
+    planted, _ = learned
+    assert takes_the_edge(planted), planted
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 45: the agent holds one position through a martingale window (measured on "
+    "the CPU, path 100, 3 seeds x 3 folds: exposure above 99.9 % in 9 of 9 seed-folds); strict: "
+    "the test reports XPASS, a failure, once the agent sits out and this marker must go",
+)
+def test_agent_sits_out_a_martingale(learned):
+    """No edge: median exposure at most 10 % and every seed-fold within the flat band."""
+    _, martingale = learned
+    assert sits_out(martingale), martingale
 
 
 def test_a_checkpoint_of_another_state_layout_is_a_one_line_error(tmp_path):

@@ -1,17 +1,22 @@
-"""The learning scorecard: does the agent sit out without an edge and take a planted one?
+"""The learning scorecard: does the agent reach the best rule tuned on the same train window,
+and sit out where there is nothing to take?
 
 ``jdqn bench --only learning`` runs the walk-forward at a profile (``default``) over S seeds x the
-profile's folds on each case below and reports, per case, over the seed-folds: the share above 0
-and above each baseline of the same fold (``jdqn.evaluation.rollouts``,
-``jdqn.evaluation.baselines``), the median and
-the interquartile mean (IQM; Agarwal et al., 2021) of net $ and Sharpe with percentile-bootstrap
-95 % confidence intervals, position changes per 1,000 bars, and on synthetic data the median ratio
-of the agent's net to the oracle's.
+profile's folds x the evaluation paths on each case below and reports, per case: the best tuned
+baseline (of momentum, MACD and ridge, ``jdqn.evaluation.baselines``, the highest median test net
+over the case's seed-folds) and the agent minus it, paired per seed-fold; the median and IQM
+(Agarwal et al., 2021) of net $ and the daily Sharpe; the shares of seed-folds above 0, above the
+best baseline and within $2,500 of flat per 12,000 bars; the median exposure (share of bars in a
+position) and position changes per 1,000 bars; on synthetic data the informed rule and the causal
+bound. A halted run counts as a failure in every share. Intervals are two-stage bootstrap 95 %
+intervals over the test windows (path x fold) and the seeds inside them; one from fewer than
+``stats.MIN_SEEDS_FOR_CI`` seeds is flagged ``*``.
 
-Cases: a martingale (no edge: flat is the best policy), planted momentum 0.2 and 0.3
-(``jdqn.data.synth``), a cost sweep on planted 0.3 (0, 0.5, 2 and 4 x the ES costs; 1 x is the
-planted 0.3 case) and the real ES sample (``tests/data``, folds sized for its 2,264 bars). On a
-CPU, or with ``--quick``, it runs small: 2 seeds on the martingale, planted 0.3 and the ES sample.
+Data: the synthetic paths ``EVALUATION_PATHS`` (``data.synthetic_seed`` 100-104) are evaluation
+data, scored here and never used to choose a setting; every other path and the ES sample are
+development data (a sweep runs with ``--paths development``). Each case's result is stored as it
+finishes (``--store``), so a run cut short resumes at the next case. On a CPU, or with
+``--quick``, it runs :data:`SMALL`: the smoketest agent, 2 seeds, shorter windows, one path.
 
 ``python -m jdqn.bench.learning --cases planted_0.3,martingale --seeds 4 --set train.epochs=8``
 runs chosen cases with overrides (what a sweep over learner settings uses); ``--versus
@@ -22,20 +27,30 @@ the paired difference (e.g. whether the C51 blend beats MSE only).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
-from jdqn.config import DEFAULT, Config, apply_overrides
+from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides
 from jdqn.evaluation import stats
+
+# The data split, fixed before any agent setting is chosen on the scorecard.
+EVALUATION_PATHS = (100, 101, 102, 103, 104)  # synthetic_seed: judged here, never tuned on
+DEVELOPMENT_PATHS = (0, 1, 2, 3, 4)  # for sweeps; every path not in EVALUATION_PATHS is fair
+TUNED_BASELINES = ("momentum", "macd", "ridge")  # grids frozen in jdqn.evaluation.baselines
+FLAT_BAND_USD, FLAT_BAND_BARS = 2_500.0, 12_000  # "within $2,500 of flat per 12,000 bars"
+SITTING_OUT_EXPOSURE = 0.10  # the martingale goal: median exposure at most this
 
 ES_SAMPLE = Path(__file__).resolve().parents[2] / "tests" / "data" / "es_2013-09_1min.csv"
 ES_FOLDS = (
@@ -56,86 +71,128 @@ def _costs(multiple: float) -> tuple[str, ...]:
 
 CASES: dict[str, tuple[str, ...]] = {
     "martingale": ("data.signal_strength=0.0",),
-    "planted_0.2": ("data.signal_strength=0.2",),
+    "planted_0.2": ("data.signal_strength=0.2",),  # momentum over 15 bars, on the baseline's grid
     "planted_0.3": ("data.signal_strength=0.3",),
+    "momentum45_0.3": ("data.signal_strength=0.3", "data.signal_lookback=45"),  # off the grid
+    "reversion_0.3": ("data.signal_strength=0.3", "data.signal_kind=reversion"),
+    "rth_momentum_0.3": ("data.signal_strength=0.3", "data.signal_kind=rth_momentum"),
     "cost_0x": _costs(0.0),
     "cost_0.5x": _costs(0.5),
     "cost_2x": _costs(2.0),
     "cost_4x": _costs(4.0),
-    "es_sample": (f"data.path={ES_SAMPLE}", *ES_FOLDS),
+    "es_sample": (f"data.path={ES_SAMPLE}", *ES_FOLDS),  # development data: one real file
 }
-SMALL_CASES = ("martingale", "planted_0.3", "es_sample")
 
 
-def _by_fold(values: np.ndarray, folds: np.ndarray) -> list[np.ndarray]:
-    """``values`` split into one stratum per fold (the bootstrap resamples within folds)."""
-    return [values[folds == fold] for fold in np.unique(folds)]
+class Scale(NamedTuple):
+    """How big a scorecard run is."""
+
+    cfg: Config  # the profile judged
+    cases: tuple[str, ...]
+    seeds: int
+    paths: tuple[int, ...]
+    overrides: tuple[str, ...] = ()  # e.g. shorter windows
+
+
+FULL = Scale(DEFAULT, tuple(CASES), 8, EVALUATION_PATHS)
+# The CPU variant (a test runs it): the smoketest agent on shorter windows, one evaluation path.
+SMALL = Scale(
+    SMOKETEST,
+    ("martingale", "planted_0.3"),
+    2,
+    EVALUATION_PATHS[:1],
+    ("walkforward.train_bars=20000", "walkforward.test_bars=6000", "data.synthetic_bars=39380"),
+)
+
+
+def _is_synthetic(overrides: Sequence[str]) -> bool:
+    return not any(o.startswith("data.path=") for o in overrides)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return float(np.median(values)) if len(values) else None
+
+
+def _share(passed: Sequence[bool] | np.ndarray, runs: int) -> float | None:
+    """Share of ``runs`` that passed (halted runs are in ``runs``, not in ``passed``)."""
+    return float(np.sum(passed)) / runs if runs else None
+
+
+def _clusters(ok: Sequence[dict[str, Any]], values: Sequence[float | None]) -> list[np.ndarray]:
+    """``values`` (one per run of ``ok``) grouped by test window (path, fold); None left out."""
+    windows: dict[tuple[Any, int], list[float]] = {}
+    for row, value in zip(ok, values, strict=True):
+        if value is not None:
+            windows.setdefault((row.get("path"), row["fold"]), []).append(value)
+    return [np.asarray(v, np.float64) for _, v in sorted(windows.items(), key=str)]
+
+
+COVERS = (
+    "two-stage bootstrap: test windows (path x fold) with replacement, then seeds within each; "
+    "covers seed noise and the spread between the windows scored"
+)
 
 
 def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The scorecard of one case from its walk-forward result rows (``results["folds"]``)."""
+    """The scorecard of one case from its walk-forward result rows (``results["folds"]``, each
+    with its synthetic ``path`` or none). Halted runs fail every share; estimates use the rest."""
     ok = [row for row in rows if row["agent"] is not None]
-    folds = np.array([row["fold"] for row in ok])
-    net = np.array([row["agent"]["net_pnl_usd"] for row in ok])
-    sharpe = np.array([row["agent"]["sharpe"] for row in ok])
-    per_1000 = np.array([1_000 * row["agent"]["n_trades"] / row["agent"]["n_bars"] for row in ok])
-    names = list(ok[0]["baselines"]) if ok else []
-    above = {
-        name: float(
-            np.mean(
-                [row["agent"]["net_pnl_usd"] > row["baselines"][name]["net_pnl_usd"] for row in ok]
-            )
-        )
-        for name in names
-    }
-    # The agent against each baseline on the same seed-fold (same test window).
-    minus_baseline = {
-        name: stats.aggregate(
-            _by_fold(net - np.array([row["baselines"][name]["net_pnl_usd"] for row in ok]), folds)
-        )
-        for name in names
-    }
+    runs = len(rows)
+    agent = [row["agent"] for row in ok]
+    net = np.array([a["net_pnl_usd"] for a in agent], np.float64)
+    names = list(rows[0]["baselines"]) if rows else []
+    baseline_net = {n: np.array([r["baselines"][n]["net_pnl_usd"] for r in ok]) for n in names}
+    # Over every seed-fold of the case: a baseline does not halt when the agent does.
     baseline_median = {
-        name: float(np.median([row["baselines"][name]["net_pnl_usd"] for row in ok]))
-        for name in names
+        n: float(np.median([r["baselines"][n]["net_pnl_usd"] for r in rows])) for n in names
     }
+    tuned = [n for n in TUNED_BASELINES if n in names]
+    best = max(tuned, key=baseline_median.__getitem__) if tuned else None
+    daily = [a["sharpe_daily"] for a in agent]
+    band = [FLAT_BAND_USD * a["n_bars"] / FLAT_BAND_BARS for a in agent]
+    minus = {n: stats.clustered_aggregate(_clusters(ok, net - v)) for n, v in baseline_net.items()}
     result: dict[str, Any] = {
-        "runs": len(rows),
-        "halted": len(rows) - len(ok),
-        "share_positive": float(np.mean(net > 0)) if ok else 0.0,
-        "share_above": above,
-        "net_usd": stats.aggregate(_by_fold(net, folds)) if ok else None,
-        "sharpe": stats.aggregate(_by_fold(sharpe, folds)) if ok else None,
-        "changes_per_1000_bars": float(np.median(per_1000)) if ok else None,
+        "runs": runs,
+        "halted": runs - len(ok),
+        "best_baseline": best,
         "baseline_median_net_usd": baseline_median,
-        "agent_minus_baseline_net_usd": minus_baseline,
+        "agent_minus_best_net_usd": minus.get(best) if best else None,
+        "interval_covers": COVERS,
+        "share_positive": _share(net > 0, runs),
+        "share_above": {n: _share(net > v, runs) for n, v in baseline_net.items()},
+        "share_within_flat_band": _share(np.abs(net) <= np.array(band), runs),
+        "exposure": _median([a["exposure"] for a in agent]),
+        "share_sitting_out": _share([a["exposure"] <= SITTING_OUT_EXPOSURE for a in agent], runs),
+        "changes_per_1000_bars": _median([1_000 * a["n_trades"] / a["n_bars"] for a in agent]),
+        "net_usd": stats.clustered_aggregate(_clusters(ok, list(net))),
+        "sharpe_daily": stats.clustered_aggregate(_clusters(ok, daily)),
+        "sharpe_per_bar_annualised": _median([a["sharpe"] for a in agent]),
+        "agent_minus_baseline_net_usd": minus,
         "net_usd_by_run": [float(x) for x in net],
-        "fold_seed_by_run": [[int(row["fold"]), int(row["seed"])] for row in ok],
+        "run_ids": [[row.get("path"), int(row["fold"]), int(row["seed"])] for row in ok],
     }
-    if ok and "oracle" in names:
-        oracle = np.array([row["baselines"]["oracle"]["net_pnl_usd"] for row in ok])
-        result["oracle_ratio"] = (
-            float(np.median(net) / np.median(oracle)) if np.median(oracle) > 0 else None
-        )
+    if "informed" in names:
+        bound = _median([r["baselines"]["informed"].get("causal_bound_usd") for r in ok])
+        result["causal_bound_usd"] = bound
+        result["share_of_bound"] = float(np.median(net)) / bound if bound and bound > 0 else None
     return result
 
 
 def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """A against B on the seed-folds both scored (same fold and seed: the same data, the same
+    """A against B on the runs both scored (same path, fold and seed: the same data, the same
     initial keys): the share where A nets at least B, and the median and IQM of A - B net $
-    with bootstrap 95 % intervals stratified by fold."""
-    b_net = dict(zip(map(tuple, b["fold_seed_by_run"]), b["net_usd_by_run"], strict=True))
+    with two-stage bootstrap 95 % intervals over the windows and seeds."""
+    b_net = dict(zip(map(tuple, b["run_ids"]), b["net_usd_by_run"], strict=True))
     pairs = [
-        (fold_seed[0], net - b_net[tuple(fold_seed)])
-        for fold_seed, net in zip(a["fold_seed_by_run"], a["net_usd_by_run"], strict=True)
-        if tuple(fold_seed) in b_net
+        ({"path": run[0], "fold": run[1]}, net - b_net[tuple(run)])
+        for run, net in zip(a["run_ids"], a["net_usd_by_run"], strict=True)
+        if tuple(run) in b_net
     ]
-    folds = np.array([fold for fold, _ in pairs])
-    diff = np.array([d for _, d in pairs], np.float64)
+    diff = [d for _, d in pairs]
     return {
         "pairs": len(pairs),
-        "share_a_at_least_b": float(np.mean(diff >= 0)) if pairs else None,
-        "net_usd_a_minus_b": stats.aggregate(_by_fold(diff, folds)),
+        "share_a_at_least_b": float(np.mean(np.array(diff) >= 0)) if pairs else None,
+        "net_usd_a_minus_b": stats.clustered_aggregate(_clusters([w for w, _ in pairs], diff)),
     }
 
 
@@ -158,42 +215,121 @@ def run_case(cfg: Config, overrides: Sequence[str]) -> list[dict[str, Any]]:
         return outcome.results["folds"]
 
 
+def run_paths(cfg: Config, overrides: Sequence[str], paths: Sequence[int]) -> list[dict[str, Any]]:
+    """The fold rows of ``cfg`` with ``overrides`` on each synthetic path (``path`` added to
+    each row), or once on a bar file (``path`` None)."""
+    if not _is_synthetic(overrides):
+        return [row | {"path": None} for row in run_case(cfg, overrides)]
+    rows = []
+    for path in paths:
+        case_rows = run_case(cfg, [*overrides, f"data.synthetic_seed={path}"])
+        rows += [row | {"path": path} for row in case_rows]
+    return rows
+
+
+def _store_key(cfg: Config, case: str, overrides: Sequence[str], scale: Scale) -> dict[str, Any]:
+    """What a stored case result was computed from: reused only when all of it matches."""
+    config = hashlib.sha256(cfg.to_json().encode()).hexdigest()[:16]
+    return {"case": case, "config": config, "overrides": list(overrides), "seeds": scale.seeds,
+            "paths": list(scale.paths)}  # fmt: skip
+
+
+def _stored(store: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
+    path = store and store / f"{key['case']}.json"
+    if path is None or not path.is_file():
+        return None
+    saved = json.loads(path.read_text())
+    return saved["row"] if saved.get("key") == key else None
+
+
+def _store(store: Path, key: dict[str, Any], row: dict[str, Any]) -> None:
+    """Write the case's row whole or not at all (a temporary file renamed into place)."""
+    store.mkdir(parents=True, exist_ok=True)
+    partial = store / f".{key['case']}.json.partial"
+    partial.write_text(json.dumps({"key": key, "row": row}, indent=1, default=float) + "\n")
+    os.replace(partial, store / f"{key['case']}.json")
+
+
 def run(
-    small: bool,
-    cfg: Config = DEFAULT,
+    scale: Scale,
     *,
-    cases: Sequence[str] | None = None,
-    seeds: int | None = None,
     overrides: Sequence[str] = (),
     versus: Sequence[str] | None = None,
+    store: Path | None = None,
     echo: Callable[[str], None] = lambda _: None,
     on_case: Callable[[list[dict[str, Any]]], None] = lambda _: None,
 ) -> list[dict[str, Any]]:
-    """Score ``cases`` (all, or the small set) of ``cfg`` with ``overrides``; one row each.
-    Given ``versus`` (more overrides), each case also runs with them on the same seeds, and its
-    row gains that run's score and the :func:`paired` comparison (A: without, B: with)."""
-    chosen = list(cases or (SMALL_CASES if small else CASES))
-    unknown = [c for c in chosen if c not in CASES]
+    """Score ``scale``'s cases with ``overrides``; one row each, each stored in ``store`` as it
+    finishes and reused from there when computed from the same config, overrides, seeds and
+    paths. Given ``versus`` (more overrides), each case also runs with them on the same seeds,
+    and its row gains that run's score and the :func:`paired` comparison (A: without, B: with)."""
+    unknown = [c for c in scale.cases if c not in CASES]
     if unknown:
         raise ValueError(f"learning scorecard: unknown case {unknown[0]!r}; valid: {list(CASES)}")
-    n_seeds = seeds or (2 if small else 8)
     rows = []
-    for case in chosen:
-        start = time.perf_counter()
-        fold_rows = run_case(cfg, [f"train.seeds={n_seeds}", *overrides, *CASES[case]])
-        row = {"case": case, "seeds": n_seeds, "wall_s": time.perf_counter() - start}
-        rows.append(row | score(fold_rows))
-        echo(format_table(rows[-1:]))
-        if versus is not None:
-            b = score(run_case(cfg, [f"train.seeds={n_seeds}", *overrides, *CASES[case], *versus]))
-            rows[-1]["versus"] = {
-                "overrides": list(versus),
-                "score": b,
-                "paired": paired(rows[-1], b),
-            }
-            echo(format_paired(rows[-1:]))
+    for case in scale.cases:
+        case_overrides = [f"train.seeds={scale.seeds}", *scale.overrides, *overrides, *CASES[case]]
+        key = _store_key(scale.cfg, case, [*case_overrides, *(versus or ())], scale)
+        row = _stored(store, key)
+        if row is None:
+            start = time.perf_counter()
+            judged = _is_synthetic(case_overrides) and set(scale.paths) <= set(EVALUATION_PATHS)
+            data = "evaluation" if judged else "development"
+            fold_rows = run_paths(scale.cfg, case_overrides, scale.paths)
+            row = {"case": case, "data": data, "seeds": scale.seeds, "paths": list(scale.paths)}
+            row |= {"wall_s": time.perf_counter() - start} | score(fold_rows)
+            if versus is not None:
+                b = score(run_paths(scale.cfg, [*case_overrides, *versus], scale.paths))
+                row["versus"] = {"overrides": list(versus), "score": b, "paired": paired(row, b)}
+            if store is not None:
+                _store(store, key, row)
+        rows.append(row)
+        echo(format_table(rows[-1:]) + (f"\n{format_paired(rows[-1:])}" if versus else ""))
         on_case(rows)  # a sweep cut short keeps the cases it finished
     return rows
+
+
+def yardstick(scale: Scale, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Each case's tuned baselines, informed rule and causal bound on its paths' test windows,
+    without training: the bar the agent has to reach (host numpy; seconds a case on a CPU)."""
+    from jdqn.evaluation.baselines import fold_baselines
+    from jdqn.run.walkforward import load_data
+
+    rows = []
+    for case in scale.cases:
+        nets: dict[str, list[float]] = {}
+        case_overrides = [*scale.overrides, *overrides, *CASES[case]]
+        paths = scale.paths if _is_synthetic(case_overrides) else (None,)
+        for path in paths:
+            seed = [] if path is None else [f"data.synthetic_seed={path}"]
+            cfg = apply_overrides(scale.cfg, [*case_overrides, *seed])
+            data = load_data(cfg)
+            for fold in range(len(data.folds)):
+                for name, result in fold_baselines(cfg, data, fold).items():
+                    nets.setdefault(name, []).append(result["metrics"]["net_pnl_usd"])
+                    if name == "informed":
+                        nets.setdefault("causal bound", []).append(
+                            result["metrics"]["causal_bound_usd"]
+                        )
+        medians = {name: float(np.median(v)) for name, v in nets.items()}
+        best = max(TUNED_BASELINES, key=medians.__getitem__)
+        windows = len(nets["momentum"])
+        rows.append(
+            {"case": case, "windows": windows, "best_baseline": best, "median_net_usd": medians}
+        )
+    return rows
+
+
+def format_yardstick(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table: per case, each baseline's median test net over its windows."""
+    names = ("momentum", "macd", "ridge", "informed", "causal bound")
+    header = ("case", "windows", "best tuned", *(f"{n} $" for n in names))
+    lines = [
+        (r["case"], r["windows"], r["best_baseline"],
+         *(_money(r["median_net_usd"].get(n)) for n in names))
+        for r in rows
+    ]  # fmt: skip
+    return markdown_table(header, lines)
 
 
 def _money(value: float | None) -> str:
@@ -206,36 +342,51 @@ def _money_ci(median: float | None, ci: Sequence[float] | None) -> str:
     return f"{_money(median)} [{_money(low)}, {_money(high)}]"
 
 
+def _flagged(entry: dict[str, Any] | None) -> str:
+    """``median [low, high]`` in dollars, ``*`` when from fewer than 5 seeds, n/a if undefined."""
+    if not entry or entry.get("median") is None:
+        return "n/a"
+    return _money_ci(entry["median"], entry["median_ci"]) + ("*" if entry["few_seeds"] else "")
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0%}"
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Markdown table: one line per case."""
-    header = ("case", "runs", "> 0", "> b&h", "> tsmom", "> ridge", "median net $ [95 % CI]",
-              "IQM net $", "median Sharpe", "changes / 1,000 bars", "/ oracle", "s")  # fmt: skip
+    """Markdown table: one line per case (intervals: :data:`COVERS`)."""
+    header = ("case", "data", "runs (halted)", "best baseline: median $",
+              "agent median $ [95 % CI]", "agent - best $ [95 % CI]", "> best", "> 0",
+              "within $2,500 per 12,000 bars of flat", "exposure",
+              "changes / 1,000 bars", "Sharpe (daily, ann.)", "/ causal bound", "s")  # fmt: skip
     lines = []
     for r in rows:
-        net, sharpe, above = r["net_usd"], r["sharpe"], r["share_above"]
-        ratio, changes = r.get("oracle_ratio"), r["changes_per_1000_bars"]
+        best, daily = r["best_baseline"], r["sharpe_daily"]
         lines.append((
-            r["case"], r["runs"], f"{r['share_positive']:.0%}",
-            f"{above.get('buy_and_hold', 0):.0%}", f"{above.get('momentum', 0):.0%}",
-            f"{above.get('ridge', 0):.0%}",
-            _money_ci(net and net["median"], net and net["median_ci"]),
-            _money(net and net["iqm"]),
-            "-" if sharpe is None else format(sharpe["median"], ".2f"),
-            "-" if changes is None else format(changes, ".1f"),
-            "-" if ratio is None else format(ratio, ".2f"),
+            r["case"], r["data"], f"{r['runs']} ({r['halted']})",
+            "n/a" if best is None else f"{best}: {_money(r['baseline_median_net_usd'][best])}",
+            _flagged(r["net_usd"]), _flagged(r["agent_minus_best_net_usd"]),
+            _percent(r["share_above"].get(best)), _percent(r["share_positive"]),
+            _percent(r["share_within_flat_band"]), _percent(r["exposure"]),
+            "n/a" if r["changes_per_1000_bars"] is None else f"{r['changes_per_1000_bars']:.1f}",
+            "n/a" if daily["median"] is None else f"{daily['median']:.2f}",
+            "n/a" if r.get("share_of_bound") is None else f"{r['share_of_bound']:.2f}",
             f"{r['wall_s']:.0f}",
         ))  # fmt: skip
     return markdown_table(header, lines)
 
 
 def format_baselines(rows: Sequence[dict[str, Any]]) -> str:
-    """Markdown table: per case and baseline, the agent's net minus the baseline's on the same
-    seed-folds (median, 95 % CI)."""
+    """Markdown table: per case and baseline, its median net and the agent's minus it on the
+    same seed-folds (median, 95 % CI)."""
     lines = []
     for r in rows:
         for name, diff in r.get("agent_minus_baseline_net_usd", {}).items():
-            lines.append((r["case"], name, _money_ci(diff["median"], diff["median_ci"])))
-    return markdown_table(("case", "baseline", "median agent - baseline net $ [95 % CI]"), lines)
+            best = " (best)" if name == r["best_baseline"] else ""
+            median = _money(r["baseline_median_net_usd"][name])
+            lines.append((r["case"], name + best, median, _flagged(diff)))
+    header = ("case", "baseline", "baseline median $", "median agent - baseline $ [95 % CI]")
+    return markdown_table(header, lines)
 
 
 def format_paired(rows: Sequence[dict[str, Any]]) -> str:
@@ -252,18 +403,26 @@ def format_paired(rows: Sequence[dict[str, Any]]) -> str:
         lines.append((
             r["case"], " ".join(r["versus"]["overrides"]), pair["pairs"],
             "-" if share is None else format(share, ".0%"),
-            _money_ci(diff["median"], diff["median_ci"]),
-            _money(diff["iqm"]), _money(b_net and b_net["median"]),
+            _flagged(diff), _money(diff["iqm"]), _money(b_net and b_net["median"]),
         ))  # fmt: skip
     return markdown_table(header, lines)
 
 
 def section(quick: bool, cfg: Config) -> dict[str, Any]:
-    """``jdqn bench`` section: small on a CPU or with ``--quick``, full otherwise."""
-    del cfg  # the scorecard judges the default profile
+    """``jdqn bench`` section: :data:`SMALL` on a CPU or with ``--quick``, :data:`FULL`
+    otherwise; each case stored under ``cfg.output.out_dir``/learning_scorecard as it finishes,
+    so the command run again resumes at the first case not done."""
     small = quick or jax.default_backend() == "cpu"
-    rows = run(small)
+    rows = run(SMALL if small else FULL, store=Path(cfg.output.out_dir) / "learning_scorecard")
     return {"rows": rows, "table": format_table(rows), "small": small}
+
+
+def _paths(text: str) -> tuple[int, ...]:
+    """``evaluation``, ``development`` or comma-separated synthetic seeds."""
+    named = {"evaluation": EVALUATION_PATHS, "development": DEVELOPMENT_PATHS}
+    if text in named:
+        return named[text]
+    return tuple(int(seed) for seed in text.split(","))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -271,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cases", help=f"comma-separated, of {list(CASES)}")
     parser.add_argument("--seeds", type=int)
     parser.add_argument("--profile", default="default")
-    parser.add_argument("--small", action="store_true")
+    parser.add_argument("--small", action="store_true", help="the CPU variant (SMALL)")
+    parser.add_argument("--paths", help="evaluation (default), development or seeds a,b,c")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
         "--versus",
@@ -281,8 +441,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--label", default="")
     parser.add_argument("--json")
+    parser.add_argument("--store", help="directory of finished cases: reused, so a rerun resumes")
+    parser.add_argument(
+        "--yardstick", action="store_true", help="only the baselines and bounds, no training"
+    )
     args = parser.parse_args(argv)
     from jdqn.config import profile
+
+    try:
+        base = SMALL if args.small else FULL._replace(cfg=profile(args.profile))
+        scale = base._replace(
+            cases=tuple(args.cases.split(",")) if args.cases else base.cases,
+            seeds=args.seeds or base.seeds,
+            paths=_paths(args.paths) if args.paths else base.paths,
+        )
+        for case in scale.cases:  # every override is checked before the first run
+            apply_overrides(scale.cfg, [*scale.overrides, *args.set, *CASES.get(case, ())])
+    except ValueError as error:
+        print(f"learning scorecard: {error}; fix: see --help", file=sys.stderr)
+        return 2
+
+    if args.yardstick:
+        print(format_yardstick(yardstick(scale, args.set)))
+        return 0
 
     def write(rows: list[dict[str, Any]]) -> None:
         for row in rows:
@@ -290,17 +471,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1, default=float) + "\n")
 
-    rows = run(
-        args.small,
-        profile(args.profile),
-        cases=args.cases.split(",") if args.cases else None,
-        seeds=args.seeds,
-        overrides=args.set,
-        versus=args.versus,
-        echo=print,
-        on_case=write,
-    )
+    try:
+        rows = run(
+            scale,
+            overrides=args.set,
+            versus=args.versus,
+            store=Path(args.store) if args.store else None,
+            echo=print,
+            on_case=write,
+        )
+    except ValueError as error:  # an unknown case
+        print(f"learning scorecard: {error}", file=sys.stderr)
+        return 2
     print(f"\n{args.label} {args.set}\n{format_table(rows)}\n\n{format_baselines(rows)}")
+    print(f"\nIntervals: {COVERS}; * from fewer than {stats.MIN_SEEDS_FOR_CI} seeds per window.")
     if args.versus:
         print(f"\nA: {args.set}, B: A and {args.versus}\n{format_paired(rows)}")
     return 0

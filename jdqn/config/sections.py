@@ -71,6 +71,10 @@ class DataConfig:
     synthetic_bars: int = 60_000  # bars of the built-in synthetic ES series (when path is None)
     synthetic_seed: int = 0  # seed of the synthetic bar generator
     signal_strength: float = 0.0  # planted predictable drift, in units of bar volatility
+    # shape of the planted drift (jdqn.data.synth): momentum, reversion (moves fade) or
+    # rth_momentum (momentum inside regular trading hours only)
+    signal_kind: Literal["momentum", "reversion", "rth_momentum"] = "momentum"
+    signal_lookback: int = 15  # bars of past return the planted drift follows
     return_horizons: tuple[int, ...] = (1, 5, 15, 60)  # log-return lookbacks, in bars
     volume_window: int = 60  # bars in the trailing volume z-score window
     feature_clip: float = 5.0  # normalised features are clipped to +-feature_clip
@@ -94,6 +98,10 @@ class DataConfig:
         _require(self.volume_window >= 2, "data.volume_window", "use a window of at least 2 bars")
         _require(self.feature_clip > 0, "data.feature_clip", "must be > 0")
         _require(self.signal_strength >= 0, "data.signal_strength", "must be >= 0")
+        _require_one_of(
+            self.signal_kind, ("momentum", "reversion", "rth_momentum"), "data.signal_kind"
+        )
+        _require(self.signal_lookback >= 1, "data.signal_lookback", "use at least 1 bar, e.g. 15")
 
     @property
     def column_map(self) -> dict[str, str]:
@@ -363,9 +371,12 @@ class OutputConfig:
     tensorboard: bool = True  # TensorBoard event files
     plots: bool = True  # PNG plots
     compilation_cache: bool = True  # persist XLA executables across runs
+    # settings compared to choose this one (a sweep's count): the deflated Sharpe counts them
+    settings_tried: int = 1
 
     def __post_init__(self) -> None:
         _require(bool(self.out_dir), "output.out_dir", "give a directory")
+        _require(self.settings_tried >= 1, "output.settings_tried", "count at least 1 setting")
 
 
 @dataclass(frozen=True)

@@ -65,9 +65,12 @@ def describe_source(cfg: DataConfig) -> str:
     """The data source as a short string for logs and results."""
     if cfg.path is not None:
         return str(cfg.path)
+    shape = (cfg.signal_kind, cfg.signal_lookback)
     return (
         f"synthetic(seed={cfg.synthetic_seed}, bars={cfg.synthetic_bars}, "
-        f"signal={cfg.signal_strength:g})"
+        f"signal={cfg.signal_strength:g}"
+        + ("" if shape == ("momentum", 15) else f", {shape[0]} over {shape[1]} bars")
+        + ")"
     )
 
 
@@ -80,7 +83,13 @@ def load_source(cfg: DataConfig) -> Bars:
             timezone=cfg.timezone,
             exchange_timezone=CALENDARS[cfg.calendar].timezone,
         )
-    return synthetic_bars(cfg.synthetic_bars, cfg.synthetic_seed, cfg.signal_strength)
+    return synthetic_bars(
+        cfg.synthetic_bars,
+        cfg.synthetic_seed,
+        cfg.signal_strength,
+        cfg.signal_kind,
+        cfg.signal_lookback,
+    )
 
 
 def bars_per_year(timestamp: np.ndarray, calendar: TradingCalendar) -> float:

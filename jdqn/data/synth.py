@@ -18,8 +18,10 @@ Model (per 1-minute bar ``t``; ``x_t`` is the latent log price, ``C_t`` the clos
   first bar (the gapped price); high and low extend ``max/min(open, close)`` by half-normal
   amounts; all on the tick grid.
 * Signal: ``mu_t = signal_strength * sigma_t * tanh(m_t)`` with ``m_t = log(C_t / C_{t-k}) /
-  (sigma_t sqrt(k))``, ``k = min(15, t)``: the past 15-bar return of the observed close in units
-  of its expected spread, so ``E[x_{t+1} - x_t | bars <= t] = mu_t`` and trends persist.
+  (sigma_t sqrt(k))``, ``k = min(lookback, t)`` (15 by default): the past k-bar return of the
+  observed close in units of its expected spread, so ``E[x_{t+1} - x_t | bars <= t] = mu_t`` and
+  trends persist. Other shapes (``SIGNAL_KINDS``): ``reversion`` flips the sign (moves fade);
+  ``rth_momentum`` plants the momentum drift only at bars inside RTH, none overnight.
 * Volume: an integer lognormal count following the intraday shape and the size of the move.
 
 Measured on seeds 0 and 1, 60,000 bars, at strengths 0, 0.1, 0.2 and 0.25 (cost 0.3 points per
@@ -48,7 +50,8 @@ from jdqn.data.bars.reading import file_kind
 
 TICK = 0.25  # ES tick, index points
 SESSION_BARS = 1_380  # 17:00-16:00 CT
-MOMENTUM_BARS = 15  # lookback of the planted momentum signal
+MOMENTUM_BARS = 15  # default lookback of the planted signal
+SIGNAL_KINDS = ("momentum", "reversion", "rth_momentum")  # shapes of the planted drift
 FIRST_SESSION = np.datetime64("2021-01-03T17:00", "m")  # a Sunday
 _RTH_OPEN, _RTH_CLOSE = 8 * 60 + 30, 15 * 60  # minutes after midnight CT
 _BASE_SIGMA = 3.0e-4  # log-vol per bar at season 1 (about 0.55 points at 1,800)
@@ -63,7 +66,7 @@ class SyntheticPath(NamedTuple):
 
     bars: Bars
     sigma: np.ndarray  # [T] float64, volatility of bar t (log price per bar)
-    momentum: np.ndarray  # [T] float64, m_t: past-15-bar return in units of sigma_t sqrt(15)
+    momentum: np.ndarray  # [T] float64, m_t: past-k-bar return in units of sigma_t sqrt(k)
     drift: np.ndarray  # [T] float64, E[x_{t+1} - x_t | bars <= t] (log price)
     drift_points: np.ndarray  # [T] float64, C_t * drift: expected next close change, points
 
@@ -89,13 +92,22 @@ def _season(minute_of_day: np.ndarray) -> np.ndarray:
 
 
 def synthetic_path(
-    n_bars: int = 60_000, seed: int = 0, signal_strength: float = 0.0
+    n_bars: int = 60_000,
+    seed: int = 0,
+    signal_strength: float = 0.0,
+    kind: str = "momentum",
+    lookback: int = MOMENTUM_BARS,
 ) -> SyntheticPath:
     """Generate synthetic ES bars and their latent volatility, momentum and drift (module doc)."""
     if n_bars < 2:
         raise ValueError(f"synthetic_bars: n_bars={n_bars}; fix: use at least 2 bars")
     if signal_strength < 0:
         raise ValueError(f"synthetic_bars: signal_strength={signal_strength}; fix: use >= 0")
+    if kind not in SIGNAL_KINDS or lookback < 1:
+        raise ValueError(
+            f"synthetic_bars: signal kind {kind!r}, lookback {lookback}; "
+            f"fix: use one of {SIGNAL_KINDS} and a lookback of at least 1 bar"
+        )
     rng = np.random.default_rng(seed)
     timestamp = session_timestamps(n_bars)
     minute_of_day = timestamp.astype("datetime64[m]").astype(np.int64) % 1440
@@ -103,6 +115,10 @@ def synthetic_path(
     session = np.arange(n_bars) // SESSION_BARS
     session_start = np.arange(n_bars) % SESSION_BARS == 0
     session_start[0] = False
+    rth = (minute_of_day >= _RTH_OPEN) & (minute_of_day < _RTH_CLOSE)
+    # The drift planted after bar t: signed strength, 0 where this shape has no edge.
+    gain = signal_strength * (-1.0 if kind == "reversion" else 1.0)
+    planted = np.where(rth | (kind != "rth_momentum"), gain, 0.0).tolist()
 
     # Draws in a fixed order so a seed always gives the same path.
     start_price = TICK * round(rng.uniform(1600.0, 2000.0) / TICK)
@@ -132,9 +148,9 @@ def synthetic_path(
         close = TICK * max(1, round(exp(x) / TICK))
         log_c = log(close)
         log_close[t] = log_c
-        k = t if t < MOMENTUM_BARS else MOMENTUM_BARS
+        k = t if t < lookback else lookback
         m = (log_c - log_close[t - k]) / (s_t * sqrt(k)) if k else 0.0
-        mu = signal_strength * s_t * tanh(m)
+        mu = planted[t] * s_t * tanh(m)
         closes[t], sigma[t], momentum[t], drift[t] = close, s_t, m, mu
 
     open_, close_, sigma_ = np.asarray(opens), np.asarray(closes), np.asarray(sigma)
@@ -155,9 +171,15 @@ def synthetic_path(
     return SyntheticPath(bars, sigma_, np.asarray(momentum), drift_, drift_ * close_)
 
 
-def synthetic_bars(n_bars: int = 60_000, seed: int = 0, signal_strength: float = 0.0) -> Bars:
+def synthetic_bars(
+    n_bars: int = 60_000,
+    seed: int = 0,
+    signal_strength: float = 0.0,
+    kind: str = "momentum",
+    lookback: int = MOMENTUM_BARS,
+) -> Bars:
     """ES-like 1-minute bars, deterministic per seed (model and signal: module docstring)."""
-    return synthetic_path(n_bars, seed, signal_strength).bars
+    return synthetic_path(n_bars, seed, signal_strength, kind, lookback).bars
 
 
 def write_bars(bars: Bars, path: str | os.PathLike[str]) -> None:

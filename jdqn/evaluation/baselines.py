@@ -1,21 +1,24 @@
-"""The quant baselines: rules and a forecaster tuned on the train window only, and the oracle
-(docs/design.md §8). Each is a position path over the test window, computed on the host in float64
-from bars ``<= t``, with the environment's convention (``jdqn.evaluation.env``): ``positions[i]``
-is chosen at
-bar ``i`` and held over ``i -> i+1``, trading costs ``cost_points`` per contract, from flat.
+"""The quant baselines: rules and a forecaster tuned on the train window only, and the informed
+rule (docs/design.md §8). Each is a position path over the test window, computed on the host in
+float64 from bars ``<= t``, with the environment's convention (``jdqn.evaluation.env``):
+``positions[i]`` is chosen at bar ``i`` and held over ``i -> i+1``, trading costs
+``cost_points`` per contract, from flat.
 
 - ``momentum``: time-series momentum (Moskowitz, Ooi & Pedersen, 2012), with a no-trade band.
 - ``macd``: the volatility-normalised MACD signal of Baz, Granger, Harvey, Le Roux & Rattray
   (2015), with a no-trade band.
 - ``ridge``: a ridge forecast of the next ``h``-bar price change from the agent's own features.
-- ``oracle`` (synthetic data only): the planted signal's own rule (``jdqn.data.synth``), what the
-  planted edge is worth after costs to a trader who knows the model.
+- ``informed`` (synthetic data only): a trader who knows the planted drift (``jdqn.data.synth``)
+  and trades it with a no-trade band tuned on the train window; its metrics carry
+  ``causal_bound_usd``, an upper bound on the expected net of any causal policy on the window
+  (:func:`causal_bound_points`).
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from jdqn.config import Config
+from jdqn.config.sections import DataConfig
 from jdqn.evaluation.rollouts import Rollout, record_metrics
 
 MOMENTUM_LOOKBACKS = (5, 15, 30, 60, 120)  # bars
@@ -34,7 +38,6 @@ RIDGE_HORIZONS = (1, 5, 15, 30)  # bars
 RIDGE_PENALTIES = (1.0, 1e3)  # x the number of rows
 RIDGE_THRESHOLDS = (0.0, 1.0, 2.0)  # x cost_points
 RIDGE_FIT_SHARE = 0.7
-ORACLE_BAND = 1.0
 
 
 def band_positions(signal: np.ndarray, band: float) -> np.ndarray:
@@ -178,21 +181,60 @@ def tune_ridge(
     }
 
 
+def causal_bound_points(drift_points: np.ndarray, cost_points: float) -> float:
+    """The most any position path in {-1, 0, 1} (from flat) earns in expectation when it sees the
+    whole drift path ``d`` in advance: max over paths of sum_t p_t d_t - cost |p_t - p_{t-1}|,
+    by dynamic programming over the position. A causal policy's expected net is
+    E[sum_t p_t d_t - costs] (p_t known at t, E[close_{t+1} - close_t | bars <= t] = d_t), at
+    most this maximum's expectation; one path's value estimates that bound."""
+    best = {-1: -math.inf, 0: 0.0, 1: -math.inf}  # best net so far ending in each position
+    for d in np.asarray(drift_points, np.float64).tolist():
+        best = {
+            p: max(best[q] - cost_points * abs(p - q) for q in (-1, 0, 1)) + p * d
+            for p in (-1, 0, 1)
+        }
+    return max(best.values())
+
+
 @functools.lru_cache(maxsize=4)
-def _synthetic_momentum(n_bars: int, seed: int, signal_strength: float) -> np.ndarray:
+def _synthetic_drift(data: DataConfig) -> np.ndarray:
     from jdqn.data.synth import synthetic_path
 
-    return synthetic_path(n_bars, seed, signal_strength).momentum
+    path = synthetic_path(
+        data.synthetic_bars,
+        data.synthetic_seed,
+        data.signal_strength,
+        data.signal_kind,
+        data.signal_lookback,
+    )
+    return path.drift_points
 
 
-def oracle_signal(cfg: Config, start: int, end: int) -> np.ndarray | None:
-    """The planted signal ``m_t`` over bars ``[start, end)`` of the synthetic series, or None for
-    a bar file (no known signal)."""
-    data = cfg.data
-    if data.path is not None:
+def planted_drift(cfg: Config, start: int, end: int) -> np.ndarray | None:
+    """The planted drift in points (expected next close change) over bars ``[start, end)`` of the
+    synthetic series, or None for a bar file (no known drift)."""
+    if cfg.data.path is not None:
         return None
-    momentum = _synthetic_momentum(data.synthetic_bars, data.synthetic_seed, data.signal_strength)
-    return momentum[start:end]
+    return _synthetic_drift(cfg.data)[start:end]
+
+
+def tune_informed(train_close: np.ndarray, train_drift: np.ndarray, cost: float) -> dict[str, Any]:
+    """The band on the drift (in units of its train standard deviation) with the best net PnL
+    on the train window."""
+    scale = float(np.std(train_drift)) or 1.0
+    _, band = _tune_band(train_close, cost, [scale], lambda s: np.asarray(train_drift) / s)
+    return {"scale": scale, "band": band}
+
+
+def fold_baselines(cfg: Config, data: Any, fold: int) -> dict[str, dict[str, Any]]:
+    """:func:`extra_baselines` of one fold of ``data`` (a ``WalkForwardData``): tuned on its
+    train window, judged on its test window, with the planted drift of synthetic data."""
+    w = data.folds[fold]
+    train_drift = planted_drift(cfg, w.train_start, w.train_end)
+    test_drift = planted_drift(cfg, w.test_start, w.test_end)
+    drift = None if train_drift is None or test_drift is None else (train_drift, test_drift)
+    train, test = data.train[fold], data.test[fold]  # each window's (features, close)
+    return extra_baselines(cfg, *train, *test, drift, bars_per_year=data.bars_per_year)
 
 
 def extra_baselines(
@@ -201,12 +243,13 @@ def extra_baselines(
     train_close: np.ndarray,
     test_features: np.ndarray,
     test_close: np.ndarray,
-    oracle_momentum: np.ndarray | None,
+    drift: tuple[np.ndarray, np.ndarray] | None,
     *,
     bars_per_year: float,
 ) -> dict[str, dict[str, Any]]:
     """``{name: {"metrics": dict (with the picked "params"), "rollout": Rollout}}`` for momentum,
-    MACD, ridge and, given the planted signal over the test window, the oracle."""
+    MACD, ridge and, given the planted drift (points) of the train and test windows, the informed
+    rule with the causal bound."""
     cost = cfg.env.cost_points
     train_close = np.asarray(train_close, np.float64)
     test_close = np.asarray(test_close, np.float64)
@@ -221,13 +264,17 @@ def extra_baselines(
         "macd": (band_positions(macd_signal(test_close, int(macd["scale"])), macd["band"]), macd),
         "ridge": (band_positions(forecast, ridge["threshold"] * cost), ridge),
     }
-    if oracle_momentum is not None:
-        paths["oracle"] = (band_positions(oracle_momentum, ORACLE_BAND), {"band": ORACLE_BAND})
+    usd = cfg.env.point_value_usd
+    bound: dict[str, Any] = {}
+    if drift is not None:
+        informed = tune_informed(train_close, drift[0], cost)
+        signal = np.asarray(drift[1], np.float64) / informed["scale"]
+        paths["informed"] = (band_positions(signal, informed["band"]), informed)
+        bound = {"causal_bound_usd": usd * causal_bound_points(drift[1][:-1], cost)}
     results = {}
     for name, (positions, params) in paths.items():
         record = position_record(test_close, positions, cost)
-        result = record_metrics(
-            record, point_value_usd=cfg.env.point_value_usd, bars_per_year=bars_per_year
-        )
-        results[name] = {"metrics": result | {"params": params}, "rollout": record}
+        result = record_metrics(record, point_value_usd=usd, bars_per_year=bars_per_year)
+        extra = bound if name == "informed" else {}
+        results[name] = {"metrics": result | {"params": params} | extra, "rollout": record}
     return results

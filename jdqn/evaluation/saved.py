@@ -113,7 +113,8 @@ def evaluate_saved(
             if plots:
                 title = f"fold {fold} seed {policy.seed}: saved policy on new bars"
                 report.plot_equity(run.plots_dir / f"{stem}_equity.png", timestamps, curves, title)
-        summary = stats.summarise(rows, series, seed=cfg.train.seed)
+        tried = cfg.output.settings_tried
+        summary = stats.summarise(rows, series, seed=cfg.train.seed, settings_tried=tried)
         report.write_stitched(run.path, series, plots)
         results = {
             "run": str(Path(run_dir)),

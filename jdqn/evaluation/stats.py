@@ -3,9 +3,12 @@
 A handful of seeds per fold is a small sample of a noisy quantity, so a run is summarised as
 Agarwal et al. (NeurIPS 2021, "Deep reinforcement learning at the edge of the statistical
 precipice") recommend: the median and interquartile mean (IQM) over runs, each with a 95 %
-percentile interval from a stratified bootstrap (seeds resampled within each fold). The best
-seed's Sharpe ratio is deflated for the number of seeds tried (Bailey & Lopez de Prado, 2014,
-"The deflated Sharpe ratio"). The folds' test windows are stitched into one curve per seed.
+percentile interval from a stratified bootstrap (seeds resampled within each fold: the interval
+covers seed noise only, the test windows are fixed) or, across many windows, a two-stage one
+(windows, then seeds within them). An interval from fewer than ``MIN_SEEDS_FOR_CI`` seeds per
+stratum is flagged ``few_seeds``. The best seed's Sharpe ratio is deflated for every setting and
+seed tried (Bailey & Lopez de Prado, 2014, "The deflated Sharpe ratio"). The folds' test windows
+are stitched into one curve per seed.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ SUMMARY_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", 
 BOOTSTRAP_REPS = 2_000
 CONFIDENCE = 0.95
 EULER_GAMMA = 0.5772156649015329
+MIN_SEEDS_FOR_CI = 5  # fewer seeds per stratum: the interval is flagged as unreliable
 
 
 class RunSeries(NamedTuple):
@@ -90,10 +94,39 @@ def aggregate(
     resampled = bootstrap_distribution(strata, lambda x: x, reps=reps, seed=seed)  # [reps, n]
     return {
         "n": int(values.size),
+        "few_seeds": min(map(len, strata)) < MIN_SEEDS_FOR_CI,
         "median": float(median(values)),
         "median_ci": list(percentile_interval(median(resampled))),
         "iqm": float(iqm(values)),
         "iqm_ci": list(percentile_interval(iqm(resampled))),
+    }
+
+
+def clustered_aggregate(
+    clusters: Sequence[np.ndarray], *, reps: int = BOOTSTRAP_REPS, seed: int = 0
+) -> dict[str, Any]:
+    """Median and IQM over all values of ``clusters`` (e.g. the seeds of each test window) with
+    two-stage bootstrap 95 % intervals: each replicate draws as many clusters as there are, with
+    replacement, then each drawn cluster's values with replacement (Davison & Hinkley, 1997,
+    §3.8), so the interval covers the spread between windows as well as between seeds."""
+    clusters = [np.asarray(c, np.float64) for c in clusters if len(c)]
+    if not clusters:
+        return {"n": 0, "median": None, "median_ci": None, "iqm": None, "iqm_ci": None}
+    rng = np.random.default_rng(seed)
+    medians, iqms = np.empty(reps), np.empty(reps)
+    for rep in range(reps):
+        drawn = [clusters[i] for i in rng.integers(0, len(clusters), len(clusters))]
+        sample = np.concatenate([c[rng.integers(0, len(c), len(c))] for c in drawn])
+        medians[rep], iqms[rep] = median(sample), iqm(sample)
+    values = np.concatenate(clusters)
+    return {
+        "n": int(values.size),
+        "clusters": len(clusters),
+        "few_seeds": min(map(len, clusters)) < MIN_SEEDS_FOR_CI,
+        "median": float(median(values)),
+        "median_ci": list(percentile_interval(medians)),
+        "iqm": float(iqm(values)),
+        "iqm_ci": list(percentile_interval(iqms)),
     }
 
 
@@ -147,26 +180,39 @@ def probabilistic_sharpe(
     return NormalDist().cdf((sharpe - benchmark) * math.sqrt(n_obs - 1) / math.sqrt(spread))
 
 
-def deflated_sharpe(returns_by_trial: Sequence[np.ndarray]) -> dict[str, Any]:
-    """The deflated Sharpe ratio of the trial with the best per-bar Sharpe, given how many were
-    tried and how much their Sharpe ratios vary (Bailey & Lopez de Prado, 2014): the
-    probabilistic Sharpe ratio of the best against ``expected_max_sharpe``. Per-bar returns;
-    skewness and kurtosis are the best trial's population moments."""
+def deflated_sharpe(
+    returns_by_trial: Sequence[np.ndarray], settings_tried: int = 1
+) -> dict[str, Any]:
+    """The deflated Sharpe ratio of the trial with the best per-bar Sharpe (Bailey & Lopez de
+    Prado, 2014): the probabilistic Sharpe ratio of the best against ``expected_max_sharpe`` of
+    all trials tried, ``settings_tried`` x the trials given (each setting's seeds). The trials'
+    Sharpe ratios vary as the given ones do, or with one trial as an estimate from its bars does
+    under the null (1 / (bars - 1)). Per-bar returns; skewness and kurtosis are the best trial's
+    population moments. None (n/a) where the best trial's returns are constant (it never
+    traded, or never paid or earned): its Sharpe ratio is undefined."""
     sharpes = [per_bar_sharpe(r) for r in returns_by_trial]
     if not sharpes:
         return {"dsr": None, "n_trials": 0}
     best = int(np.argmax(sharpes))
     returns = np.asarray(returns_by_trial[best], np.float64)
-    variance = float(np.var(sharpes, ddof=1)) if len(sharpes) > 1 else 0.0
-    benchmark = expected_max_sharpe(len(sharpes), variance)
+    n_trials = settings_tried * len(sharpes)
+    if len(sharpes) > 1:
+        variance = float(np.var(sharpes, ddof=1))
+    else:
+        variance = 1.0 / (returns.size - 1) if returns.size > 1 else 0.0
+    benchmark = expected_max_sharpe(n_trials, variance)
     centred = returns - returns.mean()
     m2 = float(np.mean(centred**2))
     skew = float(np.mean(centred**3)) / m2**1.5 if m2 > 0 else 0.0
     kurtosis = float(np.mean(centred**4)) / m2**2 if m2 > 0 else 3.0
+    defined = m2 > 0 and returns.size > 1
     return {
-        "dsr": probabilistic_sharpe(sharpes[best], benchmark, returns.size, skew, kurtosis),
+        "dsr": probabilistic_sharpe(sharpes[best], benchmark, returns.size, skew, kurtosis)
+        if defined
+        else None,
         "best_trial": best,
-        "n_trials": len(sharpes),
+        "n_trials": n_trials,
+        "settings_tried": settings_tried,
         "sharpe_per_bar": sharpes[best],
         "benchmark_sharpe_per_bar": benchmark,
         "n_bars": int(returns.size),
@@ -193,11 +239,14 @@ def summarise(
     *,
     seed: int,
     reps: int = BOOTSTRAP_REPS,
+    settings_tried: int = 1,
 ) -> dict[str, Any]:
     """results.json's ``summary``: per fold and over all folds, each metric's median and IQM
-    across seeds with stratified bootstrap 95 % intervals (strata = folds), the agent minus each
-    baseline (per run, its fold's baseline), and the best seed's deflated Sharpe ratio. Runs the
-    guard halted are left out (counted in ``n_halted``). The bootstrap draws from ``seed``."""
+    across seeds with stratified bootstrap 95 % intervals (strata = folds; ``few_seeds`` where a
+    fold has fewer than ``MIN_SEEDS_FOR_CI``), the agent minus each baseline (per run, its fold's
+    baseline), and the best seed's deflated Sharpe ratio over ``settings_tried`` x the seeds.
+    Runs the guard halted are left out (counted in ``n_halted``). The bootstrap draws from
+    ``seed``."""
     folds = sorted({int(row["fold"]) for row in rows})
     ok = [row for row in rows if row.get("agent") is not None]
     baselines = sorted(rows[0]["baselines"]) if rows else []
@@ -222,7 +271,7 @@ def summarise(
         stitched = stitch(series, fold_ids)
         dsr: dict[str, Any] = {"dsr": None}
         if stitched.seeds:
-            dsr = deflated_sharpe(list(stitched.agent))
+            dsr = deflated_sharpe(list(stitched.agent), settings_tried)
             dsr["best_seed"] = stitched.seeds[dsr.pop("best_trial")]
         return {
             "n_runs": len(scoped),
@@ -235,10 +284,14 @@ def summarise(
     return {
         "method": (
             "median and interquartile mean across seeds with stratified bootstrap percentile "
-            "intervals (strata = folds; Agarwal et al., 2021); deflated Sharpe ratio of the best "
-            "seed's per-bar net PnL (Bailey & Lopez de Prado, 2014)"
+            "intervals (strata = folds; Agarwal et al., 2021): they cover seed noise only, not "
+            "the price noise of the fixed test windows; deflated Sharpe ratio of the best "
+            "seed's per-bar net PnL over settings tried x seeds (Bailey & Lopez de Prado, 2014)"
         ),
         "confidence": CONFIDENCE,
+        "min_seeds_for_ci": MIN_SEEDS_FOR_CI,
+        "few_seeds": len({int(r["seed"]) for r in ok}) < MIN_SEEDS_FOR_CI,
+        "settings_tried": settings_tried,
         "bootstrap_reps": reps,
         "bootstrap_seed": seed,
         "metrics": list(SUMMARY_METRICS),

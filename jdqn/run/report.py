@@ -274,7 +274,7 @@ def _fmt(value: Any, spec: str) -> str:
 
 # The baselines' columns (name, label, width): jdqn.evaluation.rollouts's three, then
 # jdqn.evaluation.baselines' rules,
-# forecaster and (synthetic data) oracle, "-" where a run has none.
+# forecaster and (synthetic data) informed rule, "-" where a run has none.
 _BASELINE_COLUMNS = (
     ("flat", "flat $", 8),
     ("buy_and_hold", "b&h $", 10),
@@ -282,20 +282,21 @@ _BASELINE_COLUMNS = (
     ("momentum", "tsmom $", 10),
     ("macd", "macd $", 10),
     ("ridge", "ridge $", 10),
-    ("oracle", "oracle $", 10),
+    ("informed", "informed $", 10),
 )
 
 
 def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
     """Console table: one line per (fold, seed) with agent and baseline net PnL and Sharpe."""
-    header = f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'sharpe':>7} {'trades':>6} "
+    header = f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'Sh/day':>7} {'trades':>6} "
     header += "".join(f" {label:>{width}}" for _, label, width in _BASELINE_COLUMNS)
     lines = [header, "-" * len(header)]
     for row in fold_results:
         agent = row.get("agent") or {}
         lines.append(
             f"{row['fold']:>4} {row.get('seed', '-'):>4}  {row.get('status', 'ok'):<28.28} "
-            f"{_fmt(agent.get('net_pnl_usd'), ',.0f'):>10} {_fmt(agent.get('sharpe'), '.2f'):>7} "
+            f"{_fmt(agent.get('net_pnl_usd'), ',.0f'):>10} "
+            f"{_fmt(agent.get('sharpe_daily'), '.2f'):>7} "
             f"{_fmt(agent.get('n_trades'), 'd'):>6} "
             + "".join(
                 f" {_fmt((row['baselines'].get(name) or {}).get('net_pnl_usd'), ',.0f'):>{width}}"
@@ -348,18 +349,20 @@ def plot_stitched(
 # The summary's metrics as the table names them, with their number formats.
 _SUMMARY_LABELS = {
     "net_pnl_usd": ("net $", ",.0f"),
-    "sharpe": ("Sharpe (per bar, ann.)", ".2f"),
     "sharpe_daily": ("Sharpe (daily, ann.)", ".2f"),
+    "sharpe": ("Sharpe (per bar, ann.)", ".2f"),
     "max_drawdown_usd": ("max drawdown $", ",.0f"),
     "turnover": ("turnover", ",.0f"),
 }
 
 
 def _estimate(entry: Mapping[str, Any], key: str, spec: str) -> str:
+    """``estimate [low, high]``, ``*`` after an interval from too few seeds, n/a if undefined."""
     if entry.get(key) is None:
-        return "-"
+        return "n/a"
     low, high = entry[f"{key}_ci"]
-    return f"{format(entry[key], spec)} [{format(low, spec)}, {format(high, spec)}]"
+    flag = "*" if entry.get("few_seeds") else " "
+    return f"{format(entry[key], spec)} [{format(low, spec)}, {format(high, spec)}]{flag}"
 
 
 def summary_text(summary: Mapping[str, Any]) -> str:
@@ -369,10 +372,12 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     header = f"{'scope':<7} {'metric':<22} {'median [95% CI]':>34} {'IQM [95% CI]':>34}"
     lines = [
         "across seeds: median and interquartile mean, stratified bootstrap 95% CIs "
-        "(strata = folds)",
+        "(strata = folds; they cover seed noise only, not the test windows' price noise)",
         header,
         "-" * len(header),
     ]
+    if summary.get("few_seeds"):
+        lines.insert(1, f"* from fewer than {summary['min_seeds_for_ci']} seeds: not reliable")
     scopes = [("all", summary["overall"])]
     if len(summary["folds"]) > 1:  # one fold: "all" is that fold
         scopes += [(f"fold {k}", block) for k, block in summary["folds"].items()]
@@ -390,10 +395,12 @@ def summary_text(summary: Mapping[str, Any]) -> str:
                 f"{_estimate(entry, 'median', ',.0f'):>34} {_estimate(entry, 'iqm', ',.0f'):>34}"
             )
         dsr = block["deflated_sharpe"]
-        if dsr.get("dsr") is not None:
+        if "best_seed" in dsr:
+            value = "n/a" if dsr["dsr"] is None else format(dsr["dsr"], ".3f")
             lines.append(
-                f"{scope:<7} {'deflated Sharpe':<22} {dsr['dsr']:>34.3f}   (best seed "
-                f"{dsr['best_seed']} of {dsr['n_trials']}, {block['n_halted']} halted)"
+                f"{scope:<7} {'deflated Sharpe':<22} {value:>34}   (best seed "
+                f"{dsr['best_seed']}; {dsr['n_trials']} trials = {dsr['settings_tried']} "
+                f"setting(s) x seeds; {block['n_halted']} halted)"
             )
     return "\n".join(lines)
 

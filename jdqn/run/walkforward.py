@@ -37,7 +37,7 @@ from jdqn.data import (
     stack_folds,
 )
 from jdqn.evaluation import policy_bundle, stats
-from jdqn.evaluation.baselines import extra_baselines, oracle_signal
+from jdqn.evaluation.baselines import fold_baselines
 from jdqn.evaluation.env import make_params, volatility_reward_scale
 from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.run import (
@@ -164,7 +164,10 @@ def run_walkforward(
                     report.write_stitched(run.path, series, cfg.output.plots, writes)
             summary: dict[str, Any] = {}
             if processes.writer:
-                summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
+                tried = cfg.output.settings_tried
+                summary = stats.summarise(
+                    fold_results, series, seed=cfg.train.seed, settings_tried=tried
+                )
         except debug_mode.DebugCheckFailed as failure:
             # Keep the .incomplete directory: it holds the failure record and the metrics so far.
             log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -800,16 +803,9 @@ def _baselines(job: _Job, programs: GroupPrograms, keys: np.ndarray) -> dict[int
 def _extra_baselines(
     cfg: Config, data: WalkForwardData, fold_ids: list[int]
 ) -> dict[int, dict[str, Any]]:
-    """Each fold's momentum, MACD, ridge and (synthetic data) oracle baselines, tuned on its
+    """Each fold's momentum, MACD, ridge and (synthetic data) informed baselines, tuned on its
     train window (``jdqn.evaluation.baselines``), on the host."""
-    extras = {}
-    for fold in fold_ids:
-        window = data.folds[fold]
-        oracle = oracle_signal(cfg, window.test_start, window.test_end)
-        extras[fold] = extra_baselines(  # each window's (features, close): train, then test
-            cfg, *data.train[fold], *data.test[fold], oracle, bars_per_year=data.bars_per_year
-        )
-    return extras
+    return {fold: fold_baselines(cfg, data, fold) for fold in fold_ids}
 
 
 def _judge_group(
