@@ -211,7 +211,10 @@ class LossConfig:
     donor_fraction: float = 0.25  # donors appended, as a fraction of the batch
     gv_every: int = 10  # learner steps between gradient-vaccine steps
     gv_beta: float = 0.01  # EMA rate of phi_hat
-    grad_budget: float = 10.0  # global-norm budget shared by the two loss parts
+    # global-norm budget shared by the two loss parts: a tripwire against blow-ups, not a
+    # regulariser (per-part norms stay below about 0.01 against limits of 2 and more at the
+    # profiles' settings, and Adam undoes most of a one-step rescale); lower it to make it bind
+    grad_budget: float = 10.0
     # "alpha": the budget splits (1 - alpha, alpha) between MSE and C51, as the loss blends;
     # "fixed": budget_share_mse / 1 - budget_share_mse whenever alpha > 0 (the seed's split)
     budget_split: Literal["alpha", "fixed"] = "alpha"
