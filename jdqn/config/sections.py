@@ -309,6 +309,12 @@ class TrainConfig:
     # A slice's end is a time limit, not a terminal state (the position and the market go on):
     # True bootstraps from the next bar's value there (Pardo et al., 2018), False discounts by 0.
     bootstrap_slice_ends: bool = False
+    # acting (training and test): argmax of the mean minus act_risk x the standard deviation of
+    # the heads' C51 mixture (Dabney et al., 2018); 0 = the mean (risk-neutral)
+    act_risk: float = 0.0
+    # no-trade band: another action must beat the held position's value by this many round-trip
+    # costs (2 x env.cost_points, in reward units) to be taken; 0 = none
+    act_band_costs: float = 0.0
     seeds: int = 1  # seeds per fold (one vmapped program)
     seed: int = 0  # base seed of every PRNG key
     chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)
@@ -330,6 +336,8 @@ class TrainConfig:
             "train.epsilon_decay_fraction",
             "must be in (0, 1]",
         )
+        _require(self.act_risk >= 0, "train.act_risk", "must be >= 0 (0 = the mean)")
+        _require(self.act_band_costs >= 0, "train.act_band_costs", "must be >= 0 (0 = none)")
         _require(self.seeds >= 1, "train.seeds", "must be >= 1")
         _require(self.chunk_iterations >= 1, "train.chunk_iterations", "must be >= 1")
 
