@@ -158,6 +158,23 @@ def test_the_budget_binds_and_splits_as_the_loss_blends(split, shares):
     np.testing.assert_allclose(after, np.array(shares) * 1e-7, rtol=1e-3)
 
 
+def test_the_profiles_budget_is_a_tripwire_that_normal_steps_never_reach():
+    """At the profiles' grad_budget (10), on rewards of about one volatility unit, no step's
+    loss part comes within 5 % of its limit, so the budget changes nothing (docs/design.md §5,
+    step 8); it binds only on a blow-up far above the usual gradient."""
+    extra = ("loss.grad_budget=10",)
+    state = _learner(*extra).init(jax.random.PRNGKey(0))
+    state = _learner(*extra).insert(state, _transitions(jax.random.PRNGKey(3), 32, 1.0, 1.0))
+    for i in range(8):
+        alpha = 0.5 if i % 2 else 0.0
+        state, metrics = _jit_step(*extra)(state, jnp.float32(alpha), jnp.float32(0.4))
+        limits = 10.0 * np.array([1 - alpha, alpha])
+        norms = np.array([float(metrics.grad_norm_mse), float(metrics.grad_norm_c51)])
+        assert np.all(norms <= 0.05 * limits), (i, norms)
+        after = [float(metrics.grad_norm_mse_after), float(metrics.grad_norm_c51_after)]
+        np.testing.assert_allclose(after, norms, rtol=1e-5)  # scale 1: nothing cut
+
+
 def test_the_guard_stops_a_fold_whose_returns_leave_the_support():
     """Default guard settings: price changes of ~1e4 points put every projected target on the
     edge atoms; the guard halts with "edge_mass" and keeps the parameters."""

@@ -136,5 +136,6 @@ class Learner(NamedTuple):
     insert: Callable[[LearnerState, Transition], LearnerState]  # PER insert at max priority
     # (state, alpha, beta[, clock]) -> (state, metrics), jit with donate_argnums=0
     step: Callable[..., tuple[LearnerState, LearnerMetrics]]
-    act_q: Callable[[LearnerState, jax.Array], jax.Array]  # obs [B, F+1] -> head-mean Q [B, A]
+    # obs [B, F+1] -> acting scores [B, A] (head-mean Q unless jdqn.agent.acting adds more)
+    act_q: Callable[[LearnerState, jax.Array], jax.Array]
     layout: ParamLayout  # the parameter tree's leaves, shapes and flat order

@@ -23,8 +23,8 @@ import jax.numpy as jnp
 
 from jdqn import accel as accel_module
 from jdqn.accel import Accel, SurgeryInputs, TailState, Update, all_finite, pieces, select
+from jdqn.agent import acting, losses, networks, surgery
 from jdqn.agent import debug as debug_mode
-from jdqn.agent import losses, networks, surgery
 from jdqn.agent.batch import Batch, sample_batch
 from jdqn.agent.checks import check_batch, check_online, check_state, check_target
 from jdqn.agent.donors import n_donors_for
@@ -124,7 +124,7 @@ def make_learner(
     def act_q(state: LearnerState, obs: jax.Array) -> jax.Array:
         masks = state.masks if net.target_sparsity > 0 else None
         eff, _, _ = networks.effective_params(state.params, masks, state.sn_u, net, False)
-        return jnp.mean(networks.q_values(networks.apply(eff, obs, cfg), networks.atoms(net)), -2)
+        return acting.action_scores(networks.apply(eff, obs, cfg), obs[..., -1], cfg)
 
     # Traced under the test override this learner was built under, as the update was chosen.
     step = pieces.traced_under(pieces.spec_now(), functools.partial(learner_step, setup))

@@ -219,7 +219,10 @@ class LossConfig:
     donor_fraction: float = 0.25  # donors appended, as a fraction of the batch
     gv_every: int = 10  # learner steps between gradient-vaccine steps
     gv_beta: float = 0.01  # EMA rate of phi_hat
-    grad_budget: float = 10.0  # global-norm budget shared by the two loss parts
+    # global-norm budget shared by the two loss parts: a tripwire against blow-ups, not a
+    # regulariser (per-part norms stay below about 0.01 against limits of 2 and more at the
+    # profiles' settings, and Adam undoes most of a one-step rescale); lower it to make it bind
+    grad_budget: float = 10.0
     # "alpha": the budget splits (1 - alpha, alpha) between MSE and C51, as the loss blends;
     # "fixed": budget_share_mse / 1 - budget_share_mse whenever alpha > 0 (the seed's split)
     budget_split: Literal["alpha", "fixed"] = "alpha"
@@ -314,6 +317,12 @@ class TrainConfig:
     # A slice's end is a time limit, not a terminal state (the position and the market go on):
     # True bootstraps from the next bar's value there (Pardo et al., 2018), False discounts by 0.
     bootstrap_slice_ends: bool = False
+    # acting (training and test): argmax of the mean minus act_risk x the standard deviation of
+    # the heads' C51 mixture (Dabney et al., 2018); 0 = the mean (risk-neutral)
+    act_risk: float = 0.0
+    # no-trade band: another action must beat the held position's value by this many round-trip
+    # costs (2 x env.cost_points, in reward units) to be taken; 0 = none
+    act_band_costs: float = 0.0
     seeds: int = 1  # seeds per fold (one vmapped program)
     seed: int = 0  # base seed of every PRNG key
     chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)
@@ -335,6 +344,8 @@ class TrainConfig:
             "train.epsilon_decay_fraction",
             "must be in (0, 1]",
         )
+        _require(self.act_risk >= 0, "train.act_risk", "must be >= 0 (0 = the mean)")
+        _require(self.act_band_costs >= 0, "train.act_band_costs", "must be >= 0 (0 = none)")
         _require(self.seeds >= 1, "train.seeds", "must be >= 1")
         _require(self.chunk_iterations >= 1, "train.chunk_iterations", "must be >= 1")
 

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from jdqn.agent import networks
+from jdqn.agent import acting, networks
 from jdqn.config import Config
 from jdqn.data import BarFileError, Bars, Normaliser, compute_features, load_bars, normalise
 from jdqn.evaluation import env
@@ -44,9 +44,9 @@ def _logits(cfg: Config, network: Network, obs: jax.Array) -> jax.Array:
 
 
 def head_mean_q(cfg: Config, network: Network, obs: jax.Array) -> jax.Array:
-    """Q [B, A] of obs [B, F+1]: C51 head means over the ensemble; the learner's ``act_q``."""
-    logits = _logits(cfg, network, obs)
-    return jnp.mean(networks.q_values(logits, networks.atoms(cfg.network)), axis=-2)
+    """Acting scores [B, A] of obs [B, F+1], the learner's ``act_q``: C51 head means over the
+    ensemble, with the risk penalty and no-trade band when set (``jdqn.agent.acting``)."""
+    return acting.action_scores(_logits(cfg, network, obs), obs[..., -1], cfg)
 
 
 @functools.partial(jax.jit, static_argnums=0)

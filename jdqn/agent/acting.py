@@ -1,0 +1,31 @@
+"""Action selection from the C51 return distribution: the mean (risk-neutral), the mean minus a
+multiple of its standard deviation (risk-averse; Dabney et al., ICML 2018), and a no-trade band
+in cost units that favours the held position."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jdqn.agent import networks
+from jdqn.config import Config
+
+
+def action_scores(logits: jax.Array, position: jax.Array, cfg: Config) -> jax.Array:
+    """What acting takes the argmax of, ``[..., A]``, from the heads' ``logits [..., K, A, N]``
+    with ``position [...]`` held: the heads' mean Q, minus ``train.act_risk`` x the standard
+    deviation of the heads' mixture (their spread and their disagreement), plus
+    ``train.act_band_costs`` round-trip costs in reward units on the action that keeps the held
+    position. At 0 and 0 it is the head-mean Q, computed as before."""
+    support = networks.atoms(cfg.network)  # [N]
+    q = jnp.mean(networks.q_values(logits, support), axis=-2)  # [..., A]
+    if cfg.train.act_risk > 0:
+        mixture = jnp.mean(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-3)
+        variance = jnp.sum(mixture * (support - q[..., None]) ** 2, axis=-1)  # [..., A]
+        q = q - cfg.train.act_risk * jnp.sqrt(variance)
+    if cfg.train.act_band_costs > 0:
+        # Two sides of the cost per contract: the band is in round trips.
+        band = cfg.train.act_band_costs * 2.0 * cfg.env.cost_points * cfg.env.reward_scale
+        positions = jnp.asarray(cfg.env.positions, jnp.float32)  # [A]
+        q = q + band * (positions == position[..., None].astype(jnp.float32))
+    return q
