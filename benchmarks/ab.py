@@ -6,14 +6,12 @@ measure a specialisation against the plain path, e.g. the GPU kernels against XL
 
     python -m benchmarks.ab --b accel.kernels=off --seeds 1 1024
     python -m benchmarks.ab --a loss.causal_weight=0 --b loss.causal_weight=0.1
-    python -m benchmarks.ab --profile default --b-kernels dense=autodiff --seeds 24
 
-``--a-kernels`` / ``--b-kernels`` give a side the test override ``JDQN_KERNELS``
-(``jdqn.accel.pieces``),
-which switches one specialisation at a time to its plain form, none of them a config value:
+``accel.pieces`` (``jdqn.config.PIECES``) switches one specialisation at a time to its plain
+form:
 
-    python -m benchmarks.ab --b-kernels dense=autodiff --seeds 1 1024
-    python -m benchmarks.ab --b-kernels vjp=autodiff,barriers=off
+    python -m benchmarks.ab --b accel.pieces=dense=autodiff --seeds 1 1024
+    python -m benchmarks.ab --b accel.pieces=vjp=autodiff,barriers=off
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from jdqn.accel import pieces
 from jdqn.accel.xla_flags import configure
 from jdqn.bench.seeds import SEEDS, seed_counts, time_seeds
 from jdqn.config import PROFILES, Config, apply_overrides
@@ -34,19 +31,14 @@ def compare(
     b: Config,
     quick: bool = False,
     seeds: Sequence[int] | None = None,
-    kernels: tuple[str, str] = ("", ""),
 ) -> list[dict[str, Any]]:
-    """One row per S: A's and B's us per vmapped step (two runs each) and B's mean over A's.
-    ``kernels``: A's and B's ``JDQN_KERNELS`` pieces, added to the variable's value in the
-    environment (if any) while each side's learner is built, traced and timed."""
-    specs = [",".join(filter(None, (pieces.spec_now(), side))) for side in kernels]
+    """One row per S: A's and B's us per vmapped step (two runs each) and B's mean over A's."""
     rows = []
     for n_seeds in seed_counts(quick, seeds):
         us: dict[str, list[float]] = {"A": [], "B": []}
         compile_s: dict[str, list[float]] = {"A": [], "B": []}
         for name in ("A", "B", "B", "A"):
-            with pieces.forced(specs[name == "B"]):
-                timing, n_steps = time_seeds(a if name == "A" else b, n_seeds, quick)
+            timing, n_steps = time_seeds(a if name == "A" else b, n_seeds, quick)
             us[name].append(1e6 * timing["median_s"] / n_steps)
             compile_s[name].append(timing["compile_s"])
         ratio = statistics.mean(us["B"]) / statistics.mean(us["A"])
@@ -70,13 +62,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--profile", choices=sorted(PROFILES), default="smoketest")
     parser.add_argument("--a", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--b", action="append", default=[], metavar="KEY=VALUE")
-    for side in ("a", "b"):
-        parser.add_argument(
-            f"--{side}-kernels",
-            default="",
-            metavar="PIECE=IMPL,...",
-            help=f"{pieces.KERNELS_ENV} for side {side.upper()} (choices: {pieces.CHOICES})",
-        )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument(
         "--seeds", type=int, nargs="+", help=f"the S to time (default {' '.join(map(str, SEEDS))})"
@@ -84,22 +69,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         a, b = (apply_overrides(PROFILES[args.profile], o) for o in (args.a, args.b))
-        for spec in (args.a_kernels, args.b_kernels):
-            pieces.parse(spec)
     except ValueError as error:
         parser.error(str(error))  # one line and exit status 2, before any compile
     if args.seeds and min(args.seeds) < 1:
         parser.error(f"--seeds: every S must be at least 1, got {args.seeds}")
-    kernels = (args.a_kernels, args.b_kernels)
     print(
         "; ".join(
-            " ".join((f"{side}: {args.profile}", *o))
-            + (f" ({pieces.KERNELS_ENV}={k})" if k else "")
-            for side, o, k in (("A", args.a, kernels[0]), ("B", args.b, kernels[1]))
+            " ".join((f"{side}: {args.profile}", *o)) for side, o in (("A", args.a), ("B", args.b))
         )
     )
     for n_seeds in seed_counts(args.quick, args.seeds):  # one table per S, as soon as it is timed
-        print(format_table(compare(a, b, args.quick, (n_seeds,), kernels)), flush=True)
+        print(format_table(compare(a, b, args.quick, (n_seeds,))), flush=True)
 
 
 if __name__ == "__main__":

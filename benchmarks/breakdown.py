@@ -38,6 +38,7 @@ from jdqn.bench.fixture import (
     time_scan_steps,
 )
 from jdqn.config import SMOKETEST, Config, apply_overrides
+from pallas_kernels import c51_project
 
 # Config-switched components: (name, what is switched off, overrides).
 ABLATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -60,6 +61,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
     key = jax.random.PRNGKey(3)
     obs = jax.random.normal(key, (2 * rows + batch, N_FEATURES + 1), jnp.float32)
     support = networks.atoms(net)
+    pieces = accel.choose(cfg, backend=jax.default_backend(), debug=False, learners=1)
     optimizer = optax.adam(cfg.optim.learning_rate, eps=cfg.optim.adam_eps)
 
     def scan_of(body: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -73,10 +75,10 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         # each) and the target pass on s'.
         eff_online, _, _ = networks.effective_params(tree, None, state.sn_u, net, True)
         next_obs = x[rows : 2 * rows]
-        logits = networks.apply(eff_online, x[:rows], cfg)
-        logits_do = networks.apply(eff_online, x[2 * rows :], cfg)
-        logits_next = networks.apply(eff_online, next_obs, cfg)
-        target = networks.apply(eff, next_obs, cfg)
+        logits = networks.apply(eff_online, x[:rows], cfg, pieces)
+        logits_do = networks.apply(eff_online, x[2 * rows :], cfg, pieces)
+        logits_next = networks.apply(eff_online, next_obs, cfg, pieces)
+        target = networks.apply(eff, next_obs, cfg, pieces)
         means = jnp.mean(logits) + jnp.mean(logits_do) + jnp.mean(logits_next)
         return x + 1e-9 * (means + jnp.mean(target))
 
@@ -89,24 +91,19 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         q_next = networks.q_values(logits[rows:], support)
         _, probs_star, q_star = losses.double_dqn_target(q_next, logits[rows:], support)
         discount = jnp.full((rows,), cfg.loss.gamma, jnp.float32)
-        projected = losses.project_target(
-            probs_star,
-            reward,
-            discount,
-            net.v_min,
-            net.v_max,
-            accel.kernels_for(cfg.accel).projection,
+        projected = c51_project(
+            probs_star, reward, discount, net.v_min, net.v_max, pieces.projection
         )
         target = losses.label_smooth(projected, cfg.loss.label_smoothing)
         y = losses.scalar_target(reward, discount, q_star, net.v_min, net.v_max)
-        q, cross_entropy = losses.c51_head(logits[:rows], support, action, target)
+        q, cross_entropy = losses.c51_head(logits[:rows], support, action, target, pieces)
         q_taken = losses.select_action(q, action)
         total = jnp.mean(losses.q_regression_loss(q_taken, y, net.v_max - net.v_min, None))
         total += jnp.mean(cross_entropy)
         # As in the step: the causal reference is the sampled rows of the log-softmax that
         # c51_head computes too (XLA computes it once).
         reference = jax.nn.log_softmax(logits[:rows], axis=-1)[:batch]
-        total += jnp.mean(losses.causal_kl(reference, logits[rows : rows + batch]))
+        total += jnp.mean(losses.causal_kl(reference, logits[rows : rows + batch], pieces))
         return logits + 1e-9 * total
 
     def surgery(carry: tuple[jax.Array, jax.Array]) -> Any:

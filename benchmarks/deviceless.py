@@ -129,8 +129,7 @@ def compile_deviceless(
     from jax._src.pallas.triton import gpu_info
     from jax.experimental import topologies
 
-    from jdqn import accel
-    from jdqn.accel import update_impl
+    from jdqn.accel import choose
     from jdqn.agent import make_learner
     from jdqn.bench.fixture import scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
@@ -148,10 +147,11 @@ def compile_deviceless(
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
     cfg = apply_overrides(SMOKETEST, list(overrides))
-    # "auto" as on the GPU: this process's default backend is the CPU.
-    impl = update_impl(cfg, "gpu", debug=False, learners=n_seeds)
-    with accel.forced(f"tail={impl}"):
-        learner = make_learner(cfg, 15, (0, 1, 2), learners=n_seeds)
+    # The tail "auto" picks on the GPU: this process's default backend is the CPU.
+    tail = choose(cfg, backend="gpu", debug=False, learners=n_seeds).tail
+    forced = ",".join(filter(None, (cfg.accel.pieces, f"tail={tail}")))
+    cfg = apply_overrides(cfg, [f"accel.pieces={forced}"])
+    learner = make_learner(cfg, 15, (0, 1, 2), learners=n_seeds)
     keys = jax.random.split(jax.random.PRNGKey(0), n_seeds)
     abstract = jax.eval_shape(jax.vmap(learner.init), keys)
     state: Any = jax.tree.map(

@@ -1,45 +1,53 @@
-"""jdqn.accel: the user's accel.kernels choice and the test override, as implementations."""
+"""jdqn.accel.choose: the user's accel.kernels and the tests' accel.pieces, as one static
+description (jdqn.accel.Pieces) that the step passes down."""
 
 import jax
+import jax.numpy as jnp
 import pytest
 
-from jdqn import accel
-from jdqn.accel import Kernels, kernels_for, pieces
+from jdqn.accel import FUSED_TAIL_MIN_LEARNERS, Pieces, choose
+from jdqn.accel.pieces import PLAIN
+from jdqn.agent import make_learner
 from jdqn.config import SMOKETEST, apply_overrides
 
-
-def test_auto_leaves_each_piece_to_the_backend_and_off_is_plain_xla(monkeypatch):
-    monkeypatch.delenv(accel.KERNELS_ENV, raising=False)
-    assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
-    off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
-    assert kernels_for(off) == Kernels("reference", "xla")
+MANY = FUSED_TAIL_MIN_LEARNERS
 
 
-def test_the_test_override_replaces_the_pieces_it_names_and_restores_the_variable(monkeypatch):
-    monkeypatch.setenv(accel.KERNELS_ENV, "tail=xla")
-    off = apply_overrides(SMOKETEST, ["accel.kernels=off"]).accel
-    with accel.forced("tail=interpret, projection=interpret"):
-        assert kernels_for(off) == Kernels("interpret", "interpret")
-    assert kernels_for(off) == Kernels("reference", "xla")
-    with accel.forced(""):
-        assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
+def _choose(overrides=(), backend="cpu", debug=False, learners=1):
+    cfg = apply_overrides(SMOKETEST, list(overrides))
+    return choose(cfg, backend=backend, debug=debug, learners=learners)
+
+
+def test_auto_runs_the_kernels_on_a_gpu_where_they_pay_and_off_is_plain_xla():
+    assert _choose() == Pieces() == PLAIN  # CPU: the jnp projection, XLA's tail
+    assert _choose(backend="gpu", learners=MANY) == Pieces(projection="pallas", tail="pallas")
+    assert _choose(backend="gpu", learners=MANY - 1) == Pieces(projection="pallas")
+    assert _choose(backend="gpu", debug=True, learners=MANY).tail == "xla"
+    assert _choose(backend="cpu", learners=MANY) == Pieces()
+    assert _choose(["accel.kernels=off"], backend="gpu", learners=MANY) == Pieces()
+
+
+def test_accel_pieces_forces_the_pieces_it_names_whatever_the_backend_and_kernels_say():
+    forced = ["accel.kernels=off", "accel.pieces=tail=interpret, projection=interpret"]
+    assert _choose(forced) == Pieces(projection="interpret", tail="interpret")
+    for tail in ("xla", "pallas", "interpret"):
+        assert _choose([f"accel.pieces=tail={tail}"], debug=True).tail == tail
+    plain = "accel.pieces=dense=autodiff,vjp=autodiff,barriers=off,executables=off"
+    got = _choose([plain], backend="gpu", learners=MANY)
+    assert got == Pieces("pallas", "pallas", "autodiff", "autodiff", False, False)
+    assert _choose(["accel.pieces=dense=auto,barriers=on"]) == Pieces()
+    x = jnp.ones(3)
+    assert got.barrier(x) is x and Pieces().barrier(x) is not x
+    assert hash(got) != hash(Pieces())  # a static argument: hashable, equal by value
 
 
 @pytest.mark.parametrize(
     "spec",
     ["tail", "tail=triton", "adam=pallas", "pick=xla", "dense=xla", "vjp=custom", "barriers=0"],
 )
-def test_a_bad_override_names_the_variable_and_the_choices(spec, monkeypatch):
-    with (
-        pytest.raises(ValueError, match=f"{accel.KERNELS_ENV}=.*not PIECE=IMPL"),
-        accel.forced(spec),
-    ):
-        pass
-    monkeypatch.setenv(accel.KERNELS_ENV, spec)
-    with pytest.raises(ValueError, match="unset JDQN_KERNELS"):
-        kernels_for(SMOKETEST.accel)
-    with pytest.raises(ValueError, match="unset JDQN_KERNELS"):
-        pieces.piece("dense")  # as the dense stack reads it when traced
+def test_a_bad_pieces_value_names_the_field_and_the_choices(spec):
+    with pytest.raises(ValueError, match=f"accel.pieces: '{spec}' is not one of projection="):
+        apply_overrides(SMOKETEST, [f"accel.pieces={spec}"])
 
 
 def test_interpret_is_not_a_user_value_and_old_config_files_still_load():
@@ -54,33 +62,18 @@ def test_interpret_is_not_a_user_value_and_old_config_files_still_load():
     assert type(SMOKETEST).from_dict(old) == SMOKETEST
 
 
-def test_the_other_pieces_resolve_auto_to_todays_form_and_take_their_plain_form(monkeypatch):
-    monkeypatch.delenv(accel.KERNELS_ENV, raising=False)
-    assert [pieces.piece(p) for p in ("dense", "vjp", "barriers")] == ["custom", "closed", "on"]
-    assert pieces.piece("tail") == "auto"  # resolved against the backend by update_impl
-    assert pieces.piece("executables") == "on"
-    plain = "dense=autodiff,vjp=autodiff,barriers=off,executables=off"
-    with accel.forced(plain):
-        assert [pieces.piece(p) for p in ("dense", "vjp", "barriers", "executables")] == [
-            "autodiff",
-            "autodiff",
-            "off",
-            "off",
-        ]
-        # The Pallas pieces are untouched, whatever accel.kernels says.
-        assert kernels_for(SMOKETEST.accel) == Kernels("auto", "auto")
-    with accel.forced("dense=auto,barriers=on"):
-        assert (pieces.piece("dense"), pieces.piece("barriers")) == ("custom", "on")
-    x = jax.numpy.ones(3)
-    with accel.forced("barriers=off"):
-        assert pieces.barrier(x) is x
+def test_no_environment_variable_reaches_the_traced_step(monkeypatch):
+    """The step's program follows its config alone: the retired ``JDQN_KERNELS`` override, set
+    while a learner is built and traced, changes nothing; ``accel.pieces`` does."""
 
+    def jaxpr(overrides=()):
+        learner = make_learner(apply_overrides(SMOKETEST, list(overrides)), 4, (0,))
+        state = learner.init(jax.random.PRNGKey(0))
+        return str(jax.make_jaxpr(learner.step)(state, jnp.float32(0.2), jnp.float32(0.4)))
 
-def test_a_step_traces_under_the_override_its_learner_was_built_under():
-    seen = []
-    with accel.forced("vjp=autodiff"):
-        traced = pieces.traced_under(pieces.spec_now(), lambda: seen.append(pieces.piece("vjp")))
-    traced()
-    with accel.forced("vjp=closed"):
-        traced()
-    assert seen == ["autodiff", "autodiff"]
+    plain = jaxpr()
+    monkeypatch.setenv("JDQN_KERNELS", "dense=autodiff,vjp=autodiff,barriers=off")
+    assert jaxpr() == plain
+    forced = jaxpr(["accel.pieces=dense=autodiff,vjp=autodiff,barriers=off"])
+    assert "custom_vjp_call" in plain and "custom_vjp_call" not in forced
+    assert "optimization_barrier" in plain and "optimization_barrier" not in forced

@@ -97,7 +97,7 @@ def test_ab_cli_refuses_a_bad_override_and_zero_seeds_before_any_compile(capsys)
     for argv, message in (
         (["--b", "loss.no_such_field=1"], "loss.no_such_field"),
         (["--seeds", "0"], "every S must be at least 1"),
-        (["--b-kernels", "dense=fast"], "not PIECE=IMPL"),
+        (["--b", "accel.pieces=dense=fast"], "accel.pieces: 'dense=fast' is not one of"),
     ):
         with pytest.raises(SystemExit) as exit_info:
             ab.main(argv)
@@ -105,28 +105,24 @@ def test_ab_cli_refuses_a_bad_override_and_zero_seeds_before_any_compile(capsys)
         assert message in capsys.readouterr().err
 
 
-def test_ab_times_each_side_under_its_kernels_spec_added_to_the_environments(monkeypatch) -> None:
-    """A side's ``--a-kernels``/``--b-kernels`` is in force while its learner is built, traced
-    and timed (``time_seeds`` does all three), on top of ``JDQN_KERNELS`` as it was."""
+def test_ab_times_each_side_with_its_own_config(monkeypatch) -> None:
+    """Each side's config (``--b accel.pieces=...`` among it) is the one its learner is built,
+    traced and timed with (``time_seeds`` does all three), in the order A B B A."""
     from benchmarks import ab
-    from jdqn.accel import pieces
-    from jdqn.config import SMOKETEST
+    from jdqn.config import SMOKETEST, apply_overrides
 
     seen = []
 
     def timed(cfg, n_seeds, quick):
-        seen.append((pieces.piece("dense"), pieces.piece("barriers"), pieces.piece("tail")))
-        return {
-            "median_s": 2e-6 if pieces.piece("dense") == "autodiff" else 1e-6,
-            "compile_s": 0,
-        }, 1
+        seen.append(cfg.accel.pieces)
+        return {"median_s": 2e-6 if "autodiff" in cfg.accel.pieces else 1e-6, "compile_s": 0}, 1
 
     monkeypatch.setattr(ab, "time_seeds", timed)
-    monkeypatch.setenv(pieces.KERNELS_ENV, "tail=xla")
-    rows = ab.compare(SMOKETEST, SMOKETEST, True, (1,), ("barriers=off", "dense=autodiff"))
-    a, b = ("custom", "off", "xla"), ("autodiff", "on", "xla")
-    assert seen == [a, b, b, a] and rows[0]["b_over_a"] == 2.0
-    assert pieces.spec_now() == "tail=xla"
+    a = apply_overrides(SMOKETEST, ["accel.pieces=barriers=off"])
+    b = apply_overrides(SMOKETEST, ["accel.pieces=dense=autodiff"])
+    rows = ab.compare(a, b, True, (1,))
+    assert seen == ["barriers=off", "dense=autodiff", "dense=autodiff", "barriers=off"]
+    assert rows[0]["b_over_a"] == 2.0
 
 
 def test_the_product_never_imports_the_research_probes_nor_the_cli_from_bench() -> None:

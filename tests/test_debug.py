@@ -298,7 +298,7 @@ def _nan_like(fn, fields=None):
 @pytest.mark.parametrize(
     ("target", "attribute", "fields", "component", "tensor", "guard"),
     [
-        (losses, "project_target", None, "projection", "projected_target", "loss"),
+        (losses, "c51_project", None, "projection", "projected_target", "loss"),
         (losses, "cross_entropy", None, "loss", "loss_c51", "loss"),
         (losses, "causal_kl", None, "loss", "loss_causal", "loss"),
         # A surgery that returns a NaN part also returns a NaN total (the sum Adam gets).
@@ -320,8 +320,8 @@ def test_component_injection_is_named(
 def test_range_injections_are_named(tiny, monkeypatch):
     """Finite but impossible values: the guard lets them through, debug mode does not."""
     cfg, _, state = tiny
-    project = losses.project_target
-    monkeypatch.setattr(losses, "project_target", lambda *a, **k: project(*a, **k) * 0.99)
+    project = losses.c51_project
+    monkeypatch.setattr(losses, "c51_project", lambda *a, **k: project(*a, **k) * 0.99)
     [(_, failure)], reason = _step_both(tiny, state)  # mass lost, every entry still in [0, 1]
     assert (failure.component, failure.tensor) == ("projection", "projected_target")
     assert failure.problem == "row sums differ from 1 by more than 0.0001"

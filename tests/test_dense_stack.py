@@ -3,12 +3,14 @@ rule
 against autodiff under every batching the learner uses, bfloat16 inputs, and the rows-outermost
 layout of the parts' cotangent."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn.accel import pieces
+from jdqn.accel.pieces import Pieces
 from jdqn.agent.dense_stack import dense_stack
 
 ROWS, FEATURES, HIDDEN, OUT, PARTS = 9, 5, (6, 4), 7, 3
@@ -150,21 +152,21 @@ def test_under_the_parts_vmap_the_cotangent_is_carried_rows_outermost():
 
 
 @pytest.mark.parametrize("plain", ["dense=autodiff", "barriers=off"])
-def test_the_plain_forms_forced_by_the_test_override_give_the_same_gradients(plain):
-    """``JDQN_KERNELS`` (jdqn.accel.pieces) switches the hand-written backward for JAX's autodiff,
-    or
+def test_the_plain_forms_pieces_ask_for_give_the_same_gradients(plain):
+    """``Pieces`` (jdqn.accel.pieces) switches the hand-written backward for JAX's autodiff, or
     drops its barrier: the same gradients under the parts' vmap, only the program differs."""
     torso, head, x, weights = _network(3)
 
-    def traced():
-        grads = jax.jit(lambda *a: _part_grads(dense_stack, *a))(torso, head, x, weights)
-        forward = str(jax.make_jaxpr(lambda *a: dense_stack(*a, "float32"))(torso, head, x))
-        _, vjp = jax.vjp(lambda t, h: dense_stack(t, h, x, "float32"), torso, head)
+    def traced(pieces):
+        stack = functools.partial(dense_stack, pieces=pieces)
+        grads = jax.jit(lambda *a: _part_grads(stack, *a))(torso, head, x, weights)
+        forward = str(jax.make_jaxpr(lambda *a: stack(*a, "float32"))(torso, head, x))
+        _, vjp = jax.vjp(lambda t, h: stack(t, h, x, "float32"), torso, head)
         return grads, forward, str(jax.make_jaxpr(jax.vmap(vjp))(weights))
 
-    want, want_forward, want_backward = traced()
-    with pieces.forced(plain):
-        got, forward, backward = traced()
+    want, want_forward, want_backward = traced(Pieces())
+    forced = Pieces(dense="autodiff") if plain == "dense=autodiff" else Pieces(barriers=False)
+    got, forward, backward = traced(forced)
     _close_to_autodiff(got, want)
     assert "custom_vjp_call" in want_forward and "optimization_barrier" in want_backward
     assert "optimization_barrier" not in backward

@@ -12,8 +12,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn import accel
-from jdqn.accel import FUSED_TAIL_MIN_LEARNERS, update_impl
 from jdqn.agent import GUARD_REASONS, LearnerMetrics, losses, make_learner, networks
 from jdqn.agent.transition import Transition
 from jdqn.config import SMOKETEST, apply_overrides
@@ -41,8 +39,8 @@ SMALL = (
     "optim.target_every=3",
     "loss.grad_budget=1e-3",  # small enough to bind (Adam is scale-free, training still moves)
 )
-# Pieces forced through jdqn.accel's test override (a "kernels:" extra, not a config value):
-# the real kernels on a GPU, interpret mode on CPU.
+# Pieces forced through accel.pieces ("kernels:" extras, joined into its one value): the real
+# kernels on a GPU, interpret mode on CPU.
 _KERNEL = "pallas" if jax.default_backend() == "gpu" else "interpret"
 # The step's flat tail as kernels (pallas_kernels.flat_tail); "xla" is the optax/jnp path.
 FUSED = f"kernels:tail={_KERNEL}"
@@ -52,14 +50,14 @@ TRACES: dict[tuple[str, ...], int] = {}  # traces of the shared jitted step, per
 
 @functools.cache
 def _cfg(*extra: str):
-    return apply_overrides(SMOKETEST, [*SMALL, *(e for e in extra if not e.startswith("kernels:"))])
+    forced = ",".join(e.removeprefix("kernels:") for e in extra if e.startswith("kernels:"))
+    overrides = [e for e in extra if not e.startswith("kernels:")]
+    return apply_overrides(SMOKETEST, [*SMALL, *overrides, f"accel.pieces={forced}"])
 
 
 @functools.cache
 def _learner(*extra: str, debug: bool = False):
-    forced = ",".join(e.removeprefix("kernels:") for e in extra if e.startswith("kernels:"))
-    with accel.forced(forced):
-        return make_learner(_cfg(*extra), N_FEATURES, NON_CAUSAL, debug=debug)
+    return make_learner(_cfg(*extra), N_FEATURES, NON_CAUSAL, debug=debug)
 
 
 @functools.cache
@@ -388,9 +386,8 @@ def test_fused_tail_matches_the_xla_tail(extra):
 # the heads' own tests check each piece's numbers alone.
 @pytest.mark.parametrize("plain", ["vjp=autodiff", "dense=autodiff,vjp=autodiff,barriers=off"])
 def test_each_specialisation_switched_off_gives_the_default_step(plain, monkeypatch):
-    """The test override's plain forms (jdqn.accel.pieces: JAX's autodiff for the dense stack and
-    the
-    loss heads, no optimization barriers), set when the learner is built and in force when its
+    """The plain forms ``accel.pieces`` forces (JAX's autodiff for the dense stack and the loss
+    heads, no optimization barriers), chosen when the learner is built and in force when its
     step is traced later: six steps equal the default's to float32 rounding, and the program
     has none of what was switched off."""
     names = ("params", "target_params", "masks", "opt_state", "phi_hat", "sn_u")
@@ -514,20 +511,6 @@ def test_the_step_reads_the_masks_only_with_pruning(tail, sparsity):
     masks = [closed.jaxpr.invars[i] for i in indices]
     read = any(v is m for eqn in closed.jaxpr.eqns for v in eqn.invars for m in masks)
     assert read == (sparsity != "0")
-
-
-def test_auto_update_impl_uses_the_kernels_on_a_gpu_for_many_learners_only():
-    many = FUSED_TAIL_MIN_LEARNERS
-    auto = _cfg()
-    assert update_impl(auto, "gpu", debug=False, learners=many) == "pallas"
-    assert update_impl(auto, "gpu", debug=False, learners=many - 1) == "xla"
-    assert update_impl(auto, "gpu", debug=True, learners=many) == "xla"
-    assert update_impl(auto, "cpu", debug=False, learners=many) == "xla"
-    for explicit in ("xla", "pallas", "interpret"):
-        with accel.forced(f"tail={explicit}"):
-            assert update_impl(auto, "cpu", debug=True, learners=1) == explicit
-    off = _cfg("accel.kernels=off")
-    assert update_impl(off, "gpu", debug=False, learners=many) == "xla"
 
 
 def test_debug_checks_absent_from_the_program_when_off():

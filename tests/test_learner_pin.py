@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn import accel
 from jdqn.agent import LearnerMetrics, make_learner
 from jdqn.agent.transition import Transition
 from jdqn.config import SMOKETEST, apply_overrides
@@ -55,9 +54,9 @@ EVERYTHING = (
     "loss.budget_split=fixed",
     "loss.edge_mass_limit=1.0",
 )
-XLA = ("kernels:tail=xla",)
+XLA = ("accel.pieces=tail=xla",)
 # One head, no diversity: the causal term is a loss part of its own; kernels in interpret mode.
-KERNELS = ("network.n_heads=1", "kernels:tail=interpret")
+KERNELS = ("network.n_heads=1", "accel.pieces=tail=interpret")
 
 
 def _transitions(key: jax.Array, n: int) -> Transition:
@@ -81,12 +80,8 @@ def _transitions(key: jax.Array, n: int) -> Transition:
 
 @functools.cache
 def _learner(*extra: str):
-    """The learner of EVERYTHING plus ``extra``; ``kernels:`` items are forced through
-    ``jdqn.accel``'s test override, not the config."""
-    forced = ",".join(e.removeprefix("kernels:") for e in extra if e.startswith("kernels:"))
-    overrides = [*EVERYTHING, *(e for e in extra if not e.startswith("kernels:"))]
-    with accel.forced(forced):
-        return make_learner(apply_overrides(SMOKETEST, overrides), N_FEATURES, NON_CAUSAL)
+    """The learner of EVERYTHING plus ``extra``."""
+    return make_learner(apply_overrides(SMOKETEST, [*EVERYTHING, *extra]), N_FEATURES, NON_CAUSAL)
 
 
 def _start(learner, seed: int):

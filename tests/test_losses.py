@@ -6,8 +6,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from jdqn.accel import pieces
+from jdqn.accel.pieces import Pieces
 from jdqn.agent import losses
+from pallas_kernels import c51_project
 
 V_MIN, V_MAX = -10.0, 10.0
 SUPPORT = np.linspace(V_MIN, V_MAX, 5)  # dz = 5
@@ -55,7 +56,7 @@ def test_projection_hand_cases():
     p = jnp.array([[0.1, 0.2, 0.4, 0.2, 0.1]] * 4, jnp.float32)
     rewards = jnp.array([2.5, 100.0, 5.0, -3.0], jnp.float32)
     discounts = jnp.array([0.0, 0.9, 1.0, 0.5], jnp.float32)
-    m = np.asarray(losses.project_target(p, rewards, discounts, V_MIN, V_MAX, impl="reference"))
+    m = np.asarray(c51_project(p, rewards, discounts, V_MIN, V_MAX, impl="reference"))
     # terminal (g = 0): all mass at r = 2.5, halfway between atoms 0 and 5.
     np.testing.assert_allclose(m[0], [0, 0, 0.5, 0.5, 0], atol=1e-6)
     # r beyond the support: everything clips to v_max.
@@ -73,7 +74,7 @@ def test_projection_hand_cases():
 def test_projection_matches_float64_and_keeps_mass(seed, reward, discount):
     p = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(seed), (1, 5)))
     r, g = np.array([reward], np.float32), np.array([discount], np.float32)
-    m = np.asarray(losses.project_target(p, jnp.asarray(r), jnp.asarray(g), V_MIN, V_MAX))
+    m = np.asarray(c51_project(p, jnp.asarray(r), jnp.asarray(g), V_MIN, V_MAX))
     np.testing.assert_allclose(m, _project64(p, r, g), atol=1e-5)
     np.testing.assert_allclose(m.sum(-1), 1.0, atol=1e-5)
 
@@ -319,8 +320,8 @@ def test_mse_unit_reward_measures_the_error_in_reward_units():
     np.testing.assert_allclose(reward_parts[1], width_parts[1])
 
 
-def test_the_closed_form_gradients_equal_autodiffs_when_the_test_override_forces_it():
-    """``JDQN_KERNELS=vjp=autodiff`` (jdqn.accel.pieces): c51_head and causal_kl without their
+def test_the_closed_form_gradients_equal_autodiffs_when_pieces_ask_for_autodiff():
+    """``Pieces(vjp="autodiff")`` (jdqn.accel.pieces): c51_head and causal_kl without their
     custom VJPs, JAX differentiating the same forwards; the same values and gradients (under a
     vmap over two cotangents, as the learner's parts) to float32 rounding."""
     rng = np.random.default_rng(5)
@@ -332,18 +333,17 @@ def test_the_closed_form_gradients_equal_autodiffs_when_the_test_override_forces
     g_q, g_ce = _f32(rng.normal(size=(2, *shape[:3]))), _f32(rng.normal(size=(2, *shape[:2])))
     g_kl = _f32(rng.normal(size=(2, *shape[:3])))
 
-    def traced():
-        def both(logits, intervened):  # a new function per trace: jax caches traces by function
-            q, ce = losses.c51_head(logits, _f32(SUPPORT), action, target)
-            return q, ce, losses.causal_kl(log_p, intervened)
+    def traced(pieces):
+        def both(logits, intervened):
+            q, ce = losses.c51_head(logits, _f32(SUPPORT), action, target, pieces)
+            return q, ce, losses.causal_kl(log_p, intervened, pieces)
 
         out, vjp = jax.vjp(both, logits, intervened)
         grads = jax.vmap(vjp)((g_q, g_ce, g_kl))
         return out, grads, str(jax.make_jaxpr(both)(logits, intervened))
 
-    want, want_grads, want_jaxpr = traced()
-    with pieces.forced("vjp=autodiff"):
-        got, grads, jaxpr = traced()
+    want, want_grads, want_jaxpr = traced(Pieces())
+    got, grads, jaxpr = traced(Pieces(vjp="autodiff"))
     assert want_jaxpr.count("custom_vjp_call") == 2 and "custom_vjp_call" not in jaxpr
     leaves = zip(jax.tree.leaves((got, grads)), jax.tree.leaves((want, want_grads)), strict=True)
     for a, b in leaves:

@@ -14,7 +14,6 @@ from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 from tiny_learner import TINY
 
-from jdqn import accel
 from jdqn.agent.train import FoldData, make_train
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import DEFAULT, SMOKETEST, apply_overrides
@@ -87,13 +86,17 @@ def test_a_learner_too_big_for_a_device_is_one_line_naming_the_fix():
     assert "\n" not in message
 
 
-def test_the_flat_tails_int32_offsets_cap_the_learners_per_device(monkeypatch):
-    monkeypatch.setenv(accel.KERNELS_ENV, "tail=interpret")  # the flat tail on a CPU
-    wide = apply_overrides(SMOKETEST, ["network.hidden=[4096]"])
+def test_the_flat_tails_int32_offsets_cap_the_learners_per_device():
+    # The flat tail on a CPU; the smoketest's gradient rows: MSE, C51 and the causal term.
+    wide = apply_overrides(SMOKETEST, ["network.hidden=[4096]", "accel.pieces=tail=interpret"])
     n_params = memory.param_count(wide, 7)
     per_device = (2**31 - 1 - 1024) // (3 * n_params)
     plan = _plan(4 * per_device + 1, 10**15, cfg=wide)
     assert plan.per_device_limit == per_device and "int32" in plan.limit
+    # The bound follows the loss parts: without the causal term, two rows.
+    two = apply_overrides(wide, ["loss.causal_weight=0"])
+    plan = _plan(10**6, 10**15, cfg=two)
+    assert plan.per_device_limit == (2**31 - 1 - 1024) // (2 * n_params)
     huge = apply_overrides(wide, ["network.hidden=[40000, 20000]"])
     with pytest.raises(placement.PlacementError, match="int32 offsets.*fix: set accel.kernels=off"):
         _plan(1, 10**15, cfg=huge)

@@ -28,6 +28,7 @@ import pytest
 
 from jdqn.agent import losses
 from jdqn.agent.surgery import budget_clip, budget_shares
+from pallas_kernels import c51_project
 
 N_ATOMS, V_MIN, V_MAX, GAMMA, ALPHA = 51, -10.0, 10.0, 0.9, 0.2
 ATOMS = jnp.linspace(V_MIN, V_MAX, N_ATOMS)
@@ -54,7 +55,7 @@ def _losses(logits, rewards, flaws):
         target = seed_projection(frozen, rewards, GAMMA)
     else:
         discounts = jnp.full(rewards.shape, GAMMA, jnp.float32)
-        target = losses.project_target(frozen, rewards, discounts, V_MIN, V_MAX, impl="reference")
+        target = c51_project(frozen, rewards, discounts, V_MIN, V_MAX, impl="reference")
     if "bf16" in flaws:
         log_probs = jax.nn.log_softmax(logits.astype(jnp.bfloat16)).astype(jnp.float32)
     else:

@@ -134,14 +134,13 @@ def test_the_flat_tail_kernels_train_every_fold_and_seed(tmp_path, monkeypatch):
     """The step's tail as Pallas kernels (interpret mode here; the GPU picks them from 16
     learners on): a walk-forward whose program steps 3 folds x 2 seeds, told its learner count."""
     seen = []
-    resolve = accel.update_impl
+    resolve = accel.choose
 
-    def recording(cfg, backend, *, debug, learners):
+    def recording(cfg, *, backend, debug, learners):
         seen.append(learners)
-        return resolve(cfg, backend, debug=debug, learners=learners)
+        return resolve(cfg, backend=backend, debug=debug, learners=learners)
 
-    monkeypatch.setattr(accel, "update_impl", recording)
-    monkeypatch.setenv(accel.KERNELS_ENV, "tail=interpret")  # the test override
+    monkeypatch.setattr(accel, "choose", recording)  # as jdqn.agent.step calls it
     quiet = ["output.plots=false", "output.tensorboard=false", "train.epochs=1"]
     outcome = _run(
         tmp_path,
@@ -150,6 +149,7 @@ def test_the_flat_tail_kernels_train_every_fold_and_seed(tmp_path, monkeypatch):
             *ES_FOLDS,
             *quiet,
             "train.seeds=2",
+            "accel.pieces=tail=interpret",
         ],
     )
     assert seen and set(seen) == {6}

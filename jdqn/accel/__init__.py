@@ -1,20 +1,22 @@
 """The learner's one seam for speed: how the update (gradient surgery, Adam, masks, target sync
 and the guard's keep-or-reject; docs/design.md, section 5, steps 7-8 and 10-11) runs.
 
-:func:`choose` picks an :class:`Accel` once; the step calls ``accel.update`` and never asks
-which. Both forms take and return the state in its one form (parameter trees, optax's Adam
-state) and agree to float32 rounding:
+:func:`choose` describes each piece's implementation once (:class:`Pieces`); the step calls the
+update :func:`make_update` builds for ``Pieces.tail`` and never asks which. Both forms take and
+return the state in its one form (parameter trees, optax's Adam state) and agree to float32
+rounding:
 
 - ``xla``: :func:`jdqn.agent.surgery.gradient_surgery` on the ``[parts, n_params]`` gradient and
   optax's Adam, as jnp that XLA fuses. Fastest for few learners.
-- ``kernels`` (``pallas_kernels.flat_tail``): the surgery's reductions in one Pallas kernel,
-  then Adam, masks, sync and the guard's select in two kernels that write the state in place.
-  Pays from :data:`FUSED_TAIL_MIN_LEARNERS` vmapped learners on a GPU, where the tail is
-  memory-bound; the causal term then runs under a ``lax.cond`` (``causal_under_cond``), where
-  with XLA's few learners a 0/1 weight is cheaper.
+- ``pallas`` (``pallas_kernels.flat_tail``; ``interpret`` on a CPU): the surgery's reductions in
+  one Pallas kernel, then Adam, masks, sync and the guard's select in two kernels that write
+  the state in place. Pays from :data:`FUSED_TAIL_MIN_LEARNERS` vmapped learners on a GPU,
+  where the tail is memory-bound; the causal term then runs under a ``lax.cond``
+  (``Pieces.fused_tail``), where with XLA's few learners a 0/1 weight is cheaper.
 
-Users choose with ``accel.kernels`` (``auto`` or ``off``, :func:`update_impl`); tests and
-benchmarks switch one piece at a time through :data:`KERNELS_ENV` (``jdqn.accel.pieces``).
+Users choose with ``accel.kernels`` (``auto`` or ``off``); tests and benchmarks force single
+pieces with ``accel.pieces``; :class:`Pieces` is passed down to the losses, the dense stack and
+the step as a static argument.
 """
 
 from __future__ import annotations
@@ -26,12 +28,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jdqn.accel import pieces
-from jdqn.accel.pieces import KERNELS_ENV as KERNELS_ENV  # the test override, re-exported
-from jdqn.accel.pieces import forced as forced
+from jdqn.accel.pieces import Pieces
 from jdqn.agent import surgery
 from jdqn.agent.networks import ParamLayout, Params
-from jdqn.config import AccelConfig, Config
+from jdqn.config import Config
 from pallas_kernels import flat_tail
 
 # From this many vmapped learners on, accel.kernels=auto uses the Pallas flat tail.
@@ -70,51 +70,38 @@ class Update(NamedTuple):
     params_sq_norm: jax.Array  # [] float32, the candidate parameters' squared norm
 
 
-class Accel(NamedTuple):
-    """The implementation of the learner's update, chosen by :func:`choose`."""
-
-    name: str  # "xla" or "kernels"
-    causal_under_cond: bool
-    # (grads: tree of [parts, ...], old: TailState, inputs: SurgeryInputs, pre_ok [] bool,
-    #  sync [] bool, checks) -> Update
-    update: Callable[..., Update]
-
-
-class Kernels(NamedTuple):
-    """Each Pallas piece's implementation (``jdqn.accel.pieces.CHOICES``), ``auto`` unresolved."""
-
-    projection: str
-    tail: str
-
-
-def kernels_for(accel: AccelConfig) -> Kernels:
-    """``accel`` as implementations, with the test override of :data:`KERNELS_ENV` applied."""
-    chosen = Kernels("reference", "xla") if accel.kernels == "off" else Kernels("auto", "auto")
-    forced_now = pieces.parse(pieces.spec_now())
-    return chosen._replace(**{k: v for k, v in forced_now.items() if k in Kernels._fields})
-
-
-def update_impl(cfg: Config, backend: str, *, debug: bool, learners: int) -> str:
-    """The flat tail's implementation resolved: ``"auto"`` is ``"pallas"`` on a GPU from
+def choose(cfg: Config, *, backend: str, debug: bool, learners: int) -> Pieces:
+    """Each piece's implementation for ``learners`` learners stepped by one program on
+    ``backend``: ``accel.pieces`` where it forces one, else ``accel.kernels``'s choice. ``auto``
+    runs the projection's kernel on a GPU, and the flat tail's from
     :data:`FUSED_TAIL_MIN_LEARNERS` learners on outside debug mode (whose checks read vectors
-    the kernels never write), else ``"xla"``."""
-    impl = kernels_for(cfg.accel).tail
-    if impl != "auto":
-        return impl
-    fused = backend == "gpu" and not debug and learners >= FUSED_TAIL_MIN_LEARNERS
-    return "pallas" if fused else "xla"
+    the kernels never write); ``off`` runs plain XLA."""
+    forced = cfg.accel.forced
+    on_gpu = backend == "gpu" and cfg.accel.kernels == "auto"
+    fused = on_gpu and not debug and learners >= FUSED_TAIL_MIN_LEARNERS
+    auto = {
+        "projection": "pallas" if on_gpu else "reference",
+        "tail": "pallas" if fused else "xla",
+        "dense": "custom",
+        "vjp": "closed",
+        "barriers": "on",
+        "executables": "on",
+    }
+    resolved = {k: auto[k] if forced.get(k, "auto") == "auto" else forced[k] for k in auto}
+    switches = {k: resolved[k] == "on" for k in ("barriers", "executables")}
+    return Pieces(**{**resolved, **switches})  # type: ignore[arg-type]  # values from PIECES
 
 
-def choose(cfg: Config, layout: ParamLayout, *, backend: str, debug: bool, learners: int) -> Accel:
-    """The update for ``learners`` learners stepped by one program on ``backend``."""
-    impl = update_impl(cfg, backend, debug=debug, learners=learners)
+def make_update(pieces: Pieces, cfg: Config, layout: ParamLayout) -> Callable[..., Update]:
+    """The update ``(grads: tree of [parts, ...], old: TailState, inputs: SurgeryInputs,
+    pre_ok [] bool, sync [] bool, checks) -> Update`` in ``pieces.tail``'s form."""
     o = cfg.optim
-    if impl == "xla":
+    if not pieces.fused_tail:
         optimizer = optax.adam(o.learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=o.adam_eps)
-        return Accel("xla", False, _xla_update(optimizer, layout, o.tau))
+        return _xla_update(optimizer, layout, o.tau, pieces)
     hyper = flat_tail.AdamHyper(ADAM_B1, ADAM_B2, o.adam_eps, o.learning_rate, o.tau)
-    kernel_impl: flat_tail.Impl = "interpret" if impl == "interpret" else "pallas"
-    return Accel("kernels", True, _kernel_update(hyper, kernel_impl, layout))
+    kernel_impl: flat_tail.Impl = "interpret" if pieces.tail == "interpret" else "pallas"
+    return _kernel_update(hyper, kernel_impl, layout)
 
 
 def adam_init(cfg: Config, params: Params) -> optax.OptState:
@@ -139,7 +126,9 @@ def masked(params: Params, masks: Params | None) -> Params:
     return params if masks is None else jax.tree.map(jnp.multiply, params, masks)
 
 
-def _xla_update(optimizer: optax.GradientTransformation, layout: ParamLayout, tau: float) -> Any:
+def _xla_update(
+    optimizer: optax.GradientTransformation, layout: ParamLayout, tau: float, pieces: Pieces
+) -> Any:
     def update(
         grads: Params,
         old: TailState,
@@ -155,8 +144,7 @@ def _xla_update(optimizer: optax.GradientTransformation, layout: ParamLayout, ta
         checks.finite("surgery", "grad_c51", result.g2)
         # On CPU the total is materialised before Adam, as the debug checks of it force: fused
         # into Adam's loop it rounds differently (contracted multiply-adds), and a --debug run
-        # would no longer reproduce the plain run bit for bit. (The branches are new functions
-        # per trace: JAX caches their traces by function, and barriers=off reads at trace time.)
+        # would no longer reproduce the plain run bit for bit.
         total = jax.lax.platform_dependent(
             result.total, cpu=lambda total: pieces.barrier(total), default=lambda total: total
         )

@@ -5,9 +5,10 @@ the
 lowered program, so every process still traces and lowers before the lookup, a large share of a
 warm walk-forward. Here the executable itself is stored (``jax.experimental.serialize_executable``)
 under a key computed without tracing from all that can change the program (:func:`cache_key`):
-jdqn's and its kernels' source, library versions and JAX's settings, the backend, ``XLA_FLAGS`` and
-``JDQN_KERNELS``, the caller's description of what the function closes over, and the arguments'
-abstract signature. So a compiled function must close over no arrays (pass data as arguments).
+jdqn's and its kernels' source, library versions and JAX's settings, the backend, ``XLA_FLAGS``,
+the caller's description of what the function closes over (each speed piece's implementation,
+``jdqn.accel.Pieces``, among it), and the arguments' abstract signature. So a compiled function
+must close over no arrays (pass data as arguments).
 
 An unreadable file (a partial write, another jaxlib) is compiled again and replaced. Loading runs
 what a file holds, so the directory is trusted like JAX's own cache: the user's, written by jdqn.
@@ -80,8 +81,7 @@ def signature(args: tuple[Any, ...]) -> str:
 def cache_key(name: str, context: str, args: tuple[Any, ...]) -> str:
     """The file key of program ``name`` built from ``context`` and called on ``args``."""
     parts = [name, context, signature(args), source_fingerprint(), _versions(), _jax_settings()]
-    # JDQN_KERNELS: jdqn.accel's test override of the kernels
-    parts += [_backend(), os.environ.get("XLA_FLAGS", ""), os.environ.get("JDQN_KERNELS", "")]
+    parts += [_backend(), os.environ.get("XLA_FLAGS", "")]
     return hashlib.sha256("".join(part + "\0" for part in parts).encode()).hexdigest()[:32]
 
 

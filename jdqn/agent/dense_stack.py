@@ -12,7 +12,7 @@ backward's vmap rule (:func:`jax.custom_batching.custom_vmap`) keeps the rows ou
 summed in a pass of its own, faster at many learners than a column of ones in the GEMM. Under
 any other vmap the rule maps the one-part form. The math is autodiff's (ReLU's derivative 0 at
 0, bfloat16 inputs rounded where autodiff rounds); only the order of float32 sums may differ.
-``JDQN_KERNELS=dense=autodiff`` (``jdqn.accel.pieces``) runs autodiff instead, for comparison.
+``Pieces(dense="autodiff")`` (``jdqn.accel.pieces``) runs autodiff instead, for comparison.
 """
 
 from __future__ import annotations
@@ -23,31 +23,30 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jdqn.accel import pieces
+from jdqn.accel.pieces import PLAIN, Pieces
 
 Layer = tuple[jax.Array, jax.Array]  # (kernel, bias) float32
 Grads = tuple[tuple[Layer, ...], Layer, jax.Array]  # (torso layers', head's, the input's)
 
 
 def dense_stack(
-    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, pieces: Pieces = PLAIN
 ) -> jax.Array:
     """``relu(... relu(x W_0 + b_0) ...) W_head^T + b_head``: ``x [R, F]`` -> ``[R, O]`` float32.
 
     Matmul inputs are cast to ``matmul_dtype``; products and everything else are float32.
     Differentiable in reverse mode, to first order (``jax.custom_vjp``; the backward's vmap rule
-    has no derivative of its own), which is all the learner takes. Under ``dense=autodiff``
-    (:data:`jdqn.accel.pieces.KERNELS_ENV`, read at trace time) JAX differentiates the forward.
+    has no derivative of its own), which is all the learner takes. ``pieces``: under
+    ``dense="autodiff"`` JAX differentiates the forward; ``barriers`` steers the backward.
     """
-    if pieces.piece("dense") == "autodiff":
+    if pieces.dense == "autodiff":
         return _forward(torso, head, x.astype(jnp.float32), matmul_dtype)[0]
-    # The barriers' choice as an argument: JAX caches the backward's traces by function.
-    return _stack(torso, head, x.astype(jnp.float32), matmul_dtype, pieces.piece("barriers"))
+    return _stack(torso, head, x.astype(jnp.float32), matmul_dtype, pieces.barriers)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _stack(
-    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, barriers: str
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, barriers: bool
 ) -> jax.Array:
     return _forward(torso, head, x, matmul_dtype)[0]
 
@@ -74,7 +73,7 @@ def _forward(
 
 
 def _stack_fwd(
-    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, barriers: str
+    torso: tuple[Layer, ...], head: Layer, x: jax.Array, matmul_dtype: str, barriers: bool
 ) -> tuple[jax.Array, tuple[Any, ...]]:
     del barriers
     out, inputs = _forward(torso, head, x, matmul_dtype)
@@ -82,7 +81,7 @@ def _stack_fwd(
 
 
 def _stack_bwd(
-    matmul_dtype: str, barriers: str, residuals: tuple[Any, ...], cotangent: jax.Array
+    matmul_dtype: str, barriers: bool, residuals: tuple[Any, ...], cotangent: jax.Array
 ) -> Grads:
     return _backward(matmul_dtype, barriers)(cotangent, *residuals)  # inputs, kernels, head
 
@@ -91,10 +90,10 @@ _stack.defvjp(_stack_fwd, _stack_bwd)
 
 
 @functools.cache
-def _backward(dtype: str, barriers: str) -> Any:
+def _backward(dtype: str, barriers: bool) -> Any:
     """The one-part backward ``(g [R, O], inputs, kernels, head_kernel) -> (torso grads, head
     grads, x grad)``, whose vmap over the cotangent alone runs :func:`_parts_backward`.
-    ``barriers``: ``"on"``, or ``"off"`` to leave out the head's barrier (``jdqn.accel.pieces``)."""
+    ``barriers``: False leaves out the head's barrier (``jdqn.accel.pieces``)."""
 
     def one_part(
         g: jax.Array,
@@ -134,7 +133,7 @@ def _parts_backward(
     kernels: tuple[jax.Array, ...],
     head_kernel: jax.Array,
     dtype: str,
-    barriers: str,
+    barriers: bool,
 ) -> Grads:
     """P cotangents ``g [P, R, O]`` -> (torso grads, head grads, x grad [P, R, F]), [P, ...]."""
     g = jnp.swapaxes(g, 0, 1)  # [R, P, O]: the one layout both GEMMs of a layer read as it is
@@ -145,7 +144,7 @@ def _parts_backward(
         # input gradient's (rows outermost) whatever order the caller consumes them in; else the
         # cotangent is written twice, [R, P, O] and [P, O, R]. The bias's sum reads through it
         # too: fused into the cotangent's write, that pass is slower than the two apart.
-        if barriers == "on":
+        if barriers:
             g_input, g = jax.lax.optimization_barrier((g_input, g))
         head_kernel_grad, head_bias_grad = _weight_grads(g, inputs[-1], dtype, out_major=True)
         g = g_input

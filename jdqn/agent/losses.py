@@ -14,15 +14,10 @@ import chex
 import jax
 import jax.numpy as jnp
 
-import pallas_kernels
-from jdqn import accel
-from jdqn.accel import pieces
+from jdqn.accel.pieces import PLAIN, Pieces
 from jdqn.agent import networks
 from jdqn.config import Config
-
-# The C51 projection of r + g Z onto the support (Bellemare et al., 2017), [B, N]; ``impl``
-# from ``jdqn.accel.kernels_for``.
-project_target = pallas_kernels.c51_project
+from pallas_kernels import c51_project
 
 
 def select_action(values: jax.Array, action: jax.Array, n_trailing: int = 0) -> jax.Array:
@@ -105,7 +100,11 @@ def cross_entropy(log_probs: jax.Array, target: jax.Array) -> jax.Array:
 
 
 def c51_head(
-    logits: jax.Array, support: jax.Array, action: jax.Array, target: jax.Array
+    logits: jax.Array,
+    support: jax.Array,
+    action: jax.Array,
+    target: jax.Array,
+    pieces: Pieces = PLAIN,
 ) -> tuple[jax.Array, jax.Array]:
     """Q of every action and the C51 cross-entropy of the taken one, from one log-softmax.
 
@@ -116,9 +115,9 @@ def c51_head(
     The gradient is in closed form, dq_a/dl_a = p_a (z - q_a) and, with M = sum_i m_i,
     dce/dl_taken = M p - m: one elementwise expression, where autodiff first reduces the
     cotangent over the atoms (a pass of its own at many vmapped learners). Exact as autodiff's
-    up to float32 rounding; ``vjp=autodiff`` (``jdqn.accel.pieces``) runs autodiff instead.
+    up to float32 rounding; ``pieces.vjp="autodiff"`` runs autodiff instead.
     """
-    if pieces.piece("vjp") == "autodiff":
+    if pieces.vjp == "autodiff":
         return _c51_head_forward(logits, support, action, target)[:2]
     return _c51_head_closed(logits, support, action, target)
 
@@ -196,15 +195,15 @@ def causal_intervention(key: jax.Array, obs: jax.Array, non_causal: tuple[int, .
     return obs.at[:, columns].set(obs[permutation][:, columns])
 
 
-def causal_kl(log_p: jax.Array, logits_intervened: jax.Array) -> jax.Array:
+def causal_kl(log_p: jax.Array, logits_intervened: jax.Array, pieces: Pieces = PLAIN) -> jax.Array:
     """KL(stop_grad(p(s)) || p(do(s))) over the atoms, float32. [..., N] -> [...].
 
     ``log_p``, the observed pass's log-softmax, is the fixed reference (no gradient); only the
     intervened pass is pulled toward it (docs/design.md, section 5, step 9). The gradient is in
     closed form, M q - p with q = softmax(logits_intervened) and M = sum_i p_i, for the same
-    reason and with the same ``vjp=autodiff`` switch as :func:`c51_head`'s.
+    reason and with the same ``pieces.vjp`` switch as :func:`c51_head`'s.
     """
-    if pieces.piece("vjp") == "autodiff":
+    if pieces.vjp == "autodiff":
         return _causal_kl_fwd(log_p, logits_intervened)[0]
     return _causal_kl_closed(log_p, logits_intervened)
 
@@ -275,10 +274,11 @@ def td_target(
     reward: jax.Array,
     discount: jax.Array,
     cfg: Config,
+    pieces: Pieces = PLAIN,
 ) -> TdTarget:
     """Double-DQN target (van Hasselt et al., AAAI 2016) projected onto the support
     (Bellemare et al., 2017) and label-smoothed: ``logits [R, K, A, N]`` of the online and target
-    nets at s', ``reward, discount [R]``."""
+    nets at s', ``reward, discount [R]``; ``pieces.projection`` runs the projection."""
     net = cfg.network
     support = networks.atoms(net)
     q_next = networks.q_values(online_logits_next, support)  # [R, K, A]
@@ -287,13 +287,13 @@ def td_target(
     rewards = jnp.broadcast_to(reward[:, None], (rows, heads))  # [R, K]
     discounts = jnp.broadcast_to(discount[:, None], (rows, heads))  # [R, K]
     with jax.named_scope("projection"):
-        projected = project_target(
+        projected = c51_project(
             probs_star.reshape(rows * heads, -1),
             rewards.reshape(-1),
             discounts.reshape(-1),
             net.v_min,
             net.v_max,
-            impl=accel.kernels_for(cfg.accel).projection,
+            impl=pieces.projection,
         ).reshape(rows, heads, -1)  # [R, K, N]
     return TdTarget(
         distribution=jax.lax.stop_gradient(label_smooth(projected, cfg.loss.label_smoothing)),
@@ -319,16 +319,28 @@ def part_names(cfg: Config) -> tuple[str, ...]:
     return ("mse", "c51", *(("diversity",) if diversity else ()))
 
 
+def gradient_rows(cfg: Config) -> int:
+    """How many gradient rows the update reads: one per loss part, and one for the causal term
+    when on and no third part takes its gradient (jdqn.agent.step adds it to the third)."""
+    parts = len(part_names(cfg))
+    return max(parts, 3) if cfg.loss.causal_weight > 0 else parts
+
+
 def loss_parts(
-    logits: jax.Array, action: jax.Array, weights: jax.Array, target: TdTarget, cfg: Config
+    logits: jax.Array,
+    action: jax.Array,
+    weights: jax.Array,
+    target: TdTarget,
+    cfg: Config,
+    pieces: Pieces = PLAIN,
 ) -> tuple[jax.Array, OnlinePass]:
     """The loss parts ``[len(part_names(cfg))]`` of the online logits ``[R, K, A, N]`` at s:
     IS- and bootstrap-``weights [R, K]``-weighted means over (row, head) of the scaled squared
     error to ``y`` (Mnih et al., 2015) and the C51 cross-entropy to the projected target
     (Bellemare et al., 2017), then the diversity term when on. Unblended: the step weights
-    the parts' gradients by the C51 blend alpha."""
+    the parts' gradients by the C51 blend alpha. ``pieces.vjp``: :func:`c51_head`'s gradient."""
     net = cfg.network
-    q, c51 = c51_head(logits, networks.atoms(net), action[:, None], target.distribution)
+    q, c51 = c51_head(logits, networks.atoms(net), action[:, None], target.distribution, pieces)
     q_taken = select_action(q, action[:, None])  # [R, K]
     unit = net.v_max - net.v_min if cfg.loss.mse_unit == "support" else 1.0
     mse = q_regression_loss(q_taken, target.y, unit, cfg.loss.huber_delta)

@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
+from jdqn.accel.pieces import PLAIN, Pieces
 from jdqn.agent.dense_stack import dense_stack
 from jdqn.config import Config, NetworkConfig
 
@@ -119,6 +120,7 @@ class C51MLP(nn.Module):
     n_actions: int
     n_atoms: int
     matmul_dtype: str = "float32"
+    pieces: Pieces = PLAIN  # the dense stack's backward (jdqn.accel.choose)
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
@@ -129,11 +131,11 @@ class C51MLP(nn.Module):
         width = self.n_heads * self.n_actions * self.n_atoms
         head = _Dense(width, widths[-1], out_major=True, name=HEAD)()
         rows = obs.reshape(-1, obs.shape[-1])  # [R, F+1], any leading axes as rows
-        out = dense_stack(torso, head, rows, self.matmul_dtype)  # [R, K*A*N]
+        out = dense_stack(torso, head, rows, self.matmul_dtype, self.pieces)  # [R, K*A*N]
         return out.reshape(*obs.shape[:-1], self.n_heads, self.n_actions, self.n_atoms)
 
 
-def module(cfg: Config) -> C51MLP:
+def module(cfg: Config, pieces: Pieces = PLAIN) -> C51MLP:
     """The linen module described by ``cfg`` (cheap to build; holds no parameters)."""
     net = cfg.network
     return C51MLP(
@@ -142,6 +144,7 @@ def module(cfg: Config) -> C51MLP:
         n_actions=cfg.env.n_actions,
         n_atoms=net.n_atoms,
         matmul_dtype=net.matmul_dtype,
+        pieces=pieces,
     )
 
 
@@ -253,9 +256,10 @@ def effective_params(
     return eff, new_u, jnp.stack(sigmas)
 
 
-def apply(eff_params: Params, obs: jax.Array, cfg: Config) -> jax.Array:
-    """Logits [..., K, A, N] float32 for observations [..., F+1] with effective parameters."""
-    return cast(jax.Array, module(cfg).apply({"params": eff_params}, obs))
+def apply(eff_params: Params, obs: jax.Array, cfg: Config, pieces: Pieces = PLAIN) -> jax.Array:
+    """Logits [..., K, A, N] float32 for observations [..., F+1] with effective parameters;
+    ``pieces`` picks the backward's form (the forward is the same)."""
+    return cast(jax.Array, module(cfg, pieces).apply({"params": eff_params}, obs))
 
 
 def q_values(logits: jax.Array, support: jax.Array) -> jax.Array:

@@ -4,9 +4,8 @@ section 5).
 :func:`make_learner` returns a :class:`Learner` of pure functions over :class:`LearnerState`,
 each ``jit``- and ``vmap``-able over a leading seed/fold axis. Periodic parts (vaccine, causal
 term, pruning, target sync) are selects or ``lax.cond`` on the step counter; Python branches
-exist only on the static config. The update's implementation is ``jdqn.accel``'s choice, made
-once here, and the step traces under the ``JDQN_KERNELS`` override (``jdqn.accel.pieces``) seen
-here.
+exist only on the static config and on each piece's implementation, which ``jdqn.accel.choose``
+describes once here (:class:`jdqn.accel.Pieces`) and the step passes down as an argument.
 
 Under ``vmap`` the step counter is batched, so a ``lax.cond`` on it runs both branches.
 ``clock`` is the same counter unbatched, for learners that step in lock-step (every vmapping
@@ -16,13 +15,14 @@ caller in jdqn): the schedules follow it, and a cond on it stays a branch.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jdqn import accel as accel_module
-from jdqn.accel import Accel, SurgeryInputs, TailState, Update, all_finite, pieces, select
+from jdqn.accel import Pieces, SurgeryInputs, TailState, Update, all_finite, select
 from jdqn.agent import acting, losses, networks, surgery
 from jdqn.agent import debug as debug_mode
 from jdqn.agent.batch import Batch, sample_batch
@@ -56,7 +56,8 @@ class Setup(NamedTuple):
     """What the step is built with (static: Python values and functions)."""
 
     cfg: Config
-    accel: Accel  # how the update runs (jdqn.accel)
+    pieces: Pieces  # each speed piece's implementation (jdqn.accel.choose)
+    update: Callable[..., Update]  # the update in pieces.tail's form (jdqn.accel.make_update)
     non_causal: tuple[int, ...]  # feature columns the causal intervention permutes
     n_donors: int  # HER donor rows per step
     debug: bool  # value checks at the component boundaries
@@ -82,11 +83,11 @@ def make_learner(
         )
     net, loss_cfg = cfg.network, cfg.loss
     layout = networks.param_layout(cfg, n_features + 1)
+    pieces = accel_module.choose(cfg, backend=jax.default_backend(), debug=debug, learners=learners)
     setup = Setup(
         cfg=cfg,
-        accel=accel_module.choose(
-            cfg, layout, backend=jax.default_backend(), debug=debug, learners=learners
-        ),
+        pieces=pieces,
+        update=accel_module.make_update(pieces, cfg, layout),
         non_causal=non_causal if loss_cfg.causal_weight > 0 else (),
         n_donors=n_donors_for(
             cfg.train.batch_size, loss_cfg.donor_fraction, loss_cfg.donor_mode, cfg.env.n_actions
@@ -124,10 +125,10 @@ def make_learner(
     def act_q(state: LearnerState, obs: jax.Array) -> jax.Array:
         masks = state.masks if net.target_sparsity > 0 else None
         eff, _, _ = networks.effective_params(state.params, masks, state.sn_u, net, False)
-        return acting.action_scores(networks.apply(eff, obs, cfg), obs[..., -1], cfg)
+        logits = networks.apply(eff, obs, cfg, pieces)
+        return acting.action_scores(logits, obs[..., -1], cfg)
 
-    # Traced under the test override this learner was built under, as the update was chosen.
-    step = pieces.traced_under(pieces.spec_now(), functools.partial(learner_step, setup))
+    step = functools.partial(learner_step, setup)
     return Learner(init=init, insert=insert, step=step, act_q=act_q, layout=layout)
 
 
@@ -140,7 +141,7 @@ def learner_step(
 ) -> tuple[LearnerState, LearnerMetrics]:
     """One learner step (docs/design.md, section 5). ``clock``: ``state.step`` unbatched, shared
     by learners stepped in lock-step, for the schedules to follow (None: ``state.step``)."""
-    cfg, accel = setup.cfg, setup.accel
+    cfg, pieces = setup.cfg, setup.pieces
     net, loss_cfg, batch_size = cfg.network, cfg.loss, cfg.train.batch_size
     alpha = jnp.asarray(alpha, jnp.float32)
     schedule = state.step if clock is None else jnp.asarray(clock, jnp.int32)
@@ -165,15 +166,16 @@ def learner_step(
     next_logits = _logits_next(setup, state, eff, masks, new_u, batch.next_obs, checks)
 
     # 4. Double-DQN target, projection, label smoothing (stop-gradient).
-    target = losses.td_target(*next_logits, batch.reward, batch.discount, cfg)
+    target = losses.td_target(*next_logits, batch.reward, batch.discount, cfg, pieces)
     check_target(checks, target, net)
 
     # 5-6. The loss parts and each one's gradient (one forward, one VJP per part).
     def online_loss_parts(e: Any) -> tuple[jax.Array, losses.OnlinePass]:
         with jax.named_scope("online_forward"):
-            logits = networks.apply(e, batch.obs, cfg)  # [R, K, A, N]
+            logits = networks.apply(e, batch.obs, cfg, pieces)  # [R, K, A, N]
         with jax.named_scope("losses"):
-            return losses.loss_parts(logits, batch.transitions.action, batch.weights, target, cfg)
+            action, weights = batch.transitions.action, batch.weights
+            return losses.loss_parts(logits, action, weights, target, cfg, pieces)
 
     loss_values, parts_vjp, online = jax.vjp(online_loss_parts, eff, has_aux=True)
     check_online(checks, loss_values, online, losses.part_names(cfg), net)
@@ -187,7 +189,7 @@ def learner_step(
 
     # With 9's branch (below) the main parts are pulled back before it (inside, each kernel
     # gradient became a transposed copy, the branch's operand); without it, with the causal part.
-    causal_branch = bool(setup.non_causal) and accel.causal_under_cond and clock is not None
+    causal_branch = bool(setup.non_causal) and pieces.fused_tail and clock is not None
     main_grads = jax.vmap(pull_back)(part_grads)[0] if causal_branch else None
 
     def pulled_back_and_updated(causal_scale: jax.Array | None) -> tuple[jax.Array, Any]:
@@ -205,7 +207,7 @@ def learner_step(
         with jax.named_scope("guard"):
             all_losses = jnp.append(loss_values, loss_cfg.causal_weight * loss_causal)
             before_update = _failures_before_update(batch, all_losses, online, target, td, cfg)
-        update = accel.update(
+        update = setup.update(
             grads,
             TailState(state.params, state.target_params, masks, state.opt_state, state.tail_bounds),
             _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
@@ -247,7 +249,7 @@ def learner_step(
             "sigma_max": jnp.max(sigmas, initial=0.0),
             "sparsity": networks.mask_sparsity(masks) if masks is not None else 0.0,
         }
-        metrics = _metrics(loss_values, update, online, target, extras, alpha, guard, cfg)
+        metrics = _metrics(loss_values, update, online, target, extras, alpha, guard, setup)
     return new_state, metrics
 
 
@@ -308,9 +310,9 @@ def _logits_next(
         target_eff, _, _ = networks.effective_params(
             state.target_params, masks, state.sn_u, cfg.network, False
         )
-        target_logits_next = networks.apply(target_eff, next_obs, cfg)
+        target_logits_next = networks.apply(target_eff, next_obs, cfg, setup.pieces)
     with jax.named_scope("online_forward"):
-        logits_next = networks.apply(eff, next_obs, cfg)
+        logits_next = networks.apply(eff, next_obs, cfg, setup.pieces)
     checks.finite("target_network", "logits_next", target_logits_next)
     checks.finite("spectral_norm", "u", new_u)
     checks.finite("online_network", "logits_next", logits_next)
@@ -377,11 +379,11 @@ def _metrics(
     extras: dict[str, Any],
     alpha: jax.Array,
     guard: GuardRecord,
-    cfg: Config,
+    setup: Setup,
 ) -> LearnerMetrics:
     """Step 14: each loss part, the gradient norms before and after surgery, the cosine, Q, the
     projected mass on the edge atoms and the written priorities, all [] float32."""
-    surgery, priorities = update.surgery, extras["priorities"]
+    cfg, surgery, priorities = setup.cfg, update.surgery, extras["priorities"]
     metrics = LearnerMetrics(
         loss_mse=loss_values[0],
         loss_c51=loss_values[1],
@@ -398,7 +400,7 @@ def _metrics(
         vaccine_applied=surgery.applied,
         # Q as the loss pass wrote it: without the barrier XLA merges the mean into a pass of
         # its own over the [R, K, A, N] distributions (21.5 us at 1,024 learners on the H200).
-        q_mean=jnp.mean(pieces.barrier(online.q)),
+        q_mean=jnp.mean(setup.pieces.barrier(online.q)),
         q_max=jnp.max(jnp.abs(online.q)),
         edge_mass=jnp.mean(losses.edge_mass(target.projected)),
         priority_mean=jnp.mean(priorities),
@@ -438,10 +440,10 @@ def _causal_part(
     def kl(e: Any) -> jax.Array:
         causal_obs = losses.causal_intervention(key, obs, setup.non_causal)
         with jax.named_scope("online_forward"):
-            logits_do = networks.apply(e, causal_obs, setup.cfg)  # [B, K, A, N]
+            logits_do = networks.apply(e, causal_obs, setup.cfg, setup.pieces)  # [B, K, A, N]
         checks.finite("online_network", "logits_intervened", logits_do)
         with jax.named_scope("losses"):
-            loss = jnp.mean(losses.causal_kl(reference, logits_do))
+            loss = jnp.mean(losses.causal_kl(reference, logits_do, setup.pieces))
         checks.finite("loss", "loss_causal", loss)
         return loss
 

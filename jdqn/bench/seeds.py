@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from jdqn.accel import update_impl
+from jdqn.accel import choose
 from jdqn.accel.xla_flags import configure
 from jdqn.agent import Learner, LearnerState, make_learner
 from jdqn.bench import markdown_table
@@ -81,9 +81,9 @@ def run(
             {
                 "seeds": n_seeds,
                 # Which flat tail accel.kernels gave this S (auto: Pallas from 16 on a GPU).
-                "update_impl": update_impl(
-                    cfg, jax.default_backend(), debug=False, learners=n_seeds
-                ),
+                "update_impl": choose(
+                    cfg, backend=jax.default_backend(), debug=False, learners=n_seeds
+                ).tail,
                 "n_steps": n_steps,
                 "us_per_vmapped_step": 1e6 * step_s,
                 "seed_steps_per_s": n_seeds / step_s,

@@ -399,9 +399,42 @@ class AccelConfig:
     # auto = each Pallas kernel where it pays off (the C51 projection on a GPU; the
     # flat tail on a GPU from 16 vmapped learners on); off = plain XLA everywhere
     kernels: Literal["auto", "off"] = "auto"
+    # For tests and benchmarks: pieces forced to one implementation, "PIECE=IMPL,..." from
+    # PIECES (e.g. "tail=interpret,dense=autodiff"); "" leaves every piece to kernels
+    pieces: str = ""
 
     def __post_init__(self) -> None:
         _require_one_of(self.kernels, ("auto", "off"), "accel.kernels")
+        parse_pieces(self.pieces)
+
+    @property
+    def forced(self) -> dict[str, str]:
+        """The pieces :attr:`pieces` forces, ``{piece: impl}``."""
+        return parse_pieces(self.pieces)
+
+
+# Each speed piece's implementations (jdqn.accel.choose resolves "auto"): the C51 projection
+# and the update's flat tail (pallas_kernels), jdqn.agent.dense_stack's backward and
+# jdqn.agent.losses' closed-form VJPs, the fusion-steering barriers, stored executables.
+PIECES: dict[str, tuple[str, ...]] = {
+    "projection": ("auto", "pallas", "interpret", "reference"),
+    "tail": ("auto", "pallas", "interpret", "xla"),
+    "dense": ("auto", "custom", "autodiff"),
+    "vjp": ("auto", "closed", "autodiff"),
+    "barriers": ("auto", "on", "off"),
+    "executables": ("auto", "on", "off"),
+}
+
+
+def parse_pieces(spec: str) -> dict[str, str]:
+    """``"PIECE=IMPL,..."`` as ``{piece: impl}``; a ValueError naming the choices if malformed."""
+    forced: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        piece, _, impl = item.partition("=")
+        choices = ", ".join(f"{k}={'|'.join(v)}" for k, v in PIECES.items())
+        _require(impl in PIECES.get(piece, ()), "accel.pieces", f"{item!r} is not one of {choices}")
+        forced[piece] = impl
+    return forced
 
 
 @dataclass(frozen=True)

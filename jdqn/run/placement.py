@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jdqn.accel import update_impl
+from jdqn.accel import choose
+from jdqn.agent.losses import gradient_rows
 from jdqn.config import Config
 from jdqn.data import WalkForwardData
 from jdqn.run import memory, rundir
@@ -34,9 +35,8 @@ AXIS = "learners"
 # Part of a device's free memory the learners may fill: XLA's own buffers, fragmentation and
 # what the estimate leaves out need the rest.
 MEMORY_FRACTION = 0.8
-# The flat tail's int32 offsets: learners x loss parts x n_params + one block < 2^31
-# (pallas_kernels.flat_tail; the learner step hands it 3 parts).
-FLAT_TAIL_PARTS = 3
+# The flat tail's int32 offsets: learners x gradient rows x n_params + one block < 2^31
+# (pallas_kernels.flat_tail; jdqn.agent.losses.gradient_rows).
 INT32_OFFSETS = 2**31
 
 
@@ -197,14 +197,13 @@ def plan_waves(
             "or network.hidden, or use a device with more memory"
         )
     per_device, limit = min(by_memory, math.ceil(learners / len(devices))), "memory"
-    impl = update_impl(cfg, jax.default_backend(), debug=debug, learners=per_device)
-    uses_tail = impl in ("pallas", "interpret")
-    n_params = memory.param_count(cfg, n_features)
-    by_offsets = (INT32_OFFSETS - 1 - FLAT_TAIL_BLOCK) // (FLAT_TAIL_PARTS * n_params)
-    if uses_tail and per_device > by_offsets:
+    pieces = choose(cfg, backend=jax.default_backend(), debug=debug, learners=per_device)
+    n_params, rows = memory.param_count(cfg, n_features), gradient_rows(cfg)
+    by_offsets = (INT32_OFFSETS - 1 - FLAT_TAIL_BLOCK) // (rows * n_params)
+    if pieces.fused_tail and per_device > by_offsets:
         if by_offsets < 1:
             raise PlacementError(
-                f"one learner's {n_params:,} parameters x {FLAT_TAIL_PARTS} loss parts exceed "
+                f"one learner's {n_params:,} parameters x {rows} gradient rows exceed "
                 "the flat tail's int32 offsets (2^31); fix: set accel.kernels=off or shrink "
                 "network.hidden"
             )

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn.accel import pieces
+from jdqn.accel import choose
 from jdqn.accel.executables import ExecutableCache
 from jdqn.accel.xla_flags import cache_root, configure
 from jdqn.agent import GUARD_REASONS
@@ -356,7 +356,8 @@ def _executable_cache(cfg: Config, debug: bool) -> ExecutableCache:
     shares the machine code of identical small kernels between the executables of one process,
     so an executable compiled after another is not whole when serialised."""
     on = cfg.output.compilation_cache and not debug and jax.default_backend() == "gpu"
-    on = on and pieces.piece("executables") == "on"  # off: to time them (benchmarks)
+    # accel.pieces=executables=off: to time them (benchmarks)
+    on = on and choose(cfg, backend=jax.default_backend(), debug=debug, learners=1).executables
     return ExecutableCache(cache_root() / "executables" if on else None)
 
 
@@ -458,11 +459,12 @@ def _group_programs(
     # The programs take the folds' data as an argument (not a closure), so that a compiled
     # program depends only on what ``context`` and the arguments' types say
     # (jdqn.accel.executables):
-    # every config section but output, the permuted feature columns, debug mode and the mesh
-    # (a stored program runs on the devices it was built for).
+    # every config section but output, the permuted feature columns, debug mode, each speed
+    # piece's implementation and the mesh (a stored program runs on the devices it was built for).
     executables = _executable_cache(cfg, debug)
     sections = {k: v for k, v in json.loads(cfg.to_json()).items() if k != "output"}
-    context = json.dumps([sections, non_causal, debug], sort_keys=True)
+    pieces = choose(cfg, backend=jax.default_backend(), debug=debug, learners=place.per_device)
+    context = json.dumps([sections, non_causal, debug, repr(pieces)], sort_keys=True)
     if len(place.devices) > 1:
         context += f"|devices={len(place.devices)}"
 
