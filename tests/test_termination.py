@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -185,46 +184,104 @@ def test_a_sigterm_checkpoints_mid_epoch_and_resume_gives_the_uninterrupted_numb
     assert fallback.results["folds"] == reference.results["folds"]
 
 
-def _walkforward_child(out: Path, *extra: str) -> subprocess.Popen[str]:
-    args = ["walkforward", "--no-progress", "--out", str(out), "--name", "r", *extra]
+# The command in a child pinned to one core (so the overlapped work runs inline, as on a small
+# allocation), which signals itself at a named moment: on entry to (or return from) a function.
+_SIGNALLED_AT = """
+import os, runpy, signal, sys
+from jdqn.run import metrics_log, rundir, walkforward
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+where, name, when, signame, times = sys.argv[1:6]
+owner = {"walkforward": walkforward, "rundir": rundir, "programs": walkforward.GroupPrograms,
+         "metrics": metrics_log.MetricsLog}[where]
+original = getattr(owner, name)
+def signalled(*args, **kwargs):
+    if when == "after":
+        result = original(*args, **kwargs)
+    if name != "write_json" or "results.json" in str(args[0]):  # not a checkpoint manifest
+        for _ in range(int(times)):
+            os.kill(os.getpid(), getattr(signal, signame))
+    return result if when == "after" else original(*args, **kwargs)
+setattr(owner, name, signalled)
+sys.argv = ["jdqn", *sys.argv[6:]]
+runpy.run_module("jdqn", run_name="__main__")
+"""
+
+
+def _signalled_child(out: Path, moment: tuple[str, str, str], signame: str, times: int = 1):
+    args = ["walkforward", "--no-progress", "--out", str(out), "--name", "r"]
     for item in SMALL:
         args += ["--set", item]
-    return subprocess.Popen(
-        [sys.executable, "-m", "jdqn", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    command = [sys.executable, "-c", _SIGNALLED_AT, *moment, signame, str(times), *args]
+    return subprocess.run(
+        ["taskset", "-c", "0", *command], capture_output=True, text=True, timeout=600, check=False
     )
 
 
-def _wait_for(condition, proc: subprocess.Popen[str], timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and proc.poll() is None and not condition():
-        time.sleep(0.02)
+_EXIT = {"SIGTERM": (EXIT_TERMINATED, "jdqn: terminated"), "SIGINT": (130, "jdqn: interrupted")}
 
 
 @pytest.mark.slow
-def test_a_sigterm_to_the_command_before_and_during_training(tmp_path):
-    """Before any epoch: exit 143, one line, nothing left. During training: exit 143, the state
-    checkpointed at the chunk's end and the resume command printed."""
-    out = tmp_path / "early"
-    proc = _walkforward_child(out)
-    _wait_for(lambda: list(out.glob("*.incomplete")), proc)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == EXIT_TERMINATED, err[-2000:]
-    assert err.splitlines() == ["jdqn: terminated"]
-    assert not list(out.iterdir())
+@pytest.mark.parametrize(
+    ("moment", "signame"),
+    [
+        (("programs", "compile_chunk", "before"), "SIGTERM"),  # before compilation
+        (("programs", "compile_chunk", "after"), "SIGINT"),  # as it ends
+        (("walkforward", "_extra_baselines", "before"), "SIGTERM"),  # after it: WRAP-T
+        (("walkforward", "_extra_baselines", "before"), "SIGINT"),  # WRAP-I
+    ],
+)
+def test_a_signal_before_training_on_one_core_ends_the_run_at_once(tmp_path, moment, signame):
+    """Cases LAT, WRAP-T, WRAP-I: on one core the baselines run inline, and a signal there was
+    kept in their future until every epoch had trained (then a resume line and checkpoints)."""
+    done = _signalled_child(tmp_path / "runs", moment, signame)
+    code, line = _EXIT[signame]
+    assert done.returncode == code, done.stderr[-2000:]
+    assert done.stderr.splitlines() == [line]
+    assert "resume with" not in done.stdout
+    assert list((tmp_path / "runs").iterdir()) == []  # no epoch trained, nothing to resume
 
-    out = tmp_path / "late"
-    proc = _walkforward_child(out)
-    metrics = out / "r.incomplete" / "metrics.jsonl"
-    _wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 3, proc)
-    proc.send_signal(signal.SIGTERM)
-    printed, err = proc.communicate(timeout=300)
-    assert proc.returncode == EXIT_TERMINATED, err[-2000:]
-    assert "Traceback" not in err and err.splitlines() == ["jdqn: terminated"]
-    resume = f"jdqn: run interrupted; resume with: jdqn walkforward --resume {out / 'r.incomplete'}"
-    assert printed.splitlines()[-1] == resume
-    steps = list((out / "r.incomplete" / "checkpoints" / "group0").iterdir())
-    assert steps and json.loads((out / "r.incomplete" / "config.json").read_text())
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("signame", "times"), [("SIGTERM", 1), ("SIGINT", 3)])
+def test_a_signal_while_training_checkpoints_the_chunk_and_prints_the_resume_line(
+    tmp_path, signame, times
+):
+    """Case I3 and item 15: Ctrl-C does what SIGTERM does (the chunk checkpointed, the resume
+    command); three quick Ctrl-Cs print no "Exception ignored"."""
+    done = _signalled_child(tmp_path / "runs", ("metrics", "add", "before"), signame, times)
+    code, line = _EXIT[signame]
+    assert done.returncode == code and done.stderr.splitlines() == [line], done.stderr[-2000:]
+    stopped = tmp_path / "runs" / "r.incomplete"
+    resume = f"jdqn: run interrupted; resume with: jdqn walkforward --resume {stopped}"
+    assert done.stdout.splitlines()[-1] == resume
+    # The first chunk's boundary, mid-epoch (an epoch is 4 chunks).
+    assert [p.name for p in (stopped / "checkpoints" / "group0").iterdir()] == ["1"]
+    assert json.loads((stopped / "config.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_after_results_json_before_the_rename_prints_the_resume_line(tmp_path, signame):
+    """Cases T7, I7: the run stopped with its status but no resume command."""
+    done = _signalled_child(tmp_path / "runs", ("rundir", "write_json", "after"), signame)
+    code, line = _EXIT[signame]
+    assert done.returncode == code and done.stderr.splitlines() == [line], done.stderr[-2000:]
+    stopped = tmp_path / "runs" / "r.incomplete"
+    resume = f"jdqn: run interrupted; resume with: jdqn walkforward --resume {stopped}"
+    assert done.stdout.splitlines()[-1] == resume
+    assert (stopped / "results.json").is_file() and not (tmp_path / "runs" / "r").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT"])
+def test_a_signal_at_the_final_rename_reports_the_complete_run(tmp_path, signame):
+    """Cases T5, I5: a complete run reported "terminated", exit 143, with `.lock` left in it."""
+    done = _signalled_child(tmp_path / "runs", ("rundir", "finalize", "before"), signame)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    final = tmp_path / "runs" / "r"
+    assert f"jdqn: results in {final / 'results.json'}" in done.stdout
+    assert done.stdout.splitlines()[-1] == (
+        f"jdqn: {signame} arrived as the run completed; it is complete"
+    )
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["r"]
+    assert (final / "results.json").is_file() and not (final / rundir.LOCK_FILE).exists()
