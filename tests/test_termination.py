@@ -4,7 +4,7 @@ damaged checkpoint is refused and the run resumes from the one before, to the sa
 from __future__ import annotations
 
 import gc
-import json
+import os
 import shutil
 import signal
 import subprocess
@@ -15,7 +15,7 @@ import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
 from test_checkpoint_integrity import _flip_64_bytes, _largest_data_file
 
-from jdqn.cli import EXIT_TERMINATED
+from jdqn.cli import EXIT_TERMINATED, main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.run import rundir, termination, walkforward
 from jdqn.run.metrics_log import MetricsLog
@@ -211,12 +211,20 @@ runpy.run_module("jdqn", run_name="__main__")
 
 
 def _signalled_child(out: Path, moment: tuple[str, str, str], signame: str, times: int = 1):
-    args = ["walkforward", "--no-progress", "--out", str(out), "--name", "r"]
-    for item in SMALL:
+    """The command, run in ``out``'s parent with relative paths (--out, the bar file)."""
+    cwd = out.parent
+    args = ["walkforward", "--no-progress", "--out", out.name, "--name", "r"]
+    for item in [*SMALL, f"data.path={os.path.relpath(ES_SAMPLE, cwd)}"]:
         args += ["--set", item]
     command = [sys.executable, "-c", _SIGNALLED_AT, *moment, signame, str(times), *args]
     return subprocess.run(
-        ["taskset", "-c", "0", *command], capture_output=True, text=True, timeout=600, check=False
+        ["taskset", "-c", "0", *command],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=cwd,
+        env={**os.environ, "PYTHONPATH": str(Path(walkforward.__file__).parents[2])},
     )
 
 
@@ -247,7 +255,7 @@ def test_a_signal_before_training_on_one_core_ends_the_run_at_once(tmp_path, mom
 @pytest.mark.slow
 @pytest.mark.parametrize(("signame", "times"), [("SIGTERM", 1), ("SIGINT", 3)])
 def test_a_signal_while_training_checkpoints_the_chunk_and_prints_the_resume_line(
-    tmp_path, signame, times
+    tmp_path, monkeypatch, signame, times
 ):
     """Case I3 and item 15: Ctrl-C does what SIGTERM does (the chunk checkpointed, the resume
     command); three quick Ctrl-Cs print no "Exception ignored"."""
@@ -259,7 +267,12 @@ def test_a_signal_while_training_checkpoints_the_chunk_and_prints_the_resume_lin
     assert done.stdout.splitlines()[-1] == resume
     # The first chunk's boundary, mid-epoch (an epoch is 4 chunks).
     assert [p.name for p in (stopped / "checkpoints" / "group0").iterdir()] == ["1"]
-    assert json.loads((stopped / "config.json").read_text())
+    if signame == "SIGTERM":  # case REL: paths recorded absolute, resumed from elsewhere
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        monkeypatch.chdir(elsewhere)
+        assert main(["walkforward", "--resume", os.path.relpath(stopped, elsewhere), "-q"]) == 0
+        assert (tmp_path / "runs" / "r" / "results.json").is_file()
 
 
 @pytest.mark.slow

@@ -29,6 +29,10 @@ COMPLETE_MARKER = "results.json"
 LOCK_FILE = ".lock"
 
 
+class FinalNameTaken(ValueError):
+    """The finished run cannot be renamed: its final name was taken while it ran."""
+
+
 class RunLock:
     """An exclusive ``flock`` on a run directory itself (a descriptor of the directory, which a
     rename keeps and no file deletion can drop), held until :meth:`release` (or the process's
@@ -249,7 +253,7 @@ def finalize(run: RunDir) -> Path:
     except OSError as error:
         if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
             raise
-        raise ValueError(
+        raise FinalNameTaken(
             f"{run.final_path}: made by something else while the run ran, so the finished run "
             f"cannot take its name; fix: move it away, then: jdqn walkforward --resume {run.path}"
         ) from None

@@ -179,8 +179,9 @@ def run_walkforward(
         except BaseException as error:
             if run is None or not processes.writer:
                 raise  # no directory was made, or process 0 owns it
-            # A storage failure's line says how to resume instead.
-            resumable = _left_to_resume(run, log, say=faults.io_problem(error) is None)
+            # A storage failure's line, or a final name taken, says how to resume instead.
+            say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
+            resumable = _left_to_resume(run, log, say)
             faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
             raise
 
