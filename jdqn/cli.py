@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -323,7 +324,9 @@ def _config(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
+    """The command of ``argv``; its exit status. ``ending``: the process ends after it
+    (:func:`console`), so an interrupted command ignores further signals."""
     configure()  # jdqn's XLA flags, before anything starts a JAX backend
     args = _build_parser().parse_args(argv)
     console_log.configure(getattr(args, "verbose", 0), getattr(args, "quiet", False))
@@ -338,14 +341,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return handlers[args.command](args)
-    except Terminated:  # SIGTERM: handled as Ctrl-C, with its own status
-        print("jdqn: terminated", file=sys.stderr)
-        return EXIT_TERMINATED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # A walk-forward run has already removed its directory (nothing to resume) or printed
-        # the --resume command; no traceback for a Ctrl-C.
-        print("jdqn: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        # the --resume command; no traceback. The process ends now (``ending``): more Ctrl-Cs
+        # would only interrupt this handler or print "Exception ignored".
+        for signum in (signal.SIGINT, signal.SIGTERM) if ending else ():
+            signal.signal(signum, signal.SIG_IGN)
+        terminated = isinstance(stop, Terminated)  # SIGTERM: handled as Ctrl-C, its own status
+        print("jdqn: terminated" if terminated else "jdqn: interrupted", file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 def end_process(code: int) -> NoReturn:
@@ -369,7 +373,7 @@ def console() -> int:
     thread, during which a second Ctrl-C killed the process by the signal (seen in CI). Other
     statuses (errors) take the usual exit."""
     try:
-        code = main()
+        code = main(ending=True)
     except KeyboardInterrupt:  # a second Ctrl-C inside main's own handler
         print("jdqn: interrupted", file=sys.stderr)
         code = EXIT_INTERRUPTED

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from jdqn.run import background
+from jdqn.run import background, termination
 
 
 @pytest.mark.parametrize("threads", [False, True])
@@ -27,6 +27,20 @@ def test_inline_tasks_run_when_submitted_in_order():
     with background.Overlap(threads=False) as pool:
         futures = [pool.submit(seen.append, i) for i in range(3)]
         assert seen == [0, 1, 2] and all(f.done() for f in futures)
+
+
+def test_a_ctrl_c_or_sigterm_in_an_inline_task_is_raised_at_once_not_kept_in_its_future():
+    """Cases LAT, WRAP-T, WRAP-I: a SIGTERM during the baselines (submitted before training)
+    waited in their future until every epoch had trained."""
+
+    def baselines() -> None:
+        raise termination.Terminated
+
+    after = []
+    with pytest.raises(termination.Terminated), background.Overlap(threads=False) as pool:
+        pool.submit(baselines)
+        after.append("training")
+    assert after == []
 
 
 def test_leaving_on_an_error_cancels_what_has_not_started():

@@ -156,9 +156,9 @@ def test_an_interrupted_command_ends_at_once_with_130(second_ctrl_c):
     Ctrl-C killed it by the signal (CI saw exit -2 after "jdqn: interrupted"): no exit handler
     runs. A Ctrl-C that escapes main's own handler ends the same way, without a traceback."""
     interrupted = (
-        "def interrupted(argv=None):\n    raise KeyboardInterrupt\n"
+        "def interrupted(argv=None, ending=False):\n    raise KeyboardInterrupt\n"
         if second_ctrl_c
-        else "def interrupted(argv=None):\n    return cli.EXIT_INTERRUPTED\n"
+        else "def interrupted(argv=None, ending=False):\n    return cli.EXIT_INTERRUPTED\n"
     )
     child = (
         "import atexit, sys\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from child import run_child
 
 from jdqn.data import load_bars, synthetic_bars, synthetic_path, write_bars
 from jdqn.data.synth import MOMENTUM_BARS, SESSION_BARS, TICK
@@ -174,3 +175,20 @@ def test_invalid_arguments():
         synthetic_bars(100, signal_strength=-0.1)
     with pytest.raises(ValueError, match="unsupported extension"):
         write_bars(synthetic_bars(10), "bars.xlsx")
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_storage_failure_while_synthesising_leaves_no_file(tmp_path, suffix):
+    """Case F6: a full disk left a truncated CSV or a 0-byte Parquet (here the file-size limit
+    fails the write)."""
+    out = tmp_path / f"bars{suffix}"
+    child = (
+        "import resource, signal, sys\n"
+        "from jdqn import cli\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a core dump\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))\n"
+        f"sys.exit(cli.main(['data', 'synth', '--bars', '5000', '--out', {str(out)!r}]))\n"
+    )
+    done = run_child(child)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "File too large" in done.stderr and list(tmp_path.iterdir()) == []

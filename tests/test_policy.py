@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import re
+import signal
 from pathlib import Path
 
 import jax
@@ -26,7 +27,7 @@ from jdqn.evaluation import policy as policy_module
 from jdqn.evaluation import policy_bundle
 from jdqn.evaluation.policy import PolicyError, load_policy, saved_policies
 from jdqn.evaluation.saved import evaluate_saved
-from jdqn.run import report
+from jdqn.run import report, rundir, termination
 from jdqn.run.walkforward import run_walkforward
 
 # Two rolling folds of 300 train / 60 purge / 150 test bars of the real ES sample, two seeds, a
@@ -375,3 +376,26 @@ def test_bundles_hold_each_runs_parameter_tree_and_halted_runs_save_none(tiny_ru
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(again.normaliser.mean, saved[1].normaliser.mean)
     assert again.meta == saved[1].meta
+
+
+@pytest.mark.parametrize("moment", ["as its directory is made", "while it writes"])
+def test_a_sigterm_during_evaluate_ends_it_as_ctrl_c_and_leaves_nothing(
+    tiny_run, tmp_path, monkeypatch, moment
+):
+    """Case EV-T: without the walk-forward's handling, SIGTERM killed `jdqn evaluate` by the
+    signal and left `eval-*.incomplete`; a signal held while the directory is made was raised
+    after it, outside the clean-up."""
+    bars = _test_window_file(tiny_run.run_dir, tiny_run.results, 1, tmp_path / "fold1.csv")
+    module, name = (rundir, "new_run_dir") if moment.startswith("as") else (report, "plot_equity")
+    original = getattr(module, name)
+
+    def signalled(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, signalled)
+    out = tmp_path / "ev"
+    with pytest.raises(termination.Terminated):
+        evaluate_saved(tiny_run.run_dir, bars, out=out, log=lambda _: None)
+    assert list(out.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

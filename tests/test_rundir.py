@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -187,3 +189,113 @@ def test_resuming_r_incomplete_when_r_exists_is_refused_up_front(tmp_path, capsy
     err = capsys.readouterr().err
     assert code == EXIT_USER_ERROR and err.count("\n") == 1
     assert f"{tmp_path / 'r'} already exists" in err and "fix: move" in err
+
+
+def test_the_lock_is_on_the_directory_so_deleting_the_lock_file_lets_no_one_in(tmp_path):
+    """Case LK: with the lock on `.lock`, deleting it let a second resume run beside the first."""
+    run = rundir.new_run_dir(tmp_path, "r")
+    (run.path / rundir.LOCK_FILE).unlink()
+    with pytest.raises(ValueError, match=r"in use by another jdqn process \(pid \?\)"):
+        rundir.open_incomplete_run_dir(run.path)
+    final = rundir.finalize(run)  # the rename keeps the lock: no one resumes meanwhile
+    assert final == tmp_path / "r" and list(final.iterdir()) == []
+
+
+@pytest.mark.parametrize("moment", ["before the lock is taken", "as the lock is taken"])
+def test_a_resume_racing_the_runs_completion_says_so_in_one_line(tmp_path, monkeypatch, moment):
+    """Case L4: the holder renames the run between the resume's checks and its lock."""
+    run = rundir.new_run_dir(tmp_path, "r")
+    rundir.unlock(run)
+    lock = rundir.RunLock.__init__
+
+    def completed_meanwhile(self, directory):
+        if moment == "as the lock is taken":
+            lock(self, directory)
+        directory.rename(tmp_path / "r")
+        if moment == "before the lock is taken":
+            lock(self, directory)
+
+    monkeypatch.setattr(rundir.RunLock, "__init__", completed_meanwhile)
+    with pytest.raises(ValueError, match=r"the run was just completed; nothing to resume$"):
+        rundir.open_incomplete_run_dir(run.path)
+
+
+def test_a_final_directory_made_during_the_run_is_refused_in_one_line(tmp_path):
+    """Case L3: os.rename's ENOTEMPTY was a traceback."""
+    run = rundir.new_run_dir(tmp_path, "r")
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "stray").write_text("x")
+    with pytest.raises(ValueError, match="made by something else while the run ran") as refused:
+        rundir.finalize(run)
+    assert str(refused.value).endswith(f"then: jdqn walkforward --resume {run.path}")
+    assert run.path.is_dir()
+    rundir.discard(run)
+
+
+def test_a_storage_failure_at_the_lock_leaves_no_directory(tmp_path, monkeypatch):
+    """Case F1: a full disk when the pid is written left `name.incomplete/.lock`."""
+    write = rundir.Path.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.name == rundir.LOCK_FILE:
+            raise OSError(28, "No space left on device", str(self))
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(rundir.Path, "write_text", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        rundir.new_run_dir(tmp_path / "runs", "r")
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("mask", "file_mode", "dir_mode"), [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)]
+)
+def test_written_files_and_staging_directories_follow_the_umask(
+    tmp_path, mask, file_mode, dir_mode
+):
+    """Case PERM: mkstemp's 0600 and mkdtemp's 0700 kept results.json, manifests and policies
+    from teammates while config.json and curves were readable."""
+    previous = os.umask(mask)
+    try:
+        assert rundir.umask() == mask
+        rundir.write_json(tmp_path / "results.json", {"a": 1})
+        staging = rundir.make_staging_dir(tmp_path / "fold0_seed0")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "results.json").stat().st_mode) == file_mode
+    assert stat.S_IMODE(staging.stat().st_mode) == dir_mode
+    assert staging.name.startswith(".fold0_seed0.") and staging.name.endswith(".tmp")
+
+
+def test_a_resume_removes_what_a_killed_writer_was_staging(tmp_path):
+    """Case K5: a kill during policy writes left `.fold1_seed0.*.tmp/` in the finished run."""
+    run = rundir.new_run_dir(tmp_path, "r")
+    (run.path / "policies").mkdir()
+    staged = rundir.make_staging_dir(run.path / "policies" / "fold1_seed0")
+    (staged / "arrays.npz").write_bytes(b"half")
+    (run.path / "results.json3k2j.tmp").write_text("{")
+    (run.path / "policies" / "fold0_seed0").mkdir()
+    rundir.unlock(run)
+    rundir.unlock(rundir.open_incomplete_run_dir(run.path))
+    left = sorted(str(p.relative_to(run.path)) for p in run.path.rglob("*"))
+    assert left == [".lock", "policies", "policies/fold0_seed0"]
+
+
+def test_run_paths_are_absolute_whatever_the_working_directory(tmp_path, monkeypatch):
+    """Case REL: a relative --out printed and recorded relative paths."""
+    monkeypatch.chdir(tmp_path)
+    run = rundir.new_run_dir("runs", "r")
+    assert run.path == tmp_path / "runs" / "r.incomplete" and run.path.is_absolute()
+    rundir.unlock(run)
+    monkeypatch.chdir(run.path.parent)
+    reopened = rundir.open_incomplete_run_dir("r.incomplete")
+    assert reopened.path == run.path and reopened.final_path == tmp_path / "runs" / "r"
+    rundir.unlock(reopened)
+
+
+def test_held_interrupts_are_handed_to_the_caller_not_raised():
+    with rundir.interrupts_held() as received:
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)
+    assert received == [signal.SIGINT, signal.SIGINT]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -191,10 +191,19 @@ def write_bars(bars: Bars, path: str | os.PathLike[str]) -> None:
     frame = pd.DataFrame(
         {"timestamp": bars.timestamp.astype("datetime64[ns]"), **prices, "volume": volume}
     )
-    kind = file_kind(Path(path))
-    if kind == "parquet":
-        frame.to_parquet(path, index=False)
-    elif kind == "csv":
-        frame.to_csv(path, index=False, date_format="%Y-%m-%d %H:%M:%S")
-    else:
+    final = Path(path)
+    kind = file_kind(final)
+    if kind not in ("parquet", "csv"):
         raise ValueError(f"write_bars: unsupported extension of {path}; fix: use .csv or .parquet")
+    # Written beside it and renamed: a full disk or a kill leaves no half-written file. The name
+    # ends as the file's does (pandas reads the compression from it); open() follows the umask.
+    staging = final.with_name(f".{os.getpid()}.tmp.{final.name}")
+    try:
+        if kind == "parquet":
+            frame.to_parquet(staging, index=False)
+        else:
+            frame.to_csv(staging, index=False, date_format="%Y-%m-%d %H:%M:%S")
+        os.replace(staging, final)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise

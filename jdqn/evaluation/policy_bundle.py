@@ -24,7 +24,6 @@ import functools
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -36,6 +35,7 @@ import numpy as np
 from jdqn.agent import networks
 from jdqn.config import Config
 from jdqn.data import Normaliser, WalkForwardData
+from jdqn.run import rundir
 
 POLICIES = "policies"
 FORMAT = "jdqn-policy"
@@ -129,7 +129,7 @@ def save_policy(
     record = {"format": FORMAT, "version": VERSION, "fold": fold, "seed": seed, **meta}
     final = bundle_dir(run_dir, fold, seed)
     final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    staging = rundir.make_staging_dir(final)
     try:
         np.savez(staging / "arrays.npz", **arrays)  # type: ignore[arg-type]  # keyword arrays
         text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n"

@@ -23,7 +23,7 @@ from jdqn.evaluation import stats
 from jdqn.evaluation.env import make_params
 from jdqn.evaluation.policy import Policy, PolicyError, load_policy, saved_policies
 from jdqn.evaluation.rollouts import equity_curve, evaluate_baselines, record_metrics
-from jdqn.run import report, rundir
+from jdqn.run import report, rundir, termination
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,7 @@ class EvaluationOutcome:
     results: dict[str, Any]
 
 
+@termination.sigterm_raises()  # SIGTERM ends it as Ctrl-C does: its directory is removed
 def evaluate_saved(
     run_dir: str | os.PathLike[str],
     data: str | os.PathLike[str],
@@ -82,10 +83,12 @@ def evaluate_saved(
     }
     window = {"test": [warmup, len(bars)], "test_time": [str(timestamps[0]), str(timestamps[-1])]}
 
-    with rundir.interrupts_deferred():
-        parent = Path(run_dir) / "evaluations" if out is None else out
-        run = rundir.new_run_dir(parent, name or datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S"))
-    try:
+    run: rundir.RunDir | None = None
+    try:  # a signal held while the directory is made is raised in here, which removes it
+        with rundir.interrupts_deferred():
+            parent = Path(run_dir) / "evaluations" if out is None else out
+            stamp = name or datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S")
+            run = rundir.new_run_dir(parent, stamp)
         rows, series = [], []
         for policy in policies:
             record = policy.evaluate(features, close)
@@ -130,8 +133,9 @@ def evaluate_saved(
         rundir.write_json(run.results_path, results)
         final = rundir.finalize(run)
     except BaseException:
-        with rundir.interrupts_deferred():
-            rundir.discard(run)
+        if run is not None:
+            with rundir.interrupts_deferred():
+                rundir.discard(run)
         raise
     log(report.summary_table(rows))
     log(report.summary_text(summary))

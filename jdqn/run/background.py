@@ -48,13 +48,15 @@ def _cgroup_quota(cgroup: Path) -> float | None:
 
 class InlineExecutor(Executor):
     """An ``Executor`` that runs each task when it is submitted, on the submitting thread; its
-    futures are done on return (an exception is kept in the future, as a thread pool's is)."""
+    futures are done on return (an error is kept in the future, as a thread pool's is). A Ctrl-C
+    or SIGTERM (``KeyboardInterrupt``) is not an error of the task: it propagates at once, as it
+    would on the main thread beside a pool, instead of waiting in a future read after training."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as error:  # handed back by .result(), as a pool would
+        except Exception as error:  # handed back by .result(), as a pool would
             future.set_exception(error)
         return future
 

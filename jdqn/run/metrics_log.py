@@ -1,7 +1,8 @@
 """Training metrics of a walk-forward group, one row per (run, chunk): JSONL, TensorBoard, plots.
 
-On resume, rows of epochs that the checkpoint already covers are kept and later ones rewritten, so
-``metrics.jsonl`` of a resumed run matches an uninterrupted one.
+On resume, rows of epochs that the checkpoint already covers are kept and later ones rewritten
+(through a temporary file, so a kill at that moment loses nothing), so ``metrics.jsonl`` of a
+resumed run matches an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -54,9 +55,10 @@ class MetricsLog:
         self._run, self._cfg, self._run_ids, self._writes = run, cfg, run_ids, writes
         self._rows: dict[int, list[dict[str, Any]]] = {r: [] for r in range(len(run_ids))}
         self._path = run.metrics_path
-        kept = []
+        kept, lines = [], []
         if self._path.exists():  # resume: keep what earlier (checkpointed) chunks wrote
-            for line in self._path.read_text().splitlines():
+            lines = self._path.read_text().splitlines()
+            for line in lines:
                 try:
                     row = json.loads(line)
                 except ValueError:  # the last line, cut short by a kill or a full disk
@@ -66,7 +68,9 @@ class MetricsLog:
                     kept.append(line)
                 if row["group"] == group_index and earlier:
                     self._rows[row["run"]].append(row)
-        self._path.write_text("".join(line + "\n" for line in kept))
+        if kept != lines or not self._path.exists():
+            # Whole or not at all (temp file + rename): a kill here loses no earlier rows.
+            rundir.write_atomic(self._path, "".join(line + "\n" for line in kept).encode())
         self._group = group_index
         self._writer: Any = None  # made at the first add (below)
 

@@ -10,6 +10,7 @@ exclusive ``mkdir`` (two processes that pick one name get two directories) and l
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -28,33 +29,52 @@ COMPLETE_MARKER = "results.json"
 LOCK_FILE = ".lock"
 
 
+class FinalNameTaken(ValueError):
+    """The finished run cannot be renamed: its final name was taken while it ran."""
+
+
 class RunLock:
-    """An exclusive ``flock`` on a run directory's lock file, held until :meth:`release` (or the
-    process's end: the kernel drops it with the descriptor, so a killed run leaves no stale
-    lock). The file holds the owner's pid, for the message that refuses a second process."""
+    """An exclusive ``flock`` on a run directory itself (a descriptor of the directory, which a
+    rename keeps and no file deletion can drop), held until :meth:`release` (or the process's
+    end: the kernel drops it with the descriptor, so a killed run leaves no stale lock). The
+    ``.lock`` file inside only names the owner's pid, for the message that refuses a second
+    process."""
 
     def __init__(self, directory: Path) -> None:
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            (directory / LOCK_FILE).write_text(f"{os.getpid()}\n")
         except BlockingIOError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise ValueError(
-                f"{directory}: in use by another jdqn process (pid {owner}); fix: wait for it "
-                "to end, or stop it first"
+                f"{directory}: in use by another jdqn process (pid {_owner(directory)}); fix: "
+                "wait for it to end, or stop it first"
             ) from None
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd: int | None = fd
+
+    def holds(self, directory: Path) -> bool:
+        """Whether ``directory`` is still the locked one (not renamed away meanwhile)."""
+        try:
+            here, locked = os.stat(directory), os.fstat(self._fd) if self._fd is not None else None
+        except OSError:
+            return False
+        return locked is not None and (here.st_dev, here.st_ino) == (locked.st_dev, locked.st_ino)
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _owner(directory: Path) -> str:
+    try:
+        return (directory / LOCK_FILE).read_text().strip() or "?"
+    except OSError:  # deleted, or not yet written
+        return "?"
 
 
 @dataclass(frozen=True)
@@ -116,7 +136,7 @@ def check_name(name: str) -> None:
 def new_run_dir(out_dir: str | os.PathLike[str], name: str | None = None) -> RunDir:
     """Create and lock ``<out_dir>/<name>.incomplete`` (name defaults to a UTC timestamp); a name
     taken (complete or not) gets the first free ``-N`` suffix."""
-    out = Path(out_dir)
+    out = Path(out_dir).absolute()  # printed and recorded: a resume may start elsewhere
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a directory; fix: choose another --out")
     if name is not None:
@@ -137,14 +157,18 @@ def new_run_dir(out_dir: str | os.PathLike[str], name: str | None = None) -> Run
         if final.exists():
             path.rmdir()
             continue
-        return RunDir(path=path, final_path=final, lock=RunLock(path))
+        try:
+            return RunDir(path=path, final_path=final, lock=RunLock(path))
+        except BaseException:  # a full disk at the pid file: leave no directory behind
+            shutil.rmtree(path, ignore_errors=True)
+            raise
     raise ValueError(f"--out {out}: no free run name from {stamp}; fix: choose another --name")
 
 
 def open_incomplete_run_dir(path: str | os.PathLike[str], lock: bool = True) -> RunDir:
     """Reopen and lock a killed run's ``.incomplete`` directory for ``--resume`` (``lock``
     False: unlocked, for the processes of a run whose process 0 holds the lock)."""
-    p = Path(path)
+    p = Path(path).absolute()
     if not p.is_dir():
         raise ValueError(f"--resume {p}: no such directory; fix: pass the run's .incomplete dir")
     if p.name.endswith(INCOMPLETE_SUFFIX):
@@ -156,14 +180,29 @@ def open_incomplete_run_dir(path: str | os.PathLike[str], lock: bool = True) -> 
             )
         if not lock:
             return RunDir(path=p, final_path=final)
-        run_lock = RunLock(p)
-        if not p.is_dir():  # completed by the process that held the lock just now
-            run_lock.release()
+        try:
+            run_lock = RunLock(p)
+        except FileNotFoundError:  # renamed since the check above
+            run_lock = None
+        if run_lock is None or not run_lock.holds(p):  # completed by the lock's holder just now
+            if run_lock is not None:
+                run_lock.release()
             raise ValueError(f"--resume {p}: the run was just completed; nothing to resume")
+        _remove_staging(p)
         return RunDir(path=p, final_path=final, lock=run_lock)
     if (p / COMPLETE_MARKER).exists():
         raise ValueError(f"--resume {p}: this run is already complete; nothing to resume")
     raise ValueError(f"--resume {p}: not a run directory; fix: pass the run's .incomplete dir")
+
+
+def _remove_staging(directory: Path) -> None:
+    """Remove what a killed writer was staging (``*.tmp``: :func:`write_atomic`'s files, policy
+    bundles' directories); only under the run's lock, where no other writer can be at work."""
+    for staged in sorted(directory.rglob("*.tmp"), reverse=True):
+        if staged.is_dir() and not staged.is_symlink():
+            shutil.rmtree(staged, ignore_errors=True)
+        else:
+            staged.unlink(missing_ok=True)
 
 
 def unlock(run: RunDir) -> None:
@@ -173,24 +212,34 @@ def unlock(run: RunDir) -> None:
 
 
 @contextlib.contextmanager
-def interrupts_deferred() -> Iterator[None]:
+def interrupts_held() -> Iterator[list[int]]:
     """Hold back Ctrl-C (SIGINT), and SIGTERM where Python handles it (``jdqn.run.termination``),
-    for
-    the block and deliver them after it: a Ctrl-C between a ``mkdir`` and the clean-up after it, or
-    half-way through that clean-up, would leave a ``.incomplete`` directory nothing removes. Only
-    the main thread receives signals; elsewhere this does nothing."""
+    for the block; yields the list of the signals received meanwhile, for the caller to deliver
+    or report. Only the main thread receives signals; elsewhere this holds nothing."""
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
     # A handler not set from Python (None), or the default or ignore action: leave it be.
     held = [s for s in (signal.SIGINT, signal.SIGTERM) if callable(signal.getsignal(s))]
-    received: list[int] = []
     previous = {s: signal.signal(s, lambda n, _frame: received.append(n)) for s in held}
     try:
-        yield
+        yield received
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold back Ctrl-C and SIGTERM for the block (:func:`interrupts_held`) and deliver them
+    after it: a Ctrl-C between a ``mkdir`` and the clean-up after it, or half-way through that
+    clean-up, would leave a ``.incomplete`` directory nothing removes."""
+    received: list[int] = []
+    try:
+        with interrupts_held() as received:
+            yield
+    finally:
         for number in dict.fromkeys(received):
             signal.raise_signal(number)  # to the handler that was there before
 
@@ -199,7 +248,15 @@ def finalize(run: RunDir) -> Path:
     """Rename the finished run into place; the last step of every successful run."""
     if run.path == run.final_path:
         return run.final_path
-    os.rename(run.path, run.final_path)  # refuses a final directory that holds files
+    try:
+        os.rename(run.path, run.final_path)  # refuses a final directory that holds files
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+            raise
+        raise FinalNameTaken(
+            f"{run.final_path}: made by something else while the run ran, so the finished run "
+            f"cannot take its name; fix: move it away, then: jdqn walkforward --resume {run.path}"
+        ) from None
     (run.final_path / LOCK_FILE).unlink(missing_ok=True)
     unlock(run)
     return run.final_path
@@ -217,12 +274,33 @@ def write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 would keep the file from others
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def umask() -> int:
+    """The process's umask, read without setting it (``os.umask`` sets it for every thread)."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)  # no /proc: the only other way to read it
+    os.umask(mask)
+    return mask
+
+
+def make_staging_dir(final: Path) -> Path:
+    """An empty directory beside ``final`` to fill and rename to it, with the mode ``mkdir`` gives
+    (``mkdtemp``'s 0700 would keep it from others); its ``.tmp`` name marks it as debris if the
+    process is killed (removed at ``--resume``)."""
+    staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+    os.chmod(staging, 0o777 & ~umask())
+    return staging
 
 
 def write_json(path: Path, payload: Any) -> None:

@@ -1,26 +1,28 @@
-"""SIGTERM (what a cluster scheduler sends before it kills a job) ends a run the way Ctrl-C does,
-but at a chunk boundary, with the state checkpointed there.
+"""SIGTERM (what a cluster scheduler sends before it kills a job) and Ctrl-C (SIGINT) end a run
+at a chunk boundary, with the state checkpointed there.
 
 :func:`sigterm_raises` makes SIGTERM raise :class:`Terminated`, a ``KeyboardInterrupt``, so every
-Ctrl-C clean-up runs for it. Inside :class:`ChunkBoundaries` (the training loop) the signal only
-sets a flag: the loop checkpoints the chunk's state and raises :class:`Terminated` itself. The CLI
-exits 143 (128 + SIGTERM), as a shell would. Only the main thread's signals are changed.
+Ctrl-C clean-up runs for it. Inside :class:`ChunkBoundaries` (the training loop) either signal only
+sets a flag: the loop checkpoints the chunk's state and raises the signal's exception itself. The
+CLI exits 143 (128 + SIGTERM) or 130 (128 + SIGINT), as a shell would. Only the main thread's
+signals are changed.
 
 Python cannot propagate an exception raised inside a garbage-collector callback (JAX registers
 one) or a finaliser: it hands it to ``sys.unraisablehook`` and goes on. A SIGTERM or Ctrl-C
 handled there would be lost and the run would finish as if never asked to stop, so inside
-:func:`sigterm_raises` such a :class:`Terminated` or ``KeyboardInterrupt`` sends its signal
-again, from another thread: the main thread handles it in the code it runs next.
+:func:`sigterm_raises` such a :class:`Terminated` or ``KeyboardInterrupt`` is raised again by a
+profile function (``sys.setprofile``, this thread only) at the first event outside the hook: in
+the code the main thread runs next, with no thread and no timing involved. A signal handled
+while the hook itself runs is raised the same way.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
+import functools
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -30,27 +32,51 @@ class Terminated(KeyboardInterrupt):
     """The process received SIGTERM."""
 
 
-def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    del signum, frame
-    raise Terminated
+def _raise(kind: type[KeyboardInterrupt], signum: int, frame: FrameType | None) -> None:
+    del signum
+    if _in_hook(frame):  # raised here, it would be dropped for good
+        _raise_after_hook(kind)
+        return
+    raise kind
+
+
+_raise_terminated = functools.partial(_raise, Terminated)
+_raise_interrupt = functools.partial(_raise, KeyboardInterrupt)
+
+
+def _in_hook(frame: FrameType | None) -> bool:
+    while frame is not None:
+        if frame.f_code is _send_again.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_after_hook(kind: type[KeyboardInterrupt]) -> None:
+    """Raise ``kind`` on this thread at its first profiling event (a call or a return) outside
+    the unraisable hook; a profile function this replaces is put back first."""
+    previous = sys.getprofile()
+    if isinstance(previous, functools.partial) and previous.func is _profile_raise:
+        return  # already on its way
+    sys.setprofile(functools.partial(_profile_raise, kind, previous))
+
+
+def _profile_raise(
+    kind: type[KeyboardInterrupt], previous: Any, frame: FrameType, event: str, arg: Any
+) -> None:
+    del event, arg
+    if not _in_hook(frame):
+        sys.setprofile(previous)
+        raise kind
 
 
 def _send_again(previous: Callable[[Any], None], unraisable: Any) -> None:
-    """``sys.unraisablehook``: a dropped :class:`Terminated` or ``KeyboardInterrupt`` is
-    signalled again (not printed)."""
+    """``sys.unraisablehook``: a dropped :class:`Terminated` or ``KeyboardInterrupt`` is raised
+    again after the hook (not printed)."""
     if isinstance(unraisable.exc_value, KeyboardInterrupt):
-        terminated = isinstance(unraisable.exc_value, Terminated)
-        signum = signal.SIGTERM if terminated else signal.SIGINT
-        threading.Thread(target=_signal_soon, args=(signum,), daemon=True).start()
+        _raise_after_hook(type(unraisable.exc_value))
     else:
         previous(unraisable)
-
-
-def _signal_soon(signum: int) -> None:
-    # After a pause, so that the main thread has left this hook: the handler raising inside the
-    # hook itself would be dropped for good (a drop in another callback comes back here).
-    time.sleep(0.01)
-    os.kill(os.getpid(), signum)
 
 
 def _on_main_thread() -> bool:
@@ -59,41 +85,56 @@ def _on_main_thread() -> bool:
 
 @contextlib.contextmanager
 def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises :class:`Terminated` inside the block (the handler before is restored)."""
+    """SIGTERM raises :class:`Terminated` inside the block, and Ctrl-C ``KeyboardInterrupt`` where
+    Python's default handler had it (the handlers before are restored)."""
     if not _on_main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {signal.SIGTERM: signal.signal(signal.SIGTERM, _raise_terminated)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored (SIG_IGN)
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, _raise_interrupt)
     previous_hook = sys.unraisablehook
-    sys.unraisablehook = lambda unraisable: _send_again(previous_hook, unraisable)
+    sys.unraisablehook = functools.partial(_send_again, previous_hook)
     try:
         yield
     finally:
         sys.unraisablehook = previous_hook
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 class ChunkBoundaries:
-    """Within the block, a SIGTERM only sets :attr:`requested`; the loop checks it after each
-    chunk. A request the loop did not act on is delivered again when the block ends. Does
-    nothing unless SIGTERM raises :class:`Terminated` (:func:`sigterm_raises`)."""
+    """Within the block, a SIGTERM or Ctrl-C only sets :attr:`requested`; the loop checks it
+    after each chunk and raises :meth:`interruption`. A request the loop did not act on is
+    delivered when the block ends. Does nothing for a signal :func:`sigterm_raises` does not
+    handle."""
 
     def __init__(self) -> None:
         self.requested = False
-        self._previous: Any = None  # sigterm_raises's handler, while this one replaces it
+        self._received: list[int] = []
+        self._previous: dict[int, Any] = {}  # sigterm_raises's handlers, while _note replaces them
 
     def _note(self, signum: int, frame: FrameType | None) -> None:
-        del signum, frame
+        del frame
+        self._received.append(signum)
         self.requested = True
 
+    def interruption(self) -> KeyboardInterrupt:
+        """What the loop raises: ``KeyboardInterrupt`` when Ctrl-C came first, else
+        :class:`Terminated` (also for a stop asked by another process of the run)."""
+        return KeyboardInterrupt() if self._received[:1] == [signal.SIGINT] else Terminated()
+
     def __enter__(self) -> ChunkBoundaries:
-        if _on_main_thread() and signal.getsignal(signal.SIGTERM) is _raise_terminated:
-            self._previous = signal.signal(signal.SIGTERM, self._note)
+        if _on_main_thread():
+            ours = {signal.SIGTERM: _raise_terminated, signal.SIGINT: _raise_interrupt}
+            for signum, handler in ours.items():
+                if signal.getsignal(signum) is handler:
+                    self._previous[signum] = signal.signal(signum, self._note)
         return self
 
     def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
-        if self._previous is None:
-            return
-        signal.signal(signal.SIGTERM, self._previous)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
         if self.requested and error is None:
-            raise Terminated
+            raise self.interruption()

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,8 @@ def run_walkforward(
         if resume is not None:
             run, cfg = _open_resumed(resume, unlocks, processes)
         assert cfg is not None
+        if resume is None:  # recorded in config.json: a resume may start in another directory
+            cfg = _absolute_paths(cfg)
         cfg = metrics_log.without_missing_tensorboard(cfg, log)
         enable_compilation_cache(cfg)
         # Before any memory is taken and any directory exists: a request too large, or bad input,
@@ -162,12 +165,14 @@ def run_walkforward(
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
                     report.write_stitched(run.path, series, cfg.output.plots, writes)
-            summary: dict[str, Any] = {}
-            if processes.writer:
-                tried = cfg.output.settings_tried
-                summary = stats.summarise(
-                    fold_results, series, seed=cfg.train.seed, settings_tried=tried
-                )
+            if not processes.writer:
+                ended = json.loads(processes.broadcast_text(""))  # once process 0 renamed the run
+                return WalkForwardOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
+            summary = stats.summarise(
+                fold_results, series, seed=cfg.train.seed, settings_tried=cfg.output.settings_tried
+            )
+            # In this block: a signal before the rename leaves the run resumable (it judges again).
+            return _finish(job, fold_results, summary, made_by)
         except debug_mode.DebugCheckFailed as failure:
             # Keep the .incomplete directory: it holds the failure record and the metrics so far.
             log(f"jdqn: {failure}; recorded in {failure.record}")
@@ -177,21 +182,35 @@ def run_walkforward(
         except BaseException as error:
             if run is None or not processes.writer:
                 raise  # no directory was made, or process 0 owns it
-            # A second Ctrl-C must not stop the clean-up half-way.
-            with rundir.interrupts_deferred():
-                resumable = any(run.checkpoint_dir.glob("group*/[0-9]*")) or any(
-                    run.checkpoint_dir.glob("group*/process-*/[0-9]*")  # several processes' shares
-                )
-                if not resumable:
-                    rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
-                elif faults.io_problem(error) is None:  # a storage failure's line says it instead
-                    log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
+            # A storage failure's line, or a final name taken, says how to resume instead.
+            say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
+            resumable = _left_to_resume(run, log, say)
             faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
             raise
-        if not processes.writer:
-            ended = json.loads(processes.broadcast_text(""))  # once process 0 has renamed the run
-            return WalkForwardOutcome(Path(ended["run_dir"]), results={}, halted=ended["halted"])
-        return _finish(job, fold_results, summary, made_by)
+
+
+def _absolute_paths(cfg: Config) -> Config:
+    """``cfg`` with its bar file and output directory as absolute paths."""
+    data = cfg.data
+    if data.path is not None:
+        data = dataclasses.replace(data, path=os.path.abspath(data.path))
+    output = dataclasses.replace(cfg.output, out_dir=os.path.abspath(cfg.output.out_dir))
+    return dataclasses.replace(cfg, data=data, output=output)
+
+
+def _left_to_resume(run: rundir.RunDir, log: Callable[[str], None], say: bool = True) -> bool:
+    """After a run stopped early: whether a checkpoint lets it resume; its directory is removed
+    when none does, else (``say``) the command that resumes it is printed."""
+    # A second Ctrl-C must not stop the clean-up half-way.
+    with rundir.interrupts_deferred():
+        resumable = any(run.checkpoint_dir.glob("group*/[0-9]*")) or any(
+            run.checkpoint_dir.glob("group*/process-*/[0-9]*")  # several processes' shares
+        )
+        if not resumable:
+            rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
+        elif say:
+            log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
+    return resumable
 
 
 def _open_resumed(
@@ -259,18 +278,24 @@ def _finish(
     }
     try:
         rundir.write_json(run.results_path, results)
-        final = rundir.finalize(run)
+        # From the rename on the run is complete: a SIGTERM or Ctrl-C is held and then said, not
+        # raised, so the report, the status and the directory (no .lock) say so.
+        with rundir.interrupts_held() as received:
+            final = rundir.finalize(run)
+            halted = [r for r in fold_results if r["status"] != "ok"]
+            ended = {"run_dir": str(final), "halted": bool(halted)}
+            job.processes.broadcast_text(json.dumps(ended))
+            log(report.summary_table(fold_results))
+            log(report.summary_text(summary))
+            plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
+            log(f"jdqn: results in {final / 'results.json'}{plots}")
+            for row in halted:
+                log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
     except OSError as error:  # every epoch is checkpointed: a resume only judges again
         faults.raise_as_user_error(error, run.path if cfg.output.checkpoints else None)
         raise
-    halted = [r for r in fold_results if r["status"] != "ok"]
-    job.processes.broadcast_text(json.dumps({"run_dir": str(final), "halted": bool(halted)}))
-    log(report.summary_table(fold_results))
-    log(report.summary_text(summary))
-    plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
-    log(f"jdqn: results in {final / 'results.json'}{plots}")
-    for row in halted:
-        log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
+    for signum in dict.fromkeys(received):
+        log(f"jdqn: {signal.Signals(signum).name} arrived as the run completed; it is complete")
     return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
 
 
@@ -635,8 +660,8 @@ def _train_group(
         bar = tqdm(total=total, desc=label, unit="it", unit_scale=program.chunk_length, leave=False)
     completed = False
     try:
-        # A SIGTERM lets the chunk on the device end; its state is checkpointed, then the run
-        # stops as for a Ctrl-C (jdqn.run.termination).
+        # A SIGTERM or Ctrl-C lets the chunk on the device end; its state is checkpointed, then
+        # the run stops (jdqn.run.termination).
         with termination.ChunkBoundaries() as boundaries:
             for epoch in range(start_epoch, cfg.train.epochs):
                 first_chunk = start_chunk if epoch == start_epoch else 0
@@ -666,10 +691,10 @@ def _train_group(
                     stop = processes.any_of(boundaries.requested)
                     if stop and chunk + 1 < program.chunks_per_epoch:
                         checkpoints.save(epoch, chunk + 1, state, halted_epoch)
-                        raise termination.Terminated
+                        raise boundaries.interruption()
                 checkpoints.save(epoch + 1, 0, state, halted_epoch)
                 if processes.any_of(boundaries.requested):
-                    raise termination.Terminated
+                    raise boundaries.interruption()
         completed = True
     finally:  # also on failure: no thread or file left open behind the one-line error
         if bar is not None:
