@@ -167,6 +167,12 @@ def _add_walkforward(wf: argparse.ArgumentParser) -> None:
         help="override a config value, e.g. --set optim.learning_rate=3e-4 (repeatable)",
     )
     wf.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run (.incomplete dir)")
+    wf.add_argument(
+        "--resume-changed",
+        action="store_true",
+        help="with --resume: continue although config.json or the data file changed since the "
+        "run started (recorded in results.json)",
+    )
     wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
     wf.add_argument("--no-progress", action="store_true", help="no progress bar")
     wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
@@ -237,6 +243,9 @@ def _walkforward(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
+    if args.resume_changed and not args.resume:
+        print("jdqn: error: --resume-changed goes with --resume RUN_DIR", file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         cfg = None if args.resume else resolve_config(args)
         if args.print_config:  # a resumed run's is its config.json
@@ -256,6 +265,7 @@ def _walkforward(args: argparse.Namespace) -> int:
             plot_processes=True,
             devices=args.devices,
             processes=processes,
+            resume_changed=args.resume_changed,
         )
     except DebugCheckFailed as failure:
         print(f"jdqn: {failure} (recorded in {failure.record})", file=sys.stderr)

@@ -42,6 +42,7 @@ from jdqn.evaluation.env import make_params, volatility_reward_scale
 from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.run import (
     background,
+    binding,
     faults,
     memory,
     metrics_log,
@@ -111,6 +112,7 @@ def run_walkforward(
     plot_processes: bool = False,
     devices: int | None = None,
     processes: Processes | None = None,
+    resume_changed: bool = False,
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
@@ -119,7 +121,8 @@ def run_walkforward(
     ``if __name__ == "__main__":``. ``devices``: local devices that share the learners (default
     all; ``jdqn.run.placement``). ``processes``: this process's place in a run of several
     (``jdqn.run.processes``; default jax's count and index). Process 0 writes the run directory and
-    returns the results; the others return its path, no results and whether a run halted."""
+    returns the results; the others return its path, no results and whether a run halted.
+    ``resume_changed``: resume although config.json or the data file changed (jdqn.run.binding)."""
     processes = processes or Processes(jax.process_count(), jax.process_index())
     # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
     with contextlib.ExitStack() as unlocks, termination.sigterm_raises():
@@ -141,11 +144,21 @@ def run_walkforward(
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
+        data_sha256 = made_by["provenance"]["data"]["sha256"]
+        now = binding.current(cfg, len(data.folds), processes.count, data_sha256)
+        seal = binding.fresh(now)
+        if run is not None:  # resumed: the same config, learners and data, or refused
+            with _as_user_error(binding.BindingError):
+                seal = binding.check_resume(run.path, now, resume_changed, log) or seal
+            if seal.changes:
+                made_by["provenance"]["resumed_with_changes"] = list(seal.changes)
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
         try:
             if resume is None:
                 run = _new_run(cfg, name, layout, processes, unlocks)
             assert run is not None
+            if processes.writer:
+                binding.write(run.path, now, seal)
             log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
             if processes.count > 1:
                 log(f"jdqn: {processes.count} processes share the learners")
@@ -157,7 +170,7 @@ def run_walkforward(
             cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
-                job = _Job(cfg, data, run, writes, series, processes, debug, progress, log)
+                job = _Job(cfg, data, run, writes, series, processes, debug, progress, log, seal)
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
                     report.write_stitched(run.path, series, cfg.output.plots, writes)
@@ -291,6 +304,7 @@ class _Job:
     debug: bool
     progress: bool
     log: Callable[[str], None]
+    seal: binding.Seal  # what its checkpoints carry and accept (jdqn.run.binding)
 
 
 def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
@@ -685,7 +699,8 @@ class GroupCheckpoints:
         if processes.count > 1:
             self._directory /= f"process-{processes.index}"
         store = ShareCheckpointer if processes.count > 1 else Checkpointer
-        self._store = store(self._directory) if self.enabled else None
+        self._store = store(self._directory, job.seal.accepted) if self.enabled else None
+        self._binding = job.seal.sha256
         self._place, self._processes = programs.place, processes
         self._indices = processes.share(list(range(len(programs.wave))))  # its runs in the wave
         self._chunks_per_epoch = programs.program.chunks_per_epoch
@@ -740,6 +755,7 @@ class GroupCheckpoints:
         meta: dict[str, Any] = dict(
             epochs_done=epochs_done, halted_epoch=halted, param_layout=self._param_layout
         )
+        meta["binding"] = self._binding
         if chunks_done:
             meta["chunks_done"] = chunks_done
         step = epochs_done * self._chunks_per_epoch + chunks_done
