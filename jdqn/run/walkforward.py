@@ -94,11 +94,15 @@ def enable_compilation_cache(cfg: Config) -> None:
 
 def load_data(cfg: Config) -> WalkForwardData:
     """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
-    if cfg.data.path and not Path(cfg.data.path).exists():
-        raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
-    with _as_user_error(ValueError):  # BarFileError included: one line naming file, row and fix
-        bars = load_source(cfg.data)
-        return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
+    try:
+        if cfg.data.path and not Path(cfg.data.path).exists():
+            raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
+        with _as_user_error(ValueError):  # BarFileError included: one line naming file, row, fix
+            bars = load_source(cfg.data)
+            return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
+    except OSError as error:  # a name over the file system's limit, a file it may not read
+        problem = error.strerror or type(error).__name__
+        raise UserError(f"--data {cfg.data.path}: {problem}; fix: check the path") from None
 
 
 def run_walkforward(
