@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdqn.accel import pieces
-from jdqn.accel.executables import ExecutableCache
+from jdqn.accel.executables import ExecutableCache, refuse_untrusted
 from jdqn.accel.xla_flags import cache_root
 from jdqn.agent import GUARD_REASONS
 from jdqn.agent import debug as debug_mode
@@ -85,8 +85,8 @@ class WalkForwardOutcome:
 
 def enable_compilation_cache(cfg: Config) -> None:
     """Persist XLA executables across runs (warm starts skip compilation)."""
-    if not cfg.output.compilation_cache:
-        return
+    if not cfg.output.compilation_cache or refuse_untrusted(cache_root(), "compilation cache"):
+        return  # JAX's cache holds machine code: only a directory no one else can write
     jax.config.update("jax_compilation_cache_dir", str(cache_root()))
     # Cache every program, not only slow ones: the many small ones add up.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
