@@ -199,7 +199,8 @@ def run_walkforward(
                     rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
                 elif faults.io_problem(error) is None:  # a storage failure's line says it instead
                     log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
-            faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
+            resume_dir = run.path if resumable else None  # a storage failure: one line
+            faults.raise_as_user_error(error, resume_dir, where=run.path)
             raise
         if not processes.writer:
             ended = json.loads(processes.broadcast_text(""))  # once process 0 has renamed the run
@@ -248,7 +249,7 @@ def _new_run(
             if run is not None:
                 with rundir.interrupts_deferred():
                     rundir.discard(run)
-            faults.raise_as_user_error(error, None)  # disk full: one line
+            faults.raise_as_user_error(error, None, where=cfg.output.out_dir)  # disk full: one line
             raise
     path = Path(processes.broadcast_text(str(run.path) if run is not None else ""))
     final = path.with_name(path.name.removesuffix(rundir.INCOMPLETE_SUFFIX))
@@ -274,7 +275,8 @@ def _finish(
         rundir.write_json(run.results_path, results)
         final = rundir.finalize(run)
     except OSError as error:  # every epoch is checkpointed: a resume only judges again
-        faults.raise_as_user_error(error, run.path if cfg.output.checkpoints else None)
+        resume_dir = run.path if cfg.output.checkpoints else None
+        faults.raise_as_user_error(error, resume_dir, where=run.path)
         raise
     halted = [r for r in fold_results if r["status"] != "ok"]
     job.processes.broadcast_text(json.dumps({"run_dir": str(final), "halted": bool(halted)}))
