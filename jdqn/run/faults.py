@@ -80,7 +80,9 @@ def _first_path(text: str) -> str | None:
 
 
 def raise_as_user_error(
-    error: BaseException, resume_dir: os.PathLike[str] | None, where: os.PathLike[str] | None = None
+    error: BaseException,
+    resume_dir: os.PathLike[str] | None,
+    where: str | os.PathLike[str] | None = None,
 ) -> None:
     """Raise :class:`IOFault` for a storage failure (else return): one line with the fix, the
     ``--resume`` command when ``resume_dir`` holds checkpoints to resume from. ``where``: the
