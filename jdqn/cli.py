@@ -169,6 +169,12 @@ def _add_walkforward(wf: argparse.ArgumentParser) -> None:
         help="override a config value, e.g. --set optim.learning_rate=3e-4 (repeatable)",
     )
     wf.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run (.incomplete dir)")
+    wf.add_argument(
+        "--resume-changed",
+        action="store_true",
+        help="with --resume: continue although config.json or the data file changed since the "
+        "run started (recorded in results.json)",
+    )
     wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
     wf.add_argument("--no-progress", action="store_true", help="no progress bar")
     wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
@@ -239,11 +245,15 @@ def _walkforward(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USER_ERROR
+    if args.resume_changed and not args.resume:
+        print("jdqn: error: --resume-changed goes with --resume RUN_DIR", file=sys.stderr)
+        return EXIT_USER_ERROR
     try:
         cfg = None if args.resume else resolve_config(args)
         if args.print_config:  # a resumed run's is its config.json
             shown = cfg if cfg is not None else load_config_file(Path(args.resume) / "config.json")
-            print(shown.to_json())
+            with contextlib.suppress(BrokenPipeError):  # `| head`: the reader went away
+                print(shown.to_json())
             return 0
         log = logging.getLogger(console_log.LOGGER_NAME).info
         # Before any other use of a JAX backend (jax.distributed.initialize).
@@ -258,6 +268,7 @@ def _walkforward(args: argparse.Namespace) -> int:
             plot_processes=True,
             devices=args.devices,
             processes=processes,
+            resume_changed=args.resume_changed,
         )
     except DebugCheckFailed as failure:
         print(f"jdqn: {failure} (recorded in {failure.record})", file=sys.stderr)
@@ -282,6 +293,7 @@ def _evaluate(args: argparse.Namespace) -> int:
 def _data(args: argparse.Namespace) -> int:
     from jdqn.data import BarFileError, synthetic_bars, write_bars
     from jdqn.evaluation.instruments import data_settings, describe_bar_file, instrument
+    from jdqn.run.memory import check_synth_request
 
     try:
         if args.data_command == "synth":
@@ -289,6 +301,7 @@ def _data(args: argparse.Namespace) -> int:
                 raise ValueError(f"--bars {args.bars}: use at least 1000 bars")
             if args.signal < 0:
                 raise ValueError(f"--signal {args.signal}: must be >= 0")
+            check_synth_request(args.bars)
             bars = synthetic_bars(args.bars, seed=args.seed, signal_strength=args.signal)
             write_bars(bars, args.out)
             print(f"wrote {len(bars):,} bars to {args.out}")
@@ -297,6 +310,9 @@ def _data(args: argparse.Namespace) -> int:
             print(describe_bar_file(args.path, preset, data_settings(args.overrides, preset)))
     except (BarFileError, ValueError, OSError) as error:
         print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except MemoryError:  # past the estimate: the machine had less than it reported
+        print("jdqn: error: out of memory; fix: fewer --bars", file=sys.stderr)
         return EXIT_USER_ERROR
     return 0
 

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jdqn.accel.executables import SUFFIX, ExecutableCache, cache_key
+from jdqn.accel import executables
+from jdqn.accel.executables import SUFFIX, ExecutableCache, cache_key, untrusted
 
 
 def _step(state: dict, x: jax.Array, scale: jax.Array) -> tuple[dict, jax.Array]:
@@ -81,6 +82,34 @@ def stored_program_scenario(tmp_path: Path) -> None:
     out_state, out_loss = stored.out_info
     assert (out_state["w"].shape, out_state["w"].dtype, out_loss.shape) == ((3, 4), "float32", ())
     assert third.load("other", *types, context="c") is None
+
+
+def test_a_directory_or_file_others_can_write_is_not_loaded_from(tmp_path):
+    _in_a_fresh_process("untrusted_scenario", tmp_path)
+
+
+def untrusted_scenario(tmp_path: Path) -> None:
+    """Issue 49 item 17: loading runs a file's code, so only files no one else can write."""
+    ExecutableCache(tmp_path).compile("step", STEP, *_args(), context="c")
+    (stored,) = tmp_path.glob(f"step-*{SUFFIX}")
+    types = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), _args())
+    stored.chmod(0o666)
+    assert untrusted(stored) == f"{stored} is writable by others (mode 666)"
+    assert ExecutableCache(tmp_path).load("step", *types, context="c") is None
+    stored.chmod(0o600)
+    assert ExecutableCache(tmp_path).load("step", *types, context="c") is not None
+    tmp_path.chmod(0o777)
+    shared = ExecutableCache(tmp_path)
+    assert shared.directory is None and shared.load("step", *types, context="c") is None
+    tmp_path.chmod(0o700)
+
+
+def test_a_directory_of_another_user_is_refused(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(executables.os, "getuid", lambda: tmp_path.stat().st_uid + 1)
+    owner = tmp_path.stat().st_uid
+    assert untrusted(tmp_path) == f"{tmp_path} belongs to uid {owner}, not to this user"
+    assert ExecutableCache(tmp_path).directory is None
+    assert "fix: chmod go-w" in caplog.text and "not using the stored programs" in caplog.text
 
 
 def test_the_key_changes_with_what_the_program_depends_on(monkeypatch):

@@ -55,6 +55,24 @@ def test_a_storage_failure_is_found_in_the_error_or_behind_it():
     faults.raise_as_user_error(KeyboardInterrupt(), Path("/r"))  # not a storage failure: returns
 
 
+def test_a_library_failure_inside_the_run_names_the_run_and_the_part_written(tmp_path):
+    """F2/F5: tensorstore's text quotes an array's name ("...bias/0.0") before the file."""
+    run = tmp_path / "r.incomplete"
+    text = (
+        'OUT_OF_RANGE: Error writing "learner.params.head.bias/0.0" in OCDBT database at local '
+        f'file "{run}/checkpoints/group0/4.orbax-checkpoint-tmp/state/ocdbt.process_0/": '
+        "Failed to write 130663 bytes to file 5: File too large [os_error_code='27']"
+    )
+    assert faults.io_problem(ValueError(text)).startswith(f"{run}/checkpoints/group0/4.orbax")
+    expected = (
+        f"{run}: file too large (writing checkpoints/group0/4); fix: free space or fix the file "
+        f"system, then resume with: jdqn walkforward --resume {run}"
+    )
+    with pytest.raises(faults.IOFault) as raised:
+        faults.raise_as_user_error(ValueError(text), run, where=run)
+    assert str(raised.value) == expected
+
+
 def _gzip_cases(tmp_path: Path) -> dict[str, Path]:
     data = gzip.compress(ES_SAMPLE.read_bytes())
     middle = len(data) // 2

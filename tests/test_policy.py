@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def test_every_run_saves_a_bundle_in_the_documented_format(tiny_run):
     assert saved_policies(run_dir) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     bundle = run_dir / "policies" / "fold1_seed0"
     meta = json.loads((bundle / "policy.json").read_text())
-    assert (meta["format"], meta["version"], meta["fold"], meta["seed"]) == ("jdqn-policy", 1, 1, 0)
+    assert (meta["format"], meta["version"], meta["fold"], meta["seed"]) == ("jdqn-policy", 2, 1, 0)
     row = tiny_run.results["folds"][2]
     assert meta["window"] == row["window"]
     assert meta["config"] == tiny_run.results["config"]
@@ -399,3 +400,128 @@ def test_a_sigterm_during_evaluate_ends_it_as_ctrl_c_and_leaves_nothing(
         evaluate_saved(tiny_run.run_dir, bars, out=out, log=lambda _: None)
     assert list(out.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def _forge(bundle: Path, arrays: dict[str, np.ndarray] | None = None, **meta) -> None:
+    """Rewrite a bundle's arrays or policy.json and its manifest's digests to match, as a
+    consistent but wrong bundle (the checks beyond the digests must catch it)."""
+    if arrays is not None:
+        np.savez(bundle / "arrays.npz", **arrays)
+    if meta:
+        record = json.loads((bundle / "policy.json").read_text())
+        (bundle / "policy.json").write_text(json.dumps({**record, **meta}))
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["sha256"] = {n: policy_bundle._sha256(bundle / n) for n in manifest["sha256"]}
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _arrays(bundle: Path, change) -> dict[str, np.ndarray]:
+    with np.load(bundle / "arrays.npz") as stored:
+        return change({name: stored[name] for name in stored.files})
+
+
+def _swap(a: Path, b: Path) -> None:
+    a.rename(a.with_name("swap"))
+    b.rename(a)
+    a.with_name("swap").rename(b)
+
+
+def _flip(path: Path, truncate: bool = False) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 16] = bytes(x ^ 0xFF for x in data[middle : middle + 16])
+    path.write_bytes(bytes(data[:middle] if truncate else data))
+
+
+def _set_nan_bias(arrays):
+    arrays["params/head/bias"] = np.full_like(arrays["params/head/bias"], np.nan)
+    return arrays
+
+
+def _zero_std(arrays):
+    arrays["normaliser/std"] = np.zeros_like(arrays["normaliser/std"])
+    return arrays
+
+
+POLICY_DAMAGE = {  # (case id, damage to run/policies, message of the refusal)
+    "P1-flipped": (lambda p: _flip(p / "fold1_seed0/arrays.npz"), "does not match its SHA-256"),
+    "P2-truncated": (
+        lambda p: _flip(p / "fold1_seed0/arrays.npz", truncate=True),
+        "does not match its SHA-256",
+    ),
+    "P5-no-policy-json": (
+        lambda p: (p / "fold1_seed0/policy.json").unlink(),
+        "fold1_seed0: not a readable policy bundle",
+    ),
+    "P6-arrays-swapped": (
+        lambda p: _swap(p / "fold0_seed0/arrays.npz", p / "fold1_seed0/arrays.npz"),
+        "fold1_seed0/arrays.npz does not match",
+    ),
+    "P7-hidden-changed": (
+        lambda p: _forge(p / "fold1_seed0", config={**_config(p), "network": _hidden(p, [32, 32])}),
+        "not the network its policy.json describes",
+    ),
+    "P9-nan-bias": (
+        lambda p: _forge(p / "fold1_seed0", _arrays(p / "fold1_seed0", _set_nan_bias)),
+        "params/head/bias holds NaN",
+    ),
+    "P10-zero-std": (
+        lambda p: _forge(p / "fold1_seed0", _arrays(p / "fold1_seed0", _zero_std)),
+        "normaliser/std is missing or not positive",
+    ),
+    "P12-leaf-missing": (
+        lambda p: _forge(
+            p / "fold1_seed0",
+            _arrays(
+                p / "fold1_seed0", lambda a: {k: v for k, v in a.items() if k != "masks/head/bias"}
+            ),
+        ),
+        "its masks are not the network",
+    ),
+    "P14-bundles-swapped": (
+        lambda p: _swap(p / "fold0_seed0", p / "fold1_seed0"),
+        "fold1_seed0 holds the policy of fold 0 seed 0",
+    ),
+}
+
+
+def _config(policies: Path) -> dict:
+    return json.loads((policies / "fold1_seed0/policy.json").read_text())["config"]
+
+
+def _hidden(policies: Path, hidden: list[int]) -> dict:
+    return {**_config(policies)["network"], "hidden": hidden}
+
+
+@pytest.mark.parametrize("case", POLICY_DAMAGE)
+def test_a_damaged_or_swapped_bundle_is_refused_in_one_line(tiny_run, tmp_path, capsys, case):
+    """Issue 49 item 4: load_policy and jdqn evaluate verify the manifest and the values, and
+    never fall back to another fold (the default fold is the run's last, fold 1)."""
+    run = tmp_path / "tiny"
+    shutil.copytree(tiny_run.run_dir, run)
+    damage, message = POLICY_DAMAGE[case]
+    damage(run / "policies")
+    with pytest.raises(PolicyError, match=re.escape(message)):
+        load_policy(run)
+    frame = pd.read_csv(ES_SAMPLE).iloc[-400:]
+    frame.to_csv(tmp_path / "bars.csv", index=False)
+    out = tmp_path / "ev"
+    command = ["evaluate", str(run), "--data", str(tmp_path / "bars.csv"), "--out", str(out)]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("jdqn: error: ") and err.count("\n") == 1 and message in err, err
+    assert not out.exists()
+    load_policy(run, fold=0, seed=1)  # the untouched bundles still load
+
+
+def test_evaluate_refuses_an_unfinished_run(tiny_run, tmp_path, capsys):
+    """E01: an .incomplete run (no results.json) is refused before anything is written."""
+    run = tmp_path / "inc.incomplete"
+    shutil.copytree(tiny_run.run_dir, run)
+    (run / "results.json").unlink()
+    shutil.rmtree(run / "policies" / "fold1_seed0")
+    command = ["evaluate", str(run), "--data", str(ES_SAMPLE)]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "an unfinished run (no results.json)" in err, err
+    assert not (run / "evaluations").exists()

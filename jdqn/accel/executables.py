@@ -11,16 +11,21 @@ the caller's description of what the function closes over (each speed piece's im
 must close over no arrays (pass data as arguments).
 
 An unreadable file (a partial write, another jaxlib) is compiled again and replaced. Loading runs
-what a file holds, so the directory is trusted like JAX's own cache: the user's, written by jdqn.
+what a file holds (a pickle, then machine code), so the cache is used only where no one else can
+have written it (:func:`untrusted`): a directory or file of another user, or one that group or
+others may write, is neither loaded from nor written to (one warning; programs are compiled).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
+import logging
 import os
 import pickle
+import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -85,11 +90,43 @@ def cache_key(name: str, context: str, args: tuple[Any, ...]) -> str:
     return hashlib.sha256("".join(part + "\0" for part in parts).encode()).hexdigest()[:32]
 
 
+def untrusted(path: Path) -> str | None:
+    """Why files under ``path`` may have been written by another user, or None: ``path`` (a
+    directory or file) owned by another user or writable by group or others (a missing path is
+    made by this user when first written)."""
+    try:
+        info = path.stat()
+    except OSError:  # missing or unreachable: nothing is read from it
+        return None
+    if info.st_uid != os.getuid():
+        return f"{path} belongs to uid {info.st_uid}, not to this user"
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def refuse_untrusted(directory: Path, what: str) -> bool:
+    """True, with one warning naming the fix, when :func:`untrusted` refuses ``directory``."""
+    problem = untrusted(directory)
+    if problem is not None:
+        logging.getLogger("jdqn").warning(
+            f"jdqn: not using the {what} in {directory}: {problem}, so its files could run "
+            f"another user's code; fix: chmod go-w {directory}, or set JDQN_CACHE_DIR to a "
+            "directory of your own"
+        )
+    return problem is not None
+
+
 class ExecutableCache:
     """Compiles jitted functions through a directory of serialized executables (``None``: off,
     :meth:`compile` only compiles). ``hits`` and ``misses`` count loads and compiles."""
 
     def __init__(self, directory: Path | None) -> None:
+        if directory is not None:  # made private here: a group-writable one would be refused
+            with contextlib.suppress(OSError):  # else stores fail quietly, as a full disk does
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if refuse_untrusted(directory, "stored programs"):
+                directory = None
         self.directory = directory
         self.hits = 0
         self.misses = 0
@@ -100,8 +137,11 @@ class ExecutableCache:
         gives the output types without tracing), or None when there is none or the cache is off."""
         if self.directory is None:
             return None
+        path = self._path(name, context, args)
+        if untrusted(path) is not None:  # compiled again and replaced by this user's own file
+            return None
         try:
-            payload, in_tree, out_tree = pickle.loads(self._path(name, context, args).read_bytes())
+            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
             loaded = serialize_executable.deserialize_and_load(payload, in_tree, out_tree)
         except Exception:  # none, or a partial or foreign file: compiled again and replaced
             return None

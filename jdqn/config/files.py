@@ -29,6 +29,8 @@ def load_config_file(path: str | os.PathLike[str]) -> Config:
         raise ValueError(
             f"{where}: not JSON (line {error.lineno}: {error.msg}); fix: pass a run's config.json"
         ) from None
+    except RecursionError:  # a document nested thousands deep
+        raise ValueError(f"{where}: nested too deeply; fix: pass a run's config.json") from None
     if isinstance(raw, dict) and isinstance(raw.get("config"), dict):
         raw = raw["config"]  # a results.json
     if not isinstance(raw, dict):

@@ -25,7 +25,13 @@ def config_from_dict(raw: dict[str, Any]) -> Config:
     sections = {}
     for f in dataclasses.fields(Config):
         section_cls: Any = f.default_factory  # a section dataclass, differs per field
-        values = dict(raw.get(f.name, {}))
+        given = raw.get(f.name, {})
+        if not isinstance(given, dict):  # e.g. "train": [] would read as no values at all
+            raise ValueError(
+                f"section {f.name}: expected an object of keys, got {given!r}; fix: write it "
+                f'like "{f.name}": {{"key": value}}'
+            )
+        values = dict(given)
         for key in RETIRED_KEYS.get(f.name, ()):
             values.pop(key, None)
         hints = field_types(section_cls)
@@ -83,6 +89,8 @@ def _coerce(value: Any, annotation: Any, name: str) -> Any:
             raise ValueError(f"{name}: expected true/false; got {value!r}")
         return bool(value)
     if annotation in (int, float):
+        if isinstance(value, bool):  # JSON true/false is not a number (Python's bool is an int)
+            raise ValueError(f"{name}: expected {annotation.__name__}; got {value!r}")
         try:
             number = float(value)
             if annotation is int and not number.is_integer():

@@ -13,6 +13,10 @@ A run saves one bundle per (fold, seed) that trained to its end (a halted run sa
   ``features`` (names, groups, lookback and clip), ``instrument`` (tick size, point value, cost,
   position grid, bar interval, median close and volume of the training bars), ``bars_per_year``
   and ``param_layout`` (:meth:`jdqn.agent.networks.ParamLayout.record`).
+- ``manifest.json``: ``fold``, ``seed``, ``param_layout`` and the SHA-256 of ``arrays.npz`` and
+  ``policy.json``; reading a bundle verifies it, so a damaged file, a file or directory swapped
+  between folds, or a network that is not the config's is refused in one line, as are NaN
+  parameters and a normaliser std that is not positive.
 
 :func:`jdqn.evaluation.policy.load_policy` reads one back as a
 :class:`jdqn.evaluation.policy.Policy`.
@@ -20,10 +24,13 @@ A run saves one bundle per (fold, seed) that trained to its end (a halted run sa
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
 import os
 import shutil
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -39,7 +46,8 @@ from jdqn.run import rundir
 
 POLICIES = "policies"
 FORMAT = "jdqn-policy"
-VERSION = 1
+VERSION = 2  # 2: manifest.json
+MANIFEST = "manifest.json"
 
 
 class PolicyError(ValueError):
@@ -134,6 +142,9 @@ def save_policy(
         np.savez(staging / "arrays.npz", **arrays)  # type: ignore[arg-type]  # keyword arrays
         text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n"
         (staging / "policy.json").write_text(text)
+        digests = {name: _sha256(staging / name) for name in ("arrays.npz", "policy.json")}
+        manifest = {"fold": fold, "seed": seed, "param_layout": meta.get("param_layout")}
+        (staging / MANIFEST).write_text(json.dumps({**manifest, "sha256": digests}, indent=2))
         if final.exists():
             shutil.rmtree(final)
         os.replace(staging, final)
@@ -144,11 +155,11 @@ def save_policy(
 
 
 def saved_policies(run_dir: str | os.PathLike[str]) -> list[tuple[int, int]]:
-    """(fold, seed) of every bundle in a run directory, sorted."""
+    """(fold, seed) of every bundle directory in a run directory, sorted."""
     found = []
     for path in (Path(run_dir) / POLICIES).glob("fold*_seed*"):
         fold, _, seed = path.name.removeprefix("fold").partition("_seed")
-        if fold.isdigit() and seed.isdigit() and (path / "policy.json").is_file():
+        if fold.isdigit() and seed.isdigit():  # a damaged bundle is refused when read
             found.append((int(fold), int(seed)))
     return sorted(found)
 
@@ -167,8 +178,7 @@ def read_bundle(
             f"{run}: no saved policies (the run saved none: it predates saved policies or every "
             "run of it halted); fix: train it again with this jdqn"
         )
-    folds = sorted({f for f, _ in saved})
-    fold = folds[-1] if fold is None else int(fold)
+    fold = _last_fold(run, saved) if fold is None else int(fold)
     if (fold, seed) not in saved:
         listed = ", ".join(f"fold {f} seed {s}" for f, s in saved)
         raise PolicyError(
@@ -176,14 +186,7 @@ def read_bundle(
             f"fix: pick one of: {listed}"
         )
     path = bundle_dir(run, fold, seed)
-    meta = json.loads((path / "policy.json").read_text())
-    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
-        raise PolicyError(
-            f"{path}: a policy of format {meta.get('format')!r} version {meta.get('version')!r}, "
-            f"this jdqn reads {FORMAT!r} version {VERSION}; fix: use the jdqn that wrote it"
-        )
-    with np.load(path / "arrays.npz") as stored:
-        arrays = {name: stored[name] for name in stored.files}
+    meta, arrays = _verified(path, fold, seed)
     tree: dict[str, dict[str, Any]] = {"params": {}, "masks": {}, "sn_u": {}}
     for name, value in arrays.items():
         kind, *layers, leaf = name.split("/")  # sn_u/<layer>, params/<layer>/<leaf>, ...
@@ -192,6 +195,74 @@ def read_bundle(
             for layer in layers:
                 node = node.setdefault(layer, {})
             node[leaf] = value
+    _check_network(path, meta, tree)
     network = Network(**jax.tree.map(jnp.asarray, tree))
     normaliser = Normaliser(mean=arrays["normaliser/mean"], std=arrays["normaliser/std"])
     return fold, meta, network, normaliser
+
+
+def _last_fold(run: Path, saved: list[tuple[int, int]]) -> int:
+    """The run's last fold: of its results when it has them (a missing bundle is then refused,
+    never replaced by an earlier fold's), else of its bundle directories."""
+    folds = {f for f, _ in saved}
+    # No results (a directory of bundles, or an unfinished run): the bundles say.
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        rows = json.loads((run / "results.json").read_text())["folds"]
+        folds |= {int(row["fold"]) for row in rows}
+    return max(folds)
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def _verified(path: Path, fold: int, seed: int) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """policy.json and the arrays of the bundle at ``path``, checked against its manifest (the
+    files' SHA-256, the fold and seed) and for finite values (:class:`PolicyError`, one line)."""
+    again = "fix: train the run again (or restore the bundle from a copy)"
+    try:
+        meta = json.loads((path / "policy.json").read_text())
+        if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+            raise PolicyError(
+                f"{path}: a policy of format {meta.get('format')!r} version "
+                f"{meta.get('version')!r}, this jdqn reads {FORMAT!r} version {VERSION}; fix: use "
+                "the jdqn that wrote it"
+            )
+        manifest = json.loads((path / MANIFEST).read_text())
+        for name, digest in manifest["sha256"].items():
+            if _sha256(path / name) != digest:
+                damaged = f"{path / name} does not match its SHA-256 in {MANIFEST}"
+                raise PolicyError(f"{damaged}; {again}")
+        owners = {(manifest["fold"], manifest["seed"]), (meta["fold"], meta["seed"])}
+        if owners != {(fold, seed)} or set(manifest["sha256"]) != {"arrays.npz", "policy.json"}:
+            held = ", ".join(f"fold {f} seed {s}" for f, s in sorted(owners))
+            raise PolicyError(f"{path} holds the policy of {held} (moved or copied?); {again}")
+        with np.load(path / "arrays.npz") as stored:
+            arrays = {name: stored[name] for name in stored.files}
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
+        if isinstance(error, PolicyError):
+            raise
+        reason = error.strerror if isinstance(error, OSError) else f"{type(error).__name__}"
+        raise PolicyError(f"{path}: not a readable policy bundle ({reason}); {again}") from None
+    for name, value in arrays.items():
+        if not np.isfinite(value).all():
+            raise PolicyError(f"{path}: {name} holds NaN or infinite values; {again}")
+    if not np.all(arrays.get("normaliser/std", np.zeros(1)) > 0):
+        raise PolicyError(f"{path}: normaliser/std is missing or not positive; {again}")
+    return meta, arrays
+
+
+def _check_network(path: Path, meta: dict[str, Any], tree: dict[str, dict[str, Any]]) -> None:
+    """Refuse parameters or masks that are not the network of the bundle's config."""
+    cfg = Config.from_dict(meta["config"])
+    layout = networks.param_layout(cfg, len(meta["features"]["names"]) + 1)
+    expected = [[name, list(shape)] for name, shape in layout.record()]
+    for kind in ("params", "masks"):
+        leaves = jax.tree_util.tree_flatten_with_path(tree[kind])[0]
+        found = [[jax.tree_util.keystr(p), list(np.shape(x))] for p, x in leaves]
+        if found != expected or meta.get("param_layout") != expected:
+            raise PolicyError(
+                f"{path}: its {kind} are not the network its policy.json describes "
+                f"({cfg.network.hidden} hidden); fix: train the run again"
+            )

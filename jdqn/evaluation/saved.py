@@ -50,6 +50,12 @@ def evaluate_saved(
     ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). Bad input (no such run
     or fold, a bar file that fails validation, bars of another instrument or features) raises
     ``ValueError`` with one line before anything is written."""
+    unfinished = Path(run_dir).name.endswith(rundir.INCOMPLETE_SUFFIX)
+    if unfinished or (Path(run_dir).is_dir() and not (Path(run_dir) / "results.json").is_file()):
+        raise PolicyError(
+            f"{run_dir}: an unfinished run (no results.json), whose policies may be missing or "
+            f"stale; fix: finish it with jdqn walkforward --resume {run_dir}, then evaluate it"
+        )
     saved = saved_policies(run_dir)
     folds = sorted({f for f, _ in saved})
     if fold is None and folds:

@@ -3,7 +3,8 @@
 Beside each checkpoint a manifest (``sha256/<group>/<step>.json``) holds the SHA-256 of the state's
 arrays (path, dtype, shape and bytes of every leaf) and of its metadata, taken from the host copy
 that is saved. A restore recomputes both and refuses a checkpoint that cannot be read, has no
-manifest or whose digests differ (orbax reads flipped bytes without complaint);
+manifest or whose digests differ (orbax reads flipped bytes without complaint), or that carries
+another run's binding (jdqn.run.binding);
 :meth:`Checkpointer.restore_intact` falls back to the newest one that verifies. In a run of several
 processes each writes its own share (:class:`ShareCheckpointer`: one ``.npz`` per step).
 
@@ -99,8 +100,9 @@ class Checkpointer:
     waits for the writes.
     """
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, accepted: frozenset[str] | None = None) -> None:
         self._directory = directory
+        self._accepted = accepted  # the run's binding digests (jdqn.run.binding); None: any
         self._manager_: Any = None  # orbax's CheckpointManager, made at first use
         self._manifests = directory.parent / "sha256" / directory.name
         self._hashing: threading.Thread | None = None  # the last save's manifest writer
@@ -234,6 +236,9 @@ class Checkpointer:
             raise CheckpointCorruptError(f"{where}: its arrays do not match their SHA-256")
         if manifest.get("meta_sha256") != meta_digest(meta):
             raise CheckpointCorruptError(f"{where}: its metadata does not match its SHA-256")
+        # A checkpoint of another run (copied in) has its own config, learners or data.
+        if self._accepted is not None and meta.get("binding", "") not in {"", *self._accepted}:
+            raise CheckpointCorruptError(f"{where} belongs to another run (config, seeds or data)")
         return _from_storable(stored, like), meta
 
     def restore_intact(
@@ -312,8 +317,8 @@ class ShareCheckpointer(Checkpointer):
     ``jax.Array`` held by one process when there are several.
     """
 
-    def __init__(self, directory: Path) -> None:
-        super().__init__(directory)
+    def __init__(self, directory: Path, accepted: frozenset[str] | None = None) -> None:
+        super().__init__(directory, accepted)
         self._manifests = directory / "sha256"
         self._manager_ = _ShareFiles(directory)
 

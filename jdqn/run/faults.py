@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from pathlib import Path
 
 # errno values that mean "the storage failed", not "the program is wrong".
 STORAGE_ERRNOS = {
@@ -23,7 +24,9 @@ STORAGE_ERRNOS = {
     errno.EPERM: "operation not permitted",
 }
 # How wrappers (tensorstore, orbax) quote an errno in their messages.
-_QUOTED = re.compile(r"(?:\[Errno (\d+)\]|OS error (\d+)|errno[ =:]+(\d+))", re.IGNORECASE)
+_QUOTED = re.compile(
+    r"(?:\[Errno (\d+)\]|OS error (\d+)|errno[ =:]+(\d+)|os_error_code='(\d+)')", re.IGNORECASE
+)
 _STRERRORS = {os.strerror(number).lower(): number for number in STORAGE_ERRNOS}
 
 
@@ -40,38 +43,63 @@ def _chain(error: BaseException) -> list[BaseException]:
     return seen
 
 
-def io_problem(error: BaseException) -> str | None:
-    """``"<path>: <problem>"`` (or just the problem) when ``error`` or what caused it is a storage
-    failure, else ``None``."""
+def _locate(error: BaseException) -> tuple[str | None, str, bool] | None:
+    """(path or None, problem, whether the path was read from a wrapper's text) when ``error``
+    or what caused it is a storage failure."""
     for link in _chain(error):
         if isinstance(link, OSError) and link.errno in STORAGE_ERRNOS:
-            problem = STORAGE_ERRNOS[link.errno]
-            return f"{link.filename}: {problem}" if link.filename is not None else problem
+            filename = None if link.filename is None else str(link.filename)
+            return filename, STORAGE_ERRNOS[link.errno], False
         text = str(link)
         for match in _QUOTED.finditer(text):
             number = int(next(group for group in match.groups() if group))
             if number in STORAGE_ERRNOS:
-                return _with_path(text, STORAGE_ERRNOS[number])
+                return _first_path(text), STORAGE_ERRNOS[number], True
         lowered = text.lower()
         for strerror, number in _STRERRORS.items():
             if strerror in lowered:
-                return _with_path(text, STORAGE_ERRNOS[number])
+                return _first_path(text), STORAGE_ERRNOS[number], True
     return None
 
 
-def _with_path(text: str, problem: str) -> str:
-    """The first absolute path quoted in a wrapper's message, with ``problem``."""
-    match = re.search(r"(/[^\s'\"\],:]+)", text)
-    return f"{match.group(1)}: {problem}" if match else problem
+def io_problem(error: BaseException) -> str | None:
+    """``"<path>: <problem>"`` (or just the problem) when ``error`` or what caused it is a storage
+    failure, else ``None``."""
+    found = _locate(error)
+    if found is None:
+        return None
+    path, problem, _ = found
+    return f"{path}: {problem}" if path is not None else problem
 
 
-def raise_as_user_error(error: BaseException, resume_dir: os.PathLike[str] | None) -> None:
+def _first_path(text: str) -> str | None:
+    """The first absolute path quoted in a wrapper's message (not the tail of a relative name
+    such as tensorstore's ``"params.bias/0.0"``)."""
+    match = re.search(r"(?:^|(?<=[\s'\"(]))(/[^\s'\"\],:]+)", text)
+    return match.group(1) if match else None
+
+
+def raise_as_user_error(
+    error: BaseException,
+    resume_dir: os.PathLike[str] | None,
+    where: str | os.PathLike[str] | None = None,
+) -> None:
     """Raise :class:`IOFault` for a storage failure (else return): one line with the fix, the
-    ``--resume`` command when ``resume_dir`` holds checkpoints to resume from."""
-    problem = io_problem(error)
-    if problem is None:
+    ``--resume`` command when ``resume_dir`` holds checkpoints to resume from. ``where``: the
+    directory the user named (the run's): a failure a library reports inside it is named by it
+    and the part written (``checkpoints/group0/4``), not by the library's internal file."""
+    found = _locate(error)
+    if found is None:
         return
+    path, problem, quoted = found
+    named = f"{path}: {problem}" if path is not None else problem
+    root = None if where is None else Path(where).absolute()  # library paths are absolute
+    if root is not None and (path is None or quoted and Path(path).is_relative_to(root)):
+        # A library's internal file (orbax's, tensorstore's): the run and the part written.
+        inside = "/".join(Path(path).relative_to(root).parts[:3]) if path is not None else ""
+        inside = inside.split(".orbax-checkpoint-tmp")[0]  # orbax's step being written
+        named = f"{where}: {problem}" + (f" (writing {inside})" if inside else "")
     then = "then run it again"
     if resume_dir is not None:
         then = f"then resume with: jdqn walkforward --resume {resume_dir}"
-    raise IOFault(f"{problem}; fix: free space or fix the file system, {then}") from None
+    raise IOFault(f"{named}; fix: free space or fix the file system, {then}") from None

@@ -116,13 +116,18 @@ class RunDir:
 
 
 def check_name(name: str) -> None:
-    """A run name is one path component of its own: no separator, no leading dot (nor ``.`` or
-    ``..``), no ``.incomplete`` suffix (which marks an unfinished run)."""
+    """A run name is one path component of its own: no separator, no control character, at most
+    200 bytes, no leading dot (nor ``.`` or ``..``), no ``.incomplete`` suffix (which marks an
+    unfinished run)."""
     problem = None
     if not name or name.strip() != name:
         problem = "is empty or has surrounding spaces"
     elif "/" in name or (os.altsep and os.altsep in name) or "\0" in name:
         problem = "is not a single path component"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):  # a newline splits the log's lines
+        problem = "holds a control character (a newline or tab?)"
+    elif len(name.encode()) > 200:  # room for the suffixes within the usual 255-byte limit
+        problem = "is longer than 200 bytes"
     elif name.startswith("."):
         problem = "starts with a dot"
     elif name.endswith(INCOMPLETE_SUFFIX):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jdqn.accel import choose
-from jdqn.accel.executables import ExecutableCache
+from jdqn.accel.executables import ExecutableCache, refuse_untrusted
 from jdqn.accel.xla_flags import cache_root, configure
 from jdqn.agent import GUARD_REASONS
 from jdqn.agent import debug as debug_mode
@@ -43,6 +43,7 @@ from jdqn.evaluation.env import make_params, volatility_reward_scale
 from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.run import (
     background,
+    binding,
     faults,
     memory,
     metrics_log,
@@ -85,8 +86,8 @@ class WalkForwardOutcome:
 
 def enable_compilation_cache(cfg: Config) -> None:
     """Persist XLA executables across runs (warm starts skip compilation)."""
-    if not cfg.output.compilation_cache:
-        return
+    if not cfg.output.compilation_cache or refuse_untrusted(cache_root(), "compilation cache"):
+        return  # JAX's cache holds machine code: only a directory no one else can write
     jax.config.update("jax_compilation_cache_dir", str(cache_root()))
     # Cache every program, not only slow ones: the many small ones add up.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -94,11 +95,15 @@ def enable_compilation_cache(cfg: Config) -> None:
 
 def load_data(cfg: Config) -> WalkForwardData:
     """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
-    if cfg.data.path and not Path(cfg.data.path).exists():
-        raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
-    with _as_user_error(ValueError):  # BarFileError included: one line naming file, row and fix
-        bars = load_source(cfg.data)
-        return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
+    try:
+        if cfg.data.path and not Path(cfg.data.path).exists():
+            raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
+        with _as_user_error(ValueError):  # BarFileError included: one line naming file, row, fix
+            bars = load_source(cfg.data)
+            return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
+    except OSError as error:  # a name over the file system's limit, a file it may not read
+        problem = error.strerror or type(error).__name__
+        raise UserError(f"--data {cfg.data.path}: {problem}; fix: check the path") from None
 
 
 def run_walkforward(
@@ -112,6 +117,7 @@ def run_walkforward(
     plot_processes: bool = False,
     devices: int | None = None,
     processes: Processes | None = None,
+    resume_changed: bool = False,
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
@@ -120,7 +126,8 @@ def run_walkforward(
     ``if __name__ == "__main__":``. ``devices``: local devices that share the learners (default
     all; ``jdqn.run.placement``). ``processes``: this process's place in a run of several
     (``jdqn.run.processes``; default jax's count and index). Process 0 writes the run directory and
-    returns the results; the others return its path, no results and whether a run halted."""
+    returns the results; the others return its path, no results and whether a run halted.
+    ``resume_changed``: resume although config.json or the data file changed (jdqn.run.binding)."""
     configure()  # jdqn's XLA flags, where no JAX backend has started yet
     processes = processes or Processes(jax.process_count(), jax.process_index())
     # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
@@ -145,11 +152,21 @@ def run_walkforward(
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
+        data_sha256 = made_by["provenance"]["data"]["sha256"]
+        now = binding.current(cfg, len(data.folds), processes.count, data_sha256)
+        seal = binding.fresh(now)
+        if run is not None:  # resumed: the same config, learners and data, or refused
+            with _as_user_error(binding.BindingError):
+                seal = binding.check_resume(run.path, now, resume_changed, log) or seal
+            if seal.changes:
+                made_by["provenance"]["resumed_with_changes"] = list(seal.changes)
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
         try:
             if resume is None:
                 run = _new_run(cfg, name, layout, processes, unlocks)
             assert run is not None
+            if processes.writer:
+                binding.write(run.path, now, seal)
             log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
             if processes.count > 1:
                 log(f"jdqn: {processes.count} processes share the learners")
@@ -161,7 +178,7 @@ def run_walkforward(
             cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
-                job = _Job(cfg, data, run, writes, series, processes, debug, progress, log)
+                job = _Job(cfg, data, run, writes, series, processes, debug, progress, log, seal)
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
                     report.write_stitched(run.path, series, cfg.output.plots, writes)
@@ -185,7 +202,7 @@ def run_walkforward(
             # A storage failure's line, or a final name taken, says how to resume instead.
             say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
             resumable = _left_to_resume(run, log, say)
-            faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
+            faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
             raise
 
 
@@ -254,7 +271,7 @@ def _new_run(
             if run is not None:
                 with rundir.interrupts_deferred():
                     rundir.discard(run)
-            faults.raise_as_user_error(error, None)  # disk full: one line
+            faults.raise_as_user_error(error, None, where=cfg.output.out_dir)  # disk full: one line
             raise
     path = Path(processes.broadcast_text(str(run.path) if run is not None else ""))
     final = path.with_name(path.name.removesuffix(rundir.INCOMPLETE_SUFFIX))
@@ -292,7 +309,8 @@ def _finish(
             for row in halted:
                 log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
     except OSError as error:  # every epoch is checkpointed: a resume only judges again
-        faults.raise_as_user_error(error, run.path if cfg.output.checkpoints else None)
+        resume_dir = run.path if cfg.output.checkpoints else None
+        faults.raise_as_user_error(error, resume_dir, where=run.path)
         raise
     for signum in dict.fromkeys(received):
         log(f"jdqn: {signal.Signals(signum).name} arrived as the run completed; it is complete")
@@ -320,6 +338,7 @@ class _Job:
     debug: bool
     progress: bool
     log: Callable[[str], None]
+    seal: binding.Seal  # what its checkpoints carry and accept (jdqn.run.binding)
 
 
 def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
@@ -716,7 +735,8 @@ class GroupCheckpoints:
         if processes.count > 1:
             self._directory /= f"process-{processes.index}"
         store = ShareCheckpointer if processes.count > 1 else Checkpointer
-        self._store = store(self._directory) if self.enabled else None
+        self._store = store(self._directory, job.seal.accepted) if self.enabled else None
+        self._binding = job.seal.sha256
         self._place, self._processes = programs.place, processes
         self._indices = processes.share(list(range(len(programs.wave))))  # its runs in the wave
         self._chunks_per_epoch = programs.program.chunks_per_epoch
@@ -771,6 +791,7 @@ class GroupCheckpoints:
         meta: dict[str, Any] = dict(
             epochs_done=epochs_done, halted_epoch=halted, param_layout=self._param_layout
         )
+        meta["binding"] = self._binding
         if chunks_done:
             meta["chunks_done"] = chunks_done
         step = epochs_done * self._chunks_per_epoch + chunks_done

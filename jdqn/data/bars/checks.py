@@ -10,6 +10,9 @@ import pandas as pd
 from jdqn.data.bars.core import PRICE_COLUMNS, BarFileError, more_rows, reject_rows
 from jdqn.data.bars.timestamps import missing_mask
 
+# Above any traded instrument's price in index points (BTCUSD ~1e5): a scaled or corrupt column,
+# and prices near float32's range (3.4e38) overflow the features.
+MAX_PRICE = 1e9
 _LISTED_ROWS = 5  # rows named in a duplicate message before "and N more"
 
 
@@ -45,13 +48,21 @@ def check_values(
     columns: dict[str, str],
     path: str | os.PathLike[str],
 ) -> None:
-    """Positive prices, low <= open, close <= high, and volume >= 0."""
+    """Positive prices up to :data:`MAX_PRICE`, low <= open, close <= high, and volume >= 0."""
     for name in PRICE_COLUMNS:
         reject_rows(
             prices[name] <= 0,
             path,
             "price {price:g} is not positive",
             "prices must be > 0 index points; correct or drop the bar",
+            columns[name],
+            price=prices[name],
+        )
+        reject_rows(
+            prices[name] > MAX_PRICE,
+            path,
+            "price {price:g} is above " + f"{MAX_PRICE:g}",
+            "no instrument trades there (float32 features would lose it); check the column",
             columns[name],
             price=prices[name],
         )
