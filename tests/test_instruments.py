@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from smoke import SMOKE
 
 from jdqn import cli
 from jdqn.config import DEFAULT, SMOKETEST, DataConfig, apply_overrides
@@ -88,12 +89,12 @@ def test_unknown_instrument_names_the_presets():
 
 def test_cli_instrument_then_set_overrides(tmp_path, capsys):
     args = cli._build_parser().parse_args(
-        ["walkforward", "--instrument", "CL", "--set", "env.slippage_ticks=2"]
+        [*SMOKE, "--instrument", "CL", "--set", "env.slippage_ticks=2"]
     )
     cfg = cli.resolve_config(args)
     assert cfg.env.instrument == "CL" and cfg.env.tick_size == 0.01
     assert cfg.env.slippage_ticks == 2.0 and cfg.network.v_max == SMOKETEST.network.v_max
-    assert cli.main(["walkforward", "--instrument", "XX", "--out", str(tmp_path)]) == 2
+    assert cli.main([*SMOKE, "--instrument", "XX", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("jdqn: error: unknown instrument 'XX'") and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []

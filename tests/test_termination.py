@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
+from smoke import SMOKE
 from test_checkpoint_integrity import _flip_64_bytes, _largest_data_file
 
 from jdqn.cli import EXIT_TERMINATED
@@ -156,7 +157,7 @@ def test_a_sigterm_checkpoints_mid_epoch_and_resume_gives_the_uninterrupted_numb
 
 
 def _walkforward_child(out: Path, *extra: str) -> subprocess.Popen[str]:
-    args = ["walkforward", "--no-progress", "--out", str(out), "--name", "r", *extra]
+    args = [*SMOKE, "--no-progress", "--out", str(out), "--name", "r", *extra]
     for item in SMALL:
         args += ["--set", item]
     return subprocess.Popen(

@@ -10,7 +10,9 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ from jdqn.evaluation.env import make_params, volatility_reward_scale
 from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.run import (
     background,
+    console_log,
     faults,
     memory,
     metrics_log,
@@ -60,6 +63,9 @@ from jdqn.run.checkpoint import (
 )
 from jdqn.run.metrics_log import TENSORBOARD, MetricsLog
 from jdqn.run.processes import ProcessError, Processes
+
+# -v: what a user debugging a run wants (jdqn.run.console_log); off by default.
+_debug = logging.getLogger("jdqn.run").debug
 
 
 class UserError(Exception):
@@ -108,6 +114,7 @@ def run_walkforward(
     progress: bool = True,
     name: str | None = None,
     log: Callable[[str], None] = print,
+    log_outcome: Callable[[str], None] | None = None,
     plot_processes: bool = False,
     devices: int | None = None,
     processes: Processes | None = None,
@@ -118,14 +125,18 @@ def run_walkforward(
     (``report.plot_processes``): a script that turns this on must keep its top-level code under
     ``if __name__ == "__main__":``. ``devices``: local devices that share the learners (default
     all; ``jdqn.run.placement``). ``processes``: this process's place in a run of several
-    (``jdqn.run.processes``; default jax's count and index). Process 0 writes the run directory and
-    returns the results; the others return its path, no results and whether a run halted."""
+    (``jdqn.run.processes``; default jax's count and index). ``log_outcome`` (default ``log``)
+    takes the lines a quiet console still shows: where the results went, halts, how to resume.
+    Process 0 writes the run directory and returns the results; the others return its path, no
+    results and whether a run halted."""
     processes = processes or Processes(jax.process_count(), jax.process_index())
+    log_outcome = log_outcome or log
     # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
     with contextlib.ExitStack() as unlocks, termination.sigterm_raises():
         run: rundir.RunDir | None = None
         if not processes.writer:  # process 0 reports for all of them
             log, progress, plot_processes = (lambda _: None), False, False
+            log_outcome = log
         if name is not None:
             with _as_user_error(ValueError):
                 rundir.check_name(name)
@@ -140,8 +151,10 @@ def run_walkforward(
         data = load_data(cfg)
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
+        _debug(console_log.reading_record(cfg, data))
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
+        _debug(console_log.memory_record(cfg, data, layout))
         try:
             if resume is None:
                 run = _new_run(cfg, name, layout, processes, unlocks)
@@ -157,7 +170,9 @@ def run_walkforward(
             cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
-                job = _Job(cfg, data, run, writes, series, processes, debug, progress, log)
+                job = _Job(
+                    cfg, data, run, writes, series, processes, debug, progress, log, log_outcome
+                )
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
                     report.write_stitched(run.path, series, cfg.output.plots, writes)
@@ -166,7 +181,7 @@ def run_walkforward(
                 summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
         except debug_mode.DebugCheckFailed as failure:
             # Keep the .incomplete directory: it holds the failure record and the metrics so far.
-            log(f"jdqn: {failure}; recorded in {failure.record}")
+            log_outcome(f"jdqn: {failure}; recorded in {failure.record}")
             raise
         except (CheckpointLayoutError, NoIntactCheckpointError):
             raise  # resuming cannot help (the error says to start again); the directory stays
@@ -181,7 +196,9 @@ def run_walkforward(
                 if not resumable:
                     rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
                 elif faults.io_problem(error) is None:  # a storage failure's line says it instead
-                    log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
+                    log_outcome(
+                        f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}"
+                    )
             faults.raise_as_user_error(error, run.path if resumable else None)  # disk full: 1 line
             raise
         if not processes.writer:
@@ -264,9 +281,9 @@ def _finish(
     log(report.summary_table(fold_results))
     log(report.summary_text(summary))
     plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
-    log(f"jdqn: results in {final / 'results.json'}{plots}")
+    job.log_outcome(f"jdqn: results in {final / 'results.json'}{plots}")
     for row in halted:
-        log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
+        job.log_outcome(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
     return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
 
 
@@ -291,6 +308,7 @@ class _Job:
     debug: bool
     progress: bool
     log: Callable[[str], None]
+    log_outcome: Callable[[str], None]  # lines a quiet console keeps (results path, halts)
 
 
 def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
@@ -635,6 +653,7 @@ def _train_group(
             for epoch in range(start_epoch, cfg.train.epochs):
                 first_chunk = start_chunk if epoch == start_epoch else 0
                 for chunk in range(first_chunk, program.chunks_per_epoch):
+                    started = time.perf_counter()
                     result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
                     if epoch == start_epoch and chunk == first_chunk:
                         # The chunk is queued and this thread now waits on the device: the
@@ -642,6 +661,9 @@ def _train_group(
                         writes.prefetch(later_imports)
                     error, (state, chunk_metrics) = result if job.debug else (None, result)
                     record = _host((state.learner.step, chunk_metrics), len(run_ids))
+                    elapsed = time.perf_counter() - started  # _host waited for the chunk
+                    message = "jdqn: group %d epoch %d chunk %d: %.2f s"
+                    _debug(message, group_index, epoch + 1, chunk + 1, elapsed)
                     steps, metrics = processes.gather(record, len(wave))  # [R], [R, L] of the wave
                     summary = metrics_log.add(epoch, chunk, steps, metrics) if metrics_log else {}
                     if error is not None:  # fetched once per chunk, with the chunk's metrics
