@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -335,14 +336,19 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    from jdqn.evaluation.instruments import instrument, unit_descriptions
+
+    units: dict[str, str] = {}
     try:
         cfg = profile(args.profile)
         if args.instrument is not None:
             cfg = apply_instrument(cfg, args.instrument)
+            units = unit_descriptions(instrument(args.instrument))
     except ValueError as error:
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
-    print(format_keys(config_keys(cfg)))
+    keys = [replace(k, description=units.get(k.key, k.description)) for k in config_keys(cfg)]
+    print(format_keys(keys))
     return 0
 
 

@@ -40,7 +40,7 @@ from jdqn.data import (
 )
 from jdqn.evaluation import policy_bundle, stats
 from jdqn.evaluation.baselines import extra_baselines, oracle_signal
-from jdqn.evaluation.env import make_params, volatility_reward_scale
+from jdqn.evaluation.env import cost_notices, make_params, resolve_costs, volatility_reward_scale
 from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.run import (
     background,
@@ -66,6 +66,7 @@ from jdqn.run.processes import ProcessError, Processes
 
 # -v: what a user debugging a run wants (jdqn.run.console_log); off by default.
 _debug = logging.getLogger("jdqn.run").debug
+_warn = logging.getLogger("jdqn.run").warning
 
 
 class UserError(Exception):
@@ -289,9 +290,14 @@ def _finish(
 
 def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
     """The config with ``env.reward_unit`` resolved to points (``env.volatility_reward_scale``)
-    from the first fold's train window, which precedes every test window."""
+    and the notional commission's price set (``env.resolve_costs``) from the first fold's train
+    window, which precedes every test window; costs that swamp the moves get a notice."""
+    train_close = data.train[0].close
     with _as_user_error(ValueError):
-        return dataclasses.replace(cfg, env=volatility_reward_scale(cfg.env, data.train[0].close))
+        env = volatility_reward_scale(resolve_costs(cfg.env, train_close), train_close)
+    for notice in cost_notices(env, train_close, [fold.close for fold in data.test]):
+        _warn(notice)
+    return dataclasses.replace(cfg, env=env)
 
 
 @dataclass(frozen=True)
