@@ -381,6 +381,8 @@ class OutputConfig:
     checkpoints: bool = True  # orbax checkpoints each epoch (for --resume)
     tensorboard: bool = True  # TensorBoard event files
     plots: bool = True  # PNG plots
+    # the random baseline in plots and console tables too (results.json and CSVs always hold it)
+    show_random: bool = False
     compilation_cache: bool = True  # persist XLA executables across runs
 
     def __post_init__(self) -> None:

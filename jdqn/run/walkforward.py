@@ -176,7 +176,14 @@ def run_walkforward(
                 )
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
-                    report.write_stitched(run.path, series, cfg.output.plots, writes)
+                    report.write_stitched(
+                        run.path,
+                        series,
+                        cfg.output.plots,
+                        writes,
+                        point_value_usd=cfg.env.point_value_usd,
+                        show_random=cfg.output.show_random,
+                    )
             summary: dict[str, Any] = {}
             if processes.writer:
                 summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
@@ -271,7 +278,10 @@ def _finish(
         "backend": jax.default_backend(),
         **made_by,
     }
+    show_random = cfg.output.show_random
     try:
+        if cfg.output.plots and summary:
+            report.plot_summary(run.plots_dir / "summary.png", fold_results, summary, show_random)
         rundir.write_json(run.results_path, results)
         final = rundir.finalize(run)
     except OSError as error:  # every epoch is checkpointed: a resume only judges again
@@ -279,8 +289,8 @@ def _finish(
         raise
     halted = [r for r in fold_results if r["status"] != "ok"]
     job.processes.broadcast_text(json.dumps({"run_dir": str(final), "halted": bool(halted)}))
-    log(report.summary_table(fold_results))
-    log(report.summary_text(summary))
+    log(report.summary_table(fold_results, show_random))
+    log(report.summary_text(summary, show_random))
     plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
     job.log_outcome(f"jdqn: results in {final / 'results.json'}{plots}")
     for row in halted:
@@ -893,6 +903,8 @@ def _judge_group(
                 timestamps,
                 curves,
                 f"fold {fold} seed {seed}: out-of-sample equity ({status})",
+                cfg.env.point_value_usd,
+                cfg.output.show_random,
             )
         rows.append(
             {
