@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,7 +35,11 @@ EXIT_HALTED = 3
 EXIT_DEBUG_FAILURE = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM (jdqn.run.termination: the run stops as for a Ctrl-C)
-DEFAULT_PROFILE = "smoketest"
+DEFAULT_PROFILE = "default"
+SMOKETEST_ON_USER_BARS = (
+    "jdqn: notice: --profile smoketest is the CI-sized learner (batch 64, buffer 256, 2 epochs): "
+    "its numbers on your bars say little; for a real run use --profile default"
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -67,16 +72,22 @@ def _build_parser() -> argparse.ArgumentParser:
         "--verbose",
         action="count",
         default=argparse.SUPPRESS,  # a subcommand's default must not reset the top level's
-        help="more console output (debug records)",
+        help="more console output: how the bars were read, the memory plan, compile and chunk "
+        "times",
     )
     levels.add_argument(
         "-q",
         "--quiet",
         action="store_true",
         default=argparse.SUPPRESS,
-        help="warnings and errors only, no progress bar",
+        help="warnings, errors, halts and where the results went; no progress bar",
     )
-    parser = _Parser(prog="jdqn", description=__doc__.splitlines()[0], parents=[common])
+    parser = _Parser(
+        prog="jdqn",
+        description="Train a distributional (C51) DQN to trade futures and judge it walk-forward. "
+        "A command's --help lists its options.",
+        parents=[common],
+    )
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -148,7 +159,11 @@ def _add_walkforward(wf: argparse.ArgumentParser) -> None:
     wf.add_argument("--config", help="rerun a saved config.json (flags and --set apply on top)")
     wf.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
     wf.add_argument("--data", help="bar file (CSV/Parquet); default: built-in synthetic ES bars")
-    wf.add_argument("--profile", choices=sorted(PROFILES), help="default: smoketest")
+    wf.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        help="default: default (the profile that learns); smoketest: the CI-sized run",
+    )
     wf.add_argument(
         "--instrument",
         help="instrument preset (ES, NQ, CL, GC, ZN, 6E, EURUSD, BTCUSD; default ES, the "
@@ -220,7 +235,7 @@ def resolve_config(args: argparse.Namespace) -> Config:
 
 
 def base_config(config_path: str | None, profile_name: str | None) -> Config:
-    """What flags and ``--set`` apply to: a saved config, or a profile (default smoketest)."""
+    """What flags and ``--set`` apply to: a saved config, or a profile (default ``default``)."""
     if config_path is not None:
         if profile_name is not None:
             raise ValueError(
@@ -255,7 +270,16 @@ def _walkforward(args: argparse.Namespace) -> int:
             with contextlib.suppress(BrokenPipeError):  # `| head`: the reader went away
                 print(shown.to_json())
             return 0
-        log = logging.getLogger(console_log.LOGGER_NAME).info
+        logger = logging.getLogger(console_log.LOGGER_NAME)
+        # Said once the bars have loaded (with the run's first line): a bad file stays one line.
+        on_user_bars = cfg is not None and cfg.data.path is not None
+        notices = [SMOKETEST_ON_USER_BARS] if on_user_bars and args.profile == "smoketest" else []
+
+        def log(message: str) -> None:
+            while notices:
+                logger.warning(notices.pop())
+            logger.info(message)
+
         # Before any other use of a JAX backend (jax.distributed.initialize).
         processes = start(args.coordinator, args.num_processes, args.process_id, log)
         outcome = run_walkforward(
@@ -264,6 +288,7 @@ def _walkforward(args: argparse.Namespace) -> int:
             debug=args.debug,
             progress=not args.no_progress and not getattr(args, "quiet", False),
             log=log,
+            log_outcome=console_log.outcome,
             name=args.name,
             plot_processes=True,
             devices=args.devices,
@@ -329,14 +354,19 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _config(args: argparse.Namespace) -> int:
+    from jdqn.evaluation.instruments import instrument, unit_descriptions
+
+    units: dict[str, str] = {}
     try:
         cfg = profile(args.profile)
         if args.instrument is not None:
             cfg = apply_instrument(cfg, args.instrument)
+            units = unit_descriptions(instrument(args.instrument))
     except ValueError as error:
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR
-    print(format_keys(config_keys(cfg)))
+    keys = [replace(k, description=units.get(k.key, k.description)) for k in config_keys(cfg)]
+    print(format_keys(keys))
     return 0
 
 

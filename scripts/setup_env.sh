@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv with a Python >= 3.12 and install jdqn with its dev extras.
+# Create (or reuse) .venv with a Python >= 3.12 and install jdqn with its dev extras, and with
+# its cuda extra (JAX's CUDA 12 wheels) where nvidia-smi finds a GPU (JDQN_CPU=1: never).
 # Run by scripts/run_main.sh and scripts/run_tests.sh; a second run reuses the environment.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -25,8 +26,12 @@ find_python() {
   return 1
 }
 
+extras=dev
+if [ -z "${JDQN_CPU:-}" ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  extras=dev,cuda
+fi
 stamp="$venv/.jdqn-installed"
-want="$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want="$extras $(sha256sum < "$root/pyproject.toml" | cut -d' ' -f1)"
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   py="$(find_python)" || {
     echo "error: no Python >= 3.12 (with venv and ensurepip) found; install one or set" \
@@ -40,8 +45,8 @@ if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   rm -f "$stamp"
 fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  echo "setting up $venv (first run takes a few minutes) ..." >&2
+  echo "setting up $venv with jdqn[$extras] (first run takes a few minutes) ..." >&2
   "$venv/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip >&2
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[dev]" >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e "$root[$extras]" >&2
   echo "$want" > "$stamp"
 fi

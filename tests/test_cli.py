@@ -12,6 +12,7 @@ import pytest
 from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
 from malformed_bars import MALFORMED_CASES
+from smoke import SMOKE
 
 from jdqn.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, main
 
@@ -33,7 +34,7 @@ def test_malformed_bar_file_is_one_line_exit_2_and_no_run_dir(
     path = tmp_path / f"{case}.csv"
     path.write_text(content)
     out = tmp_path / "runs"
-    code = main(["walkforward", "--data", str(path), "--out", str(out), "--no-progress"])
+    code = main([*SMOKE, "--data", str(path), "--out", str(out), "--no-progress"])
     assert code == EXIT_USER_ERROR
     _assert_one_line_error(capsys.readouterr().err, expected)
     assert not out.exists() or not any(out.iterdir())
@@ -42,16 +43,16 @@ def test_malformed_bar_file_is_one_line_exit_2_and_no_run_dir(
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["walkforward", "--data", "/no/such/file.csv"], "no such file"),
-        (["walkforward", "--set", "network.v_min=999"], "network.v_min"),
-        (["walkforward", "--set", "train.bogus=1"], "valid keys of train"),
-        (["walkforward", "--set", "nonsense"], "section.field=value"),
-        (["walkforward", "--folds", "0"], "walkforward.n_folds"),
+        ([*SMOKE, "--data", "/no/such/file.csv"], "no such file"),
+        ([*SMOKE, "--set", "network.v_min=999"], "network.v_min"),
+        ([*SMOKE, "--set", "train.bogus=1"], "valid keys of train"),
+        ([*SMOKE, "--set", "nonsense"], "section.field=value"),
+        ([*SMOKE, "--folds", "0"], "walkforward.n_folds"),
         (["walkforward", "--profile", "huge"], "invalid choice"),
-        (["walkforward", "--data", str(ES_SAMPLE)], "fix"),  # default folds do not fit 2,264 bars
+        ([*SMOKE, "--data", str(ES_SAMPLE)], "fix"),  # default folds do not fit 2,264 bars
         (["walkforward", "--resume", "/no/such/run"], "no such directory"),
         (["walkforward", "--resume", "/no/such/run", "--epochs", "3"], "drop --data"),
-        (["walkforward", "--set", "train.n_slices=300"], "replay.capacity"),
+        ([*SMOKE, "--set", "train.n_slices=300"], "replay.capacity"),
         (["data", "synth", "--bars", "10", "--out", "x.csv"], "--bars"),
         (["data", "check", "/no/such/file.csv"], "does not exist"),
         (["frobnicate"], "invalid choice"),
@@ -71,7 +72,7 @@ def test_user_errors_are_one_line_exit_2(tmp_path, capsys, argv, expected):
 
 
 def test_folds_that_do_not_fit_say_what_to_change(capsys, tmp_path):
-    code = main(["walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--no-progress"])
+    code = main([*SMOKE, "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--no-progress"])
     assert code == EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert "2,264" in err or "2264" in err
@@ -82,7 +83,7 @@ def test_subprocess_exit_code_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("timestamp,open,high,low,close\n2024-01-02 09:30:00,1,2,0.5,nan\n")
     result = subprocess.run(
-        [sys.executable, "-m", "jdqn", "walkforward", "--data", str(bad), "--out", str(tmp_path)],
+        [sys.executable, "-m", "jdqn", *SMOKE, "--data", str(bad), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -115,7 +116,7 @@ def test_ctrl_c_during_a_run_leaves_no_directory_and_no_traceback(tmp_path):
     training; no checkpoint is ever written here): exit 130, one line, nothing left behind."""
     out = tmp_path / "runs"
     args = [
-        "walkforward", "--data", str(ES_SAMPLE), "--no-progress",
+        *SMOKE, "--data", str(ES_SAMPLE), "--no-progress",
         *[arg for item in ES_FOLDS for arg in ("--set", item)],
         "--set", "output.checkpoints=false", "--out", str(out),
     ]  # fmt: skip

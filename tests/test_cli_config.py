@@ -8,8 +8,11 @@ import re
 from pathlib import Path
 
 import pytest
+from es_sample import ES_FOLDS, ES_SAMPLE
+from smoke import SMOKE
+from tiny_learner import TINY
 
-from jdqn.cli import main
+from jdqn.cli import SMOKETEST_ON_USER_BARS, main
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides
 from jdqn.config.keys import config_keys, field_comments
 from jdqn.config.sections import LossConfig
@@ -57,6 +60,48 @@ def test_config_keys_cover_every_field_with_a_description(capsys):
     assert rows["env.tick_size"][2] == "0.01" and rows["env.instrument"][2] == '"CL"'
 
 
+def test_help_opens_with_a_sentence(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    description = capsys.readouterr().out.split("\n\n")[1]
+    assert description.startswith("Train a distributional (C51) DQN") and "``" not in description
+
+
+def _tiny_run(tmp_path, level: str, name: str) -> int:
+    settings = [*ES_FOLDS, *TINY, "train.epochs=1", "output.plots=false"]
+    argv = [level, *SMOKE, "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--name", name]
+    argv += ["--folds", "1", "--no-progress"]
+    return main([*argv, *[a for item in settings for a in ("--set", item)]])
+
+
+@pytest.mark.slow
+def test_verbose_and_quiet_runs_say_what_each_promises(tmp_path, capsys):
+    """-v: how the bars were read, the memory plan, compile and chunk times; -q: the notices (costs,
+    smoketest on the user's file) and where the results went, nothing else."""
+    assert _tiny_run(tmp_path, "-v", "loud") == 0
+    out, err = capsys.readouterr()
+    # ES 1-minute bars: a round trip (0.6 points) costs more than the median move (0.25)
+    costs, smoketest = err.splitlines()
+    assert costs.startswith("jdqn: notice: a round trip costs 0.6 points ($30.00 per unit), 2.4x")
+    assert smoketest == SMOKETEST_ON_USER_BARS
+    for line in (
+        f"jdqn: bars: {ES_SAMPLE}; columns by their headers; naive times read as exchange time; "
+        "calendar cme_equity (America/Chicago); 2,264 bars",
+        "jdqn: fold 0 train [904, 1904) test [1964, 2264)",
+        "jdqn: memory plan: on a device, per learner: learner states",
+        "jdqn: run_chunk: ",  # traced and compiled, or loaded: with its time
+        "jdqn: group 0 epoch 1 chunk 1: ",
+        f"jdqn: results in {tmp_path / 'loud' / 'results.json'}",
+    ):
+        assert line in out, line
+    assert _tiny_run(tmp_path, "-q", "quiet") == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == (
+        f"jdqn: results in {tmp_path / 'quiet' / 'results.json'}\n",
+        f"{costs}\n{smoketest}\n",
+    )
+
+
 def test_comment_lines_above_a_field_join_its_description():
     comments = field_comments(LossConfig)
     assert comments["edge_mass_limit"] == (
@@ -69,7 +114,7 @@ def test_comment_lines_above_a_field_join_its_description():
 def test_print_config_and_rerun_of_a_saved_config(tmp_path, capsys):
     assert main(["walkforward", "--print-config", "--instrument", "NQ", "--epochs", "3"]) == 0
     printed = Config.from_json(capsys.readouterr().out)
-    expected = apply_overrides(SMOKETEST, ["train.epochs=3"])
+    expected = apply_overrides(DEFAULT, ["train.epochs=3"])  # the profile the command defaults to
     assert printed.train == expected.train and printed.env.instrument == "NQ"
     saved = tmp_path / "config.json"
     saved.write_text(printed.to_json())
@@ -112,8 +157,9 @@ def test_console_levels(capsys):
     out, err = capsys.readouterr()
     assert (out, err) == ("shown\n", "careful\n")
     console_log.configure(quiet=True).info("quiet")
+    console_log.outcome("results in x")  # -q keeps where the results went and halts
     console_log.configure(verbose=1).debug("detail")
-    assert capsys.readouterr().out == "detail\n"
+    assert capsys.readouterr().out == "results in x\ndetail\n"
     assert sum(type(h).__name__ == "_ConsoleHandler" for h in logger.handlers) == 1
     assert not logger.propagate  # absl's root handler would print every line again
     console_log.configure()

@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 import pytest
+from smoke import SMOKE
 from test_cli import _assert_one_line_error
 
 from jdqn.cli import EXIT_USER_ERROR, main
@@ -74,7 +75,7 @@ def test_the_limits_are_float32_and_int32_and_sensible_values_pass():
 @pytest.mark.parametrize("override", ["optim.learning_rate=inf", "train.seed=1e308"])
 def test_the_cli_says_it_in_one_line_and_leaves_nothing(tmp_path, capsys, override):
     out = tmp_path / "runs"
-    code = main(["walkforward", "--set", override, "--out", str(out), "--no-progress"])
+    code = main([*SMOKE, "--set", override, "--out", str(out), "--no-progress"])
     assert code == EXIT_USER_ERROR
     _assert_one_line_error(capsys.readouterr().err, override.split("=")[0])
     assert not out.exists()

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
+from smoke import SMOKE
 from tiny_learner import N_FEATURES, TINY
 
 import jdqn.agent.surgery as surgery_module
@@ -403,7 +404,7 @@ def test_debug_off_program_has_no_checks_and_debug_on_has_them():
 
 
 def _cli(tmp_path: Path, name: str, *extra: str) -> int:
-    args = ["walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--no-progress"]
+    args = [*SMOKE, "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--no-progress"]
     args += ["--name", name, "--epochs", "1"]
     for item in [*ES_FOLDS, "output.plots=false", "output.tensorboard=false"]:
         args += ["--set", item]

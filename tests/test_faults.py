@@ -11,6 +11,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import pytest
 from es_sample import ES_SAMPLE
+from smoke import SMOKE
 from test_cli import _assert_one_line_error
 from test_termination import SMALL
 
@@ -91,7 +92,7 @@ def _gzip_cases(tmp_path: Path) -> dict[str, Path]:
 def test_a_damaged_csv_gz_is_one_line_naming_it_and_leaves_nothing(tmp_path, capsys):
     out = tmp_path / "runs"
     for path in _gzip_cases(tmp_path).values():
-        code = main(["walkforward", "--data", str(path), "--out", str(out), "--no-progress"])
+        code = main([*SMOKE, "--data", str(path), "--out", str(out), "--no-progress"])
         assert code == EXIT_USER_ERROR
         _assert_one_line_error(capsys.readouterr().err, f"{path}: compressed file is truncated")
         assert main(["data", "check", str(path)]) == EXIT_USER_ERROR
@@ -126,7 +127,7 @@ def test_a_full_disk_mid_run_and_at_the_end_is_one_line_and_the_run_resumes(
     tmp_path, monkeypatch, capsys
 ):
     out = tmp_path / "runs"
-    args = ["walkforward", "--no-progress", "--out", str(out), "--name", "r"]
+    args = [*SMOKE, "--no-progress", "--out", str(out), "--name", "r"]
     for item in SMALL:
         args += ["--set", item]
     stopped = out / "r.incomplete"

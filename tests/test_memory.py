@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from smoke import SMOKE
 from test_cli import _assert_one_line_error
 
 from jdqn.agent import networks
@@ -101,7 +102,7 @@ def test_the_cli_refuses_what_cannot_fit_in_one_line_and_leaves_nothing(
     """On a machine of 16 GiB (the limits are the test's, so the result is the same anywhere)."""
     monkeypatch.setattr(memory, "limits", lambda: memory.MemoryLimits(16 * GIB, None))
     out = tmp_path / "runs"
-    code = main(["walkforward", *argv, "--out", str(out), "--no-progress"])
+    code = main([*SMOKE, *argv, "--out", str(out), "--no-progress"])
     assert code == EXIT_USER_ERROR
     err = capsys.readouterr().err
     _assert_one_line_error(err, part)

@@ -3,6 +3,7 @@ traceback; a resume rewrites the log whole or not at all."""
 
 import json
 
+import numpy as np
 from child import run_child
 
 from jdqn.config import SMOKETEST, apply_overrides
@@ -57,3 +58,25 @@ def test_a_storage_failure_as_a_resume_rewrites_the_log_loses_no_row(tmp_path):
     run = rundir.RunDir(path=tmp_path, final_path=tmp_path / "unused")
     metrics_log.MetricsLog(run, SMOKETEST, [(0, 0)], 0, 2, None)  # type: ignore[arg-type]
     assert path.read_text() == _rows(epochs=2, chunks=4)
+
+
+def test_training_curve_points_average_stretches_of_the_trained_iterations():
+    """A chunk of 6 iterations, the 4th untrained and the last padding: each of the 4 trained
+    ones is a point, at its learner step (2 updates per iteration); 40 make 16 stretches."""
+    learner = {
+        "loss_c51": np.array([[1.0, 3.0, 5.0, 99.0, 7.0, 99.0]]),
+        "loss_causal": np.array([[2.0, 0.0, 4.0, 99.0, 6.0, 99.0]]),
+        "causal_applied": np.array([[1, 0, 1, 0, 0, 0]]),
+    }
+    used = np.array([True, True, True, False, True, False])
+    points = metrics_log._plot_points(learner, 0, used, last_step=100, updates=2)
+    assert len(points) == 4  # one per trained iteration: fewer than PLOT_POINTS_PER_CHUNK
+    assert [p["step"] for p in points] == [94, 96, 98, 100]
+    assert [p["loss_c51"] for p in points] == [1.0, 3.0, 5.0, 7.0]
+    assert [p["loss_causal"] for p in points] == [2.0, None, 4.0, None]  # only where applied
+    many = np.ones(40, bool)
+    values = {"loss_c51": np.arange(40.0)[None]}
+    points = metrics_log._plot_points(values, 0, many, last_step=40, updates=1)
+    assert len(points) == metrics_log.PLOT_POINTS_PER_CHUNK == 16
+    assert points[0] == {"step": 3, "loss_c51": 1.0}  # iterations 0-2 (40 = 8 x 3 + 8 x 2)
+    assert points[-1] == {"step": 40, "loss_c51": 38.5}  # iterations 38-39

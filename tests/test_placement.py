@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
+from smoke import SMOKE
 from tiny_learner import TINY
 
 from jdqn.agent.train import FoldData, make_train
@@ -105,7 +106,7 @@ def test_the_flat_tails_int32_offsets_cap_the_learners_per_device():
 def test_more_devices_than_the_process_has_is_a_one_line_error(tmp_path, capsys):
     folds = [arg for item in ES_FOLDS for arg in ("--set", item)]
     code = main(
-        ["walkforward", "--data", str(ES_SAMPLE), *folds, "--out", str(tmp_path), "--devices", "9"]
+        [*SMOKE, "--data", str(ES_SAMPLE), *folds, "--out", str(tmp_path), "--devices", "9"]
     )
     assert code == EXIT_USER_ERROR
     err = capsys.readouterr().err.strip()

@@ -237,8 +237,9 @@ def test_results_carry_the_summary_across_seeds_and_the_stitched_curve(tiny_run)
     np.testing.assert_allclose(stitched["agent_median_equity_points"], both.mean(axis=1))
     assert {"flat_equity_points", "buy_and_hold_equity_points"} <= set(stitched)
     table = report.summary_text(summary)
-    assert "deflated Sharpe" in table and "agent - random $" in table and "fold 1" in table
+    assert "deflated Sharpe" in table and "agent - flat $" in table and "fold 1" in table
     assert "6 trials = 3 setting(s) x seeds" in table and "* from fewer than 5 seeds" in table
+    assert "agent - random $" in report.summary_text(summary, show_random=True)
 
 
 def _test_window_file(run_dir: Path, results: dict, fold: int, path: Path) -> Path:
@@ -275,7 +276,7 @@ def test_evaluate_on_the_runs_own_test_window_gives_back_its_results(tiny_run, t
         assert mine_summary["agent_minus"][name] == their_summary["agent_minus"][name]
     for name in ("curves/fold1_seed1_equity.csv", "curves/stitched_equity.csv"):
         assert (out_dir / name).is_file()
-    for name in ("fold1_seed0_equity.png", "stitched_equity.png"):
+    for name in ("fold1_seed0_equity.png", "stitched_equity.png", "summary.png"):
         assert (out_dir / "plots" / name).stat().st_size > 1000
     own = _curve(run_dir, 1, 1)
     curve = pd.read_csv(out_dir / "curves" / "fold1_seed1_equity.csv")

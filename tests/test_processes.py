@@ -13,6 +13,7 @@ import jax
 import numpy as np
 import pytest
 from es_sample import ES_SAMPLE
+from smoke import SMOKE
 from tiny_learner import TINY
 
 from jdqn.cli import EXIT_USER_ERROR, main
@@ -77,7 +78,7 @@ def test_without_flags_or_a_cluster_this_process_is_the_only_one(monkeypatch):
 def test_incomplete_or_impossible_process_flags_are_a_one_line_error(
     tmp_path, capsys, flags, message
 ):
-    code = main(["walkforward", "--out", str(tmp_path), *flags])
+    code = main([*SMOKE, "--out", str(tmp_path), *flags])
     assert code == EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert err.startswith(f"jdqn: error: {message}") and err.count("\n") == 1
@@ -190,7 +191,7 @@ def test_two_processes_stopped_and_resumed_equal_the_one_process_run(tmp_path):
     the one-process run bit for bit on CPU: results.json's folds and summary, metrics.jsonl and
     the checkpointed states (each learner's computation is the same; only the vmap's width
     differs). Each process checkpoints its own share in its own folder."""
-    argv = ["walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "-q"]
+    argv = [*SMOKE, "--data", str(ES_SAMPLE), "--out", str(tmp_path), "-q"]
     argv += ["--folds", "1", "--seeds", "3", "--epochs", "2"]
     for item in (
         *TINY,

@@ -2,6 +2,7 @@
 plot processes draw the thread's files) and the equity CSV (exact round trip)."""
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -83,7 +84,7 @@ def test_plot_processes_draw_the_files_the_writer_thread_draws(tmp_path):
 
     def draw(writes, directory):
         writes.submit_plot(report.plot_training, directory / "training.png", rows, "training")
-        writes.submit_plot(report.plot_equity, directory / "equity.png", stamps, curves, "equity")
+        writes.submit_plot(report.plot_equity, directory / "equity.png", stamps, curves, "eq", 50.0)
 
     with BackgroundWrites(report.PLOT_MODULES) as writes:
         draw(writes, tmp_path / "thread")
@@ -138,7 +139,7 @@ def test_plot_processes_end_with_a_parent_that_leaves_abruptly(tmp_path):
     script.write_text(
         "import os, sys\n"
         "from pathlib import Path\n"
-        "from jdqn import report\n"
+        "from jdqn.run import report\n"
         "def write_pid(path):\n"
         "    Path(path).write_text(str(os.getpid()))\n"
         "if __name__ == '__main__':\n"
@@ -213,7 +214,7 @@ def test_the_plotting_library_is_imported_only_for_plots_and_off_the_main_thread
     import); ``BackgroundWrites(PLOT_MODULES)`` imports it on the writer thread."""
     code = (
         "import sys, threading, jdqn.run.walkforward\n"
-        "from jdqn import report\n"
+        "from jdqn.run import report\n"
         "before = 'matplotlib' in sys.modules\n"
         "main = threading.get_ident()\n"
         "with report.BackgroundWrites(report.PLOT_MODULES) as writes:\n"
@@ -223,3 +224,114 @@ def test_the_plotting_library_is_imported_only_for_plots_and_off_the_main_thread
     done = run_child(code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True", "False", "True"]
+
+
+# ---------------------------------------------------------------------------------------------
+# What a quant reads: $ with thousands separators, no "-0", random left out unless asked for
+
+
+def test_numbers_that_round_to_zero_print_without_a_sign():
+    assert [report.number(v, ",.0f") for v in (-0.4, -0.0, 0.3, -1.5, -1234.6)] == [
+        "0",
+        "0",
+        "0",
+        "-2",
+        "-1,235",
+    ]
+    assert report.number(-0.004, ".2f") == "0.00" and report.number(-0.006, ".2f") == "-0.01"
+
+
+def _rows() -> list[dict]:
+    """Two folds x two seeds; fold 0's best baseline is momentum, fold 1's flat (the oracle,
+    though higher, knows the planted model, and random is hidden)."""
+    nets = {0: {"flat": 0, "random": 9e9, "momentum": 300, "oracle": 1e6}, 1: {"flat": 0}}
+    nets[1] |= {"random": 9e9, "momentum": -50, "oracle": 1e6}
+    rows = []
+    for fold, seed in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        baselines = {name: {"net_pnl_usd": float(v)} for name, v in nets[fold].items()}
+        agent = {"net_pnl_usd": -1e-9, "sharpe": None, "n_trades": 3}
+        rows.append({"fold": fold, "seed": seed, "agent": agent, "baselines": baselines})
+    return rows
+
+
+def test_tables_print_zero_and_n_a_and_leave_random_out_unless_asked():
+    table = report.summary_table(_rows())
+    assert "random" not in table and " n/a " in table and "-0" not in table
+    assert "random $" in report.summary_table(_rows(), show_random=True)
+    entry = {"median": -1e-9, "median_ci": [-0.2, 0.0], "iqm": None, "iqm_ci": None}
+    block = {
+        "agent": dict.fromkeys(["net_pnl_usd", "sharpe", "sharpe_daily", "turnover"], entry)
+        | {"max_drawdown_usd": entry},
+        "agent_minus": {"random": {"net_pnl_usd": entry}, "ridge": {"net_pnl_usd": entry}},
+        "deflated_sharpe": {"dsr": None},
+        "n_halted": 0,
+    }
+    text = report.summary_text({"overall": block, "folds": {"0": block}})
+    assert "agent - ridge $" in text and "agent - random" not in text
+    assert "0 [0, 0]" in text and not re.search(r"-0(?![.\d])", text) and "n/a" in text
+    assert "turnover, units traded" in text
+    assert "agent - random $" in report.summary_text({"overall": block, "folds": {}}, True)
+
+
+def test_the_best_baseline_per_fold_by_hand():
+    assert report.best_baselines(_rows()) == {0: "momentum", 1: "flat"}
+    assert report.best_baselines(_rows(), show_random=True) == {0: "random", 1: "random"}
+
+
+def _figures(monkeypatch) -> list:
+    drawn: list = []
+    monkeypatch.setattr(report, "_save", lambda fig, path, dpi: drawn.append(fig))
+    return drawn
+
+
+def _series(seeds: int) -> list:
+    from jdqn.evaluation.stats import RunSeries
+
+    rng = np.random.default_rng(0)
+    start = np.datetime64("2021-01-04T00:00", "ns")
+    series = []
+    for fold in range(3):
+        at = start + np.arange(fold * 500, fold * 500 + 400) * np.timedelta64(1, "m")
+        baselines = {"flat": np.zeros(400), "random": np.full(400, -3.0)}
+        series += [RunSeries(fold, s, rng.normal(0, 1, 400), baselines, at) for s in range(seeds)]
+    return series
+
+
+@pytest.mark.parametrize(("seeds", "band"), [(4, False), (5, True)])
+def test_the_stitched_plot_in_dollars_with_fold_lines_and_a_band_only_from_5_seeds(
+    tmp_path, monkeypatch, seeds, band
+):
+    drawn = _figures(monkeypatch)
+    report.write_stitched(tmp_path, _series(seeds), True, point_value_usd=50.0)
+    ((ax,),) = [fig.axes for fig in drawn]
+    assert ax.get_ylabel() == "net PnL ($, after costs)" and ax.get_xlabel()
+    assert ax.yaxis.get_major_formatter()(-12345.0, 0) == "-12,345"
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "random" not in labels and "flat" in labels
+    assert (f"agent, 10-90 % of {seeds} seeds" in labels) == band
+    assert (f"agent, seed {seeds - 1}" in labels) == (not band)
+    fold_lines = [line for line in ax.get_lines() if line.get_linestyle() == ":"]
+    assert [line.get_xdata()[0] for line in fold_lines] == [0, 400, 800]  # test windows' starts
+    if not band:  # each seed's curve in $: 50 x its cumulative points
+        (seed0,) = [line for line in ax.get_lines() if line.get_label() == "agent, seed 0"]
+        expected = 50 * np.cumsum(np.concatenate([s.agent for s in _series(seeds) if s.seed == 0]))
+        np.testing.assert_allclose(seed0.get_ydata(), expected)
+
+
+def test_equity_and_summary_plots_label_their_axes(tmp_path, monkeypatch):
+    drawn = _figures(monkeypatch)
+    stamps = np.arange(np.datetime64("2021-01-04T00:00"), np.datetime64("2021-01-04T00:05"))
+    curves = {"agent": np.arange(4.0), "random": np.zeros(4), "flat": np.zeros(4)}
+    report.plot_equity(tmp_path / "e.png", stamps, curves, "equity", 50.0)
+    rows = _rows()
+    entry = {"median": 10.0, "median_ci": [5.0, 20.0]}
+    block = {"agent": {"net_pnl_usd": entry}, "agent_minus": {"momentum": {"net_pnl_usd": entry}}}
+    block["agent_minus"]["flat"] = block["agent_minus"]["momentum"]
+    report.plot_summary(tmp_path / "s.png", rows, {"folds": {"0": block, "1": block}})
+    equity, summary = (fig.axes[0] for fig in drawn)
+    assert [line.get_label() for line in equity.get_lines()[:2]] == ["agent", "flat"]
+    np.testing.assert_allclose(equity.get_lines()[0].get_ydata(), 50 * np.arange(4.0))
+    assert equity.get_ylabel() == "net PnL ($, after costs)" and equity.get_xlabel()
+    texts = [t.get_text() for t in summary.texts]
+    assert "agent - momentum:\n10 [5, 20]" in texts and "agent - flat:\n10 [5, 20]" in texts
+    assert summary.get_ylabel().startswith("net PnL") and summary.get_title()

@@ -11,6 +11,7 @@ import sys
 import threading
 
 import pytest
+from smoke import SMOKE
 
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import SMOKETEST, apply_overrides
@@ -110,7 +111,7 @@ def test_a_run_name_is_one_plain_path_component(tmp_path, capsys, name, problem)
     with pytest.raises(ValueError, match=problem):
         rundir.check_name(name)
     out = tmp_path / "runs"
-    code = main(["walkforward", "--name", name, "--out", str(out), "--no-progress"])
+    code = main([*SMOKE, "--name", name, "--out", str(out), "--no-progress"])
     assert code == EXIT_USER_ERROR
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("jdqn: error: --name") and problem in err

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
+from smoke import SMOKE
 from test_checkpoint_integrity import _flip_64_bytes, _largest_data_file
 
 from jdqn.cli import EXIT_TERMINATED, main
@@ -213,7 +214,7 @@ runpy.run_module("jdqn", run_name="__main__")
 def _signalled_child(out: Path, moment: tuple[str, str, str], signame: str, times: int = 1):
     """The command, run in ``out``'s parent with relative paths (--out, the bar file)."""
     cwd = out.parent
-    args = ["walkforward", "--no-progress", "--out", out.name, "--name", "r"]
+    args = [*SMOKE, "--no-progress", "--out", out.name, "--name", "r"]
     for item in [*SMALL, f"data.path={os.path.relpath(ES_SAMPLE, cwd)}"]:
         args += ["--set", item]
     command = [sys.executable, "-c", _SIGNALLED_AT, *moment, signame, str(times), *args]

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 from child import run_child
 from es_sample import ES_FOLDS, ES_SAMPLE
+from smoke import SMOKE
 
 from jdqn import accel
 from jdqn.agent import networks
@@ -229,7 +230,7 @@ def test_a_warm_run_loads_its_programs_instead_of_tracing_them(tmp_path, monkeyp
 def test_absurd_learning_rate_halts_folds_cleanly(tmp_path, capsys):
     code = main(
         [
-            "walkforward",
+            *SMOKE,
             "--data",
             str(ES_SAMPLE),
             "--out",
@@ -286,7 +287,7 @@ def test_killed_run_resumes_to_the_uninterrupted_numbers(tmp_path):
         "output.plots=false",
     ]
     reference = tmp_path / "reference"
-    command = [sys.executable, "-m", "jdqn", "walkforward", *args]
+    command = [sys.executable, "-m", "jdqn", *SMOKE, *args]
     subprocess.run(
         [*command, "--out", str(reference), "--name", "r"],
         check=True,
@@ -691,7 +692,7 @@ def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path
     small = [*ES_FOLDS, "output.tensorboard=false", "output.checkpoints=false"]
     code = main(
         [
-            "walkforward", "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--no-progress",
+            *SMOKE, "--data", str(ES_SAMPLE), "--out", str(tmp_path), "--no-progress",
             "--name", "command", *[arg for item in small for arg in ("--set", item)],
         ]
     )  # fmt: skip

@@ -27,6 +27,7 @@ import os
 import pickle
 import stat
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from jax.experimental import serialize_executable
 from jdqn.run import rundir
 
 SUFFIX = ".jaxexe"
+_debug = logging.getLogger("jdqn.accel").debug  # -v: compile times
 # The libraries whose code runs while jdqn's functions are traced.
 _TRACED_LIBRARIES = ("jax", "jaxlib", "flax", "optax", "chex", "numpy")
 # JAX settings that only say where caches and logs go; every other setting is in the key.
@@ -153,10 +155,13 @@ class ExecutableCache:
         """``jitted`` (a ``jax.jit`` function that closes over no arrays) compiled for ``args``,
         loaded when stored under the same key, else compiled and stored; called like ``jitted``
         on arguments of the same signature (donation included)."""
+        started = time.perf_counter()
         loaded = self.load(name, *args, context=context)
         if loaded is not None:
+            _debug("jdqn: %s: stored program loaded in %.2f s", name, time.perf_counter() - started)
             return loaded
         compiled = jitted.lower(*args).compile()
+        _debug("jdqn: %s: traced and compiled in %.2f s", name, time.perf_counter() - started)
         if self.directory is not None:
             with self._count:
                 self.misses += 1

@@ -65,7 +65,7 @@ def _costs(multiple: float) -> tuple[str, ...]:
     return (
         "data.signal_strength=0.3",
         f"env.slippage_ticks={1.0 * multiple}",
-        f"env.commission_ticks={0.2 * multiple}",
+        f"env.commission_usd={2.5 * multiple}",
     )
 
 

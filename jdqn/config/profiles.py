@@ -19,7 +19,10 @@ from jdqn.config.sections import (
 # rewards are known) teach the cost of trading; slice ends are time limits, so they bootstrap.
 # On the learning scorecard (jdqn.bench.learning) these settings take most of the oracle's PnL
 # on a planted edge and sit out a martingale; rewards in points on a +-240 support lost on all.
-_VOLATILITY_UNITS = EnvConfig(reward_unit="train_volatility")
+# ES's costs as its market charges them: one tick of slippage and $2.50 per contract per side.
+_VOLATILITY_UNITS = EnvConfig(
+    reward_unit="train_volatility", commission_ticks=0.0, commission_usd=2.5
+)
 _V_MIN, _V_MAX = -10.0, 10.0
 
 SMOKETEST = Config(

@@ -117,14 +117,21 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    """Trading environment: position grid, costs in ticks, reward scale (docs/design.md §3)."""
+    """Trading environment: position grid, costs, reward scale (docs/design.md §3). Prices are
+    in the instrument's quote unit, "points" (ES: index points; BTCUSD: dollars per bitcoin)."""
 
     instrument: str = "ES"  # the traded instrument (jdqn.evaluation.instruments; else a label)
     positions: tuple[float, ...] = (-1.0, 0.0, 1.0)  # action i -> target position (contracts)
-    tick_size: float = 0.25  # index points per tick (ES)
-    point_value_usd: float = 50.0  # dollars per index point (ES)
-    slippage_ticks: float = 1.0  # per side
-    commission_ticks: float = 0.2  # per side (about $2.50 on ES)
+    tick_size: float = 0.25  # price points per tick (ES: 0.25 index points)
+    point_value_usd: float = 50.0  # dollars per price point per position unit (ES: $50)
+    slippage_ticks: float = 1.0  # per side, in ticks (the spread crossed)
+    # The cost per unit per side is the sum of the next three and slippage (cost_points).
+    commission_ticks: float = 0.2  # per side, in ticks (0.2 = $2.50 on ES)
+    commission_usd: float = 0.0  # per side, dollars per contract or lot (futures, FX)
+    commission_fraction: float = 0.0  # per side, a fraction of notional (crypto: 0.001 = 0.1 %)
+    # Price (points) at which commission_fraction is charged; 0: the first fold's train window's
+    # last close, set by the walk-forward (config.json records it).
+    cost_reference_price: float = 0.0
     reward_scale: float = 1.0  # reward = points x reward_scale
     # "train_volatility": rewards in units of the per-bar price-change RMS of the first fold's
     # train window (the walk-forward resolves reward_scale = reward_scale / RMS before training),
@@ -141,6 +148,13 @@ class EnvConfig:
         _require(self.point_value_usd > 0, "env.point_value_usd", "must be > 0 (ES: 50)")
         _require(self.slippage_ticks >= 0, "env.slippage_ticks", "must be >= 0")
         _require(self.commission_ticks >= 0, "env.commission_ticks", "must be >= 0")
+        _require(self.commission_usd >= 0, "env.commission_usd", "must be >= 0 (ES: 2.5)")
+        _require(
+            0 <= self.commission_fraction < 0.1,
+            "env.commission_fraction",
+            "must be in [0, 0.1): a fraction, not a percentage (0.1 % taker fee: 0.001)",
+        )
+        _require(self.cost_reference_price >= 0, "env.cost_reference_price", "must be >= 0")
         _require(self.reward_scale > 0, "env.reward_scale", "must be > 0")
         _require_one_of(self.reward_unit, ("points", "train_volatility"), "env.reward_unit")
 
@@ -150,8 +164,13 @@ class EnvConfig:
 
     @property
     def cost_points(self) -> float:
-        """Cost per contract traded, in index points: (slippage + commission) x tick size."""
-        return (self.slippage_ticks + self.commission_ticks) * self.tick_size
+        """Cost per unit traded (per side), in price points: slippage and commission in ticks,
+        the dollar commission, and the notional fraction at ``cost_reference_price``."""
+        return (
+            (self.slippage_ticks + self.commission_ticks) * self.tick_size
+            + self.commission_usd / self.point_value_usd
+            + self.commission_fraction * self.cost_reference_price
+        )
 
 
 @dataclass(frozen=True)
@@ -381,6 +400,8 @@ class OutputConfig:
     checkpoints: bool = True  # orbax checkpoints each epoch (for --resume)
     tensorboard: bool = True  # TensorBoard event files
     plots: bool = True  # PNG plots
+    # the random baseline in plots and console tables too (results.json and CSVs always hold it)
+    show_random: bool = False
     compilation_cache: bool = True  # persist XLA executables across runs
     # settings compared to choose this one (a sweep's count): the deflated Sharpe counts them
     settings_tried: int = 1

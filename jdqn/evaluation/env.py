@@ -7,6 +7,10 @@ Actions index a grid of target positions (contracts); acting at bar ``t`` earns,
     reward_t = reward_scale * (pos_new * (close[t+1] - close[t])
                                - cost_points * |pos_new - pos_old|)
 
+with ``cost_points`` the per-unit, per-side cost of ``EnvConfig.cost_points`` (slippage and
+commission in ticks, a dollar commission, a fraction of notional at ``cost_reference_price``:
+:func:`resolve_costs`), constant over a run, so the learner's donors price every action alike.
+
 and the observation at bar ``t`` is ``features[t]`` with the held position appended. Without
 market impact the environment is deterministic; ``key`` only keeps the gymnax signature.
 Training steps one fold as ``n_slices`` contiguous slices in lock-step (:func:`slice_params`,
@@ -165,6 +169,54 @@ def volatility_reward_scale(env_cfg: EnvConfig, train_close: np.ndarray) -> EnvC
     return dataclasses.replace(
         env_cfg, reward_unit="points", reward_scale=env_cfg.reward_scale / rms
     )
+
+
+def resolve_costs(env_cfg: EnvConfig, train_close: np.ndarray) -> EnvConfig:
+    """``env_cfg`` with ``cost_reference_price`` set to ``train_close``'s last close where a
+    notional commission needs a price and none is given (idempotent). The first fold's train
+    window ends before every test window, so no later price sets a cost."""
+    if env_cfg.commission_fraction == 0 or env_cfg.cost_reference_price > 0:
+        return env_cfg
+    price = float(np.asarray(train_close, np.float64)[-1])
+    if not np.isfinite(price) or price <= 0:
+        raise ValueError(
+            f"env.commission_fraction: the train window's last close ({price:g}) gives no "
+            "notional to charge it on; fix: set env.cost_reference_price or a commission in ticks"
+        )
+    return dataclasses.replace(env_cfg, cost_reference_price=price)
+
+
+def cost_notices(
+    env_cfg: EnvConfig, train_close: np.ndarray, test_closes: list[np.ndarray]
+) -> list[str]:
+    """Warnings for costs that swamp the moves: a round trip (2 x ``cost_points``) above the
+    train window's median |1-bar close change|, and a notional commission charged at a price
+    the test windows move more than 2x away from."""
+    notices = []
+    move = float(np.median(np.abs(np.diff(np.asarray(train_close, np.float64)))))
+    round_trip = 2 * env_cfg.cost_points
+    if round_trip > move:
+        usd = round_trip * env_cfg.point_value_usd
+        ratio = f"{round_trip / move:,.3g}x" if move > 0 else "more than"
+        notices.append(
+            f"jdqn: notice: a round trip costs {round_trip:.6g} points (${usd:,.2f} per unit), "
+            f"{ratio} the median |1-bar close change| of the first train window ({move:.6g}): "
+            "only moves that last many bars can pay for a trade; check the env.* costs "
+            "(jdqn config keys --instrument NAME gives their units)"
+        )
+    reference = env_cfg.cost_reference_price
+    if env_cfg.commission_fraction > 0 and reference > 0 and test_closes:
+        low = min(float(np.min(c)) for c in test_closes)
+        high = max(float(np.max(c)) for c in test_closes)
+        factor = max(high / reference, reference / low)
+        if factor > 2:
+            notices.append(
+                f"jdqn: notice: env.commission_fraction is charged at {reference:,.6g} (the first "
+                f"train window's last close) but the test windows trade between {low:,.6g} and "
+                f"{high:,.6g}: fees there are off by up to {factor:.3g}x; fix: fewer or shorter "
+                "folds, or env.cost_reference_price"
+            )
+    return notices
 
 
 def slice_params(params: EnvParams, n_slices: int) -> EnvParams:

@@ -121,10 +121,27 @@ def evaluate_saved(
             report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
             if plots:
                 title = f"fold {fold} seed {policy.seed}: saved policy on new bars"
-                report.plot_equity(run.plots_dir / f"{stem}_equity.png", timestamps, curves, title)
+                report.plot_equity(
+                    run.plots_dir / f"{stem}_equity.png",
+                    timestamps,
+                    curves,
+                    title,
+                    point_value_usd=cfg.env.point_value_usd,
+                    show_random=cfg.output.show_random,
+                )
         tried = cfg.output.settings_tried
         summary = stats.summarise(rows, series, seed=cfg.train.seed, settings_tried=tried)
-        report.write_stitched(run.path, series, plots)
+        report.write_stitched(
+            run.path,
+            series,
+            plots,
+            point_value_usd=cfg.env.point_value_usd,
+            show_random=cfg.output.show_random,
+        )
+        if plots and summary:
+            report.plot_summary(
+                run.plots_dir / "summary.png", rows, summary, cfg.output.show_random
+            )
         results = {
             "run": str(Path(run_dir)),
             "source": str(data),
@@ -143,8 +160,8 @@ def evaluate_saved(
             with rundir.interrupts_deferred():
                 rundir.discard(run)
         raise
-    log(report.summary_table(rows))
-    log(report.summary_text(summary))
+    log(report.summary_table(rows, cfg.output.show_random))
+    log(report.summary_text(summary, cfg.output.show_random))
     log(f"jdqn: results in {final / 'results.json'}")
     return EvaluationOutcome(out_dir=final, results=results)
 

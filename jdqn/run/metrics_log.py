@@ -37,6 +37,9 @@ def without_missing_tensorboard(cfg: Config, log: Callable[[str], None]) -> Conf
 # Learner metrics measured only on some steps, with the metric that flags those steps: a
 # chunk's row averages them over the flagged steps (None when the chunk has none).
 MEASURED_WHEN = {"loss_causal": "causal_applied"}
+# Training-curve points per chunk and run: the metrics averaged over this many equal stretches of
+# the chunk's trained iterations (a run of few chunks still draws curves, not two or three dots).
+PLOT_POINTS_PER_CHUNK = 16
 
 
 class MetricsLog:
@@ -68,6 +71,8 @@ class MetricsLog:
                     kept.append(line)
                 if row["group"] == group_index and earlier:
                     self._rows[row["run"]].append(row)
+        # The plots' points; a resumed run's earlier chunks give one point each (their row).
+        self._points = {r: list(rows) for r, rows in self._rows.items()}
         if kept != lines or not self._path.exists():
             # Whole or not at all (temp file + rename): a kill here loses no earlier rows.
             rundir.write_atomic(self._path, "".join(line + "\n" for line in kept).encode())
@@ -108,6 +113,8 @@ class MetricsLog:
                 row[name] = float(np.mean(values[r][mask])) if mask.any() else None
             lines.append(json.dumps(row, allow_nan=True))
             self._rows[r].append(row)
+            updates = self._cfg.train.updates_per_iteration
+            self._points[r] += _plot_points(learner, r, used[r], row["step"], updates)
             if self._writer is not None:
                 for name, value in row.items():
                     if isinstance(value, float) and name != "epsilon":
@@ -127,9 +134,30 @@ class MetricsLog:
                 self._writes.submit_plot(
                     report.plot_training,
                     self._run.plots_dir / f"fold{fold}_seed{seed}_training.png",
-                    list(self._rows[r]),  # a copy: the worker reads it later
+                    list(self._points[r]),  # a copy: the worker reads it later
                     f"fold {fold} seed {seed}: training",
                 )
+
+
+def _plot_points(
+    learner: dict[str, np.ndarray], r: int, used: np.ndarray, last_step: int, updates: int
+) -> list[dict[str, Any]]:
+    """Run ``r``'s training-curve points of one chunk: each metric's mean over each of up to
+    :data:`PLOT_POINTS_PER_CHUNK` equal stretches of the trained iterations (``used`` [L]), at
+    the learner step where the stretch ends (the chunk ends at ``last_step``)."""
+    trained = np.flatnonzero(used)
+    n = len(trained)
+    points = []
+    for part in np.array_split(np.arange(n), min(PLOT_POINTS_PER_CHUNK, n)) if n else []:
+        iterations = trained[part]
+        point: dict[str, Any] = {"step": last_step - (n - 1 - int(part[-1])) * updates}
+        for name, values in learner.items():
+            kept = values[r][iterations]
+            if name in MEASURED_WHEN:
+                kept = kept[learner[MEASURED_WHEN[name]][r][iterations] > 0]
+            point[name] = float(np.mean(kept)) if kept.size else None
+        points.append(point)
+    return points
 
 
 def _short(value: float | None) -> str:

@@ -28,13 +28,29 @@ if TYPE_CHECKING:
 # with its last reference. Imported where a plot is drawn (runs without plots never pay for it).
 PLOT_MODULES = ("matplotlib.figure",)
 
-# Training curves plotted per run, in this order (names of LearnerMetrics fields).
+# Training curves plotted per run, in this order (names of LearnerMetrics fields), with the
+# panel's y label.
 TRAINING_CURVES = (
-    ("loss_mse", "loss_c51", "loss_causal", "loss_div"),
-    ("q_mean", "q_max"),
-    ("edge_mass",),
-    ("grad_norm_mse", "grad_norm_c51", "grad_norm_mse_after", "grad_norm_c51_after"),
+    (("loss_mse", "loss_c51", "loss_causal", "loss_div"), "loss"),
+    (("q_mean", "q_max"), "Q (reward units)"),
+    (("edge_mass",), "target mass on the\nsupport's edge atoms"),
+    (("grad_norm_mse", "grad_norm_c51", "grad_norm_mse_after", "grad_norm_c51_after"), "grad norm"),
 )
+# Baselines left out of plots and console tables unless output.show_random (results.json and the
+# CSVs hold them all): a random policy pays the costs on most bars and dwarfs every other line.
+HIDDEN_BASELINES = ("random",)
+PNL_LABEL = "net PnL ($, after costs)"
+
+
+def shown(names: Any, show_random: bool) -> list[str]:
+    """``names`` less :data:`HIDDEN_BASELINES` unless ``show_random``."""
+    return [n for n in names if show_random or n not in HIDDEN_BASELINES]
+
+
+def number(value: float, spec: str) -> str:
+    """``format(value, spec)`` without the minus of a value that rounds to zero ("-0")."""
+    text = format(value, spec)
+    return text[1:] if text.startswith("-") and not any(c in text for c in "123456789") else text
 
 
 class BackgroundWrites:
@@ -214,14 +230,24 @@ def _length(curves: Mapping[str, np.ndarray]) -> int:
 def _figure(figsize: tuple[float, float]) -> Figure:
     from matplotlib.figure import Figure  # here, not at the top: see PLOT_MODULES
 
-    return Figure(figsize=figsize)
+    # Constrained layout fits the labels whatever their length: none is clipped.
+    return Figure(figsize=figsize, layout="constrained")
 
 
-def _equity_axes(ax: Any, title: str) -> None:
+def _thousands(axis: Any) -> None:
+    from matplotlib.ticker import FuncFormatter
+
+    axis.set_major_formatter(FuncFormatter(lambda value, _: number(value, ",.0f")))
+
+
+def _equity_axes(ax: Any, title: str, xlabel: str) -> None:
     ax.axhline(0.0, color="grey", linewidth=0.5)
     ax.set_title(title)
-    ax.set_ylabel("net PnL (index points, after costs)")
-    ax.legend(loc="upper left", fontsize=8)
+    ax.set_ylabel(PNL_LABEL)
+    ax.set_xlabel(xlabel)
+    _thousands(ax.yaxis)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)  # beside: hides no line
 
 
 def _save(fig: Figure, path: Path, dpi: int) -> None:
@@ -230,46 +256,52 @@ def _save(fig: Figure, path: Path, dpi: int) -> None:
 
 
 def plot_equity(
-    path: Path, timestamps: np.ndarray, curves: Mapping[str, np.ndarray], title: str
+    path: Path,
+    timestamps: np.ndarray,
+    curves: Mapping[str, np.ndarray],
+    title: str,
+    point_value_usd: float,
+    show_random: bool = False,
 ) -> None:
-    """Equity (cumulative net PnL, points) of the agent against the baselines."""
-    # Fixed margins and legend corner instead of bbox_inches="tight" and loc="best": both make
-    # matplotlib lay out or search over all the points again.
+    """Equity (cumulative net PnL: ``curves`` in points, drawn in $) of the agent against the
+    baselines (positional arguments: :meth:`BackgroundWrites.submit_plot` passes them on)."""
+    # A fixed legend corner instead of loc="best", which searches over all the points again.
     fig = _figure(figsize=(10, 4.5))
     ax = fig.subplots()
     x = pd.to_datetime(timestamps[1 : _length(curves) + 1])  # PnL realised at bar t+1
-    for name, curve in curves.items():
-        ax.plot(x, curve, label=name, linewidth=1.6 if name.startswith("agent") else 1.0)
-    _equity_axes(ax, title)
+    for name in shown(curves, show_random):
+        width = 1.6 if name.startswith("agent") else 1.0
+        ax.plot(x, curves[name] * point_value_usd, label=name, linewidth=width)
+    _equity_axes(ax, title, "bar time (exchange clock)")
     fig.autofmt_xdate()
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.2)
     _save(fig, path, dpi=100)
 
 
 def plot_training(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> None:
-    """Training curves from metrics rows (one per chunk): losses, Q, edge mass, grad norms."""
+    """Training curves from metrics points (``jdqn.run.metrics_log``: several per chunk):
+    losses, Q, edge mass, grad norms against the learner step."""
     if not rows:
         return
     frame = pd.DataFrame(rows)
     fig = _figure(figsize=(9, 2.4 * len(TRAINING_CURVES)))
-    axes = fig.subplots(len(TRAINING_CURVES), 1)
-    for ax, names in zip(axes, TRAINING_CURVES, strict=True):
+    axes = fig.subplots(len(TRAINING_CURVES), 1, sharex=True)
+    for ax, (names, ylabel) in zip(axes, TRAINING_CURVES, strict=True):
         for name in names:
             if name in frame:
-                # A chunk without a value (e.g. no step where the causal term was due) is
-                # left out, so the line joins the chunks that have one.
+                # A point without a value (e.g. no step where the causal term was due) is
+                # left out, so the line joins the points that have one.
                 known = frame[name].notna()
                 ax.plot(frame["step"][known], frame[name][known], label=name, linewidth=1.0)
+        ax.set_ylabel(ylabel)
         ax.legend(loc="upper right", fontsize=7)
         ax.grid(alpha=0.3)
     axes[0].set_title(title)
     axes[-1].set_xlabel("learner step")
-    fig.subplots_adjust(left=0.1, right=0.98, top=0.96, bottom=0.06, hspace=0.3)
     _save(fig, path, dpi=90)
 
 
 def _fmt(value: Any, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+    return "n/a" if value is None else number(value, spec)
 
 
 # The baselines' columns (name, label, width): jdqn.evaluation.rollouts's three, then
@@ -286,10 +318,12 @@ _BASELINE_COLUMNS = (
 )
 
 
-def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
-    """Console table: one line per (fold, seed) with agent and baseline net PnL and Sharpe."""
+def summary_table(fold_results: Sequence[Mapping[str, Any]], show_random: bool = False) -> str:
+    """Console table: one line per (fold, seed) with agent and baseline net PnL and Sharpe
+    ("n/a": none, as the oracle on a user's bars)."""
+    columns = [c for c in _BASELINE_COLUMNS if c[0] in shown([c[0]], show_random)]
     header = f"{'fold':>4} {'seed':>4}  {'status':<28} {'agent $':>10} {'Sh/day':>7} {'trades':>6} "
-    header += "".join(f" {label:>{width}}" for _, label, width in _BASELINE_COLUMNS)
+    header += "".join(f" {label:>{width}}" for _, label, width in columns)
     lines = [header, "-" * len(header)]
     for row in fold_results:
         agent = row.get("agent") or {}
@@ -300,7 +334,7 @@ def summary_table(fold_results: Sequence[Mapping[str, Any]]) -> str:
             f"{_fmt(agent.get('n_trades'), 'd'):>6} "
             + "".join(
                 f" {_fmt((row['baselines'].get(name) or {}).get('net_pnl_usd'), ',.0f'):>{width}}"
-                for name, _, width in _BASELINE_COLUMNS
+                for name, _, width in columns
             )
         )
     return "\n".join(lines)
@@ -322,27 +356,104 @@ def write_stitched_csv(
     _write_csv(path, realised_at, columns)
 
 
+MIN_SEEDS_FOR_BAND = 5  # fewer seeds: each seed's curve, not a 10-90 % band of two or three
+
+
 def plot_stitched(
     path: Path,
     realised_at: np.ndarray,
-    band: Mapping[str, np.ndarray],
+    seeds: Mapping[int, np.ndarray],
     baselines: Mapping[str, np.ndarray],
+    fold_starts: Mapping[int, int],
     title: str,
 ) -> None:
-    """The stitched out-of-sample equity: the seeds' median with their 10-90 % band, and the
-    baselines. Bars are plotted by their index (the windows' gaps closed), dates as ticks."""
+    """The stitched out-of-sample equity in $: the seeds' median with their 10-90 % band (from
+    :data:`MIN_SEEDS_FOR_BAND` seeds; fewer: each seed), the baselines, and a line where each
+    fold's test window starts (``fold_starts``: fold -> bar index). Bars are plotted by their
+    index (the windows' gaps closed), dates as ticks."""
     fig = _figure(figsize=(10, 4.5))
     ax = fig.subplots()
     x = np.arange(len(realised_at))
-    ax.fill_between(x, band["p10"], band["p90"], alpha=0.25, label="agent, seeds 10-90 %")
-    ax.plot(x, band["median"], linewidth=1.6, label="agent, median of seeds")
+    curves = np.stack(list(seeds.values()))  # [S, n] $
+    if len(seeds) >= MIN_SEEDS_FOR_BAND:
+        low, high = np.percentile(curves, [10.0, 90.0], axis=0)
+        ax.fill_between(x, low, high, alpha=0.25, label=f"agent, 10-90 % of {len(seeds)} seeds")
+        ax.plot(x, np.median(curves, axis=0), linewidth=1.6, label="agent, median of seeds")
+    else:
+        for seed, curve in seeds.items():
+            ax.plot(x, curve, linewidth=1.4, label=f"agent, seed {seed}")
     for name, curve in baselines.items():
         ax.plot(x, curve, linewidth=1.0, label=name)
+    for fold, start in fold_starts.items():
+        ax.axvline(start, color="black", linewidth=0.6, linestyle=":")
+        ax.annotate(f"fold {fold}", (start, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(3, -12), textcoords="offset points", fontsize=8)  # fmt: skip
     ticks = np.linspace(0, max(len(x) - 1, 0), num=min(6, len(x))).astype(int)
     ax.set_xticks(ticks)
     ax.set_xticklabels([str(realised_at[i])[:16] for i in ticks], fontsize=7)
-    _equity_axes(ax, title)
-    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.12)
+    _equity_axes(ax, title, "bar time, test windows end to end (exchange clock)")
+    _save(fig, path, dpi=100)
+
+
+# Left out of "the best baseline": the oracle knows the planted model (synthetic bars only).
+_NOT_CANDIDATES = ("oracle",)
+
+
+def best_baselines(
+    fold_results: Sequence[Mapping[str, Any]], show_random: bool = False
+) -> dict[int, str]:
+    """Per fold, the baseline with the highest median net $ across its seeds (the oracle and
+    the hidden baselines left out)."""
+    best = {}
+    for fold in sorted({int(row["fold"]) for row in fold_results}):
+        rows = [row for row in fold_results if int(row["fold"]) == fold]
+        names = [n for n in shown(rows[0]["baselines"], show_random) if n not in _NOT_CANDIDATES]
+        nets = {n: np.median([r["baselines"][n]["net_pnl_usd"] for r in rows]) for n in names}
+        best[fold] = max(nets, key=nets.__getitem__)
+    return best
+
+
+def plot_summary(
+    path: Path,
+    fold_results: Sequence[Mapping[str, Any]],
+    summary: Mapping[str, Any],
+    show_random: bool = False,
+) -> None:
+    """The run on one figure: per fold, the agent's median net $ across seeds with its 95 %
+    bootstrap CI beside the fold's best baseline (:func:`best_baselines`), and the agent minus
+    that baseline with its CI above them."""
+    best = best_baselines(fold_results, show_random)
+    fig = _figure(figsize=(max(6.0, 2.2 * len(best) + 2), 4.5))
+    ax = fig.subplots()
+    seeds = len({row["seed"] for row in fold_results})
+    for i, (fold, name) in enumerate(best.items()):
+        block = summary["folds"][str(fold)]
+        agent, minus = block["agent"]["net_pnl_usd"], block["agent_minus"][name]["net_pnl_usd"]
+        rows = [row for row in fold_results if int(row["fold"]) == fold]
+        baseline = float(np.median([r["baselines"][name]["net_pnl_usd"] for r in rows]))
+        ax.bar(i + 0.2, baseline, 0.4, color="tab:grey", label="best baseline" if i == 0 else None)
+        ax.annotate(name, (i + 0.2, baseline), ha="center", va="bottom", fontsize=8)
+        if agent["median"] is None:  # every seed of the fold halted
+            ax.annotate("halted", (i - 0.2, 0.0), ha="center", va="bottom", fontsize=8)
+            continue
+        low, high = agent["median_ci"]
+        error = [[agent["median"] - low], [high - agent["median"]]]
+        label = "agent, median of seeds, 95 % CI" if i == 0 else None
+        ax.bar(i - 0.2, agent["median"], 0.4, yerr=error, capsize=4, color="tab:blue", label=label)
+        text = f"agent - {name}:\n{_estimate(minus, 'median', ',.0f')}"
+        ax.annotate(text, (i, 1.0), xycoords=("data", "axes fraction"), ha="center",
+                    va="top", xytext=(0, -4), textcoords="offset points", fontsize=8)  # fmt: skip
+    ax.set_xticks(range(len(best)), [f"fold {fold}" for fold in best])
+    ax.axhline(0.0, color="grey", linewidth=0.5)
+    ax.set_ylabel("net PnL over the test window ($, after costs)")
+    _thousands(ax.yaxis)
+    ax.margins(y=0.25)
+    ax.legend(loc="lower left", fontsize=8)
+    ax.set_title(
+        f"agent against each fold's best baseline ({seeds} seed(s); CIs: stratified bootstrap "
+        "over seeds)",
+        fontsize=10,
+    )
     _save(fig, path, dpi=100)
 
 
@@ -352,7 +463,7 @@ _SUMMARY_LABELS = {
     "sharpe_daily": ("Sharpe (daily, ann.)", ".2f"),
     "sharpe": ("Sharpe (per bar, ann.)", ".2f"),
     "max_drawdown_usd": ("max drawdown $", ",.0f"),
-    "turnover": ("turnover", ",.0f"),
+    "turnover": ("turnover, units traded", ",.0f"),
 }
 
 
@@ -362,13 +473,13 @@ def _estimate(entry: Mapping[str, Any], key: str, spec: str) -> str:
         return "n/a"
     low, high = entry[f"{key}_ci"]
     flag = "*" if entry.get("few_seeds") else " "
-    return f"{format(entry[key], spec)} [{format(low, spec)}, {format(high, spec)}]{flag}"
+    return f"{number(entry[key], spec)} [{number(low, spec)}, {number(high, spec)}]{flag}"
 
 
-def summary_text(summary: Mapping[str, Any]) -> str:
+def summary_text(summary: Mapping[str, Any], show_random: bool = False) -> str:
     """Console table of results.json's ``summary``: per scope (all folds, then each fold) the
     agent's median and IQM with their 95 % intervals, the agent minus each baseline in net $,
-    and the best seed's deflated Sharpe ratio."""
+    and the best seed's deflated Sharpe ratio. Turnover: position units traded per window."""
     header = f"{'scope':<7} {'metric':<22} {'median [95% CI]':>34} {'IQM [95% CI]':>34}"
     lines = [
         "across seeds: median and interquartile mean, stratified bootstrap 95% CIs "
@@ -388,8 +499,8 @@ def summary_text(summary: Mapping[str, Any]) -> str:
                 f"{scope:<7} {label:<22} {_estimate(entry, 'median', spec):>34} "
                 f"{_estimate(entry, 'iqm', spec):>34}"
             )
-        for name, metrics in block["agent_minus"].items():
-            entry = metrics["net_pnl_usd"]
+        for name in shown(block["agent_minus"], show_random):
+            entry = block["agent_minus"][name]["net_pnl_usd"]
             lines.append(
                 f"{scope:<7} {'agent - ' + name + ' $':<22} "
                 f"{_estimate(entry, 'median', ',.0f'):>34} {_estimate(entry, 'iqm', ',.0f'):>34}"
@@ -410,17 +521,21 @@ def write_stitched(
     series: Sequence[RunSeries],
     plots: bool,
     writes: BackgroundWrites | None = None,
+    *,
+    point_value_usd: float,
+    show_random: bool = False,
 ) -> None:
-    """The folds' test windows end to end (``curves/stitched_equity.csv`` and its plot): the
-    seeds' median equity with their 10-90 % band, each seed's and each baseline's, for the seeds
-    that trained every fold to its end (none: nothing is written). With ``writes`` the files are
-    queued there, else written now."""
+    """The folds' test windows end to end (``curves/stitched_equity.csv`` in points, its plot in
+    $): the seeds' median equity with their 10-90 % band, each seed's and each baseline's, for
+    the seeds that trained every fold to its end (none: nothing is written). With ``writes`` the
+    files are queued there, else written now."""
     from jdqn.evaluation.stats import (  # here: the plot processes import this module
         equity_band,
         stitch,
     )
 
-    stitched = stitch(series, sorted({s.fold for s in series}))
+    folds = sorted({s.fold for s in series})
+    stitched = stitch(series, folds)
     if not stitched.seeds:
         return
     band = equity_band(stitched.agent)
@@ -433,7 +548,10 @@ def write_stitched(
         write_stitched_csv, run_path / "curves" / "stitched_equity.csv", at, band, seeds, baselines
     )
     if plots:
+        lengths = {s.fold: len(s.realised_at) for s in series if s.seed == stitched.seeds[0]}
+        starts = dict(zip(folds, np.cumsum([0] + [lengths[f] for f in folds[:-1]]), strict=True))
+        dollars = {seed: curve * point_value_usd for seed, curve in seeds.items()}
+        drawn = {n: baselines[n] * point_value_usd for n in shown(baselines, show_random)}
         title = f"out-of-sample equity, {len(stitched.seeds)} seed(s), test windows end to end"
-        submit_plot(
-            plot_stitched, run_path / "plots" / "stitched_equity.png", at, band, baselines, title
-        )
+        path = run_path / "plots" / "stitched_equity.png"
+        submit_plot(plot_stitched, path, at, dollars, drawn, starts, title)

@@ -10,8 +10,10 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import signal
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,11 +41,12 @@ from jdqn.data import (
 )
 from jdqn.evaluation import policy_bundle, stats
 from jdqn.evaluation.baselines import fold_baselines
-from jdqn.evaluation.env import make_params, volatility_reward_scale
+from jdqn.evaluation.env import cost_notices, make_params, resolve_costs, volatility_reward_scale
 from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
 from jdqn.run import (
     background,
     binding,
+    console_log,
     faults,
     memory,
     metrics_log,
@@ -62,6 +65,10 @@ from jdqn.run.checkpoint import (
 )
 from jdqn.run.metrics_log import TENSORBOARD, MetricsLog
 from jdqn.run.processes import ProcessError, Processes
+
+# -v: what a user debugging a run wants (jdqn.run.console_log); off by default.
+_debug = logging.getLogger("jdqn.run").debug
+_warn = logging.getLogger("jdqn.run").warning
 
 
 class UserError(Exception):
@@ -114,6 +121,7 @@ def run_walkforward(
     progress: bool = True,
     name: str | None = None,
     log: Callable[[str], None] = print,
+    log_outcome: Callable[[str], None] | None = None,
     plot_processes: bool = False,
     devices: int | None = None,
     processes: Processes | None = None,
@@ -125,16 +133,20 @@ def run_walkforward(
     (``report.plot_processes``): a script that turns this on must keep its top-level code under
     ``if __name__ == "__main__":``. ``devices``: local devices that share the learners (default
     all; ``jdqn.run.placement``). ``processes``: this process's place in a run of several
-    (``jdqn.run.processes``; default jax's count and index). Process 0 writes the run directory and
-    returns the results; the others return its path, no results and whether a run halted.
-    ``resume_changed``: resume although config.json or the data file changed (jdqn.run.binding)."""
+    (``jdqn.run.processes``; default jax's count and index). ``log_outcome`` (default ``log``)
+    takes the lines a quiet console still shows: where the results went, halts, how to resume.
+    Process 0 writes the run directory and returns the results; the others return its path, no
+    results and whether a run halted. ``resume_changed``: resume although config.json or the data
+    file changed (jdqn.run.binding)."""
     configure()  # jdqn's XLA flags, where no JAX backend has started yet
     processes = processes or Processes(jax.process_count(), jax.process_index())
+    log_outcome = log_outcome or log
     # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
     with contextlib.ExitStack() as unlocks, termination.sigterm_raises():
         run: rundir.RunDir | None = None
         if not processes.writer:  # process 0 reports for all of them
             log, progress, plot_processes = (lambda _: None), False, False
+            log_outcome = log
         if name is not None:
             with _as_user_error(ValueError):
                 rundir.check_name(name)
@@ -151,6 +163,7 @@ def run_walkforward(
         data = load_data(cfg)
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
+        _debug(console_log.reading_record(cfg, data))
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
         data_sha256 = made_by["provenance"]["data"]["sha256"]
         now = binding.current(cfg, len(data.folds), processes.count, data_sha256)
@@ -161,6 +174,7 @@ def run_walkforward(
             if seal.changes:
                 made_by["provenance"]["resumed_with_changes"] = list(seal.changes)
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
+        _debug(console_log.memory_record(cfg, data, layout))
         try:
             if resume is None:
                 run = _new_run(cfg, name, layout, processes, unlocks)
@@ -178,10 +192,29 @@ def run_walkforward(
             cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
-                job = _Job(cfg, data, run, writes, series, processes, debug, progress, log, seal)
+                job = _Job(
+                    cfg,
+                    data,
+                    run,
+                    writes,
+                    series,
+                    processes,
+                    debug,
+                    progress,
+                    log,
+                    seal,
+                    log_outcome,
+                )
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
-                    report.write_stitched(run.path, series, cfg.output.plots, writes)
+                    report.write_stitched(
+                        run.path,
+                        series,
+                        cfg.output.plots,
+                        writes,
+                        point_value_usd=cfg.env.point_value_usd,
+                        show_random=cfg.output.show_random,
+                    )
             if not processes.writer:
                 ended = json.loads(processes.broadcast_text(""))  # once process 0 renamed the run
                 return WalkForwardOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
@@ -192,7 +225,7 @@ def run_walkforward(
             return _finish(job, fold_results, summary, made_by)
         except debug_mode.DebugCheckFailed as failure:
             # Keep the .incomplete directory: it holds the failure record and the metrics so far.
-            log(f"jdqn: {failure}; recorded in {failure.record}")
+            log_outcome(f"jdqn: {failure}; recorded in {failure.record}")
             raise
         except (CheckpointLayoutError, NoIntactCheckpointError):
             raise  # resuming cannot help (the error says to start again); the directory stays
@@ -201,7 +234,7 @@ def run_walkforward(
                 raise  # no directory was made, or process 0 owns it
             # A storage failure's line, or a final name taken, says how to resume instead.
             say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
-            resumable = _left_to_resume(run, log, say)
+            resumable = _left_to_resume(run, log_outcome, say)
             faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
             raise
 
@@ -293,7 +326,10 @@ def _finish(
         "backend": jax.default_backend(),
         **made_by,
     }
+    show_random = cfg.output.show_random
     try:
+        if cfg.output.plots and summary:
+            report.plot_summary(run.plots_dir / "summary.png", fold_results, summary, show_random)
         rundir.write_json(run.results_path, results)
         # From the rename on the run is complete: a SIGTERM or Ctrl-C is held and then said, not
         # raised, so the report, the status and the directory (no .lock) say so.
@@ -302,26 +338,33 @@ def _finish(
             halted = [r for r in fold_results if r["status"] != "ok"]
             ended = {"run_dir": str(final), "halted": bool(halted)}
             job.processes.broadcast_text(json.dumps(ended))
-            log(report.summary_table(fold_results))
-            log(report.summary_text(summary))
+            log(report.summary_table(fold_results, show_random))
+            log(report.summary_text(summary, show_random))
             plots = f"; plots in {final / 'plots'}" if cfg.output.plots else ""
-            log(f"jdqn: results in {final / 'results.json'}{plots}")
+            job.log_outcome(f"jdqn: results in {final / 'results.json'}{plots}")
             for row in halted:
-                log(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
+                job.log_outcome(f"jdqn: fold {row['fold']} seed {row['seed']} {row['status']}")
     except OSError as error:  # every epoch is checkpointed: a resume only judges again
         resume_dir = run.path if cfg.output.checkpoints else None
         faults.raise_as_user_error(error, resume_dir, where=run.path)
         raise
     for signum in dict.fromkeys(received):
-        log(f"jdqn: {signal.Signals(signum).name} arrived as the run completed; it is complete")
+        job.log_outcome(
+            f"jdqn: {signal.Signals(signum).name} arrived as the run completed; it is complete"
+        )
     return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
 
 
 def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
     """The config with ``env.reward_unit`` resolved to points (``env.volatility_reward_scale``)
-    from the first fold's train window, which precedes every test window."""
+    and the notional commission's price set (``env.resolve_costs``) from the first fold's train
+    window, which precedes every test window; costs that swamp the moves get a notice."""
+    train_close = data.train[0].close
     with _as_user_error(ValueError):
-        return dataclasses.replace(cfg, env=volatility_reward_scale(cfg.env, data.train[0].close))
+        env = volatility_reward_scale(resolve_costs(cfg.env, train_close), train_close)
+    for notice in cost_notices(env, train_close, [fold.close for fold in data.test]):
+        _warn(notice)
+    return dataclasses.replace(cfg, env=env)
 
 
 @dataclass(frozen=True)
@@ -339,6 +382,7 @@ class _Job:
     progress: bool
     log: Callable[[str], None]
     seal: binding.Seal  # what its checkpoints carry and accept (jdqn.run.binding)
+    log_outcome: Callable[[str], None]  # lines a quiet console keeps (results path, halts)
 
 
 def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
@@ -685,6 +729,7 @@ def _train_group(
             for epoch in range(start_epoch, cfg.train.epochs):
                 first_chunk = start_chunk if epoch == start_epoch else 0
                 for chunk in range(first_chunk, program.chunks_per_epoch):
+                    started = time.perf_counter()
                     result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
                     if epoch == start_epoch and chunk == first_chunk:
                         # The chunk is queued and this thread now waits on the device: the
@@ -692,6 +737,9 @@ def _train_group(
                         writes.prefetch(later_imports)
                     error, (state, chunk_metrics) = result if job.debug else (None, result)
                     record = _host((state.learner.step, chunk_metrics), len(run_ids))
+                    elapsed = time.perf_counter() - started  # _host waited for the chunk
+                    message = "jdqn: group %d epoch %d chunk %d: %.2f s"
+                    _debug(message, group_index, epoch + 1, chunk + 1, elapsed)
                     steps, metrics = processes.gather(record, len(wave))  # [R], [R, L] of the wave
                     summary = metrics_log.add(epoch, chunk, steps, metrics) if metrics_log else {}
                     if error is not None:  # fetched once per chunk, with the chunk's metrics
@@ -910,6 +958,8 @@ def _judge_group(
                 timestamps,
                 curves,
                 f"fold {fold} seed {seed}: out-of-sample equity ({status})",
+                cfg.env.point_value_usd,
+                cfg.output.show_random,
             )
         rows.append(
             {
