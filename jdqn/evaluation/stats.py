@@ -147,18 +147,25 @@ def probabilistic_sharpe(
     return NormalDist().cdf((sharpe - benchmark) * math.sqrt(n_obs - 1) / math.sqrt(spread))
 
 
-def deflated_sharpe(returns_by_trial: Sequence[np.ndarray]) -> dict[str, Any]:
+def deflated_sharpe(
+    returns_by_trial: Sequence[np.ndarray], n_trials: int | None = None
+) -> dict[str, Any]:
     """The deflated Sharpe ratio of the trial with the best per-bar Sharpe, given how many were
     tried and how much their Sharpe ratios vary (Bailey & Lopez de Prado, 2014): the
     probabilistic Sharpe ratio of the best against ``expected_max_sharpe``. Per-bar returns;
-    skewness and kurtosis are the best trial's population moments."""
+    skewness and kurtosis are the best trial's population moments. ``n_trials``: how many were
+    tried in all (a sweep's settings x seeds; default the trials given, at least that many);
+    their Sharpe ratios' variance is estimated from the trials given."""
     sharpes = [per_bar_sharpe(r) for r in returns_by_trial]
     if not sharpes:
         return {"dsr": None, "n_trials": 0}
+    tried = len(sharpes) if n_trials is None else n_trials
+    if tried < len(sharpes):
+        raise ValueError(f"deflated_sharpe: n_trials {tried} < the {len(sharpes)} trials given")
     best = int(np.argmax(sharpes))
     returns = np.asarray(returns_by_trial[best], np.float64)
     variance = float(np.var(sharpes, ddof=1)) if len(sharpes) > 1 else 0.0
-    benchmark = expected_max_sharpe(len(sharpes), variance)
+    benchmark = expected_max_sharpe(tried, variance)
     centred = returns - returns.mean()
     m2 = float(np.mean(centred**2))
     skew = float(np.mean(centred**3)) / m2**1.5 if m2 > 0 else 0.0
@@ -166,7 +173,7 @@ def deflated_sharpe(returns_by_trial: Sequence[np.ndarray]) -> dict[str, Any]:
     return {
         "dsr": probabilistic_sharpe(sharpes[best], benchmark, returns.size, skew, kurtosis),
         "best_trial": best,
-        "n_trials": len(sharpes),
+        "n_trials": tried,
         "sharpe_per_bar": sharpes[best],
         "benchmark_sharpe_per_bar": benchmark,
         "n_bars": int(returns.size),
@@ -193,11 +200,14 @@ def summarise(
     *,
     seed: int,
     reps: int = BOOTSTRAP_REPS,
+    trials_per_seed: int = 1,
 ) -> dict[str, Any]:
     """results.json's ``summary``: per fold and over all folds, each metric's median and IQM
     across seeds with stratified bootstrap 95 % intervals (strata = folds), the agent minus each
     baseline (per run, its fold's baseline), and the best seed's deflated Sharpe ratio. Runs the
-    guard halted are left out (counted in ``n_halted``). The bootstrap draws from ``seed``."""
+    guard halted are left out (counted in ``n_halted``). The bootstrap draws from ``seed``.
+    ``trials_per_seed``: settings tried for each seed (a sweep's), which the deflated Sharpe
+    ratio counts (seeds x settings)."""
     folds = sorted({int(row["fold"]) for row in rows})
     ok = [row for row in rows if row.get("agent") is not None]
     baselines = sorted(rows[0]["baselines"]) if rows else []
@@ -222,7 +232,7 @@ def summarise(
         stitched = stitch(series, fold_ids)
         dsr: dict[str, Any] = {"dsr": None}
         if stitched.seeds:
-            dsr = deflated_sharpe(list(stitched.agent))
+            dsr = deflated_sharpe(list(stitched.agent), len(stitched.seeds) * trials_per_seed)
             dsr["best_seed"] = stitched.seeds[dsr.pop("best_trial")]
         return {
             "n_runs": len(scoped),
