@@ -111,6 +111,7 @@ def run_walkforward(
     plot_processes: bool = False,
     devices: int | None = None,
     processes: Processes | None = None,
+    data: WalkForwardData | None = None,
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
@@ -118,8 +119,10 @@ def run_walkforward(
     (``report.plot_processes``): a script that turns this on must keep its top-level code under
     ``if __name__ == "__main__":``. ``devices``: local devices that share the learners (default
     all; ``jdqn.run.placement``). ``processes``: this process's place in a run of several
-    (``jdqn.run.processes``; default jax's count and index). Process 0 writes the run directory and
-    returns the results; the others return its path, no results and whether a run halted."""
+    (``jdqn.run.processes``; default jax's count and index). ``data``: the folds, when the caller
+    prepared them (a sweep's validation folds; default: loaded as ``cfg.data`` says). Process 0
+    writes the run directory and returns the results; the others return its path, no results
+    and whether a run halted."""
     processes = processes or Processes(jax.process_count(), jax.process_index())
     # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
     with contextlib.ExitStack() as unlocks, termination.sigterm_raises():
@@ -137,7 +140,7 @@ def run_walkforward(
         # Before any memory is taken and any directory exists: a request too large, or bad input,
         # leaves nothing behind (the second check, with the data's own feature count).
         memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
-        data = load_data(cfg)
+        data = load_data(cfg) if data is None else data
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
