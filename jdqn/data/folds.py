@@ -101,5 +101,7 @@ def validation_folds(folds: list[Fold], validation_bars: int, purge_bars: int) -
                 f"{purge_bars:,} and at least 2 inner train bars; fix: a --validation-bars "
                 "from 2 up to the train window minus the purge minus 2"
             )
-        inner.append(Fold(fold.index, fold.train_start, train_end, validation_start, fold.train_end))
+        inner.append(
+            Fold(fold.index, fold.train_start, train_end, validation_start, fold.train_end)
+        )
     return inner

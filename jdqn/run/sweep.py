@@ -417,6 +417,9 @@ def _finish(
     scores = np.stack([_scores(chosen_on, n_folds, n_seeds) for chosen_on, _ in tried])
     chosen, value = select(scores, plan.rule, base.train.seed)
     tests = [test for _, test in tried]
+    test_median = np.median([_scores(test, n_folds, n_seeds) for test in tests], axis=-1)
+    if base.output.plots:
+        plot_ranks(run.plots_dir / "validation_vs_test_rank.png", value, test_median, chosen)
     selected_rows, selected_series = [], []
     for fold, setting in enumerate(chosen):
         run_dir = Path(tests[setting]["run_dir"])
@@ -438,6 +441,7 @@ def _finish(
         "config": json.loads(base.to_json()),
         "source": data.source,
         "bars_per_year": data.bars_per_year,
+        "sweep": plan.record(),
         "selection": {
             "rule": plan.rule,
             "metric": METRIC,
@@ -449,6 +453,7 @@ def _finish(
                 "overrides": dict(setting),
                 "runs": f"settings/s{i:03d}",
                 "validation_rule_value": [finite(v) for v in value[i]],  # by fold
+                "test_median_" + METRIC: [finite(v) for v in test_median[i]],  # by fold
             }
             for i, setting in enumerate(plan.settings)
         ],
@@ -501,3 +506,34 @@ def _write_table(
         writer = csv.writer(handle)
         writer.writerow(header)
         writer.writerows(lines)
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Rank of each setting in each fold, 1 = best; [settings, folds]."""
+    return np.argsort(np.argsort(-values, axis=0, kind="stable"), axis=0, kind="stable") + 1
+
+
+def plot_ranks(path: Path, validation: np.ndarray, test: np.ndarray, chosen: np.ndarray) -> None:
+    """Each setting's validation rank against its test rank, per fold ([settings, folds] values,
+    higher better); the chosen ones ringed. Points on the diagonal: validation foretold test."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(5, 5))
+    ax = fig.subplots()
+    x, y = _ranks(validation), _ranks(test)
+    for fold in range(validation.shape[1]):
+        ax.scatter(x[:, fold], y[:, fold], s=18, label=f"fold {fold}")
+        ax.scatter(
+            x[chosen[fold], fold],
+            y[chosen[fold], fold],
+            s=90,
+            facecolors="none",
+            edgecolors="black",
+        )
+    ax.plot([1, len(x)], [1, len(x)], color="grey", linewidth=0.5)
+    ax.set_xlabel("validation rank (1 = best)")
+    ax.set_ylabel("test rank (median net $ over seeds)")
+    ax.set_title("settings: validation against test (chosen ringed)")
+    ax.legend(loc="lower right", fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
