@@ -517,9 +517,12 @@ def plot_ranks(path: Path, validation: np.ndarray, test: np.ndarray, chosen: np.
     """Each setting's validation rank against its test rank, per fold ([settings, folds] values,
     higher better); the chosen ones ringed. Points on the diagonal: validation foretold test."""
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     fig = Figure(figsize=(5, 5))
     ax = fig.subplots()
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
     x, y = _ranks(validation), _ranks(test)
     for fold in range(validation.shape[1]):
         ax.scatter(x[:, fold], y[:, fold], s=18, label=f"fold {fold}")
