@@ -223,13 +223,18 @@ def test_a_folds_selection_never_sees_its_test_window(swept, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_a_sweep_killed_between_runs_resumes_to_the_same_results(swept, tmp_path) -> None:
-    """The state a kill leaves after the first setting's runs and the second's validation run:
-    the resumed sweep runs only the missing test run and writes the uninterrupted results."""
+    """The state a kill leaves: the first setting's test run killed after its last checkpoint,
+    before its results; the second's test run not started. The resumed sweep resumes the one
+    (it judges again), runs the other and writes the uninterrupted results."""
     killed = tmp_path / f"sweep{rundir.INCOMPLETE_SUFFIX}"
     shutil.copytree(swept.run_dir, killed)
     for leftover in ("results.json", "sweep.csv", "policies", "settings/s001/test"):
         path = killed / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink()
+    cut_short = killed / "settings/s000/test"
+    (cut_short / "results.json").unlink()
+    assert list(cut_short.glob("checkpoints/group0/[0-9]*"))
+    cut_short.rename(cut_short.with_name(f"test{rundir.INCOMPLETE_SUFFIX}"))
     outcome = sweep.run_sweep(None, None, resume=killed, progress=False, log=lambda _: None)
     assert outcome.run_dir == tmp_path / "sweep"
     assert outcome.results == swept.results
