@@ -43,6 +43,11 @@ def test_a_grid_is_every_combination_in_order() -> None:
         for lr in ("1e-3", "3e-4")
         for h in ("32,32", "64")
     ]
+    # Settings that differ only in the base seed: the null case of overfitting.
+    assert sweep.grid_settings(SMOKETEST, ["train.seed=0,1"]) == (
+        (("train.seed", "0"),),
+        (("train.seed", "1"),),
+    )
 
 
 def test_samples_draw_from_lists_and_ranges_reproducibly() -> None:

@@ -46,15 +46,15 @@ RULES = ("median", "lcb")
 METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
 PLAN_FILE = "sweep.json"
 # What a setting cannot vary, and why: the settings must be judged on the same bars, folds,
-# costs and seeds, and what a run writes or how it computes is no setting.
+# costs and number of seeds, and what a run writes or how it computes is no setting.
 _FIXED = {
     "data": "every setting must see the same bars and features",
     "walkforward": "every setting must be judged on the same folds",
     "output": "it says what a run writes, not what it learns",
     "accel": "it says how the step is computed, not what it learns",
     "env": "every setting must be judged with the same contract and costs",
+    # train.seed may vary: settings that differ only in it are the null case of overfitting.
     "train.seeds": "the seeds are the sweep's other axis (use --seeds)",
-    "train.seed": "the seeds are the sweep's other axis (use --seed)",
 }
 _VARIABLE_ENV = ("env.reward_scale", "env.reward_unit")  # training rewards only
 
