@@ -115,6 +115,7 @@ def test_ranks_and_their_plot(tmp_path) -> None:
         (["--grid", "optim.learning_rate=1e-4..1e-3"], "needs --samples"),
         (["--grid", "optim.learning_rate=a..b", "--samples", "2"], "two numbers"),
         (["--grid", "loss.gamma=0.9", "--rule", "best"], "--rule best"),
+        (["--grid", "replay.capacity=128,1000000000"], "memory"),  # the second is too large
         (["--grid", "loss.gamma=0.9", "--validation-bars", "990"], "validation tail of 990"),
         (["--grid", "loss.gamma=0.9", "--validation-bars", "1"], "validation tail of 1"),
         (["--grid", "loss.gamma=0.9", "--name", "../x"], "name"),

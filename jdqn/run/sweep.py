@@ -39,7 +39,7 @@ from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
 from jdqn.evaluation.policy_bundle import bundle_dir
-from jdqn.run import faults, provenance, rundir, termination
+from jdqn.run import faults, memory, provenance, rundir, termination
 from jdqn.run.walkforward import UserError, resolve_reward_unit, run_walkforward
 
 RULES = ("median", "lcb")
@@ -241,6 +241,12 @@ def run_sweep(
             raise UserError(str(error)) from None
         data, validation = prepare_data(base, validation_bars)
         selection_configs = [validation_config(c, data, validation) for c in configs]
+        features = data.train[0].features.shape[-1]
+        for cfg in (*configs, *selection_configs):  # every setting's size, before any is run
+            try:
+                memory.check_request(cfg, n_bars=None, features=features)
+            except ValueError as error:
+                raise UserError(str(error)) from None
         if run is None:
             run = _new_run(base, plan, name)
             unlocks.callback(rundir.unlock, run)
