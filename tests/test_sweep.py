@@ -8,6 +8,7 @@ import csv
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -128,6 +129,33 @@ def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, flags, m
     assert code == 2 and message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and err.startswith("jdqn: error: ")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_sweep_keeps_its_directory_only_when_there_is_something_to_resume(
+    tmp_path, monkeypatch
+) -> None:
+    """A Ctrl-C in the first run leaves nothing; one after a finished run keeps the directory
+    and says how to resume (the runs are stand-ins: nothing is trained)."""
+    calls: list[str] = []
+
+    def stand_in(cfg, *, name, **_):
+        calls.append(name)
+        if len(calls) == 2:
+            finished = Path(cfg.output.out_dir) / "validation"
+            finished.mkdir(parents=True)
+            (finished / "results.json").write_text("{}")
+            return SimpleNamespace(results={}, run_dir=finished)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_walkforward", stand_in)
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    logged: list[str] = []
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run_sweep(_config(tmp_path), plan, name="s", progress=False, log=logged.append)
+    assert calls == ["validation", "validation", "test"]
+    assert [p.name for p in tmp_path.iterdir()] == [f"s{rundir.INCOMPLETE_SUFFIX}"]
+    assert logged[-1].endswith(f"jdqn sweep --resume {tmp_path}/s{rundir.INCOMPLETE_SUFFIX}")
 
 
 # --- end to end on the ES sample ---------------------------------------------------------------
