@@ -304,8 +304,14 @@ def _sweep(args: argparse.Namespace) -> int:
             cfg = resolve_config(args)
             settings = grid_settings(cfg, args.grid, args.samples, cfg.train.seed)
             plan = SweepPlan(settings, args.rule, args.validation_bars)
-        elif args.grid or args.overrides or args.samples or args.name:
-            raise ValueError("--resume continues a sweep with its own plan; fix: drop the rest")
+        else:
+            flags = ("samples", "validation_bars", "config", "profile", "data", "instrument")
+            flags += ("out", "name", "folds", "epochs", "seeds", "seed")
+            if args.grid or args.overrides or any(getattr(args, f) is not None for f in flags):
+                raise ValueError(
+                    "--resume continues a sweep with its own plan and config; fix: drop the "
+                    "other flags"
+                )
         progress = not args.no_progress and not getattr(args, "quiet", False)
         log = logging.getLogger(console_log.LOGGER_NAME).info
         outcome = run_sweep(

@@ -120,6 +120,7 @@ def test_ranks_and_their_plot(tmp_path) -> None:
         (["--grid", "loss.gamma=0.9", "--validation-bars", "990"], "validation tail of 990"),
         (["--grid", "loss.gamma=0.9", "--validation-bars", "1"], "validation tail of 1"),
         (["--grid", "loss.gamma=0.9", "--name", "../x"], "name"),
+        (["--resume", "x.incomplete"], "--resume continues a sweep with its own plan"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, flags, message) -> None:
