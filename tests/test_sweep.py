@@ -93,6 +93,12 @@ def test_rules_pick_the_best_median_or_lower_bound() -> None:
     assert list(chosen) == [0, 1] and value[0, 1] == -np.inf
 
 
+def test_cscv_blocks_shrink_to_the_bars_and_need_two_settings() -> None:
+    noise = np.random.default_rng(0).normal(size=(9, 3))
+    assert sweep._cscv(noise, 16)["blocks"] == 8 and sweep._cscv(noise, 4)["splits"] == 6
+    assert sweep._cscv(noise[:, :1], 16)["pbo"] is None
+
+
 def test_ranks_and_their_plot(tmp_path) -> None:
     """Rank 1 is the best value in its fold; a halted setting (-inf) ranks last."""
     validation = np.array([[3.0, -np.inf], [1.0, 2.0], [2.0, 5.0]])
@@ -217,7 +223,10 @@ def test_the_sweeps_outputs(swept, tmp_path) -> None:
     assert results["n_trials"] == 4 and results["summary"]["overall"]["deflated_sharpe"][
         "n_trials"
     ] in (4, 2)  # settings x seeds; 2 seeds x 2 settings unless a seed halted
-    assert 0.0 <= results["overfitting"]["pbo"] <= 1.0 and results["overfitting"]["splits"] > 1
+    overfit = results["overfitting"]
+    assert 0.0 <= overfit["pbo"] <= 1.0 and overfit["splits"] == 12870  # C(16, 8)
+    assert overfit["bars_used"] == 2 * 299 - 2 * 299 % 16  # two test windows of 299 intervals
+    assert sorted(overfit["folds"]) == ["0", "1"] and overfit["folds"]["1"]["bars_used"] == 288
     # The selected policies are bundles that jdqn.load_policy and jdqn evaluate read.
     policy = load_policy(run, fold=1, seed=0)
     lr = dict(sweep.grid_settings(SMOKETEST, list(GRID))[chosen[1]])["optim.learning_rate"]

@@ -380,27 +380,32 @@ def _series(run_dir: Path, row: dict[str, Any]) -> stats.RunSeries:
 
 def overfitting(tests: Sequence[dict[str, Any]], blocks: int) -> dict[str, Any]:
     """The probability of backtest overfitting over the settings (``jdqn.evaluation.overfitting``)
-    on their test windows stitched in time, each bar the mean over seeds (a halted run: flat)."""
-    columns = []
-    for results in tests:
-        run_dir = Path(results["run_dir"])
-        by_fold: dict[int, list[np.ndarray]] = {}
+    on their test windows stitched in time, and on each fold's alone; each bar the mean over
+    seeds (a halted run: flat)."""
+    by_fold: dict[int, list[list[np.ndarray]]] = {}  # fold -> setting -> [n] per seed
+    for i, results in enumerate(tests):
         for row in results["folds"]:
-            net = _series(run_dir, row).agent
+            net = _series(Path(results["run_dir"]), row).agent
             length = row["window"]["test"][1] - row["window"]["test"][0] - 1
-            by_fold.setdefault(row["fold"], []).append(np.zeros(length) if net is None else net)
-        columns.append(np.concatenate([np.mean(by_fold[k], axis=0) for k in sorted(by_fold)]))
-    matrix = np.stack(columns, axis=1)  # [T, settings]
-    blocks = min(blocks, len(matrix) - len(matrix) % 2)
-    record: dict[str, Any] = {
-        "method": "CSCV over the settings' stitched test windows, mean over seeds, per-bar "
-        "Sharpe ratio (Bailey, Borwein, Lopez de Prado & Zhu, 2017)",
-        "pbo": None,
+            runs = by_fold.setdefault(row["fold"], [[] for _ in tests])[i]
+            runs.append(np.zeros(length) if net is None else net)
+    means = {k: np.stack([np.mean(runs, axis=0) for runs in f], 1) for k, f in by_fold.items()}
+    stitched = np.concatenate([means[k] for k in sorted(means)])  # [T, settings]
+    return {
+        "method": "CSCV over the settings' test windows (stitched, and each fold's), mean over "
+        "seeds, per-bar Sharpe ratio (Bailey, Borwein, Lopez de Prado & Zhu, 2017)",
+        **_cscv(stitched, blocks),
+        "folds": {str(k): _cscv(means[k], blocks) for k in sorted(means)},
     }
+
+
+def _cscv(matrix: np.ndarray, blocks: int) -> dict[str, Any]:
+    """PBO of a [T, settings] matrix with at most ``blocks`` blocks; None for a lone setting."""
+    blocks = min(blocks, len(matrix) - len(matrix) % 2)
     if matrix.shape[1] < 2 or blocks < 2:
-        return record | {"why_none": "CSCV needs at least 2 settings and 2 bars"}
+        return {"pbo": None, "why_none": "CSCV needs at least 2 settings and 2 bars"}
     result = probability_of_overfitting(matrix, blocks)
-    return record | {
+    return {
         "pbo": result.pbo,
         "blocks": result.blocks,
         "splits": len(result.logits),
