@@ -305,8 +305,8 @@ def _sweep(args: argparse.Namespace) -> int:
             settings = grid_settings(cfg, args.grid, args.samples, cfg.train.seed)
             plan = SweepPlan(settings, args.rule, args.validation_bars)
         else:
-            flags = ("samples", "validation_bars", "config", "profile", "data", "instrument")
-            flags += ("out", "name", "folds", "epochs", "seeds", "seed")
+            flags: tuple[str, ...] = ("samples", "validation_bars", "config", "profile", "data")
+            flags += ("instrument", "out", "name", "folds", "epochs", "seeds", "seed")
             if args.grid or args.overrides or any(getattr(args, f) is not None for f in flags):
                 raise ValueError(
                     "--resume continues a sweep with its own plan and config; fix: drop the "
