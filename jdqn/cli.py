@@ -1,5 +1,5 @@
-"""Command line: ``jdqn walkforward | evaluate | data synth | data check | config keys | bench``;
-parses only.
+"""Command line: ``jdqn walkforward | sweep | evaluate | data synth | data check | config keys |
+bench``; parses only.
 
 User errors (bad flags, impossible config, malformed bar file, missing path) print one line
 ``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.
@@ -94,6 +94,11 @@ def _build_parser() -> argparse.ArgumentParser:
     _add_walkforward(
         commands.add_parser(
             "walkforward", help="train and judge the agent walk-forward", parents=[common]
+        )
+    )
+    _add_sweep(
+        commands.add_parser(
+            "sweep", help="train many settings, choose each fold's on validation", parents=[common]
         )
     )
 
@@ -212,6 +217,29 @@ def _add_walkforward(wf: argparse.ArgumentParser) -> None:
     wf.add_argument("--process-id", type=int, metavar="I", help="this process's number, 0 to N - 1")
 
 
+def _add_sweep(sweep: argparse.ArgumentParser) -> None:
+    """The ``sweep`` command's flags: the settings, the rule, and walk-forward's config flags."""
+    sweep.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="a key and its values (repeatable; all combinations); a tuple key's values are "
+        "separated by /; with --samples also lo..hi or log:lo..hi",
+    )
+    sweep.add_argument("--samples", type=int, help="N random settings instead of the whole grid")
+    sweep.add_argument("--rule", default="median", help="median (default) or lcb")
+    sweep.add_argument("--validation-bars", type=int, help="default: walkforward.test_bars")
+    sweep.add_argument("--resume", metavar="SWEEP_DIR", help="continue a killed sweep")
+    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
+    sweep.add_argument("--profile", choices=sorted(PROFILES), help="default: smoketest")
+    for flag in ("--config", "--data", "--instrument", "--out", "--name"):
+        sweep.add_argument(flag, help=f"as for walkforward {flag}")
+    for flag in ("--folds", "--epochs", "--seeds", "--seed"):
+        sweep.add_argument(flag, type=int, help=f"as for walkforward {flag}")
+    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
+
+
 def resolve_config(args: argparse.Namespace) -> Config:
     """Profile, then the convenience flags, then ``--set`` overrides (validated once)."""
     overrides: list[str] = []
@@ -304,6 +332,35 @@ def _walkforward(args: argparse.Namespace) -> int:
     return EXIT_HALTED if outcome.halted else 0
 
 
+def _sweep(args: argparse.Namespace) -> int:
+    from jdqn.run.sweep import SweepPlan, grid_settings, run_sweep
+    from jdqn.run.walkforward import UserError
+
+    try:
+        cfg = plan = None
+        if args.resume is None:
+            cfg = resolve_config(args)
+            settings = grid_settings(cfg, args.grid, args.samples, cfg.train.seed)
+            plan = SweepPlan(settings, args.rule, args.validation_bars)
+        else:
+            flags: tuple[str, ...] = ("samples", "validation_bars", "config", "profile", "data")
+            flags += ("instrument", "out", "name", "folds", "epochs", "seeds", "seed")
+            if args.grid or args.overrides or any(getattr(args, f) is not None for f in flags):
+                raise ValueError(
+                    "--resume continues a sweep with its own plan and config; fix: drop the "
+                    "other flags"
+                )
+        progress = not args.no_progress and not getattr(args, "quiet", False)
+        log = logging.getLogger(console_log.LOGGER_NAME).info
+        outcome = run_sweep(
+            cfg, plan, resume=args.resume, name=args.name, progress=progress, log=log
+        )
+    except (UserError, ValueError) as error:
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    return EXIT_HALTED if outcome.halted else 0
+
+
 def _evaluate(args: argparse.Namespace) -> int:
     from jdqn.evaluation.saved import evaluate_saved
 
@@ -378,6 +435,7 @@ def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
     console_log.configure(getattr(args, "verbose", 0), getattr(args, "quiet", False))
     handlers = {
         "walkforward": _walkforward,
+        "sweep": _sweep,
         "evaluate": _evaluate,
         "data": _data,
         "bench": _bench,

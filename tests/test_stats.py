@@ -136,6 +136,23 @@ def test_deflated_sharpe_of_trials_against_scipy():
     assert alone["benchmark_sharpe_per_bar"] == 0.0 and alone["dsr"] > result["dsr"]
 
 
+def test_deflated_sharpe_counts_the_trials_it_is_told():
+    """A sweep tried more trials than it hands in (settings x seeds): the benchmark is the
+    expected maximum of that many, with the variance of the trials given."""
+    rng = np.random.default_rng(2)
+    trials = [rng.normal(mu, 1.0, size=400) for mu in (0.0, 0.1, 0.05)]
+    sharpes = np.array([t.mean() / t.std(ddof=1) for t in trials])
+    norm = scipy.stats.norm
+    sr0 = math.sqrt(sharpes.var(ddof=1)) * (
+        (1 - np.euler_gamma) * norm.ppf(1 - 1 / 30)
+        + np.euler_gamma * norm.ppf(1 - 1 / (30 * math.e))
+    )
+    counted = stats.deflated_sharpe(trials, settings_tried=10)  # 10 settings x 3 seeds
+    assert counted["n_trials"] == 30
+    assert counted["benchmark_sharpe_per_bar"] == pytest.approx(sr0, rel=1e-9)
+    assert counted["dsr"] < stats.deflated_sharpe(trials)["dsr"]
+
+
 def _row(fold: int, seed: int, net: float | None, flat: float) -> dict:
     metrics = lambda x: {m: x for m in stats.SUMMARY_METRICS}
     return {
@@ -178,6 +195,9 @@ def test_summary_per_fold_and_overall_leaves_halted_runs_out():
     assert overall["deflated_sharpe"]["n_trials"] == 2 and overall["deflated_sharpe"]["n_bars"] == 8
     assert fold1["deflated_sharpe"]["n_trials"] == 3
     assert summary["bootstrap_seed"] == 11 and summary["confidence"] == 0.95
+    # A sweep of 4 settings: every seed counts 4 trials.
+    swept = stats.summarise(rows, series, seed=11, reps=300, settings_tried=4)
+    assert swept["overall"]["deflated_sharpe"]["n_trials"] == 8
 
 
 def test_runs_without_a_daily_sharpe_ratio_are_left_out_of_its_estimates():

@@ -84,3 +84,24 @@ def _too_short_message(n_bars: int, cfg: WalkForwardConfig) -> str:
         f"for {cfg.n_folds} folds; use a longer bar file, fewer --folds, or lower "
         f"--set walkforward.purge_bars (it must still cover the feature lookback)"
     )
+
+
+def validation_folds(folds: list[Fold], validation_bars: int, purge_bars: int) -> list[Fold]:
+    """Each fold's train window split for nested selection: an inner train part, a purge gap
+    and a validation tail of ``validation_bars`` that ends where the train window ends, so that
+    nothing of it reaches the fold's test window; ValueError if the inner part is under 2 bars."""
+    inner = []
+    for fold in folds:
+        validation_start = fold.train_end - validation_bars
+        train_end = validation_start - purge_bars
+        if validation_bars < 2 or train_end - fold.train_start < 2:
+            raise ValueError(
+                f"validation tail of {validation_bars:,} bars: the train window of "
+                f"{fold.train_end - fold.train_start:,} bars must hold it, the purge of "
+                f"{purge_bars:,} and at least 2 inner train bars; fix: a --validation-bars "
+                "from 2 up to the train window minus the purge minus 2"
+            )
+        inner.append(
+            Fold(fold.index, fold.train_start, train_end, validation_start, fold.train_end)
+        )
+    return inner

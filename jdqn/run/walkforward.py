@@ -126,6 +126,7 @@ def run_walkforward(
     devices: int | None = None,
     processes: Processes | None = None,
     resume_changed: bool = False,
+    data: WalkForwardData | None = None,
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
@@ -135,9 +136,10 @@ def run_walkforward(
     all; ``jdqn.run.placement``). ``processes``: this process's place in a run of several
     (``jdqn.run.processes``; default jax's count and index). ``log_outcome`` (default ``log``)
     takes the lines a quiet console still shows: where the results went, halts, how to resume.
-    Process 0 writes the run directory and returns the results; the others return its path, no
-    results and whether a run halted. ``resume_changed``: resume although config.json or the data
-    file changed (jdqn.run.binding)."""
+    ``data``: the folds, when the caller prepared them (a sweep's validation folds; default:
+    loaded as ``cfg.data`` says). Process 0 writes the run directory and returns the results; the
+    others return its path, no results and whether a run halted. ``resume_changed``: resume
+    although config.json or the data file changed (jdqn.run.binding)."""
     configure()  # jdqn's XLA flags, where no JAX backend has started yet
     processes = processes or Processes(jax.process_count(), jax.process_index())
     log_outcome = log_outcome or log
@@ -160,7 +162,7 @@ def run_walkforward(
         # Before any memory is taken and any directory exists: a request too large, or bad input,
         # leaves nothing behind (the second check, with the data's own feature count).
         memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
-        data = load_data(cfg)
+        data = load_data(cfg) if data is None else data
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
         _debug(console_log.reading_record(cfg, data))

@@ -1,0 +1,553 @@
+"""Sweeps (``jdqn sweep``): many settings over folds x seeds, one chosen per fold on a validation
+tail of its train window, never on its test window (issue 46).
+
+Each setting runs as walk-forward programs of its own, one after another in this process:
+once on the folds' inner train parts, judged on their validation tails
+(``jdqn.data.folds.validation_folds``), and once on the whole train windows, judged on the test
+windows by ``run_walkforward`` itself, so that a setting's test numbers are those of its own
+walk-forward run. A stated rule picks each fold's setting from the validation results alone.
+The sweep writes ``sweep.csv`` (every setting x fold x seed), ``results.json`` (the selected
+settings' test results summarised as a walk-forward run's, the deflated Sharpe ratio counting
+settings x seeds, the probability of backtest overfitting over the settings) and the selected
+policies, which ``jdqn evaluate`` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pandas as pd
+
+from jdqn.config import Config, apply_overrides
+from jdqn.config.keys import config_keys
+from jdqn.data import WalkForwardData, load_source, prepare_walkforward, split_folds
+from jdqn.data.features import compute_features
+from jdqn.data.folds import validation_folds
+from jdqn.evaluation import stats
+from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
+from jdqn.evaluation.policy_bundle import bundle_dir
+from jdqn.run import faults, memory, provenance, rundir, termination
+from jdqn.run.walkforward import UserError, resolve_reward_unit, run_walkforward
+
+RULES = ("median", "lcb")
+METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
+PLAN_FILE = "sweep.json"
+# What a setting cannot vary, and why: the settings must be judged on the same bars, folds,
+# costs and number of seeds, and what a run writes or how it computes is no setting.
+_FIXED = {
+    "data": "every setting must see the same bars and features",
+    "walkforward": "every setting must be judged on the same folds",
+    "output": "it says what a run writes, not what it learns",
+    "accel": "it says how the step is computed, not what it learns",
+    "env": "every setting must be judged with the same contract and costs",
+    # train.seed may vary: settings that differ only in it are the null case of overfitting.
+    "train.seeds": "the seeds are the sweep's other axis (use --seeds)",
+}
+_VARIABLE_ENV = ("env.reward_scale", "env.reward_unit")  # training rewards only
+
+Setting = tuple[tuple[str, str], ...]  # (key, value) overrides, in the order the grid gives them
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """What a sweep tries and how it chooses; saved as the run's ``sweep.json``."""
+
+    settings: tuple[Setting, ...]
+    rule: str = "median"  # "median": best median over seeds; "lcb": best lower 95 % bound of it
+    validation_bars: int | None = None  # each fold's validation tail; None: walkforward.test_bars
+    cscv_blocks: int = DEFAULT_BLOCKS  # S of the probability of backtest overfitting
+
+    def record(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "settings": [dict(s) for s in self.settings]}
+
+    @classmethod
+    def from_record(cls, raw: dict[str, Any]) -> SweepPlan:
+        settings = tuple(tuple(s.items()) for s in raw["settings"])
+        return cls(**{**raw, "settings": settings})
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    run_dir: Path
+    results: dict[str, Any]
+    halted: bool  # a selected run halted
+
+
+def grid_settings(
+    base: Config, grid: Sequence[str], samples: int | None = None, seed: int = 0
+) -> tuple[Setting, ...]:
+    """The settings of ``--grid key=v1,v2 ...``: every combination, or with ``samples`` that many
+    random ones (each key a value of its list, or uniform in ``lo..hi``, log-uniform in
+    ``log:lo..hi``; drawn from ``numpy.random.default_rng(seed)``). A tuple-valued key separates
+    its values with ``/`` (``network.hidden=64,64/128,128``). ValueError (one line) for an unknown
+    key, a key that cannot vary, an empty grid or a range without ``samples``."""
+    if not grid:
+        raise ValueError("jdqn sweep needs at least one --grid key=v1,v2; fix: add one")
+    if samples is not None and samples < 1:
+        raise ValueError(f"--samples {samples}: must be >= 1")
+    types = {k.key: k.type for k in config_keys(base)}
+    axes: dict[str, list[str]] = {}
+    for item in grid:
+        key, sep, values = (part.strip() for part in item.partition("="))
+        if not sep:
+            raise ValueError(f"--grid {item!r}: use key=v1,v2, e.g. optim.learning_rate=1e-3,3e-4")
+        _check_key(key, types, axes)
+        split = [v.strip() for v in values.split("/" if "tuple" in types[key] else ",")]
+        if not values.strip() or not all(split):
+            raise ValueError(f"--grid {item!r}: an empty value; fix: list values as {key}=v1,v2")
+        if any(".." in v for v in split) and samples is None:
+            raise ValueError(f"--grid {item!r}: a range lo..hi needs --samples N")
+        axes[key] = split
+    if samples is None:
+        return tuple(
+            tuple(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())
+        )
+    rng = np.random.default_rng(seed)
+    return tuple(
+        tuple((key, _draw(rng, key, values, types[key])) for key, values in axes.items())
+        for _ in range(samples)
+    )
+
+
+def _check_key(key: str, types: dict[str, str], seen: dict[str, list[str]]) -> None:
+    if key not in types:
+        raise ValueError(f"--grid {key}: unknown key; fix: pick one of `jdqn config keys`")
+    if key in seen:
+        raise ValueError(f"--grid {key}: given twice; fix: list all its values in one --grid")
+    section = key.partition(".")[0]
+    why = _FIXED.get(key) or (_FIXED.get(section) if key not in _VARIABLE_ENV else None)
+    if why is not None:
+        raise ValueError(f"--grid {key}: cannot vary in a sweep ({why}); fix: set it with --set")
+
+
+def _draw(rng: np.random.Generator, key: str, values: list[str], kind: str) -> str:
+    """One sampled value: a listed one, or from a range (the first value that is one)."""
+    value = values[int(rng.integers(len(values)))]
+    if ".." not in value:
+        return value
+    log = value.startswith("log:")
+    low_text, _, high_text = value.removeprefix("log:").partition("..")
+    try:
+        low, high = float(low_text), float(high_text)
+    except ValueError:
+        raise ValueError(f"--grid {key}={value}: a range is lo..hi of two numbers") from None
+    if kind not in ("int", "float") or not low < high or (log and low <= 0):
+        raise ValueError(
+            f"--grid {key}={value}: a range needs a number key and lo < hi (lo > 0 for log:)"
+        )
+    if log:
+        drawn = float(np.exp(rng.uniform(np.log(low), np.log(high))))
+    else:
+        drawn = float(rng.uniform(low, high))
+    return str(round(drawn)) if kind == "int" else format(drawn, ".6g")
+
+
+def setting_configs(base: Config, plan: SweepPlan) -> list[Config]:
+    """Each setting's config (ValueError naming the setting, the field and the fix)."""
+    if not plan.settings:
+        raise ValueError("the sweep has no settings; fix: give --grid key=v1,v2")
+    if plan.rule not in RULES:
+        raise ValueError(f"--rule {plan.rule}: use one of {', '.join(RULES)}")
+    configs = []
+    for setting in plan.settings:
+        try:
+            configs.append(apply_overrides(base, [f"{k}={v}" for k, v in setting]))
+        except ValueError as error:
+            raise ValueError(f"setting {_describe(setting)}: {error}") from None
+    return configs
+
+
+def validation_length(base: Config, plan: SweepPlan) -> int:
+    """Bars of each fold's validation tail."""
+    return base.walkforward.test_bars if plan.validation_bars is None else plan.validation_bars
+
+
+def _describe(setting: Setting) -> str:
+    return " ".join(f"{k}={v}" for k, v in setting)
+
+
+def prepare_data(cfg: Config, validation_bars: int) -> tuple[WalkForwardData, WalkForwardData]:
+    """The folds, and the same folds with each train window split into an inner train part
+    (the train windows of the selection runs) and a validation tail (their test windows)."""
+    if cfg.data.path and not Path(cfg.data.path).exists():
+        raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
+    try:
+        bars = load_source(cfg.data)
+        data = prepare_walkforward(bars, cfg)
+        folds = validation_folds(list(data.folds), validation_bars, cfg.walkforward.purge_bars)
+        values = compute_features(bars, cfg.data).values
+        train, test, normalisers = split_folds(values, bars.close, folds, cfg.data.feature_clip)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    stamps = tuple(bars.timestamp[f.test_start : f.test_end] for f in folds)
+    validation = dataclasses.replace(
+        data, folds=tuple(folds), train=train, test=test, test_timestamps=stamps
+    )
+    return data, dataclasses.replace(validation, normalisers=normalisers)
+
+
+def validation_config(cfg: Config, data: WalkForwardData, validation: WalkForwardData) -> Config:
+    """``cfg`` for the selection runs: their windows' lengths, and rewards in the units that the
+    walk-forward run resolves from the first fold's whole train window."""
+    first = validation.folds[0]
+    train_bars, test_bars = first.train_end - first.train_start, first.test_end - first.test_start
+    windows = dataclasses.replace(cfg.walkforward, train_bars=train_bars, test_bars=test_bars)
+    try:
+        return dataclasses.replace(resolve_reward_unit(cfg, data), walkforward=windows)
+    except ValueError as error:
+        raise UserError(f"the validation runs' {train_bars}-bar train windows: {error}") from None
+
+
+def run_sweep(
+    base: Config | None,
+    plan: SweepPlan | None,
+    *,
+    resume: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> SweepOutcome:
+    """Run every setting's selection and test runs (or those a killed sweep, ``resume``, had not
+    finished), choose each fold's setting, write the results; returns the finished directory.
+    Bad input raises ``UserError`` (one line) before anything is written."""
+    with contextlib.ExitStack() as unlocks, termination.sigterm_raises():
+        run: rundir.RunDir | None = None
+        if resume is not None:
+            run, base, plan = _open_resumed(resume)
+            unlocks.callback(rundir.unlock, run)
+        assert base is not None and plan is not None
+        if name is not None:
+            try:
+                rundir.check_name(name)
+            except ValueError as error:
+                raise UserError(str(error)) from None
+        validation_bars = validation_length(base, plan)
+        try:
+            configs = setting_configs(base, plan)
+        except ValueError as error:
+            raise UserError(str(error)) from None
+        data, validation = prepare_data(base, validation_bars)
+        selection_configs = [validation_config(c, data, validation) for c in configs]
+        features = data.train[0].features.shape[-1]
+        for cfg in (*configs, *selection_configs):  # every setting's size, before any is run
+            try:
+                memory.check_request(cfg, n_bars=None, features=features)
+            except ValueError as error:
+                raise UserError(str(error)) from None
+        if run is None:
+            run = _new_run(base, plan, name)
+            unlocks.callback(rundir.unlock, run)
+        log(
+            f"jdqn: sweep of {len(configs)} settings x {len(data.folds)} folds x "
+            f"{base.train.seeds} seed(s) on {data.source}; writing {run.path}"
+        )
+        try:
+            tried = []
+            for i, (cfg, selection_cfg) in enumerate(zip(configs, selection_configs, strict=True)):
+                log(f"jdqn: setting {i + 1}/{len(configs)}: {_describe(plan.settings[i])}")
+                runs = run.path / "settings" / f"s{i:03d}"
+                chosen_on = _sub_run(runs, "validation", selection_cfg, validation, progress)
+                tried.append((chosen_on, _sub_run(runs, "test", cfg, data, progress)))
+            return _finish(run, base, plan, data, tried, log)
+        except BaseException as error:
+            with rundir.interrupts_deferred():
+                settings = run.path / "settings"
+                resumable = any(settings.glob("*/*/results.json")) or any(
+                    settings.glob("*/*.incomplete/checkpoints/group*/[0-9]*")
+                )
+                if not resumable:
+                    rundir.discard(run)
+                elif faults.io_problem(error) is None:
+                    log(f"jdqn: sweep interrupted; resume with: jdqn sweep --resume {run.path}")
+            faults.raise_as_user_error(error, run.path if resumable else None)
+            raise
+
+
+def _open_resumed(path: str | os.PathLike[str]) -> tuple[rundir.RunDir, Config, SweepPlan]:
+    try:
+        run = rundir.open_incomplete_run_dir(path)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    try:
+        base = Config.from_json(run.config_path.read_text())
+        plan = SweepPlan.from_record(json.loads((run.path / PLAN_FILE).read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as error:
+        rundir.unlock(run)
+        raise UserError(
+            f"--resume {run.path}: cannot read its plan ({error}); fix: start again"
+        ) from None
+    return run, base, plan
+
+
+def _new_run(base: Config, plan: SweepPlan, name: str | None) -> rundir.RunDir:
+    """The sweep's directory with its config and plan (removed again if they cannot be written)."""
+    name = name or datetime.now(UTC).strftime("sweep-%Y%m%d-%H%M%S")
+    run = None
+    try:
+        with rundir.interrupts_deferred():
+            run = rundir.new_run_dir(base.output.out_dir, name)
+            run.config_path.write_text(base.to_json() + "\n")
+            rundir.write_json(run.path / PLAN_FILE, plan.record())
+    except BaseException as error:
+        if run is not None:
+            rundir.discard(run)
+        faults.raise_as_user_error(error, None)
+        if isinstance(error, OSError | ValueError):
+            raise UserError(str(error)) from None
+        raise
+    return run
+
+
+def _sub_run(
+    parent: Path, name: str, cfg: Config, data: WalkForwardData, progress: bool
+) -> dict[str, Any]:
+    """A walk-forward run of ``cfg`` on ``data`` in ``parent/name``: its results.json when it
+    finished, else resumed when it was checkpointed, else run."""
+    finished = parent / name / rundir.COMPLETE_MARKER
+    if finished.is_file():
+        return {**json.loads(finished.read_text()), "run_dir": str(finished.parent)}
+    quiet: Callable[[str], None] = lambda _: None  # noqa: E731  # the sweep reports instead
+    kwargs: dict[str, Any] = dict(progress=progress, log=quiet, data=data)
+    incomplete = parent / f"{name}{rundir.INCOMPLETE_SUFFIX}"
+    if incomplete.is_dir():
+        outcome = run_walkforward(None, resume=incomplete, **kwargs)
+    else:
+        cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, out_dir=str(parent)))
+        outcome = run_walkforward(cfg, name=name, **kwargs)
+    return {**outcome.results, "run_dir": str(outcome.run_dir)}
+
+
+def select(scores: np.ndarray, rule: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each fold's setting from validation scores [settings, folds, seeds] (-inf: halted):
+    (chosen [folds] int, rule value [settings, folds]). "median": the median over seeds;
+    "lcb": the lower end of its 95 % stratified bootstrap interval (``jdqn.evaluation.stats``,
+    drawn from ``seed``). Ties go to the earlier setting."""
+    if rule == "median":
+        value = np.median(scores, axis=-1)
+    else:
+        tail = (1.0 - stats.CONFIDENCE) / 2.0 * 100.0
+        value = np.asarray(
+            [
+                [
+                    np.percentile(
+                        stats.bootstrap_distribution([runs], stats.median, seed=seed),
+                        tail,
+                        method="lower",  # a value drawn, also where a halted run's -inf is
+                    )
+                    for runs in setting
+                ]
+                for setting in scores
+            ]
+        )
+    return np.argmax(value, axis=0), value
+
+
+def _scores(results: dict[str, Any], n_folds: int, n_seeds: int) -> np.ndarray:
+    """[folds, seeds] validation ``METRIC`` of one setting's selection runs; -inf: halted."""
+    scores = np.full((n_folds, n_seeds), -np.inf)
+    for row in results["folds"]:
+        if row["agent"] is not None:
+            scores[row["fold"], row["seed"]] = row["agent"][METRIC]
+    return scores
+
+
+def _series(run_dir: Path, row: dict[str, Any]) -> stats.RunSeries:
+    """A test run's per-bar net PnL, read back from its equity CSV (the cumulative sums)."""
+    table = pd.read_csv(run_dir / "curves" / f"fold{row['fold']}_seed{row['seed']}_equity.csv")
+    nets = {
+        column.removesuffix("_equity_points"): np.diff(table[column].to_numpy(), prepend=0.0)
+        for column in table.columns
+        if column.endswith("_equity_points")
+    }
+    agent = nets.pop("agent") if row["agent"] is not None else None
+    nets.pop("agent", None)
+    realised_at = pd.to_datetime(table["timestamp"]).to_numpy("datetime64[ns]")
+    return stats.RunSeries(row["fold"], row["seed"], agent, nets, realised_at)
+
+
+def overfitting(tests: Sequence[dict[str, Any]], blocks: int) -> dict[str, Any]:
+    """The probability of backtest overfitting over the settings (``jdqn.evaluation.overfitting``)
+    on their test windows stitched in time, and on each fold's alone; each bar the mean over
+    seeds (a halted run: flat)."""
+    by_fold: dict[int, list[list[np.ndarray]]] = {}  # fold -> setting -> [n] per seed
+    for i, results in enumerate(tests):
+        for row in results["folds"]:
+            net = _series(Path(results["run_dir"]), row).agent
+            length = row["window"]["test"][1] - row["window"]["test"][0] - 1
+            runs = by_fold.setdefault(row["fold"], [[] for _ in tests])[i]
+            runs.append(np.zeros(length) if net is None else net)
+    means = {k: np.stack([np.mean(runs, axis=0) for runs in f], 1) for k, f in by_fold.items()}
+    stitched = np.concatenate([means[k] for k in sorted(means)])  # [T, settings]
+    return {
+        "method": "CSCV over the settings' test windows (stitched, and each fold's), mean over "
+        "seeds, per-bar Sharpe ratio (Bailey, Borwein, Lopez de Prado & Zhu, 2017)",
+        **_cscv(stitched, blocks),
+        "folds": {str(k): _cscv(means[k], blocks) for k in sorted(means)},
+    }
+
+
+def _cscv(matrix: np.ndarray, blocks: int) -> dict[str, Any]:
+    """PBO of a [T, settings] matrix with at most ``blocks`` blocks; None for a lone setting."""
+    blocks = min(blocks, len(matrix) - len(matrix) % 2)
+    if matrix.shape[1] < 2 or blocks < 2:
+        return {"pbo": None, "why_none": "CSCV needs at least 2 settings and 2 bars"}
+    result = probability_of_overfitting(matrix, blocks)
+    return {
+        "pbo": result.pbo,
+        "blocks": result.blocks,
+        "splits": len(result.logits),
+        "logit_median": float(np.median(result.logits)),
+        "bars_used": result.rows_used,
+    }
+
+
+def _finish(
+    run: rundir.RunDir,
+    base: Config,
+    plan: SweepPlan,
+    data: WalkForwardData,
+    tried: list[tuple[dict[str, Any], dict[str, Any]]],
+    log: Callable[[str], None],
+) -> SweepOutcome:
+    """Choose each fold's setting, write sweep.csv, the selected policies and results.json, and
+    rename the sweep into place."""
+    n_folds, n_seeds = len(data.folds), base.train.seeds
+    scores = np.stack([_scores(chosen_on, n_folds, n_seeds) for chosen_on, _ in tried])
+    chosen, value = select(scores, plan.rule, base.train.seed)
+    tests = [test for _, test in tried]
+    test_median = np.median([_scores(test, n_folds, n_seeds) for test in tests], axis=-1)
+    if base.output.plots:
+        plot_ranks(run.plots_dir / "validation_vs_test_rank.png", value, test_median, chosen)
+    selected_rows, selected_series = [], []
+    for fold, setting in enumerate(chosen):
+        run_dir = Path(tests[setting]["run_dir"])
+        for row in (r for r in tests[setting]["folds"] if r["fold"] == fold):
+            selected_rows.append({**row, "setting": int(setting)})
+            selected_series.append(_series(run_dir, row))
+            bundle = bundle_dir(run_dir, fold, row["seed"])
+            if bundle.is_dir():
+                shutil.copytree(bundle, bundle_dir(run.path, fold, row["seed"]), dirs_exist_ok=True)
+    _write_table(run.path / "sweep.csv", plan, tried, chosen)
+    summary = stats.summarise(
+        selected_rows, selected_series, seed=base.train.seed, settings_tried=len(tried)
+    )
+
+    def finite(x: float) -> float | None:
+        return float(x) if np.isfinite(x) else None
+
+    results = {
+        "config": json.loads(base.to_json()),
+        "source": data.source,
+        "bars_per_year": data.bars_per_year,
+        "sweep": plan.record(),
+        "selection": {
+            "rule": plan.rule,
+            "metric": METRIC,
+            "validation_bars": validation_length(base, plan),
+            "chosen": [int(s) for s in chosen],  # by fold
+        },
+        "settings": [
+            {
+                "overrides": dict(setting),
+                "runs": f"settings/s{i:03d}",
+                "validation_rule_value": [finite(v) for v in value[i]],  # by fold
+                "test_median_" + METRIC: [finite(v) for v in test_median[i]],  # by fold
+            }
+            for i, setting in enumerate(plan.settings)
+        ],
+        "n_trials": len(tried) * n_seeds,  # settings x seeds, as the deflated Sharpe counts
+        "folds": selected_rows,
+        "summary": summary,
+        "overfitting": overfitting(tests, plan.cscv_blocks),
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        **provenance.run_record(base.data.path, data.n_bars),
+    }
+    rundir.write_json(run.results_path, results)
+    final = rundir.finalize(run)
+    for fold, setting in enumerate(chosen):
+        log(f"jdqn: fold {fold}: setting {setting} ({_describe(plan.settings[setting])})")
+    pbo = results["overfitting"]["pbo"]
+    log(f"jdqn: probability of backtest overfitting: {'n/a' if pbo is None else f'{pbo:.2f}'}")
+    log(f"jdqn: results in {final / 'results.json'}; every run in {final / 'sweep.csv'}")
+    halted = any(row["status"] != "ok" for row in selected_rows)
+    return SweepOutcome(run_dir=final, results=results, halted=halted)
+
+
+_TABLE_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", "turnover")
+
+
+def _write_table(
+    path: Path,
+    plan: SweepPlan,
+    tried: list[tuple[dict[str, Any], dict[str, Any]]],
+    chosen: np.ndarray,
+) -> None:
+    """sweep.csv: one row per setting x fold x seed, its validation and test metrics."""
+    keys = list(dict.fromkeys(k for setting in plan.settings for k, _ in setting))
+    header = ["setting", *keys, "fold", "seed", "selected"]
+    for phase in ("validation", "test"):
+        header += [f"{phase}_status", *(f"{phase}_{m}" for m in _TABLE_METRICS)]
+    lines = []
+    for i, ((chosen_on, test), setting) in enumerate(zip(tried, plan.settings, strict=True)):
+        values = dict(setting)
+        by_run = {(r["fold"], r["seed"]): r for r in test["folds"]}
+        for row in chosen_on["folds"]:
+            line = [i, *(values.get(k, "") for k in keys), row["fold"], row["seed"]]
+            line.append(int(chosen[row["fold"]] == i))
+            for phase_row in (row, by_run[(row["fold"], row["seed"])]):
+                agent = phase_row["agent"] or {}
+                line += [phase_row["status"], *(agent.get(m, "") for m in _TABLE_METRICS)]
+            lines.append(line)
+    lines.sort(key=lambda line: (line[0], line[len(keys) + 1], line[len(keys) + 2]))
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(lines)
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Rank of each setting in each fold, 1 = best; [settings, folds]."""
+    return np.argsort(np.argsort(-values, axis=0, kind="stable"), axis=0, kind="stable") + 1
+
+
+def plot_ranks(path: Path, validation: np.ndarray, test: np.ndarray, chosen: np.ndarray) -> None:
+    """Each setting's validation rank against its test rank, per fold ([settings, folds] values,
+    higher better); the chosen ones ringed. Points on the diagonal: validation foretold test."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(5, 5))
+    ax = fig.subplots()
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(MaxNLocator(integer=True))
+    x, y = _ranks(validation), _ranks(test)
+    for fold in range(validation.shape[1]):
+        ax.scatter(x[:, fold], y[:, fold], s=18, label=f"fold {fold}")
+        ax.scatter(
+            x[chosen[fold], fold],
+            y[chosen[fold], fold],
+            s=90,
+            facecolors="none",
+            edgecolors="black",
+        )
+    ax.plot([1, len(x)], [1, len(x)], color="grey", linewidth=0.5)
+    ax.set_xlabel("validation rank (1 = best)")
+    ax.set_ylabel("test rank (median net $ over seeds)")
+    ax.set_title("settings: validation against test (chosen ringed)")
+    ax.legend(loc="lower right", fontsize=8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)

@@ -1,0 +1,287 @@
+"""``jdqn sweep`` (jdqn.run.sweep): the settings, the validation folds, the selection rules, bad
+input, and end to end on the ES sample: each setting's test numbers are its own walk-forward
+run's, a fold's selection never sees its test window, a sweep killed between runs resumes."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+from es_sample import ES_FOLDS, ES_SAMPLE
+
+from jdqn.cli import main
+from jdqn.config import SMOKETEST, WalkForwardConfig, apply_overrides
+from jdqn.data import make_folds
+from jdqn.data.folds import validation_folds
+from jdqn.evaluation import stats
+from jdqn.evaluation.policy import load_policy
+from jdqn.run import rundir, sweep
+from jdqn.run.walkforward import run_walkforward
+
+SMALL = [
+    *ES_FOLDS,
+    "walkforward.n_folds=2",
+    "train.epochs=1",
+    "train.seeds=2",
+    "output.plots=false",
+    "output.tensorboard=false",
+]
+GRID = ("optim.learning_rate=1e-3,3e-4",)
+
+
+def test_a_grid_is_every_combination_in_order() -> None:
+    settings = sweep.grid_settings(
+        SMOKETEST, ["optim.learning_rate=1e-3,3e-4", "network.hidden=32,32/64", "loss.gamma=0.9"]
+    )
+    assert [dict(s) for s in settings] == [
+        {"optim.learning_rate": lr, "network.hidden": h, "loss.gamma": "0.9"}
+        for lr in ("1e-3", "3e-4")
+        for h in ("32,32", "64")
+    ]
+    # Settings that differ only in the base seed: the null case of overfitting.
+    assert sweep.grid_settings(SMOKETEST, ["train.seed=0,1"]) == (
+        (("train.seed", "0"),),
+        (("train.seed", "1"),),
+    )
+
+
+def test_samples_draw_from_lists_and_ranges_reproducibly() -> None:
+    grid = ["optim.learning_rate=log:1e-5..1e-2", "optim.target_every=10..20", "loss.gamma=0.8,0.9"]
+    settings = sweep.grid_settings(SMOKETEST, grid, samples=200, seed=3)
+    assert settings == sweep.grid_settings(SMOKETEST, grid, samples=200, seed=3)
+    rates = np.array([float(dict(s)["optim.learning_rate"]) for s in settings])
+    syncs = {int(dict(s)["optim.target_every"]) for s in settings}
+    assert rates.min() >= 1e-5 and rates.max() <= 1e-2
+    assert (rates < 1e-4).mean() == pytest.approx(1 / 3, abs=0.1)  # log-uniform: a third a decade
+    assert syncs <= set(range(10, 21)) and len(syncs) > 5
+    assert {dict(s)["loss.gamma"] for s in settings} == {"0.8", "0.9"}
+
+
+def test_validation_tails_end_at_the_train_windows_and_are_purged() -> None:
+    layout = WalkForwardConfig(n_folds=3, train_bars=100, test_bars=30, purge_bars=5)
+    folds = make_folds(200, layout)
+    inner = validation_folds(folds, 20, 5)
+    for outer, fold in zip(folds, inner, strict=True):
+        assert fold.train_start == outer.train_start and fold.test_end == outer.train_end
+        assert (fold.test_end - fold.test_start, fold.test_start - fold.train_end) == (20, 5)
+        assert fold.train_end - fold.train_start == 100 - 20 - 5
+    with pytest.raises(ValueError, match="validation tail of 94 bars"):
+        validation_folds(folds, 94, 5)
+
+
+def test_rules_pick_the_best_median_or_lower_bound() -> None:
+    """Setting 1 has the higher median in fold 0 but a wide spread; the lower bound of the
+    bootstrap median is its worst-but-one seed, so lcb prefers the steadier setting 0. In fold 1
+    setting 0 halted in a seed (-inf) and still has the higher median of three."""
+    scores = np.array(
+        [
+            [[1.0, 1.1, 1.2], [5.0, 5.0, -np.inf]],
+            [[-9.0, 2.0, 3.0], [4.0, 4.5, 4.6]],
+        ]
+    )
+    chosen, value = sweep.select(scores, "median", seed=0)
+    assert list(chosen) == [1, 0] and value[1, 0] == 2.0 and value[0, 1] == 5.0
+    chosen, value = sweep.select(scores, "lcb", seed=0)
+    draws = stats.bootstrap_distribution([scores[1, 0]], stats.median, seed=0)
+    assert value[1, 0] == np.percentile(draws, 2.5, method="lower") == -9.0
+    assert list(chosen) == [0, 1] and value[0, 1] == -np.inf
+
+
+def test_cscv_blocks_shrink_to_the_bars_and_need_two_settings() -> None:
+    noise = np.random.default_rng(0).normal(size=(9, 3))
+    assert sweep._cscv(noise, 16)["blocks"] == 8 and sweep._cscv(noise, 4)["splits"] == 6
+    assert sweep._cscv(noise[:, :1], 16)["pbo"] is None
+
+
+def test_ranks_and_their_plot(tmp_path) -> None:
+    """Rank 1 is the best value in its fold; a halted setting (-inf) ranks last."""
+    validation = np.array([[3.0, -np.inf], [1.0, 2.0], [2.0, 5.0]])
+    assert sweep._ranks(validation).tolist() == [[1, 3], [3, 2], [2, 1]]
+    path = tmp_path / "ranks.png"
+    sweep.plot_ranks(path, validation, validation[::-1], np.array([0, 2]))
+    assert path.stat().st_size > 1000
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ([], "at least one --grid"),
+        (["--grid", "optim.nonsense=1,2"], "optim.nonsense: unknown key"),
+        (["--grid", "walkforward.n_folds=2,3"], "cannot vary in a sweep"),
+        (["--grid", "env.slippage_ticks=0,1"], "same contract and costs"),
+        (["--grid", "train.seeds=1,2"], "cannot vary"),
+        (["--grid", "optim.learning_rate="], "an empty value"),
+        (["--grid", "optim.learning_rate=1e-3,,2e-3"], "an empty value"),
+        (["--grid", "optim.learning_rate=1e-3,-1"], "optim.learning_rate: must be > 0"),
+        (["--grid", "optim.learning_rate=1e-4..1e-3"], "needs --samples"),
+        (["--grid", "optim.learning_rate=a..b", "--samples", "2"], "two numbers"),
+        (["--grid", "loss.gamma=0.9", "--rule", "best"], "--rule best"),
+        (["--grid", "replay.capacity=128,1000000000"], "memory"),  # the second is too large
+        (["--grid", "loss.gamma=0.9", "--validation-bars", "990"], "validation tail of 990"),
+        (["--grid", "loss.gamma=0.9", "--validation-bars", "1"], "validation tail of 1"),
+        (["--grid", "loss.gamma=0.9", "--name", "../x"], "name"),
+        (["--resume", "x.incomplete"], "--resume continues a sweep with its own plan"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, flags, message) -> None:
+    settings = [f"--set={item}" for item in SMALL]
+    code = main(["sweep", "--data", str(ES_SAMPLE), "--out", str(tmp_path), *settings, *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("jdqn: error: ")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupted_sweep_keeps_its_directory_only_when_there_is_something_to_resume(
+    tmp_path, monkeypatch
+) -> None:
+    """A Ctrl-C in the first run leaves nothing; one after a finished run keeps the directory
+    and says how to resume (the runs are stand-ins: nothing is trained)."""
+    calls: list[str] = []
+
+    def stand_in(cfg, *, name, **_):
+        calls.append(name)
+        if len(calls) == 2:
+            finished = Path(cfg.output.out_dir) / "validation"
+            finished.mkdir(parents=True)
+            (finished / "results.json").write_text("{}")
+            return SimpleNamespace(results={}, run_dir=finished)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep, "run_walkforward", stand_in)
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    logged: list[str] = []
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            sweep.run_sweep(_config(tmp_path), plan, name="s", progress=False, log=logged.append)
+    assert calls == ["validation", "validation", "test"]
+    assert [p.name for p in tmp_path.iterdir()] == [f"s{rundir.INCOMPLETE_SUFFIX}"]
+    assert logged[-1].endswith(f"jdqn sweep --resume {tmp_path}/s{rundir.INCOMPLETE_SUFFIX}")
+
+
+# --- end to end on the ES sample ---------------------------------------------------------------
+
+
+def _config(tmp_path: Path, data: Path = ES_SAMPLE) -> sweep.Config:
+    return apply_overrides(SMOKETEST, [*SMALL, f"data.path={data}", f"output.out_dir={tmp_path}"])
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> sweep.SweepOutcome:
+    """Two learning rates x 2 folds x 2 seeds, one epoch each."""
+    out = tmp_path_factory.mktemp("sweep")
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    return sweep.run_sweep(_config(out), plan, name="sweep", progress=False, log=lambda _: None)
+
+
+@pytest.mark.slow
+def test_each_settings_test_numbers_are_its_own_walkforward_runs(swept, tmp_path) -> None:
+    results = swept.results
+    for i, setting in enumerate(sweep.grid_settings(SMOKETEST, list(GRID))):
+        cfg = apply_overrides(_config(tmp_path), [f"{k}={v}" for k, v in setting])
+        own = run_walkforward(cfg, progress=False, log=lambda _: None, name=f"own{i}").results
+        test = json.loads((swept.run_dir / f"settings/s{i:03d}/test/results.json").read_text())
+        assert test["folds"] == own["folds"] and test["summary"] == own["summary"]
+        chosen_folds = [k for k, s in enumerate(results["selection"]["chosen"]) if s == i]
+        selected = [row for row in results["folds"] if row["fold"] in chosen_folds]
+        assert [{**row, "setting": i} for row in own["folds"] if row["fold"] in chosen_folds] == (
+            selected
+        )
+
+
+@pytest.mark.slow
+def test_the_sweeps_outputs(swept, tmp_path) -> None:
+    run, results = swept.run_dir, swept.results
+    assert not run.name.endswith(rundir.INCOMPLETE_SUFFIX)
+    assert json.loads((run / "results.json").read_text()) == results
+    with (run / "sweep.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert len(rows) == 2 * 2 * 2  # settings x folds x seeds
+    chosen = results["selection"]["chosen"]
+    for row in rows:
+        assert row["selected"] == str(int(chosen[int(row["fold"])] == int(row["setting"])))
+        validation = json.loads(
+            (run / f"settings/s{int(row['setting']):03d}/validation/results.json").read_text()
+        )
+        (match,) = [
+            r
+            for r in validation["folds"]
+            if (r["fold"], r["seed"]) == (int(row["fold"]), int(row["seed"]))
+        ]
+        assert float(row["validation_net_pnl_usd"]) == match["agent"]["net_pnl_usd"]
+    # The validation runs trained on 640 bars and were judged on the 300 before each train end.
+    assert validation["config"]["walkforward"]["train_bars"] == 640
+    folds = make_folds(2264, _config(tmp_path).walkforward)
+    tails = {tuple(r["window"]["test"]) for r in validation["folds"]}
+    assert tails == {(f.train_end - 300, f.train_end) for f in folds}
+    assert results["n_trials"] == 4 and results["summary"]["overall"]["deflated_sharpe"][
+        "n_trials"
+    ] in (4, 2)  # settings x seeds; 2 seeds x 2 settings unless a seed halted
+    overfit = results["overfitting"]
+    assert 0.0 <= overfit["pbo"] <= 1.0 and overfit["splits"] == 12870  # C(16, 8)
+    assert overfit["bars_used"] == 2 * 299 - 2 * 299 % 16  # two test windows of 299 intervals
+    assert sorted(overfit["folds"]) == ["0", "1"] and overfit["folds"]["1"]["bars_used"] == 288
+    # The selected policies are bundles that jdqn.load_policy and jdqn evaluate read.
+    policy = load_policy(run, fold=1, seed=0)
+    lr = dict(sweep.grid_settings(SMOKETEST, list(GRID))[chosen[1]])["optim.learning_rate"]
+    assert policy.cfg.optim.learning_rate == float(lr)
+    assert main(["evaluate", str(run), "--data", str(ES_SAMPLE), "--fold", "1"]) == 0
+
+
+@pytest.mark.slow
+def test_a_folds_selection_never_sees_its_test_window(swept, tmp_path) -> None:
+    """The bars from fold 0's test window on are replaced by another price path: fold 0's
+    validation results (and so its choice) are the same to the bit; fold 1's validation tail,
+    which overlaps fold 0's test window, did change."""
+    bars = pd.read_csv(ES_SAMPLE)
+    start = make_folds(len(bars), _config(tmp_path).walkforward)[0].test_start
+    prices = ["open", "high", "low", "close"]
+    bars.loc[start:, prices] = bars.loc[start:, prices].to_numpy()[::-1] * 1.01
+    altered_path = tmp_path / "altered.csv"
+    bars.to_csv(altered_path, index=False)
+    cfg = _config(tmp_path, altered_path)
+    data, validation = sweep.prepare_data(cfg, 300)
+    _, original = sweep.prepare_data(_config(tmp_path), 300)
+    assert data.folds[0].test_start == start
+    assert np.array_equal(validation.test[0].close, original.test[0].close)
+    assert not np.array_equal(validation.test[1].close, original.test[1].close)
+    for i, setting in enumerate(sweep.grid_settings(SMOKETEST, list(GRID))):
+        setting_cfg = apply_overrides(cfg, [f"{k}={v}" for k, v in setting])
+        selection_cfg = sweep.validation_config(setting_cfg, data, validation)
+        altered = run_walkforward(
+            selection_cfg, data=validation, progress=False, log=lambda _: None, name=f"v{i}"
+        ).results
+        kept = json.loads(
+            (swept.run_dir / f"settings/s{i:03d}/validation/results.json").read_text()
+        )
+        assert [r for r in altered["folds"] if r["fold"] == 0] == [
+            r for r in kept["folds"] if r["fold"] == 0
+        ]
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_between_runs_resumes_to_the_same_results(swept, tmp_path) -> None:
+    """The state a kill leaves: the first setting's test run killed after its last checkpoint,
+    before its results; the second's test run not started. The resumed sweep resumes the one
+    (it judges again), runs the other and writes the uninterrupted results."""
+    killed = tmp_path / f"sweep{rundir.INCOMPLETE_SUFFIX}"
+    shutil.copytree(swept.run_dir, killed)
+    for leftover in ("results.json", "sweep.csv", "policies", "settings/s001/test"):
+        path = killed / leftover
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    cut_short = killed / "settings/s000/test"
+    (cut_short / "results.json").unlink()
+    assert list(cut_short.glob("checkpoints/group0/[0-9]*"))
+    cut_short.rename(cut_short.with_name(f"test{rundir.INCOMPLETE_SUFFIX}"))
+    outcome = sweep.run_sweep(None, None, resume=killed, progress=False, log=lambda _: None)
+    assert outcome.run_dir == tmp_path / "sweep"
+    assert outcome.results == swept.results
+    assert (outcome.run_dir / "sweep.csv").read_text() == (swept.run_dir / "sweep.csv").read_text()
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    assert sweep.SweepPlan.from_record(swept.results["sweep"]) == plan
