@@ -193,9 +193,6 @@ def deflated_sharpe(
     sharpes = [per_bar_sharpe(r) for r in returns_by_trial]
     if not sharpes:
         return {"dsr": None, "n_trials": 0}
-    tried = len(sharpes) if n_trials is None else n_trials
-    if tried < len(sharpes):
-        raise ValueError(f"deflated_sharpe: n_trials {tried} < the {len(sharpes)} trials given")
     best = int(np.argmax(sharpes))
     returns = np.asarray(returns_by_trial[best], np.float64)
     n_trials = settings_tried * len(sharpes)
