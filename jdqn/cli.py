@@ -232,7 +232,7 @@ def _add_sweep(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--validation-bars", type=int, help="default: walkforward.test_bars")
     sweep.add_argument("--resume", metavar="SWEEP_DIR", help="continue a killed sweep")
     sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
-    sweep.add_argument("--profile", choices=sorted(PROFILES), help="default: smoketest")
+    sweep.add_argument("--profile", choices=sorted(PROFILES), help="default: default")
     for flag in ("--config", "--data", "--instrument", "--out", "--name"):
         sweep.add_argument(flag, help=f"as for walkforward {flag}")
     for flag in ("--folds", "--epochs", "--seeds", "--seed"):
