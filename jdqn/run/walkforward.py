@@ -167,14 +167,7 @@ def run_walkforward(
         cfg = resolve_reward_unit(cfg, data)
         _debug(console_log.reading_record(cfg, data))
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
-        data_sha256 = made_by["provenance"]["data"]["sha256"]
-        now = binding.current(cfg, len(data.folds), processes.count, data_sha256)
-        seal = binding.fresh(now)
-        if run is not None:  # resumed: the same config, learners and data, or refused
-            with _as_user_error(binding.BindingError):
-                seal = binding.check_resume(run.path, now, resume_changed, log) or seal
-            if seal.changes:
-                made_by["provenance"]["resumed_with_changes"] = list(seal.changes)
+        now, seal = _seal(cfg, data, processes, run, resume_changed, log, made_by)
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
         _debug(console_log.memory_record(cfg, data, layout))
         try:
@@ -239,6 +232,29 @@ def run_walkforward(
             resumable = _left_to_resume(run, log_outcome, say)
             faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
             raise
+
+
+def _seal(
+    cfg: Config,
+    data: WalkForwardData,
+    processes: Processes,
+    run: rundir.RunDir | None,
+    resume_changed: bool,
+    log: Callable[[str], None],
+    made_by: dict[str, Any],
+) -> tuple[dict[str, Any], binding.Seal]:
+    """What this run is bound to (config, learners, data) and the seal its checkpoints carry;
+    a resumed run's must match its own, or be accepted as changed (``resume_changed``, then
+    recorded in ``made_by``'s provenance)."""
+    data_sha256 = made_by["provenance"]["data"]["sha256"]
+    now = binding.current(cfg, len(data.folds), processes.count, data_sha256)
+    seal = binding.fresh(now)
+    if run is not None:  # resumed: the same config, learners and data, or refused
+        with _as_user_error(binding.BindingError):
+            seal = binding.check_resume(run.path, now, resume_changed, log) or seal
+        if seal.changes:
+            made_by["provenance"]["resumed_with_changes"] = list(seal.changes)
+    return now, seal
 
 
 def _absolute_paths(cfg: Config) -> Config:
