@@ -194,9 +194,14 @@ def prepare_data(cfg: Config, validation_bars: int) -> tuple[WalkForwardData, Wa
         raise UserError(str(error)) from None
     stamps = tuple(bars.timestamp[f.test_start : f.test_end] for f in folds)
     validation = dataclasses.replace(
-        data, folds=tuple(folds), train=train, test=test, test_timestamps=stamps
+        data,
+        folds=tuple(folds),
+        train=train,
+        test=test,
+        test_timestamps=stamps,
+        normalisers=normalisers,
     )
-    return data, dataclasses.replace(validation, normalisers=normalisers)
+    return data, validation
 
 
 def validation_config(cfg: Config, validation: WalkForwardData) -> Config:
@@ -334,7 +339,7 @@ def _sub_run(
 def select(scores: np.ndarray, rule: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Each fold's setting from validation scores [settings, folds, seeds] (-inf: halted):
     (chosen [folds] int, rule value [settings, folds]). "median": the median over seeds;
-    "lcb": the lower end of its 95 % stratified bootstrap interval (``jdqn.evaluation.stats``,
+    "lcb": the lower end of its 95 % bootstrap interval over seeds (``jdqn.evaluation.stats``,
     drawn from ``seed``). Ties go to the earlier setting."""
     if rule == "median":
         value = np.median(scores, axis=-1)
