@@ -217,6 +217,10 @@ def test_the_sweeps_outputs(swept, tmp_path) -> None:
         assert float(row["validation_net_pnl_usd"]) == match["agent"]["net_pnl_usd"]
     # The validation runs trained on 640 bars and were judged on the 300 before each train end.
     assert validation["config"]["walkforward"]["train_bars"] == 640
+    # Its reward unit: the volatility of fold 0's inner train part, before every validation tail.
+    _, inner = sweep.prepare_data(_config(tmp_path), 300)
+    rms = np.sqrt(np.mean(np.diff(inner.train[0].close.astype(np.float64)) ** 2))
+    assert validation["config"]["env"]["reward_scale"] == pytest.approx(1 / rms, rel=1e-12)
     folds = make_folds(2264, _config(tmp_path).walkforward)
     tails = {tuple(r["window"]["test"]) for r in validation["folds"]}
     assert tails == {(f.train_end - 300, f.train_end) for f in folds}
@@ -253,7 +257,7 @@ def test_a_folds_selection_never_sees_its_test_window(swept, tmp_path) -> None:
     assert not np.array_equal(validation.test[1].close, original.test[1].close)
     for i, setting in enumerate(sweep.grid_settings(SMOKETEST, list(GRID))):
         setting_cfg = apply_overrides(cfg, [f"{k}={v}" for k, v in setting])
-        selection_cfg = sweep.validation_config(setting_cfg, data, validation)
+        selection_cfg = sweep.validation_config(setting_cfg, validation)
         altered = run_walkforward(
             selection_cfg, data=validation, progress=False, log=lambda _: None, name=f"v{i}"
         ).results

@@ -40,7 +40,7 @@ from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
 from jdqn.evaluation.policy_bundle import bundle_dir
 from jdqn.run import faults, memory, provenance, rundir, termination
-from jdqn.run.walkforward import UserError, resolve_reward_unit, run_walkforward
+from jdqn.run.walkforward import UserError, run_walkforward
 
 RULES = ("median", "lcb")
 METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
@@ -194,19 +194,25 @@ def prepare_data(cfg: Config, validation_bars: int) -> tuple[WalkForwardData, Wa
         raise UserError(str(error)) from None
     stamps = tuple(bars.timestamp[f.test_start : f.test_end] for f in folds)
     validation = dataclasses.replace(
-        data, folds=tuple(folds), train=train, test=test, test_timestamps=stamps
+        data,
+        folds=tuple(folds),
+        train=train,
+        test=test,
+        test_timestamps=stamps,
+        normalisers=normalisers,
     )
-    return data, dataclasses.replace(validation, normalisers=normalisers)
+    return data, validation
 
 
-def validation_config(cfg: Config, data: WalkForwardData, validation: WalkForwardData) -> Config:
-    """``cfg`` for the selection runs: their windows' lengths, and rewards in the units that the
-    walk-forward run resolves from the first fold's whole train window."""
+def validation_config(cfg: Config, validation: WalkForwardData) -> Config:
+    """``cfg`` for the selection runs, with their windows' lengths. (A reward unit of the train
+    volatility is resolved by the run from the first fold's inner train part, which precedes
+    every validation tail.)"""
     first = validation.folds[0]
     train_bars, test_bars = first.train_end - first.train_start, first.test_end - first.test_start
-    windows = dataclasses.replace(cfg.walkforward, train_bars=train_bars, test_bars=test_bars)
     try:
-        return dataclasses.replace(resolve_reward_unit(cfg, data), walkforward=windows)
+        windows = dataclasses.replace(cfg.walkforward, train_bars=train_bars, test_bars=test_bars)
+        return dataclasses.replace(cfg, walkforward=windows)
     except ValueError as error:
         raise UserError(f"the validation runs' {train_bars}-bar train windows: {error}") from None
 
@@ -240,7 +246,7 @@ def run_sweep(
         except ValueError as error:
             raise UserError(str(error)) from None
         data, validation = prepare_data(base, validation_bars)
-        selection_configs = [validation_config(c, data, validation) for c in configs]
+        selection_configs = [validation_config(c, validation) for c in configs]
         features = data.train[0].features.shape[-1]
         for cfg in (*configs, *selection_configs):  # every setting's size, before any is run
             try:
@@ -333,7 +339,7 @@ def _sub_run(
 def select(scores: np.ndarray, rule: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Each fold's setting from validation scores [settings, folds, seeds] (-inf: halted):
     (chosen [folds] int, rule value [settings, folds]). "median": the median over seeds;
-    "lcb": the lower end of its 95 % stratified bootstrap interval (``jdqn.evaluation.stats``,
+    "lcb": the lower end of its 95 % bootstrap interval over seeds (``jdqn.evaluation.stats``,
     drawn from ``seed``). Ties go to the earlier setting."""
     if rule == "median":
         value = np.median(scores, axis=-1)
