@@ -36,10 +36,12 @@ from jdqn.data import (
     prepare_walkforward,
     stack_folds,
 )
+from jdqn.data.intervals import reading_lines
 from jdqn.evaluation import policy_bundle, stats
 from jdqn.evaluation.baselines import extra_baselines, oracle_signal
 from jdqn.evaluation.env import make_params, volatility_reward_scale
-from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
+from jdqn.evaluation.judging import judge_run
+from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts
 from jdqn.run import (
     background,
     faults,
@@ -138,6 +140,7 @@ def run_walkforward(
         # leaves nothing behind (the second check, with the data's own feature count).
         memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
         data = load_data(cfg)
+        cfg = dataclasses.replace(cfg, walkforward=data.walkforward)  # the purge, resolved
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
@@ -147,6 +150,8 @@ def run_walkforward(
                 run = _new_run(cfg, name, layout, processes, unlocks)
             assert run is not None
             log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+            for line in reading_lines(data.reading):
+                log(f"jdqn: {line}")
             if processes.count > 1:
                 log(f"jdqn: {processes.count} processes share the learners")
             layout.announce(log)
@@ -247,6 +252,7 @@ def _finish(
         "config": json.loads(cfg.to_json()),  # lists, as in results.json
         "source": job.data.source,
         "bars_per_year": job.data.bars_per_year,
+        "bars": job.data.reading,  # how the bars were read
         "folds": fold_results,
         "summary": summary,
         "jax_version": jax.__version__,
@@ -827,34 +833,24 @@ def _judge_group(
     for r, (fold, seed) in enumerate(run_ids):
         fold_window = data.folds[fold]
         timestamps = data.test_timestamps[fold]
-        baselines = baselines_by_fold[fold]
-        positions = np.asarray(rollouts.positions[r])
-        net = np.asarray(rollouts.net_points[r])
-        realised_at = timestamps[1 : len(net) + 1]  # interval t's PnL lands at bar t+1
-        if bool(guard.halted[r]):
+        halted = bool(guard.halted[r])
+        status = "ok"
+        if halted:
             reason, epoch = GUARD_REASONS[int(guard.reason[r])], int(outputs.halted_epoch[r])
             status = f"halted: {reason} at epoch {max(epoch, 0) + 1} step {int(guard.step[r])}"
-            agent = None
-        else:
-            status = "ok"
-            agent = metrics(
-                net,
-                positions,
-                point_value_usd=cfg.env.point_value_usd,
-                bars_per_year=data.bars_per_year,
-                gross_points=np.asarray(rollouts.pnl_points[r]),
-                cost_points=np.asarray(rollouts.cost_points[r]),
-            )
-            agent = stats.with_daily_sharpe(agent, net, realised_at, calendar)
-        baseline_nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
-        agent_net = None if agent is None else net
-        job.series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
-        curves = {"agent": equity_curve(net)} | {
-            name: equity_curve(baseline_net) for name, baseline_net in baseline_nets.items()
-        }
-        held = {"agent": positions} | {
-            name: np.asarray(b["rollout"].positions) for name, b in baselines.items()
-        }
+        judged = judge_run(
+            fold,
+            seed,
+            jax.tree.map(lambda x, r=r: np.asarray(x[r]), rollouts),
+            baselines_by_fold[fold],
+            timestamps,
+            halted=halted,
+            point_value_usd=cfg.env.point_value_usd,
+            bars_per_year=data.bars_per_year,
+            calendar=calendar,
+        )
+        job.series.append(judged.series)
+        curves, held = judged.curves, judged.held
         stem = f"fold{fold}_seed{seed}"
         csv_path = run.curves_dir / f"{stem}_equity.csv"
         writes.submit(report.write_equity_csv, csv_path, timestamps, curves, held)
@@ -876,13 +872,8 @@ def _judge_group(
                     "test": [fold_window.test_start, fold_window.test_end],
                     "test_time": [str(timestamps[0]), str(timestamps[-1])],
                 },
-                "agent": agent,
-                "baselines": {
-                    name: stats.with_daily_sharpe(
-                        b["metrics"], baseline_nets[name], realised_at, calendar
-                    )
-                    for name, b in baselines.items()
-                },
+                "agent": judged.agent,
+                "baselines": judged.baselines,
                 "training": {
                     "learner_steps": int(outputs.learner_steps[r]),
                     "iterations": int(outputs.iterations[r]),
