@@ -44,25 +44,26 @@ def describe_reading(bars: Bars, cfg: DataConfig, instrument: str) -> dict[str, 
     }
     if interval is None:
         return reading
-    steps_ns = np.diff(bars.timestamp.astype("datetime64[ns]").astype(np.int64))
+    steps_ns = np.diff(bars.timestamp.astype("datetime64[ns]").astype(np.int64))  # [T-1]
+    interval_ns = round(interval * 1e9)
     days = trading_day(bars.timestamp, calendar)
-    within = steps_ns[days[1:] == days[:-1]]
-    longer = np.flatnonzero((steps_ns > interval * 1e9) & (days[1:] == days[:-1]))
-    reading["gaps"] = {"count": int(len(longer))}
+    same_day = days[1:] == days[:-1]  # [T-1] the step stays within a trading day
+    longer = np.flatnonzero((steps_ns > interval_ns) & same_day)
+    reading["gaps"] = {"count": len(longer)}
     if len(longer):
         at = int(longer[np.argmax(steps_ns[longer])])
         reading["gaps"] |= {
-            "longest_seconds": steps_ns[at] / 1e9,
-            "after": np.datetime_as_string(bars.timestamp[at], "s"),
+            "longest_seconds": float(steps_ns[at]) / 1e9,
+            "after": str(np.datetime_as_string(bars.timestamp[at], "s")),
         }
-    regular = within.size == 0 or np.mean(within == interval * 1e9) >= _REGULAR_SHARE
+    within = steps_ns[same_day]
+    share = float(np.mean(within == interval_ns)) if within.size else 1.0
     if interval >= _DAILY_SECONDS:
         reading["notice"] = (
             "daily (or coarser) bars: features, windows and the purge count bars, i.e. days, "
             "and the time-of-day features are constant; the trainer is built for intraday bars"
         )
-    elif not regular:
-        share = float(np.mean(within == interval * 1e9))
+    elif share < _REGULAR_SHARE:
         reading["notice"] = (
             f"irregular bars: {share:.0%} of the steps within a trading day are the median "
             f"{_duration_text(interval)}; features count bars, not time"
