@@ -311,6 +311,10 @@ def test_cryptodatadownload_hourly_dates(tmp_path):
     bars = load_bars(_write(tmp_path, "Bitstamp_BTCUSD_1h.csv", text), timezone="UTC")
     hours = np.array(["2013-08-31T19", "2013-08-31T20", "2013-08-31T21"], "datetime64[ns]")
     _assert_bars(bars, stamps=hours)
+    # Their newer rows switched to "2013-09-01 02:00:00": each row is read in its own form.
+    mixed = text.replace("2013-09-01 02-AM", "2013-09-01 02:00:00")
+    bars = load_bars(_write(tmp_path, "mixed.csv", mixed), timezone="UTC")
+    _assert_bars(bars, stamps=hours)
 
 
 def test_timestamp_format_escape_hatch(tmp_path):

@@ -210,6 +210,12 @@ def _parse_timestamps(raw: pd.Series, path: str | os.PathLike[str], column: str)
             return parsed
         if best is None or parsed.isna().sum() < best.isna().sum():
             best = parsed
+    if best is not None:  # each row in its own form: a vendor that changed forms part-way
+        for fmt in _NAIVE_FORMATS:  # (CryptoDataDownload: "2020-04-13 20:00:00", "... 09-AM")
+            missing = best.isna()
+            if not missing.any():
+                break
+            best[missing] = pd.to_datetime(text[missing], format=fmt, errors="coerce")
     return _require_parsed(best, text, path, column)
 
 
