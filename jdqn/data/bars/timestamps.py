@@ -125,7 +125,8 @@ def _parse_with_format(
     reject_rows(
         parsed.isna().to_numpy(),
         path,
-        f"timestamp '{{text}}' does not match data.timestamp_format={timestamp_format}",
+        "timestamp '{text}' does not match data.timestamp_format="
+        + timestamp_format.replace("{", "{{").replace("}", "}}"),
         "correct data.timestamp_format (strftime codes, e.g. %Y-%m-%d %I-%p) or the timestamp",
         column,
         text=text,
