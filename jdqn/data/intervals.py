@@ -74,7 +74,7 @@ def describe_reading(bars: Bars, cfg: DataConfig, instrument: str) -> dict[str, 
 def reading_lines(reading: dict[str, Any]) -> list[str]:
     """:func:`describe_reading` as console lines."""
     columns = ", ".join(f"{role}={name}" for role, name in reading.get("columns", {}).items())
-    lines = [f"bars read with columns {columns}" if columns else "synthetic bars"]
+    lines = [f"bars read with columns {columns}"] if columns else []
     if "timezone" in reading:
         fmt = reading.get("timestamp_format")
         lines.append(f"timestamps: {reading['timezone']}" + (f", format {fmt}" if fmt else ""))

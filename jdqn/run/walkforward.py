@@ -150,8 +150,9 @@ def run_walkforward(
                 run = _new_run(cfg, name, layout, processes, unlocks)
             assert run is not None
             log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
-            for line in reading_lines(data.reading):
-                log(f"jdqn: {line}")
+            if cfg.data.path:  # how the user's file was read
+                for line in reading_lines(data.reading):
+                    log(f"jdqn: {line}")
             if processes.count > 1:
                 log(f"jdqn: {processes.count} processes share the learners")
             layout.announce(log)
