@@ -376,3 +376,21 @@ def test_repeated_rows_deep_in_a_newest_first_file_are_named_where_they_are(tmp_
         "('2020-01-05 07:00:00'): timestamps decrease; the stretch lines 99-101 overlaps lines "
         "102-104; fix"
     ) in message
+
+
+def test_lines_are_the_files_for_headerless_and_multi_line_headers(tmp_path):
+    # The third bar's close is missing: file line 3 of a header-less Binance file, line 6 of a
+    # yfinance file with its three header lines.
+    rows = [
+        f"{(EPOCH_S + 60 * i) * 1000},1,2,1,{c},10,0,100,5,4,40,0\n" for i, c in enumerate("12")
+    ]
+    binance = "".join(rows) + f"{(EPOCH_S + 120) * 1000},1,2,1,,10,0,100,5,4,40,0\n"
+    message = _message(_write(tmp_path, "BTCUSDT-1m.csv", binance))
+    assert "line 3, column 'close': value is missing or NaN" in message
+    multi = (
+        "Price,Adj Close,Close,High,Low,Open,Volume\nTicker,ES=F,ES=F,ES=F,ES=F,ES=F,ES=F\n"
+        "Datetime,,,,,,\n"
+        + "".join(f"2013-09-01 22:0{i}:00+00:00,9.9,{c},2,1,1,0\n" for i, c in enumerate("12"))
+        + "2013-09-01 22:02:00+00:00,9.9,,2,1,1,0\n"
+    )
+    assert "line 6, column 'Close'" in _message(_write(tmp_path, "yf_multi.csv", multi))
