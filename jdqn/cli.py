@@ -120,6 +120,15 @@ def _build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", required=True, help="bar file (CSV/Parquet) to judge them on")
     ev.add_argument("--fold", type=int, help="whose policies (default: the run's last fold)")
     ev.add_argument("--out", help="parent of the output directory (default: RUN_DIR/evaluations)")
+    ev.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="data.FIELD=VALUE",
+        help="read the file otherwise than the run read its own: data.columns, data.timezone "
+        "or data.timestamp_format, e.g. --set data.timezone=UTC (default: the run's)",
+    )
 
     data = commands.add_parser("data", help="bar-file tools", parents=[common])
     data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
@@ -365,7 +374,9 @@ def _evaluate(args: argparse.Namespace) -> int:
     from jdqn.evaluation.saved import evaluate_saved
 
     try:
-        evaluate_saved(args.run_dir, args.data, fold=args.fold, out=args.out)
+        evaluate_saved(
+            args.run_dir, args.data, fold=args.fold, out=args.out, data_overrides=args.overrides
+        )
     except (ValueError, OSError) as error:  # PolicyError and BarFileError included: one line
         print(f"jdqn: error: {error}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -107,7 +107,7 @@ def test_parquet_with_nan_price(tmp_path):
 
 def test_blank_line_inside_is_reported_at_its_row(tmp_path):
     path = _write(tmp_path, "bars.csv", HEADER + ROW1 + "\n" + ROW2 + ROW3)
-    assert "row 2, column 'timestamp': timestamp is missing" in _message(path)
+    assert "line 3, column 'timestamp': timestamp is missing" in _message(path)
 
 
 def test_error_count_of_further_rows(tmp_path):

@@ -79,12 +79,22 @@ def test_layout_invariants(n_folds, train, test, purge, surplus, mode):
 
 def test_too_short_message_is_one_actionable_line():
     with pytest.raises(ValueError) as info:
-        make_folds(2_264, WalkForwardConfig())
+        make_folds(2_264, WalkForwardConfig(), min_purge=60)
     assert str(info.value) == (
         "walkforward needs 57,380 bars (train 20,000 + purge 1,380 + 3 folds x 12,000 test) but "
-        "the data has 2,264; fix: lower --set walkforward.train_bars=300 "
-        "--set walkforward.test_bars=180 (or use fewer --folds, or a longer bar file)"
+        "the data has 2,264; fix: --set walkforward.train_bars=710 "
+        "--set walkforward.test_bars=430 --set walkforward.purge_bars=226 (or use fewer --folds, "
+        "or a longer bar file)"
     )
+
+
+def test_too_short_message_keeps_the_purge_above_the_lookback():
+    with pytest.raises(ValueError) as info:
+        make_folds(400, WalkForwardConfig(train_bars=300, test_bars=100), min_purge=60)
+    assert "--set walkforward.train_bars=160 --set walkforward.test_bars=56 " in str(info.value)
+    assert "--set walkforward.purge_bars=60 (" in str(info.value)
+    with pytest.raises(ValueError, match="only 7 bars remain after a purge gap of 60 .* 3 folds"):
+        make_folds(67, WalkForwardConfig(), min_purge=60)
 
 
 @given(
@@ -93,25 +103,30 @@ def test_too_short_message_is_one_actionable_line():
     test=st.integers(2, 20_000),
     purge=st.integers(0, 2_000),
     n_bars=st.integers(2, 60_000),
+    min_purge=st.integers(0, 200),
 )
-def test_suggested_sizes_fit(n_folds, train, test, purge, n_bars):
+def test_suggested_sizes_fit(n_folds, train, test, purge, n_bars, min_purge):
     cfg = WalkForwardConfig(n_folds=n_folds, train_bars=train, test_bars=test, purge_bars=purge)
     if n_bars >= cfg.bars_needed():
         assert make_folds(n_bars, cfg)[-1].test_end == n_bars
         return
     with pytest.raises(ValueError) as info:
-        make_folds(n_bars, cfg)
+        make_folds(n_bars, cfg, min_purge)
     message = str(info.value)
     assert "\n" not in message and "; fix: " in message and f"{n_bars:,}" in message
-    suggestion = re.search(r"train_bars=(\d+) --set walkforward.test_bars=(\d+)", message)
+    suggestion = re.search(
+        r"train_bars=(\d+) --set walkforward.test_bars=(\d+) --set walkforward.purge_bars=(\d+)",
+        message,
+    )
     if suggestion is None:
         assert "purge_bars" in message  # only a shorter purge or more data can help
-        assert n_bars - purge < 2 + 2 * n_folds
+        assert n_bars - min(purge, max(min_purge, n_bars // 10)) < 2 + 2 * n_folds
         return
     suggested = WalkForwardConfig(
         n_folds=n_folds,
         train_bars=int(suggestion.group(1)),
         test_bars=int(suggestion.group(2)),
-        purge_bars=purge,
+        purge_bars=int(suggestion.group(3)),
     )
+    assert min(purge, min_purge) <= suggested.purge_bars <= purge
     assert make_folds(n_bars, suggested)[-1].test_end == n_bars

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from jdqn.config import SMOKETEST, DataConfig, apply_overrides
@@ -268,8 +269,8 @@ def test_duplicates_are_listed_with_their_rows(tmp_path):
     text = "timestamp,o,h,l,c\n" + "".join(ROW.format(m=m) for m in minutes)
     message = _message(_write(tmp_path, "dup.csv", text))
     assert (
-        "row 3, column 'timestamp': duplicate timestamp 2013-09-01 17:01:00 (same as row 2); "
-        "more duplicates at rows 6; fix: keep one bar per timestamp"
+        "line 4, column 'timestamp': duplicate timestamp '2013-09-01 17:01' (same as line 3); "
+        "more duplicates at lines 7; fix: keep one bar per timestamp"
     ) in message
 
 
@@ -278,8 +279,8 @@ def test_overlapping_stretch_is_named(tmp_path):
     text = "timestamp,o,h,l,c\n" + "".join(ROW.format(m=m) for m in minutes)
     message = _message(_write(tmp_path, "joined.csv", text))
     assert (
-        "row 6, column 'timestamp': timestamp 2013-09-01 17:02:00 is earlier than row 5 "
-        "(2013-09-01 17:04:00): timestamps decrease; the stretch rows 6-8 overlaps rows 3-5"
+        "line 7, column 'timestamp': timestamp '2013-09-01 17:02' is earlier than line 6 "
+        "('2013-09-01 17:04'): timestamps decrease; the stretch lines 7-9 overlaps lines 4-6"
     ) in message
 
 
@@ -287,8 +288,9 @@ def test_newest_first_duplicates_name_file_rows(tmp_path):
     minutes = [4, 3, 2, 2, 1, 0]
     text = "timestamp,o,h,l,c\n" + "".join(ROW.format(m=m) for m in minutes)
     message = _message(_write(tmp_path, "desc_dup.csv", text))
-    assert "row 3, column 'timestamp': duplicate timestamp 2013-09-01 17:02:00 (same as row 4)" in (
-        message
+    assert (
+        "line 4, column 'timestamp': duplicate timestamp '2013-09-01 17:02' (same as line 5)"
+        in (message)
     )
 
 
@@ -297,3 +299,98 @@ def test_config_roles_are_the_loaders_roles():
     from jdqn.data.bars.columns import COLUMN_ALIASES
 
     assert set(COLUMN_ROLES) == {"timestamp", "time", "date", *COLUMN_ALIASES}
+
+
+def test_cryptodatadownload_hourly_dates(tmp_path):
+    # CryptoDataDownload's hourly files write "2019-10-17 09-AM" beside the unix column; without
+    # it the date column alone is parsed (UTC, read as such through data.timezone).
+    text = "date,symbol,open,high,low,close\n" + "".join(
+        f"2013-09-01 {h:02d}-{p},BTC/USD,1,2,1,{c}\n"
+        for h, p, c in ((12, "AM", 1.5), (1, "AM", 1.25), (2, "AM", 1.75))  # 12-AM: midnight
+    )
+    bars = load_bars(_write(tmp_path, "Bitstamp_BTCUSD_1h.csv", text), timezone="UTC")
+    hours = np.array(["2013-08-31T19", "2013-08-31T20", "2013-08-31T21"], "datetime64[ns]")
+    _assert_bars(bars, stamps=hours)
+    # Their newer rows switched to "2013-09-01 02:00:00": each row is read in its own form.
+    mixed = text.replace("2013-09-01 02-AM", "2013-09-01 02:00:00")
+    bars = load_bars(_write(tmp_path, "mixed.csv", mixed), timezone="UTC")
+    _assert_bars(bars, stamps=hours)
+
+
+def test_timestamp_format_escape_hatch(tmp_path):
+    text = "when,open,high,low,close\n" + "".join(
+        f"01|09|13 17h0{i},1,2,1,{c}\n" for i, c in enumerate((1.5, 1.25, 1.75))
+    )
+    path = _write(tmp_path, "odd.csv", text)
+    assert "cannot parse timestamp '01|09|13 17h00'" in _message(
+        path, columns={"timestamp": "when"}
+    )
+    settings = {"columns": {"timestamp": "when"}, "timestamp_format": "%d|%m|%y %Hh%M"}
+    _assert_bars(load_bars(path, **settings))
+    bad = text.replace("17h02", "17:02")
+    message = _message(_write(tmp_path, "bad.csv", bad), **settings)
+    assert "line 4, column 'when': timestamp '01|09|13 17:02' does not match" in message
+
+
+def test_parquet_with_an_unnamed_datetime_index(tmp_path):
+    frame = pd.DataFrame(
+        {"open": [1.0] * 3, "high": [2.0] * 3, "low": [1.0] * 3, "close": [1.5, 1.25, 1.75]},
+        index=pd.DatetimeIndex(CHICAGO),
+    )
+    frame.to_parquet(tmp_path / "bars.parquet")  # pandas' default: the index is kept, unnamed
+    _assert_bars(load_bars(tmp_path / "bars.parquet"))
+
+
+def test_a_named_utc_column_keeps_its_vendors_zone(tmp_path):
+    text = "Gmt time,Open,High,Low,Close\n" + "".join(
+        f"01.09.2013 22:0{i}:00.000,1,2,1,{c}\n" for i, c in enumerate((1.5, 1.25, 1.75))
+    )
+    path = _write(tmp_path, "EURUSD.csv", text)
+    _assert_bars(load_bars(path, columns={"timestamp": "Gmt time"}))
+    assert load_bars(path).reading["timezone"].startswith("UTC (the header 'Gmt time'")
+
+
+def test_lines_count_the_preamble_and_times_are_shown_as_written(tmp_path):
+    # 2013-09-01 22:01Z is 17:01 in Chicago: the message quotes the file, not exchange time.
+    text = "# exported by a vendor\n# another comment\ntimestamp,o,h,l,c\n" + "".join(
+        f"2013-09-01T22:0{m}:00Z,1,2,1,1.5\n" for m in (0, 1, 1, 2)
+    )
+    message = _message(_write(tmp_path, "pre.csv", text))
+    assert "line 6, column 'timestamp': duplicate timestamp '2013-09-01T22:01:00Z' (same as " in (
+        message
+    )
+    assert "line 5)" in message
+
+
+def test_repeated_rows_deep_in_a_newest_first_file_are_named_where_they_are(tmp_path):
+    # Newest first, 200 hourly bars, with three rows repeated (shifted) in the middle: the
+    # message names that stretch, not the whole file.
+    hours = list(range(200, 100, -1)) + [103, 102, 101] + list(range(100, 0, -1))
+    stamps = pd.Timestamp("2020-01-01") + pd.to_timedelta(hours, "h")
+    text = "timestamp,o,h,l,c\n" + "".join(f"{t},1,2,1,1.5\n" for t in stamps)
+    message = _message(_write(tmp_path, "hourly.csv", text))
+    # Hour 200 is line 2, so hour h of the first pass is line 202 - h (103-101: lines 99-101);
+    # their repeat is lines 102-104.
+    assert (
+        "line 101, column 'timestamp': timestamp '2020-01-05 05:00:00' is earlier than line 102 "
+        "('2020-01-05 07:00:00'): timestamps decrease; the stretch lines 99-101 overlaps lines "
+        "102-104; fix"
+    ) in message
+
+
+def test_lines_are_the_files_for_headerless_and_multi_line_headers(tmp_path):
+    # The third bar's close is missing: file line 3 of a header-less Binance file, line 6 of a
+    # yfinance file with its three header lines.
+    rows = [
+        f"{(EPOCH_S + 60 * i) * 1000},1,2,1,{c},10,0,100,5,4,40,0\n" for i, c in enumerate("12")
+    ]
+    binance = "".join(rows) + f"{(EPOCH_S + 120) * 1000},1,2,1,,10,0,100,5,4,40,0\n"
+    message = _message(_write(tmp_path, "BTCUSDT-1m.csv", binance))
+    assert "line 3, column 'close': value is missing or NaN" in message
+    multi = (
+        "Price,Adj Close,Close,High,Low,Open,Volume\nTicker,ES=F,ES=F,ES=F,ES=F,ES=F,ES=F\n"
+        "Datetime,,,,,,\n"
+        + "".join(f"2013-09-01 22:0{i}:00+00:00,9.9,{c},2,1,1,0\n" for i, c in enumerate("12"))
+        + "2013-09-01 22:02:00+00:00,9.9,,2,1,1,0\n"
+    )
+    assert "line 6, column 'Close'" in _message(_write(tmp_path, "yf_multi.csv", multi))

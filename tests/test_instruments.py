@@ -114,7 +114,7 @@ def test_cli_instrument_then_set_overrides(tmp_path, capsys):
 
 def test_data_check_reports_the_typical_move(capsys):
     assert cli.main(["data", "check", str(ES_SAMPLE), "--instrument", "ES"]) == 0
-    first, costs, second = capsys.readouterr().out.splitlines()
+    first, costs, second, *reading = capsys.readouterr().out.splitlines()
     moves = np.abs(np.diff(load_source(DataConfig(path=str(ES_SAMPLE))).close))
     assert f"mean |1-bar close change| {moves.mean():.6g} points" in first
     assert f"network.v_max={240 * moves.mean():.4g} (preset: 240)" in first
@@ -124,6 +124,10 @@ def test_data_check_reports_the_typical_move(capsys):
     )
     assert second.endswith(
         ": 2,264 valid bars, 2013-09-01T17:00:00.000000000 .. 2013-09-03T13:51:00.000000000"
+    )
+    assert any(
+        line.endswith(": calendar cme_equity (America/Chicago), instrument ES, bar interval 1 min")
+        for line in reading
     )
 
 
@@ -272,8 +276,9 @@ def test_data_check_reads_with_data_settings(tmp_path, capsys):
     columns = "data.columns=time:ts,open:first,high:max,low:min,close:last_trade"
     argv = ["data", "check", str(path), "--set", columns, "--set", "data.timezone=UTC"]
     assert cli.main(argv) == 0
-    assert capsys.readouterr().out.endswith(
-        ": 2 valid bars, 2013-09-01T17:00:00.000000000 .. 2013-09-01T17:01:00.000000000\n"
-    )
+    out = capsys.readouterr().out
+    assert ": 2 valid bars, 2013-09-01T17:00:00.000000000 .. 2013-09-01T17:01:00.000000000\n" in out
+    assert ": timestamps: UTC (data.timezone)\n" in out
+    assert "columns timestamp=ts, open=first, high=max, low=min, close=last_trade" in out
     assert cli.main(["data", "check", str(path), "--set", "train.epochs=2"]) == 2
     assert "reads only data.* keys" in capsys.readouterr().err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import typing
 import zoneinfo
 from dataclasses import dataclass, field
@@ -51,6 +52,18 @@ def _check_column_map(items: tuple[str, ...]) -> None:
     )
 
 
+def duration_seconds(text: str, field_name: str) -> float:
+    """Seconds of a duration such as ``90min``, ``23h``, ``1d`` or ``30s``; ValueError naming
+    ``field_name`` otherwise."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|min|h|d)\s*", text)
+    if match is None or float(match.group(1)) <= 0:
+        raise ValueError(
+            f"{field_name}: {text!r} is not a duration; use a number with s, min, h or d, "
+            "e.g. 23h or 90min"
+        )
+    return float(match.group(1)) * {"s": 1, "min": 60, "h": 3600, "d": 86400}[match.group(2)]
+
+
 def _check_timezone(name: str | None, field_name: str) -> None:
     if name is None:
         return
@@ -82,12 +95,19 @@ class DataConfig:
     # timestamp or time, date, open, high, low, close, volume; date plus time = split columns)
     columns: tuple[str, ...] = ()
     timezone: str | None = None  # IANA zone of naive file timestamps; None = exchange time
+    # strftime codes of the file's timestamps, e.g. "%d|%m|%y %H:%M"; None = the known forms
+    timestamp_format: str | None = None
     # trading calendar (jdqn.data.calendars): the bars' clock, trading days, calendar features
     calendar: _CALENDAR_NAMES = "cme_equity"
 
     def __post_init__(self) -> None:
         _check_column_map(self.columns)
         _check_timezone(self.timezone, "data.timezone")
+        _require(
+            self.timestamp_format is None or "%" in self.timestamp_format,
+            "data.timestamp_format",
+            "give strftime codes, e.g. %Y-%m-%d %I-%p (or leave it unset)",
+        )
         _require_one_of(self.calendar, typing.get_args(_CALENDAR_NAMES), "data.calendar")
         _require(self.synthetic_bars >= 1_000, "data.synthetic_bars", "use at least 1000 bars")
         _require(
@@ -378,7 +398,11 @@ class WalkForwardConfig:
     mode: Literal["rolling", "expanding"] = "rolling"
     train_bars: int = 20_000  # bars per train window (the first one when expanding)
     test_bars: int = 12_000  # bars per test window
-    purge_bars: int = 1_380  # one full Globex session; must cover the feature lookback
+    # One Globex trading day of 1-minute bars; at another interval this default follows the
+    # data (23 h of its bars); must cover the feature lookback
+    purge_bars: int = 1_380
+    # the purge as a time, e.g. 23h, 90min, 2d: purge_bars from the data's interval (wins)
+    purge_time: str | None = None
 
     def __post_init__(self) -> None:
         _require(self.n_folds >= 1, "walkforward.n_folds", "must be >= 1")
@@ -386,6 +410,8 @@ class WalkForwardConfig:
         _require(self.train_bars >= 2, "walkforward.train_bars", "must be >= 2")
         _require(self.test_bars >= 2, "walkforward.test_bars", "must be >= 2")
         _require(self.purge_bars >= 0, "walkforward.purge_bars", "must be >= 0")
+        if self.purge_time is not None:
+            duration_seconds(self.purge_time, "walkforward.purge_time")
 
     def bars_needed(self) -> int:
         """Bars a series must have for this layout (first fold starts at bar 0)."""

@@ -10,6 +10,7 @@ from jdqn.data.dataset import (
     describe_source,
     load_source,
     prepare_walkforward,
+    read_bars,
     split_folds,
     stack_folds,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "make_folds",
     "normalise",
     "prepare_walkforward",
+    "read_bars",
     "split_folds",
     "stack_folds",
     "synthetic_bars",

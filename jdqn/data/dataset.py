@@ -5,17 +5,19 @@ train rows only, so nothing in a fold's training inputs depends on its test wind
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from jdqn.config import Config, DataConfig
+from jdqn.config import Config, DataConfig, WalkForwardConfig
 from jdqn.data.bars import Bars, load_bars
 from jdqn.data.calendars import CALENDARS, TradingCalendar, trading_day
 from jdqn.data.features import Normaliser, compute_features, fit_normaliser, normalise
 from jdqn.data.folds import Fold, make_folds
+from jdqn.data.intervals import describe_reading, resolve_purge
 from jdqn.data.synth import synthetic_bars
 
 
@@ -41,6 +43,9 @@ class WalkForwardData:
     normalisers: tuple[Normaliser, ...] = ()  # per fold, fit on its train rows
     n_bars: int = 0  # bars in the whole series
     has_volume: bool = True  # the bars have volume (else the volume feature is all zeros)
+    reading: dict[str, Any] = field(default_factory=dict)  # intervals.describe_reading
+    # the fold layout used: the config's, with the purge resolved from the data's interval
+    walkforward: WalkForwardConfig = field(default_factory=WalkForwardConfig)
 
     @property
     def n_features(self) -> int:
@@ -74,15 +79,23 @@ def describe_source(cfg: DataConfig) -> str:
     )
 
 
+def read_bars(cfg: DataConfig, path: str | os.PathLike[str]) -> Bars:
+    """The bars of ``path`` read as the data section says (columns, the zone of naive times,
+    the timestamp format, the calendar's clock): the one way a run, ``jdqn data check``,
+    ``jdqn evaluate`` and a saved policy read a bar file."""
+    return load_bars(
+        path,
+        columns=cfg.column_map,
+        timezone=cfg.timezone,
+        exchange_timezone=CALENDARS[cfg.calendar].timezone,
+        timestamp_format=cfg.timestamp_format,
+    )
+
+
 def load_source(cfg: DataConfig) -> Bars:
     """Bars from ``cfg.path`` (validated) or, when it is None, the synthetic generator."""
     if cfg.path is not None:
-        return load_bars(
-            cfg.path,
-            columns=cfg.column_map,
-            timezone=cfg.timezone,
-            exchange_timezone=CALENDARS[cfg.calendar].timezone,
-        )
+        return read_bars(cfg, cfg.path)
     return synthetic_bars(
         cfg.synthetic_bars,
         cfg.synthetic_seed,
@@ -117,8 +130,11 @@ def split_folds(
 
 
 def prepare_walkforward(bars: Bars, cfg: Config, source: str = "") -> WalkForwardData:
-    """Features, folds and per-fold train-normalised arrays for a walk-forward run."""
-    folds = make_folds(len(bars), cfg.walkforward)  # fail fast before computing features
+    """Features, folds and per-fold train-normalised arrays for a walk-forward run (the purge
+    resolved from the bars' interval: :func:`jdqn.data.intervals.resolve_purge`)."""
+    cfg = resolve_purge(cfg, bars)
+    # Fail fast before computing features.
+    folds = make_folds(len(bars), cfg.walkforward, min_purge=cfg.data.lookback_bars)
     features = compute_features(bars, cfg.data)
     train, test, normalisers = split_folds(
         features.values, bars.close, folds, cfg.data.feature_clip
@@ -135,4 +151,7 @@ def prepare_walkforward(bars: Bars, cfg: Config, source: str = "") -> WalkForwar
         normalisers=normalisers,
         n_bars=len(bars),
         has_volume=bars.has_volume,
+        reading=describe_reading(bars, cfg.data, cfg.env.instrument)
+        | {"purge_bars": cfg.walkforward.purge_bars},
+        walkforward=cfg.walkforward,
     )

@@ -26,11 +26,13 @@ class Fold:
     test_end: int
 
 
-def make_folds(n_bars: int, cfg: WalkForwardConfig) -> list[Fold]:
-    """Fold layout over a series of ``n_bars`` bars (module docstring); ValueError if too short."""
+def make_folds(n_bars: int, cfg: WalkForwardConfig, min_purge: int = 0) -> list[Fold]:
+    """Fold layout over a series of ``n_bars`` bars (module docstring); ValueError if too short,
+    proposing a layout that fits, with a purge of at least ``min_purge`` (the feature lookback).
+    """
     needed = cfg.bars_needed()
     if n_bars < needed:
-        raise ValueError(_too_short_message(n_bars, cfg))
+        raise ValueError(_too_short_message(n_bars, cfg, min_purge))
     offset = n_bars - needed  # surplus old bars left out so the last test ends at the last bar
     folds = []
     for k in range(cfg.n_folds):
@@ -57,32 +59,37 @@ def _round_down(x: int) -> int:
     return x // scale * scale
 
 
-def _too_short_message(n_bars: int, cfg: WalkForwardConfig) -> str:
+def _too_short_message(n_bars: int, cfg: WalkForwardConfig, min_purge: int) -> str:
     needed = cfg.bars_needed()
     head = (
         f"walkforward needs {needed:,} bars (train {cfg.train_bars:,} + purge "
         f"{cfg.purge_bars:,} + {cfg.n_folds} folds x {cfg.test_bars:,} test) but the data has "
         f"{n_bars:,}; fix: "
     )
-    room = n_bars - cfg.purge_bars
-    if room >= 2 + 2 * cfg.n_folds:  # train >= 2 and test >= 2 bars can fit
-        # Keep the train:test ratio and the purge where possible; round to readable numbers.
-        ratio = cfg.train_bars / cfg.test_bars
-        test = max(2, _round_down(int(room / (cfg.n_folds + ratio))))
-        train = max(2, _round_down(int(test * ratio)))
-        if train + cfg.n_folds * test > room:  # one of them was raised to the minimum of 2
-            if train == 2:
-                test = (room - 2) // cfg.n_folds
-            else:
-                train = room - cfg.n_folds * test
+    fits = 2 + 2 * cfg.n_folds  # train >= 2 and test >= 2 bars
+    # A complete working set: the purge kept where it is at most a tenth of the data, else cut
+    # to that (never below the lookback), then train and test in their ratio in the rest.
+    purge = min(cfg.purge_bars, max(min_purge, n_bars // 10))
+    room = n_bars - purge
+    if room < fits:
         return head + (
-            f"lower --set walkforward.train_bars={train} --set walkforward.test_bars={test} "
-            f"(or use fewer --folds, or a longer bar file)"
+            f"only {max(room, 0):,} bars remain after a purge gap of {purge:,} (the feature "
+            f"lookback is {min_purge:,}), too few for {cfg.n_folds} folds; use a longer bar file, "
+            "fewer --folds, or lower --set walkforward.purge_bars (it must still cover the "
+            "feature lookback)"
         )
+    # Keep the train:test ratio; round to readable numbers.
+    ratio = cfg.train_bars / cfg.test_bars
+    test = max(2, _round_down(int(room / (cfg.n_folds + ratio))))
+    train = max(2, _round_down(int(test * ratio)))
+    if train + cfg.n_folds * test > room:  # one of them was raised to the minimum of 2
+        if train == 2:
+            test = (room - 2) // cfg.n_folds
+        else:
+            train = room - cfg.n_folds * test
     return head + (
-        f"only {max(room, 0):,} bars remain after the purge gap of {cfg.purge_bars:,}, too few "
-        f"for {cfg.n_folds} folds; use a longer bar file, fewer --folds, or lower "
-        f"--set walkforward.purge_bars (it must still cover the feature lookback)"
+        f"--set walkforward.train_bars={train} --set walkforward.test_bars={test} "
+        f"--set walkforward.purge_bars={purge} (or use fewer --folds, or a longer bar file)"
     )
 
 

@@ -195,18 +195,16 @@ def data_settings(overrides: list[str], preset: Instrument) -> DataConfig:
 def describe_bar_file(
     path: str | os.PathLike[str], preset: Instrument, settings: DataConfig
 ) -> str:
-    """Two lines for ``jdqn data check``: the file's mean absolute 1-bar close change and the
-    support the preset's rule would give it (the numbers a user-defined instrument needs), then
-    its bars and span. ``settings``: the data section to read it with (:func:`data_settings`)."""
-    from jdqn.data import load_bars
-    from jdqn.data.calendars import CALENDARS
+    """Lines for ``jdqn data check``: the file's mean absolute 1-bar close change and the
+    support the preset's rule would give it (the numbers a user-defined instrument needs), its
+    bars and span, then how it was read (columns, zone assumed, calendar, interval, gaps, a
+    notice for daily or irregular bars). ``settings``: the data section to read it with
+    (:func:`data_settings`)."""
+    from jdqn.data import read_bars
+    from jdqn.data.intervals import describe_reading, reading_lines
 
-    bars = load_bars(
-        path,
-        columns=settings.column_map,
-        timezone=settings.timezone,
-        exchange_timezone=CALENDARS[settings.calendar].timezone,
-    )
+    bars = read_bars(settings, path)
+    reading = describe_reading(bars, settings, preset.name)
     changes = np.abs(np.diff(bars.close))
     move, median = float(np.mean(changes)), float(np.median(changes))
     support = SUPPORT_IN_TYPICAL_MOVES * move * preset.reward_scale
@@ -222,4 +220,5 @@ def describe_bar_file(
         f"(${round_trip * env.point_value_usd:,.2f}){at_close}; the median |1-bar close change| "
         f"is {median:.6g} points\n"
         f"{path}: {len(bars):,} valid bars, {bars.timestamp[0]} .. {bars.timestamp[-1]}"
+        + "".join(f"\n{path}: {line}" for line in reading_lines(reading))
     )

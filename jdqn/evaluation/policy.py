@@ -19,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from jdqn.agent import acting, networks
-from jdqn.config import Config
-from jdqn.data import BarFileError, Bars, Normaliser, compute_features, load_bars, normalise
+from jdqn.config import Config, DataConfig
+from jdqn.data import BarFileError, Bars, Normaliser, compute_features, normalise, read_bars
 from jdqn.evaluation import env
 from jdqn.evaluation.policy_bundle import Network, PolicyError, read_bundle, saved_policies
 from jdqn.evaluation.rollouts import Rollout, greedy_policy, rollout, trim
@@ -95,8 +95,10 @@ class Policy:
 
     def bars(self, bars: BarsLike) -> Bars:
         """Validated bars from a DataFrame (columns or a DatetimeIndex as in a bar file), a file
-        path or :class:`jdqn.data.Bars`, checked against the bars the policy trained on."""
-        loaded = bars if isinstance(bars, Bars) else _load(bars)
+        path or :class:`jdqn.data.Bars`, checked against the bars the policy trained on. Files
+        and frames are read as the run read its own (``cfg.data``: columns, time zone, timestamp
+        format, calendar); for other settings, pass ``jdqn.data.read_bars(settings, path)``."""
+        loaded = bars if isinstance(bars, Bars) else _load(bars, self.cfg.data)
         check_bars(self.meta, loaded)
         return loaded
 
@@ -173,10 +175,10 @@ def _bucket(n: int) -> int:
     return -(-n // step) * step
 
 
-def _load(bars: pd.DataFrame | str | os.PathLike[str]) -> Bars:
+def _load(bars: pd.DataFrame | str | os.PathLike[str], settings: DataConfig) -> Bars:
     """A DataFrame goes through the bar-file loader (one set of rules for files and frames)."""
     if not isinstance(bars, pd.DataFrame):
-        return load_bars(bars)
+        return read_bars(settings, bars)
     frame = bars
     if isinstance(frame.index, pd.DatetimeIndex) and "timestamp" not in frame.columns:
         frame = frame.rename_axis("timestamp").reset_index()
@@ -184,7 +186,7 @@ def _load(bars: pd.DataFrame | str | os.PathLike[str]) -> Bars:
         path = Path(tmp) / "bars.parquet"
         frame.to_parquet(path, index=False)
         try:
-            return load_bars(path)
+            return read_bars(settings, path)
         except BarFileError as error:
             raise BarFileError(
                 "bars DataFrame", error.problem, error.fix, error.row, error.column

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,13 +17,19 @@ from typing import Any
 import jax
 import numpy as np
 
-from jdqn.data import load_bars
+from jdqn.config import Config, DataConfig, apply_overrides
+from jdqn.data import Bars, read_bars
 from jdqn.data.calendars import CALENDARS
+from jdqn.data.intervals import describe_reading
 from jdqn.evaluation import stats
 from jdqn.evaluation.env import make_params
+from jdqn.evaluation.judging import judge_run
 from jdqn.evaluation.policy import Policy, PolicyError, load_policy, saved_policies
-from jdqn.evaluation.rollouts import equity_curve, evaluate_baselines, record_metrics
+from jdqn.evaluation.rollouts import evaluate_baselines
 from jdqn.run import report, rundir, termination
+
+# The data keys that say how a bar file is read (``jdqn evaluate --set``).
+READING_KEYS = ("data.columns", "data.timezone", "data.timestamp_format")
 
 
 @dataclass(frozen=True)
@@ -44,18 +50,16 @@ def evaluate_saved(
     name: str | None = None,
     plots: bool = True,
     log: Callable[[str], None] = print,
+    data_overrides: Sequence[str] = (),
 ) -> EvaluationOutcome:
     """Judge each seed's saved policy of ``fold`` (None: the run's last) on the bars of ``data``
     after the feature warm-up, from flat, writing what a walk-forward run writes to
-    ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). Bad input (no such run
-    or fold, a bar file that fails validation, bars of another instrument or features) raises
-    ``ValueError`` with one line before anything is written."""
-    unfinished = Path(run_dir).name.endswith(rundir.INCOMPLETE_SUFFIX)
-    if unfinished or (Path(run_dir).is_dir() and not (Path(run_dir) / "results.json").is_file()):
-        raise PolicyError(
-            f"{run_dir}: an unfinished run (no results.json), whose policies may be missing or "
-            f"stale; fix: finish it with jdqn walkforward --resume {run_dir}, then evaluate it"
-        )
+    ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). The bars are read as
+    the run read its own (its ``data`` section: columns, time zone, timestamp format,
+    calendar), with ``data_overrides`` (``KEY=VALUE`` of :data:`READING_KEYS`) on top. Bad
+    input (no such run or fold, a bar file that fails validation, bars of another instrument or
+    features) raises ``ValueError`` with one line before anything is written."""
+    _refuse_unfinished(run_dir)
     saved = saved_policies(run_dir)
     folds = sorted({f for f, _ in saved})
     if fold is None and folds:
@@ -65,28 +69,14 @@ def evaluate_saved(
     policies = [load_policy(run_dir, fold, s) for s in seeds] or [load_policy(run_dir, fold)]
     first = policies[0]
     fold = first.fold
-    bars = first.bars(load_bars(data))
-    warmup = first.warmup_bars
-    if len(bars) < warmup + 2:
-        raise PolicyError(
-            f"{data}: {len(bars)} bars, but the policies need {warmup} bars of feature warm-up "
-            f"and then at least 2; fix: pass at least {warmup + 2} bars"
-        )
+    settings, bars, warmup = _read_window(first, data, data_overrides)
     features = first.features(bars)[warmup:]
     close = bars.close[warmup:]
     timestamps = bars.timestamp[warmup:]
-    realised_at = timestamps[1:]
     cfg = first.cfg
     bars_per_year = float(first.meta["bars_per_year"])
     calendar = CALENDARS[cfg.data.calendar]  # its trading days, as the run judged them
     baselines = _baselines(first, features, close, bars_per_year)
-    nets = {k: np.asarray(b["rollout"].net_points) for k, b in baselines.items()}
-    baseline_curves = {k: equity_curve(net) for k, net in nets.items()}
-    baseline_held = {k: np.asarray(b["rollout"].positions) for k, b in baselines.items()}
-    baseline_metrics = {
-        k: stats.with_daily_sharpe(b["metrics"], nets[k], realised_at, calendar)
-        for k, b in baselines.items()
-    }
     window = {"test": [warmup, len(bars)], "test_time": [str(timestamps[0]), str(timestamps[-1])]}
 
     run: rundir.RunDir | None = None
@@ -97,27 +87,31 @@ def evaluate_saved(
             run = rundir.new_run_dir(parent, stamp)
         rows, series = [], []
         for policy in policies:
-            record = policy.evaluate(features, close)
-            net = np.asarray(record.net_points)
-            agent = record_metrics(
-                record, point_value_usd=cfg.env.point_value_usd, bars_per_year=bars_per_year
+            judged = judge_run(
+                fold,
+                policy.seed,
+                policy.evaluate(features, close),
+                baselines,
+                timestamps,
+                halted=False,
+                point_value_usd=cfg.env.point_value_usd,
+                bars_per_year=bars_per_year,
+                calendar=calendar,
             )
-            agent = stats.with_daily_sharpe(agent, net, realised_at, calendar)
-            series.append(stats.RunSeries(fold, policy.seed, net, nets, realised_at))
+            series.append(judged.series)
             rows.append(
                 {
                     "fold": fold,
                     "seed": policy.seed,
                     "status": "ok",
                     "window": window,
-                    "agent": agent,
-                    "baselines": baseline_metrics,
+                    "agent": judged.agent,
+                    "baselines": judged.baselines,
                 }
             )
             # The seed's equity CSV and plot, as a walk-forward run writes them.
             stem = f"fold{fold}_seed{policy.seed}"
-            curves = {"agent": equity_curve(net)} | baseline_curves
-            held = {"agent": np.asarray(record.positions)} | baseline_held
+            curves, held = judged.curves, judged.held
             report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
             if plots:
                 title = f"fold {fold} seed {policy.seed}: saved policy on new bars"
@@ -145,6 +139,7 @@ def evaluate_saved(
         results = {
             "run": str(Path(run_dir)),
             "source": str(data),
+            "bars": describe_reading(bars, settings, cfg.env.instrument),
             "fold": fold,
             "config": json.loads(cfg.to_json()),
             "bars_per_year": bars_per_year,
@@ -164,6 +159,44 @@ def evaluate_saved(
     log(report.summary_text(summary, cfg.output.show_random))
     log(f"jdqn: results in {final / 'results.json'}")
     return EvaluationOutcome(out_dir=final, results=results)
+
+
+def _refuse_unfinished(run_dir: str | os.PathLike[str]) -> None:
+    unfinished = Path(run_dir).name.endswith(rundir.INCOMPLETE_SUFFIX)
+    if unfinished or (Path(run_dir).is_dir() and not (Path(run_dir) / "results.json").is_file()):
+        raise PolicyError(
+            f"{run_dir}: an unfinished run (no results.json), whose policies may be missing or "
+            f"stale; fix: finish it with jdqn walkforward --resume {run_dir}, then evaluate it"
+        )
+
+
+def _read_window(
+    policy: Policy, data: str | os.PathLike[str], data_overrides: Sequence[str]
+) -> tuple[DataConfig, Bars, int]:
+    """The bars of ``data`` read as ``policy``'s run read its own (with ``data_overrides``), and
+    the feature warm-up; refused when no bar is left after it."""
+    settings = _data_settings(policy.cfg, data_overrides)
+    bars = policy.bars(read_bars(settings, data))
+    warmup = policy.warmup_bars
+    if len(bars) < warmup + 2:
+        raise PolicyError(
+            f"{data}: {len(bars)} bars, but the policies need {warmup} bars of feature warm-up "
+            f"and then at least 2; fix: pass at least {warmup + 2} bars"
+        )
+    return settings, bars, warmup
+
+
+def _data_settings(cfg: Config, overrides: Sequence[str]) -> DataConfig:
+    """The run's data section with overrides of how a file is read on top; the calendar and
+    the features are the policy's own."""
+    others = [item for item in overrides if item.split("=", 1)[0].strip() not in READING_KEYS]
+    if others:
+        raise ValueError(
+            f"--set {others[0]}: evaluate changes only how the file is read "
+            f"({', '.join(READING_KEYS)}); the calendar and features are the policy's; fix: "
+            "drop it"
+        )
+    return apply_overrides(cfg, list(overrides)).data
 
 
 def _baselines(

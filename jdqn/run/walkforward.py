@@ -39,10 +39,12 @@ from jdqn.data import (
     prepare_walkforward,
     stack_folds,
 )
+from jdqn.data.intervals import reading_lines
 from jdqn.evaluation import policy_bundle, stats
 from jdqn.evaluation.baselines import fold_baselines
 from jdqn.evaluation.env import cost_notices, make_params, resolve_costs, volatility_reward_scale
-from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts, equity_curve, metrics
+from jdqn.evaluation.judging import judge_run
+from jdqn.evaluation.rollouts import baseline_results, baseline_rollouts
 from jdqn.run import (
     background,
     binding,
@@ -163,6 +165,7 @@ def run_walkforward(
         # leaves nothing behind (the second check, with the data's own feature count).
         memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
         data = load_data(cfg) if data is None else data
+        cfg = dataclasses.replace(cfg, walkforward=data.walkforward)  # the purge, resolved
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
         _debug(console_log.reading_record(cfg, data))
@@ -176,11 +179,7 @@ def run_walkforward(
             assert run is not None
             if processes.writer:
                 binding.write(run.path, now, seal)
-            log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
-            if processes.count > 1:
-                log(f"jdqn: {processes.count} processes share the learners")
-            layout.announce(log)
-            log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
+            _announce(cfg, data, layout, run, processes, log)
             # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
             preload = report.PLOT_MODULES if cfg.output.plots and processes.writer else ()
             plot_elsewhere = cfg.output.plots and plot_processes
@@ -232,6 +231,25 @@ def run_walkforward(
             resumable = _left_to_resume(run, log_outcome, say)
             faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
             raise
+
+
+def _announce(
+    cfg: Config,
+    data: WalkForwardData,
+    layout: placement.RunLayout,
+    run: rundir.RunDir,
+    processes: Processes,
+    log: Callable[[str], None],
+) -> None:
+    """The run's first lines: what it trains on, how a user's file was read, where it runs."""
+    log(f"jdqn: {len(data.folds)} folds x {cfg.train.seeds} seed(s) on {data.source}")
+    if cfg.data.path:  # how the user's file was read
+        for line in reading_lines(data.reading):
+            log(f"jdqn: {line}")
+    if processes.count > 1:
+        log(f"jdqn: {processes.count} processes share the learners")
+    layout.announce(log)
+    log(f"jdqn: writing {run.path} (renamed to {run.final_path.name} when complete)")
 
 
 def _seal(
@@ -338,6 +356,7 @@ def _finish(
         "config": json.loads(cfg.to_json()),  # lists, as in results.json
         "source": job.data.source,
         "bars_per_year": job.data.bars_per_year,
+        "bars": job.data.reading,  # how the bars were read
         "folds": fold_results,
         "summary": summary,
         "jax_version": jax.__version__,
@@ -938,34 +957,24 @@ def _judge_group(
     for r, (fold, seed) in enumerate(run_ids):
         fold_window = data.folds[fold]
         timestamps = data.test_timestamps[fold]
-        baselines = baselines_by_fold[fold]
-        positions = np.asarray(rollouts.positions[r])
-        net = np.asarray(rollouts.net_points[r])
-        realised_at = timestamps[1 : len(net) + 1]  # interval t's PnL lands at bar t+1
-        if bool(guard.halted[r]):
+        halted = bool(guard.halted[r])
+        status = "ok"
+        if halted:
             reason, epoch = GUARD_REASONS[int(guard.reason[r])], int(outputs.halted_epoch[r])
             status = f"halted: {reason} at epoch {max(epoch, 0) + 1} step {int(guard.step[r])}"
-            agent = None
-        else:
-            status = "ok"
-            agent = metrics(
-                net,
-                positions,
-                point_value_usd=cfg.env.point_value_usd,
-                bars_per_year=data.bars_per_year,
-                gross_points=np.asarray(rollouts.pnl_points[r]),
-                cost_points=np.asarray(rollouts.cost_points[r]),
-            )
-            agent = stats.with_daily_sharpe(agent, net, realised_at, calendar)
-        baseline_nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
-        agent_net = None if agent is None else net
-        job.series.append(stats.RunSeries(fold, seed, agent_net, baseline_nets, realised_at))
-        curves = {"agent": equity_curve(net)} | {
-            name: equity_curve(baseline_net) for name, baseline_net in baseline_nets.items()
-        }
-        held = {"agent": positions} | {
-            name: np.asarray(b["rollout"].positions) for name, b in baselines.items()
-        }
+        judged = judge_run(
+            fold,
+            seed,
+            jax.tree.map(lambda x, r=r: np.asarray(x[r]), rollouts),
+            baselines_by_fold[fold],
+            timestamps,
+            halted=halted,
+            point_value_usd=cfg.env.point_value_usd,
+            bars_per_year=data.bars_per_year,
+            calendar=calendar,
+        )
+        job.series.append(judged.series)
+        curves, held = judged.curves, judged.held
         stem = f"fold{fold}_seed{seed}"
         csv_path = run.curves_dir / f"{stem}_equity.csv"
         writes.submit(report.write_equity_csv, csv_path, timestamps, curves, held)
@@ -989,13 +998,8 @@ def _judge_group(
                     "test": [fold_window.test_start, fold_window.test_end],
                     "test_time": [str(timestamps[0]), str(timestamps[-1])],
                 },
-                "agent": agent,
-                "baselines": {
-                    name: stats.with_daily_sharpe(
-                        b["metrics"], baseline_nets[name], realised_at, calendar
-                    )
-                    for name, b in baselines.items()
-                },
+                "agent": judged.agent,
+                "baselines": judged.baselines,
                 "training": {
                     "learner_steps": int(outputs.learner_steps[r]),
                     "iterations": int(outputs.iterations[r]),

@@ -97,35 +97,31 @@ def check_values(
     )
 
 
-def newest_first(local_ns: np.ndarray, order_ns: np.ndarray, exchange_timezone: str) -> bool:
-    """True when the file lists the newest bar first: at least two steps back in time and none
-    forward (naive exchange time steps forward once when it enters the repeated autumn DST hour
-    from its second pass; that step does not count). Duplicates are left to :func:`check_order`.
-    """
+def newest_first(order_ns: np.ndarray) -> bool:
+    """True when the file lists the newest bar first: more steps back in time than forward
+    (so a short stretch of repeated rows in a newest-first file is reported where it is, and the
+    repeated autumn DST hour of naive local time counts as the one step it is)."""
     step = np.diff(order_ns)
-    forward = np.flatnonzero(step > 0) + 1
     back = int(np.count_nonzero(step < 0))
-    if back < 2 or len(forward) > back:  # oldest first (the usual case) needs no DST look-up
-        return False
-    if len(forward) and order_ns is local_ns:
-        dst = _in_repeated_dst_hour(local_ns[forward - 1], local_ns[forward], exchange_timezone)
-        forward = forward[~dst]
-    return len(forward) == 0
+    return back >= 2 and back > int(np.count_nonzero(step > 0))
 
 
 def check_order(
     local_ns: np.ndarray,
     order_ns: np.ndarray,
+    written: np.ndarray,
     rows: np.ndarray,
     column: str,
     path: str | os.PathLike[str],
     exchange_timezone: str,
+    unit: str = "row",
 ) -> None:
     """Timestamps strictly increase (naive exchange time may repeat the autumn DST hour).
 
-    ``rows`` [T] are the 1-based file rows of the bars (descending for a newest-first file), so
-    a message names the rows a user finds in the file: every duplicate, or the span of rows that
-    overlaps earlier ones (two downloads joined end to end).
+    ``rows`` [T] are the bars' 1-based file lines (``unit`` "line") or data rows (descending
+    for a newest-first file) and ``written`` [T] their timestamps as written, so a message names
+    what a user finds in the file: every duplicate, or the stretch that overlaps earlier bars
+    (two downloads joined end to end, a few rows repeated).
     """
     step = np.diff(order_ns)
     bad = np.flatnonzero(step <= 0) + 1  # 0-based index of the later bar
@@ -134,7 +130,7 @@ def check_order(
     if len(bad) == 0:
         return
     i = int(bad[0])
-    stamp, previous = str(pd.Timestamp(int(local_ns[i]))), str(pd.Timestamp(int(local_ns[i - 1])))
+    stamp, previous = f"'{written[i]}'", f"'{written[i - 1]}'"
     if step[i - 1] == 0:
         others = [int(rows[k]) for k in bad[1:] if step[k - 1] == 0]
         listed = ", ".join(str(r) for r in others[:_LISTED_ROWS])
@@ -142,29 +138,31 @@ def check_order(
             listed += f" and {len(others) - _LISTED_ROWS} more"
         raise BarFileError(
             path,
-            f"duplicate timestamp {stamp} (same as row {rows[i - 1]})"
-            + (f"; more duplicates at rows {listed}" if others else ""),
+            f"duplicate timestamp {stamp} (same as {unit} {rows[i - 1]})"
+            + (f"; more duplicates at {unit}s {listed}" if others else ""),
             "keep one bar per timestamp",
             int(rows[i]),
             column,
+            unit,
         )
     start = int(np.searchsorted(order_ns[:i], order_ns[i], side="left"))  # first overlapped bar
     after = np.flatnonzero(order_ns[i:] > order_ns[i - 1])
     end = i + int(after[0]) - 1 if len(after) else len(order_ns) - 1  # last overlapping bar
     raise BarFileError(
         path,
-        f"timestamp {stamp} is earlier than row {rows[i - 1]} ({previous}): timestamps decrease; "
-        f"the stretch {_span(rows[i], rows[end])} overlaps {_span(rows[start], rows[i - 1])}"
-        f"{more_rows(len(bad) - 1)}",
+        f"timestamp {stamp} is earlier than {unit} {rows[i - 1]} ({previous}): timestamps "
+        f"decrease; the stretch {_span(rows[i], rows[end], unit)} overlaps "
+        f"{_span(rows[start], rows[i - 1], unit)}{more_rows(len(bad) - 1)}",
         "sort the bars by time, oldest first, and drop the repeated stretch",
         int(rows[i]),
         column,
+        unit,
     )
 
 
-def _span(a: int, b: int) -> str:
+def _span(a: int, b: int, unit: str) -> str:
     low, high = sorted((int(a), int(b)))
-    return f"row {low}" if low == high else f"rows {low}-{high}"
+    return f"{unit} {low}" if low == high else f"{unit}s {low}-{high}"
 
 
 def _in_repeated_dst_hour(earlier_ns: np.ndarray, later_ns: np.ndarray, zone: str) -> np.ndarray:

@@ -122,8 +122,8 @@ def _timestamp_columns(
     single = user.get("timestamp", user.get("time"))
     if "date" in user:
         return ((user["date"], single) if single else (user["date"],)), False
-    if single is not None:
-        return (single,), False
+    if single is not None:  # a named column keeps its vendor's convention ("Gmt time": UTC)
+        return (single,), header_key(single) in UTC_ALIASES
     by_key = {key: column for column, key in reversed(keys.items())}
     for alias in TIMESTAMP_ALIASES + EPOCH_ALIASES:
         if alias in by_key:

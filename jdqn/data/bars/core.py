@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,9 @@ class Bars:
     close: np.ndarray  # [T] float64, index points
     volume: np.ndarray  # [T] float64, contracts (zeros when the source has no volume column)
     has_volume: bool = True
+    # How the file was read: {"columns": role -> column, "timezone": zone assumed, ...}; empty
+    # for bars not read from a file.
+    reading: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         n = self.close.shape
@@ -37,10 +40,10 @@ class Bars:
 class BarFileError(ValueError):
     """A bar file that cannot be used, with a one-line message saying where and how to fix it.
 
-    Format: ``"<file>: row <r>, column '<c>': <problem>; fix: <what to do>"``, where ``r`` is the
-    1-based data row in file order (the header is not counted, so row r is line r + 1 of a CSV
-    file, plus any preamble lines above the header) and the row and column parts are left out
-    when the problem is not specific to them.
+    Format: ``"<file>: line <n>, column '<c>': <problem>; fix: <what to do>"``, where ``n`` is
+    the 1-based line of a CSV file as an editor shows it (``row <r>``, the 1-based data row, for
+    Parquet and DataFrames) and the line and column parts are left out when the problem is not
+    specific to them.
     """
 
     def __init__(
@@ -50,10 +53,11 @@ class BarFileError(ValueError):
         fix: str,
         row: int | None = None,
         column: str | None = None,
+        unit: str = "row",
     ) -> None:
         where = []
         if row is not None:
-            where.append(f"row {row}")
+            where.append(f"{unit} {row}")
         if column is not None:
             where.append(f"column '{column}'")
         location = f"{', '.join(where)}: " if where else ""
@@ -64,6 +68,15 @@ class BarFileError(ValueError):
         self.column = column
         self.problem = problem
         self.fix = fix
+        self.unit = unit
+
+    def at_line(self, first_line: int | None) -> BarFileError:
+        """This error with its data row given as the file line ``first_line`` + row - 1 (None:
+        the file has no lines, as Parquet; the row stays)."""
+        if first_line is None or self.row is None:
+            return self
+        line = first_line + self.row - 1
+        return BarFileError(self.path, self.problem, self.fix, line, self.column, "line")
 
 
 def error_detail(error: BaseException) -> str:

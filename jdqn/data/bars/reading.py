@@ -57,6 +57,13 @@ class CsvLayout:
     extra_header_lines: int = 0  # lines after the header that are not bars (yfinance)
     first_column: str | None = None  # name for the first column (yfinance: "Datetime")
 
+    @property
+    def first_bar_line(self) -> int:
+        """The 1-based file line of the first bar (data row 1)."""
+        if self.names is not None:  # header-less: the "header" line is the first bar
+            return self.header_line + 1
+        return self.header_line + 2 + self.extra_header_lines
+
 
 def file_kind(path: Path) -> str | None:
     name = path.name.lower()
@@ -214,6 +221,8 @@ def _read_parquet(path: Path) -> pd.DataFrame:
             f"cannot be read as Parquet ({error_detail(error)})",
             "write it with pandas or pyarrow",
         ) from None
+    if isinstance(frame.index, pd.DatetimeIndex) and frame.index.name is None:
+        frame = frame.rename_axis("timestamp")  # pandas' default to_parquet of a time index
     if not isinstance(frame.index, pd.RangeIndex):  # a timestamp index saved by pandas
         frame = frame.reset_index()
     return frame

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -38,6 +39,7 @@ _NAIVE_FORMATS = (
     "%d.%m.%Y %H:%M:%S",
     "%d.%m.%Y %H:%M",
     "%m/%d/%Y",
+    "%Y-%m-%d %I-%p",  # CryptoDataDownload hourly files: 2019-10-17 09-AM
 )
 # Digit-only timestamps: compact calendar forms by length, anything else is a unix epoch.
 _COMPACT_FORMATS = {8: "%Y%m%d", 12: "%Y%m%d%H%M", 14: "%Y%m%d%H%M%S"}
@@ -47,6 +49,15 @@ _TIMESTAMP_FIX = (
     "write timestamps as 'YYYY-MM-DD HH:MM:SS' (exchange time) or ISO 8601 with a UTC offset, "
     "or as unix epoch seconds"
 )
+
+
+class BarTimes(NamedTuple):
+    """A file's bar times, in file order."""
+
+    local_ns: np.ndarray  # [T] int64, naive exchange time
+    order_ns: np.ndarray  # [T] int64, the UTC instant when known, else local_ns itself
+    written: np.ndarray  # [T] str, as written in the file
+    zone: str  # how the times were read, e.g. "UTC (data.timezone)"
 
 
 def missing_mask(raw: pd.Series) -> np.ndarray:
@@ -62,12 +73,14 @@ def parse_bar_times(
     path: str | os.PathLike[str],
     timezone: str | None,
     exchange_timezone: str,
-) -> tuple[np.ndarray, np.ndarray]:
-    """(naive exchange-time ns [T] int64, ordering key ns [T] int64: the UTC instant when known).
+    timestamp_format: str | None = None,
+) -> BarTimes:
+    """The bars' times (:class:`BarTimes`).
 
     Aware timestamps (UTC offsets, epochs, aware Parquet columns) are converted to
     ``exchange_timezone``. Naive ones are in ``timezone`` (``data.timezone``), in UTC when the
-    header says so (``Gmt time``), and otherwise already in exchange time.
+    header says so (``Gmt time``), and otherwise already in exchange time. ``timestamp_format``
+    (``data.timestamp_format``, strftime codes) replaces the forms tried.
     """
     name = columns.timestamp_name
     if len(columns.timestamp) == 2:
@@ -78,15 +91,47 @@ def parse_bar_times(
     else:
         raw = frame[columns.timestamp[0]]
     reject_rows(missing_mask(raw), path, "timestamp is missing", _MISSING_FIX, name)
-    parsed = _parse_timestamps(raw, path, name)  # tz-aware UTC or naive
+    written = raw.astype(str).to_numpy()
+    if timestamp_format is None:
+        parsed = _parse_timestamps(raw, path, name)  # tz-aware UTC or naive
+    else:
+        parsed = _parse_with_format(raw, timestamp_format, path, name)
     source = timezone or ("UTC" if columns.utc else None)
+    if parsed.dt.tz is not None:
+        zone = "UTC (the file's offsets or epochs)"
+    elif timezone is not None:
+        zone = f"{timezone} (data.timezone)"
+    elif columns.utc:
+        zone = f"UTC (the header '{name}' says so)"
+    else:
+        zone = f"{exchange_timezone} (naive times taken as the calendar's; else set data.timezone)"
     if parsed.dt.tz is None and source is not None and source != exchange_timezone:
         parsed = _localise(parsed, source, path, name)
     if parsed.dt.tz is None:
         local_ns = _ns(parsed)
-        return local_ns, local_ns  # the same array: load_bars knows the order is local time
+        return BarTimes(local_ns, local_ns, written, zone)  # one array: the order is local
     naive = parsed.dt.tz_convert(exchange_timezone).dt.tz_localize(None)
-    return _ns(naive), _ns(parsed.dt.tz_convert("UTC").dt.tz_localize(None))
+    utc_ns = _ns(parsed.dt.tz_convert("UTC").dt.tz_localize(None))
+    return BarTimes(_ns(naive), utc_ns, written, zone)
+
+
+def _parse_with_format(
+    raw: pd.Series, timestamp_format: str, path: str | os.PathLike[str], column: str
+) -> pd.Series:
+    """Timestamps in the user's strftime format (``%z`` in it: aware, converted to UTC)."""
+    text = raw.astype("string").str.strip().astype(object).astype(str).reset_index(drop=True)
+    aware = "%z" in timestamp_format or "%Z" in timestamp_format
+    parsed = pd.to_datetime(text, format=timestamp_format, errors="coerce", utc=aware)
+    reject_rows(
+        parsed.isna().to_numpy(),
+        path,
+        "timestamp '{text}' does not match data.timestamp_format="
+        + timestamp_format.replace("{", "{{").replace("}", "}}"),
+        "correct data.timestamp_format (strftime codes, e.g. %Y-%m-%d %I-%p) or the timestamp",
+        column,
+        text=text,
+    )
+    return parsed
 
 
 def _ns(times: pd.Series) -> np.ndarray:
@@ -166,6 +211,12 @@ def _parse_timestamps(raw: pd.Series, path: str | os.PathLike[str], column: str)
             return parsed
         if best is None or parsed.isna().sum() < best.isna().sum():
             best = parsed
+    if best is not None:  # each row in its own form: a vendor that changed forms part-way
+        for fmt in _NAIVE_FORMATS:  # (CryptoDataDownload: "2020-04-13 20:00:00", "... 09-AM")
+            missing = best.isna()
+            if not missing.any():
+                break
+            best[missing] = pd.to_datetime(text[missing], format=fmt, errors="coerce")
     return _require_parsed(best, text, path, column)
 
 
