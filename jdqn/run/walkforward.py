@@ -170,6 +170,7 @@ def run_walkforward(
             plot_elsewhere = cfg.output.plots and plot_processes
             cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
+            summary: dict[str, Any] = {}
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
                 job = _Job(
                     cfg, data, run, writes, series, processes, debug, progress, log, log_outcome
@@ -184,9 +185,11 @@ def run_walkforward(
                         point_value_usd=cfg.env.point_value_usd,
                         show_random=cfg.output.show_random,
                     )
-            summary: dict[str, Any] = {}
-            if processes.writer:
-                summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
+                    summary = stats.summarise(fold_results, series, seed=cfg.train.seed)
+                    if cfg.output.plots:
+                        summary_png = run.plots_dir / "summary.png"
+                        args = (summary_png, fold_results, summary, cfg.output.show_random)
+                        writes.submit_plot(report.plot_summary, *args)
         except debug_mode.DebugCheckFailed as failure:
             # Keep the .incomplete directory: it holds the failure record and the metrics so far.
             log_outcome(f"jdqn: {failure}; recorded in {failure.record}")
@@ -280,8 +283,6 @@ def _finish(
     }
     show_random = cfg.output.show_random
     try:
-        if cfg.output.plots and summary:
-            report.plot_summary(run.plots_dir / "summary.png", fold_results, summary, show_random)
         rundir.write_json(run.results_path, results)
         final = rundir.finalize(run)
     except OSError as error:  # every epoch is checkpointed: a resume only judges again
