@@ -35,7 +35,7 @@ check`` prints your data's), so every instrument's distributions have the same r
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -71,7 +71,7 @@ class Instrument:
 
 
 def _futures(*spec: Any) -> Instrument:
-    return Instrument(*spec, commission_usd=2.50)  # $2.50 per contract per side
+    return replace(Instrument(*spec), commission_usd=2.50)  # $2.50 per contract per side
 
 
 INSTRUMENTS: dict[str, Instrument] = {
