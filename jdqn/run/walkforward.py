@@ -66,7 +66,8 @@ from jdqn.run.processes import ProcessError, Processes
 
 # -v: what a user debugging a run wants (jdqn.run.console_log); off by default.
 _debug = logging.getLogger("jdqn.run").debug
-_warn = logging.getLogger("jdqn.run").warning
+# Notices go to stdout with the run's other lines: stderr keeps an error to its one line.
+_notice = logging.getLogger("jdqn.run").info
 
 
 class UserError(Exception):
@@ -307,7 +308,7 @@ def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
     with _as_user_error(ValueError):
         env = volatility_reward_scale(resolve_costs(cfg.env, train_close), train_close)
     for notice in cost_notices(env, train_close, [fold.close for fold in data.test]):
-        _warn(notice)
+        _notice(notice)
     return dataclasses.replace(cfg, env=env)
 
 
