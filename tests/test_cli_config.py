@@ -88,6 +88,7 @@ def test_verbose_and_quiet_runs_say_what_each_promises(tmp_path, capsys):
         f"jdqn: bars: {ES_SAMPLE}; columns by their headers; naive times read as exchange time; "
         "calendar cme_equity (America/Chicago); 2,264 bars",
         "jdqn: fold 0 train [904, 1904) test [1964, 2264)",
+        "jdqn: env: ES, cost 0.3 points ($15.00) per unit and side, reward scale ",
         "jdqn: memory plan: on a device, per learner: learner states",
         "jdqn: run_chunk: ",  # traced and compiled, or loaded: with its time
         "jdqn: group 0 epoch 1 chunk 1: ",
