@@ -70,6 +70,7 @@ def evaluate_saved(
     timestamps = bars.timestamp[warmup:]
     realised_at = timestamps[1:]
     cfg = first.cfg
+    dollars, show_random = cfg.env.point_value_usd, cfg.output.show_random  # plots and tables
     bars_per_year = float(first.meta["bars_per_year"])
     calendar = CALENDARS[cfg.data.calendar]  # its trading days, as the run judged them
     baselines = _baselines(first, features, close, bars_per_year)
@@ -112,26 +113,14 @@ def evaluate_saved(
             report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
             if plots:
                 title = f"fold {fold} seed {policy.seed}: saved policy on new bars"
-                report.plot_equity(
-                    run.plots_dir / f"{stem}_equity.png",
-                    timestamps,
-                    curves,
-                    title,
-                    point_value_usd=cfg.env.point_value_usd,
-                    show_random=cfg.output.show_random,
-                )
+                png = run.plots_dir / f"{stem}_equity.png"
+                report.plot_equity(png, timestamps, curves, title, dollars, show_random)
         summary = stats.summarise(rows, series, seed=cfg.train.seed)
         report.write_stitched(
-            run.path,
-            series,
-            plots,
-            point_value_usd=cfg.env.point_value_usd,
-            show_random=cfg.output.show_random,
+            run.path, series, plots, point_value_usd=dollars, show_random=show_random
         )
-        if plots and summary:
-            report.plot_summary(
-                run.plots_dir / "summary.png", rows, summary, cfg.output.show_random
-            )
+        if plots:
+            report.plot_summary(run.plots_dir / "summary.png", rows, summary, show_random)
         results = {
             "run": str(Path(run_dir)),
             "source": str(data),
@@ -149,8 +138,8 @@ def evaluate_saved(
         with rundir.interrupts_deferred():
             rundir.discard(run)
         raise
-    log(report.summary_table(rows, cfg.output.show_random))
-    log(report.summary_text(summary, cfg.output.show_random))
+    log(report.summary_table(rows, show_random))
+    log(report.summary_text(summary, show_random))
     log(f"jdqn: results in {final / 'results.json'}")
     return EvaluationOutcome(out_dir=final, results=results)
 
