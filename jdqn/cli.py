@@ -313,8 +313,8 @@ def _walkforward(args: argparse.Namespace) -> int:
         notices = [SMOKETEST_ON_USER_BARS] if on_user_bars and args.profile == "smoketest" else []
 
         def log(message: str) -> None:
-            while notices:
-                logger.warning(notices.pop())
+            while notices:  # on stdout: stderr keeps a later error to its one line
+                logger.info(notices.pop())
             logger.info(message)
 
         # Before any other use of a JAX backend (jax.distributed.initialize).

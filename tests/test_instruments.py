@@ -4,6 +4,7 @@ calendar features by hand, and the CLI's --instrument."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from pathlib import Path
 
@@ -189,6 +190,7 @@ def test_a_notice_when_a_round_trip_costs_more_than_the_median_move():
 
 
 def test_the_walk_forward_records_the_price_and_warns(caplog):
+    caplog.set_level(logging.INFO, logger="jdqn.run")
     cfg = apply_instrument(SMOKETEST, "BTCUSD")
     data = prepare_walkforward(load_source(cfg.data), cfg, source="synthetic")
     resolved = resolve_reward_unit(cfg, data)
@@ -196,7 +198,7 @@ def test_the_walk_forward_records_the_price_and_warns(caplog):
     assert resolved.env.cost_points == pytest.approx(0.01 + 0.001 * data.train[0].close[-1])
     # Synthetic ES-like bars: 0.1 % of ~1,800 points a side is many times the median move.
     round_trip = f"{2 * resolved.env.cost_points:.6g} points"
-    (notice,) = [r.message for r in caplog.records]
+    (notice,) = [r.message for r in caplog.records if r.message.startswith("jdqn: notice")]
     assert notice.startswith(f"jdqn: notice: a round trip costs {round_trip}")
 
 

@@ -57,6 +57,7 @@ def _assert_outputs_complete(run_dir: Path, results: dict, n_folds: int) -> None
         assert np.isclose(curve["agent_equity_points"].iloc[-1], row["agent"]["net_pnl_points"])
         for plot in ("equity", "training"):
             assert (run_dir / "plots" / f"{stem}_{plot}.png").stat().st_size > 1000
+    assert (run_dir / "plots" / "summary.png").stat().st_size > 1000
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert rows and {"loss_mse", "loss_c51", "q_mean", "edge_mass"} <= set(rows[0])
     assert list((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
@@ -702,4 +703,4 @@ def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path
     for name in ("command", "script"):
         results = json.loads((tmp_path / name / "results.json").read_text())
         plots = sorted(p.name for p in (tmp_path / name / "plots").iterdir())
-        assert len(plots) == 2 * len(results["folds"]) + 1, plots  # + the stitched curve
+        assert len(plots) == 2 * len(results["folds"]) + 2, plots  # + stitched curve, summary

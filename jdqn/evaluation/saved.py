@@ -74,6 +74,7 @@ def evaluate_saved(
     close = bars.close[warmup:]
     timestamps = bars.timestamp[warmup:]
     cfg = first.cfg
+    dollars, show_random = cfg.env.point_value_usd, cfg.output.show_random  # plots and tables
     bars_per_year = float(first.meta["bars_per_year"])
     calendar = CALENDARS[cfg.data.calendar]  # its trading days, as the run judged them
     baselines = _baselines(first, features, close, bars_per_year)
@@ -115,27 +116,15 @@ def evaluate_saved(
             report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
             if plots:
                 title = f"fold {fold} seed {policy.seed}: saved policy on new bars"
-                report.plot_equity(
-                    run.plots_dir / f"{stem}_equity.png",
-                    timestamps,
-                    curves,
-                    title,
-                    point_value_usd=cfg.env.point_value_usd,
-                    show_random=cfg.output.show_random,
-                )
+                png = run.plots_dir / f"{stem}_equity.png"
+                report.plot_equity(png, timestamps, curves, title, dollars, show_random)
         tried = cfg.output.settings_tried
         summary = stats.summarise(rows, series, seed=cfg.train.seed, settings_tried=tried)
         report.write_stitched(
-            run.path,
-            series,
-            plots,
-            point_value_usd=cfg.env.point_value_usd,
-            show_random=cfg.output.show_random,
+            run.path, series, plots, point_value_usd=dollars, show_random=show_random
         )
-        if plots and summary:
-            report.plot_summary(
-                run.plots_dir / "summary.png", rows, summary, cfg.output.show_random
-            )
+        if plots:
+            report.plot_summary(run.plots_dir / "summary.png", rows, summary, show_random)
         results = {
             "run": str(Path(run_dir)),
             "source": str(data),
@@ -155,8 +144,8 @@ def evaluate_saved(
             with rundir.interrupts_deferred():
                 rundir.discard(run)
         raise
-    log(report.summary_table(rows, cfg.output.show_random))
-    log(report.summary_text(summary, cfg.output.show_random))
+    log(report.summary_table(rows, show_random))
+    log(report.summary_text(summary, show_random))
     log(f"jdqn: results in {final / 'results.json'}")
     return EvaluationOutcome(out_dir=final, results=results)
 

@@ -88,7 +88,8 @@ def reading_record(cfg: Config, data: WalkForwardData) -> str:
         f"{d.timezone or 'exchange time'}; calendar {d.calendar} "
         f"({CALENDARS[d.calendar].timezone}); {data.n_bars:,} bars, {data.bars_per_year:,.0f} "
         f"per year; {data.n_features} features\njdqn: {folds}\njdqn: env: {env.instrument}, "
-        f"cost {env.cost_points:.6g} points per unit traded, reward scale {env.reward_scale:.6g}"
+        f"cost {env.cost_points:.6g} points (${env.cost_points * env.point_value_usd:,.2f}) per "
+        f"unit and side, reward scale {env.reward_scale:.6g}"
     )
 
 

@@ -70,7 +70,8 @@ from jdqn.run.processes import ProcessError, Processes
 
 # -v: what a user debugging a run wants (jdqn.run.console_log); off by default.
 _debug = logging.getLogger("jdqn.run").debug
-_warn = logging.getLogger("jdqn.run").warning
+# Notices go to stdout with the run's other lines: stderr keeps an error to its one line.
+_notice = logging.getLogger("jdqn.run").info
 
 
 class UserError(Exception):
@@ -185,6 +186,7 @@ def run_walkforward(
             plot_elsewhere = cfg.output.plots and plot_processes
             cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
+            summary: dict[str, Any] = {}
             with report.BackgroundWrites(preload, plot_processes=cores) as writes:
                 job = _Job(
                     cfg,
@@ -209,12 +211,10 @@ def run_walkforward(
                         point_value_usd=cfg.env.point_value_usd,
                         show_random=cfg.output.show_random,
                     )
+                    summary = _summarise(job, fold_results)
             if not processes.writer:
                 ended = json.loads(processes.broadcast_text(""))  # once process 0 renamed the run
                 return WalkForwardOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
-            summary = stats.summarise(
-                fold_results, series, seed=cfg.train.seed, settings_tried=cfg.output.settings_tried
-            )
             # In this block: a signal before the rename leaves the run resumable (it judges again).
             return _finish(job, fold_results, summary, made_by)
         except debug_mode.DebugCheckFailed as failure:
@@ -231,6 +231,19 @@ def run_walkforward(
             resumable = _left_to_resume(run, log_outcome, say)
             faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
             raise
+
+
+def _summarise(job: _Job, fold_results: list[dict[str, Any]]) -> dict[str, Any]:
+    """results.json's summary (``stats.summarise``), its figure queued on the plot workers."""
+    cfg = job.cfg
+    tried = cfg.output.settings_tried
+    summary = stats.summarise(fold_results, job.series, seed=cfg.train.seed, settings_tried=tried)
+    if cfg.output.plots:
+        png = job.run.plots_dir / "summary.png"
+        job.writes.submit_plot(
+            report.plot_summary, png, fold_results, summary, cfg.output.show_random
+        )
+    return summary
 
 
 def _announce(
@@ -365,8 +378,6 @@ def _finish(
     }
     show_random = cfg.output.show_random
     try:
-        if cfg.output.plots and summary:
-            report.plot_summary(run.plots_dir / "summary.png", fold_results, summary, show_random)
         rundir.write_json(run.results_path, results)
         # From the rename on the run is complete: a SIGTERM or Ctrl-C is held and then said, not
         # raised, so the report, the status and the directory (no .lock) say so.
@@ -400,7 +411,7 @@ def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
     with _as_user_error(ValueError):
         env = volatility_reward_scale(resolve_costs(cfg.env, train_close), train_close)
     for notice in cost_notices(env, train_close, [fold.close for fold in data.test]):
-        _warn(notice)
+        _notice(notice)
     return dataclasses.replace(cfg, env=env)
 
 
