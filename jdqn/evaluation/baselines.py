@@ -233,8 +233,11 @@ def fold_baselines(cfg: Config, data: Any, fold: int) -> dict[str, dict[str, Any
     train_drift = planted_drift(cfg, w.train_start, w.train_end)
     test_drift = planted_drift(cfg, w.test_start, w.test_end)
     drift = None if train_drift is None or test_drift is None else (train_drift, test_drift)
-    train, test = data.train[fold], data.test[fold]  # each window's (features, close)
-    return extra_baselines(cfg, *train, *test, drift, bars_per_year=data.bars_per_year)
+    train, test = data.train[fold], data.test[fold]
+    return extra_baselines(
+        cfg, train.features, train.close, test.features, test.close, drift,
+        bars_per_year=data.bars_per_year,
+    )  # fmt: skip
 
 
 def extra_baselines(
