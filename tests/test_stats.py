@@ -240,6 +240,7 @@ def test_intervals_from_fewer_than_five_seeds_are_flagged():
 
     text = report.summary_text(summary)
     assert "* from fewer than 5 seeds" in text and "]*" in text
+    assert "exposure (bars held)" in text and summary["overall"]["agent"]["exposure"]["n"] == 4
 
 
 def test_the_clustered_interval_covers_the_spread_between_windows():
