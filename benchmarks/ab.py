@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jdqn.accel import pieces
+from jdqn.accel.xla_flags import configure
 from jdqn.bench.seeds import SEEDS, seed_counts, time_seeds
 from jdqn.config import PROFILES, Config, apply_overrides
 
@@ -102,4 +103,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

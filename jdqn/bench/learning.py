@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides
 from jdqn.evaluation import stats
@@ -496,4 +497,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     raise SystemExit(main())
