@@ -138,6 +138,17 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 
+def test_comparing_settings_on_evaluation_paths_is_called_out(capsys, monkeypatch):
+    monkeypatch.setattr(learning, "run", lambda *_, **__: [])
+    monkeypatch.setattr(learning, "format_table", lambda _: "")
+    monkeypatch.setattr(learning, "format_baselines", lambda _: "")
+    monkeypatch.setattr(learning, "format_paired", lambda _: "")
+    assert learning.main(["--small", "--versus", "train.epochs=3"]) == 0
+    assert "choose settings on --paths development" in capsys.readouterr().err
+    assert learning.main(["--small", "--versus", "train.epochs=3", "--paths", "development"]) == 0
+    assert capsys.readouterr().err == ""
+
+
 def test_the_yardstick_judges_the_baselines_without_training(monkeypatch):
     """The bar to reach, from the baselines alone: on a martingale the informed rule and the
     causal bound are 0 (no drift); on planted momentum both are positive."""

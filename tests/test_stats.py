@@ -260,6 +260,7 @@ def test_intervals_from_fewer_than_five_seeds_are_flagged():
 
     text = report.summary_text(summary)
     assert "* from fewer than 5 seeds" in text and "]*" in text
+    assert "exposure (bars held)" in text and summary["overall"]["agent"]["exposure"]["n"] == 4
 
 
 def test_the_clustered_interval_covers_the_spread_between_windows():
@@ -272,3 +273,16 @@ def test_the_clustered_interval_covers_the_spread_between_windows():
     low, high = clustered["median_ci"]
     assert -300.0 <= low <= -100.0 and 200.0 <= high <= 400.0
     assert clustered["clusters"] == 5 and clustered["n"] == 30
+
+
+def test_the_clustered_interval_of_single_runs_is_the_exact_bootstrap_one():
+    """One run per window: the two-stage bootstrap is the plain bootstrap of the 9 values, whose
+    median is at most the k-th smallest value with probability P(Binomial(9, k/9) >= 5) (an
+    exact reference): 0.030 at k = 2 and 0.970 at k = 7, so the 95 % interval is [x_(2), x_(8)]."""
+    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.0, 8.0, 7.0]
+    cdf = [scipy.stats.binom.sf(4, 9, k / 9) for k in range(1, 10)]
+    low = sorted(values)[int(np.argmax(np.array(cdf) >= 0.025))]
+    high = sorted(values)[int(np.argmax(np.array(cdf) >= 0.975))]
+    assert (low, high) == (1.5, 8.0)
+    result = stats.clustered_aggregate([np.array([v]) for v in values], reps=10_000)
+    assert result["median_ci"] == [low, high] and result["median"] == 4.0

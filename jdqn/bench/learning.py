@@ -464,6 +464,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.yardstick:
         print(format_yardstick(yardstick(scale, args.set)))
         return 0
+    if args.versus and set(scale.paths) & set(EVALUATION_PATHS):
+        print(
+            "learning scorecard: comparing settings on evaluation paths; choose settings on "
+            "--paths development and judge only the chosen one here",
+            file=sys.stderr,
+        )
 
     def write(rows: list[dict[str, Any]]) -> None:
         for row in rows:

@@ -22,7 +22,9 @@ import numpy as np
 
 # Metrics summarised across seeds (keys of ``jdqn.evaluation.rollouts.metrics``, plus
 # ``sharpe_daily``).
-SUMMARY_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", "turnover")
+SUMMARY_METRICS = (
+    "net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", "turnover", "exposure"
+)  # fmt: skip
 BOOTSTRAP_REPS = 2_000
 CONFIDENCE = 0.95
 EULER_GAMMA = 0.5772156649015329

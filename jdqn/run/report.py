@@ -464,6 +464,7 @@ _SUMMARY_LABELS = {
     "sharpe": ("Sharpe (per bar, ann.)", ".2f"),
     "max_drawdown_usd": ("max drawdown $", ",.0f"),
     "turnover": ("turnover, units traded", ",.0f"),
+    "exposure": ("exposure (bars held)", ".0%"),
 }
 
 
