@@ -91,7 +91,7 @@ def test_the_estimate_grows_with_what_the_request_asks_for():
     [
         (["--seeds", "100000"], "fix: fewer --seeds"),
         (["--seeds", "2000"], "fix: fewer --seeds"),  # M6: every learner is held at once on CPU
-        (["--set", "network.hidden=[100000,100000]"], "copy of the states"),
+        (["--set", "network.hidden=[100000,100000]"], "or a smaller train.batch_size or network"),
         (["--set", "data.synthetic_bars=1e9"], "bar series and features"),
         (["--set", "data.synthetic_bars=1e10"], "outside [-2,147,483,647, 2,147,483,647]"),
     ],

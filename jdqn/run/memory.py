@@ -32,9 +32,9 @@ HOST_BYTES_PER_FEATURE_BAR = 12
 # Parquet, against 324 of the series and features above).
 LOADER_BYTES_PER_COLUMN_BAR = 40
 # Peak RSS of a CPU walk-forward of one small learner: the interpreter, JAX, XLA and its compiled
-# programs (measured 470 MB on the 2-core CPU machine). With every learner's state and working
-# set counted too, peaks measured at 1, 64 and 256 learners (470, 573, 1302 MB) and the 900 of
-# issue 49's M7 (3.94 GB) lie within 0.75-1.2x of the estimate.
+# programs (measured 470 MiB on the 2-core CPU machine). With every learner's state and working
+# set counted too, the peaks measured at 1, 64 and 256 learners of a small run (470, 573, 1302
+# MiB) are 1.04, 0.90 and 1.08x the estimate, and issue 49's M7 (900 learners, 3.94 GB) 0.81x.
 CPU_PROCESS_BYTES = 450 * 2**20
 _SAMPLE_BYTES = 1 << 16  # of a CSV file, to measure its bytes per row
 
@@ -166,15 +166,15 @@ def estimate(
     itself (:data:`CPU_PROCESS_BYTES`) counts."""
     f = n_features(cfg.data) if features is None else features
     wf = cfg.walkforward
-    state = state_bytes(cfg, f) * (n_learners if cpu else 1)
+    state = state_bytes(cfg, f)
+    held = n_learners if cpu else 1  # learners whose state and working set are held at once
     if wf.mode == "rolling":
         fold_bars = wf.n_folds * (wf.train_bars + wf.test_bars)
     else:  # one fold at a time; the last has the longest train window
         fold_bars = wf.train_bars + wf.n_folds * wf.test_bars
     device = {
-        "learner states (params, Adam, replay buffers)": state,
-        "learner step working set": (learner_bytes(cfg, f) - state_bytes(cfg, f))
-        * (n_learners if cpu else 1),
+        "learner states (params, Adam, replay buffers)": held * state,
+        "learner step working set": held * (learner_bytes(cfg, f) - state),
         "fold arrays": fold_bars * (f + 1) * F32,
     }
     host = {
