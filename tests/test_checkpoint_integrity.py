@@ -157,3 +157,21 @@ def test_a_process_share_is_one_npz_per_step_verified_and_with_the_same_fallback
     reopened.discard_after(-1)
     reopened.close()
     assert reopened.latest_step() is None and not list((directory / "sha256").iterdir())
+
+
+def test_a_checkpoint_of_another_run_is_refused_and_the_run_s_own_restored(tmp_path):
+    """C9 at the checkpointer: step 2 carries another run's binding digest (jdqn.run.binding)."""
+    directory = tmp_path / "group0"
+    writer = Checkpointer(directory)
+    writer.save(1, _state(1), {"epochs_done": 1, "binding": "ours"})
+    writer.save(2, _state(2), {"epochs_done": 2, "binding": "theirs"})
+    writer.close()
+    lines: list[str] = []
+    reader = Checkpointer(directory, accepted=frozenset({"ours"}))
+    _, meta, step = reader.restore_intact(_state(0), log=lines.append)
+    reader.close()
+    assert step == 1 and meta["binding"] == "ours"
+    assert lines[0].endswith("group0/2 belongs to another run (config, seeds or data)")
+    anyone = Checkpointer(directory)  # a run from before bindings: not checked
+    assert anyone.restore_intact(_state(0), log=lines.append)[2] == 1  # step 2 was deleted
+    anyone.close()

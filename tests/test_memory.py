@@ -91,7 +91,8 @@ def test_the_estimate_grows_with_what_the_request_asks_for():
     ("argv", "part"),
     [
         (["--seeds", "100000"], "fix: fewer --seeds"),
-        (["--set", "network.hidden=[100000,100000]"], "copy of the states"),
+        (["--seeds", "2000"], "fix: fewer --seeds"),  # M6: every learner is held at once on CPU
+        (["--set", "network.hidden=[100000,100000]"], "or a smaller train.batch_size or network"),
         (["--set", "data.synthetic_bars=1e9"], "bar series and features"),
         (["--set", "data.synthetic_bars=1e10"], "outside [-2,147,483,647, 2,147,483,647]"),
     ],
@@ -109,3 +110,61 @@ def test_the_cli_refuses_what_cannot_fit_in_one_line_and_leaves_nothing(
     assert "fix: " in err
     assert part.startswith("outside") or "usable of 16.0 GiB" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz", ".parquet"])
+def test_a_bar_file_s_rows_and_columns_are_told_without_reading_it(tmp_path, suffix):
+    """Issue 49 item 3: the estimate counts a bar file before it is loaded."""
+    from jdqn.data import write_bars
+
+    path = tmp_path / f"bars{suffix}"
+    write_bars(synthetic_bars(20_000, seed=0), path)
+    rows, columns = memory.bar_file_shape(path)
+    assert columns == 6 and abs(rows - 20_000) <= 20_000 * 0.05, rows
+    assert memory.bar_file_shape(tmp_path / "missing.csv") is None
+
+
+def test_a_bar_file_too_large_for_memory_is_refused_before_it_is_read(tmp_path, capsys):
+    """SIXTYM: a (sparse) 1 TB CSV of real rows' length: refused in one line at once."""
+    path = tmp_path / "huge.csv"
+    with open(path, "wb") as handle:
+        handle.write(b"timestamp,open,high,low,close,volume\n")
+        handle.write(b"2021-01-03 17:00:00,1854.75,1855.0,1854.75,1854.75,440\n" * 2000)
+        handle.truncate(10**12)
+    out = tmp_path / "out"
+    argv = ["walkforward", "--profile", "smoketest", "--data", str(path), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == EXIT_USER_ERROR
+    _assert_one_line_error(capsys.readouterr().err, "or a shorter bar file")
+    assert not out.exists()
+
+
+PEAK_RSS_CHILD = """
+import resource, subprocess, sys
+subprocess.run([sys.executable, "-m", "jdqn", *sys.argv[1:]], check=True, capture_output=True)
+print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seeds", [1, 64])
+def test_the_cpu_estimate_is_within_2x_of_the_measured_peak(tmp_path, seeds):
+    """M7: a CPU run's peak RSS (the process's own, measured by a parent of its own) against
+    the estimate the CLI checks (every learner held at once, the process, the bar file)."""
+    from es_sample import ES_FOLDS, ES_SAMPLE
+
+    settings = [*ES_FOLDS, "walkforward.n_folds=1", "train.epochs=1", f"train.seeds={seeds}"]
+    settings += ["output.plots=false", "output.tensorboard=false", f"data.path={ES_SAMPLE}"]
+    argv = ["walkforward", "--profile", "smoketest", "--no-progress", "--out", str(tmp_path)]
+    for item in settings:
+        argv += ["--set", item]
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", PEAK_RSS_CHILD, *argv], capture_output=True, text=True, check=True
+    )
+    peak = int(done.stdout)
+    cfg = apply_overrides(SMOKETEST, settings)
+    need = memory.request_estimate(cfg, None, None, cpu=True)
+    estimated = need.host_bytes + need.device_bytes
+    assert 0.5 < peak / estimated < 2.0, (peak, estimated)

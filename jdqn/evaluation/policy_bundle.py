@@ -230,20 +230,24 @@ def _verified(path: Path, fold: int, seed: int) -> tuple[dict[str, Any], dict[st
                 "the jdqn that wrote it"
             )
         manifest = json.loads((path / MANIFEST).read_text())
+        if set(manifest["sha256"]) != {"arrays.npz", "policy.json"}:
+            raise PolicyError(
+                f"{path / MANIFEST} does not list arrays.npz and policy.json; {again}"
+            )
         for name, digest in manifest["sha256"].items():
             if _sha256(path / name) != digest:
                 damaged = f"{path / name} does not match its SHA-256 in {MANIFEST}"
                 raise PolicyError(f"{damaged}; {again}")
         owners = {(manifest["fold"], manifest["seed"]), (meta["fold"], meta["seed"])}
-        if owners != {(fold, seed)} or set(manifest["sha256"]) != {"arrays.npz", "policy.json"}:
+        if owners != {(fold, seed)}:
             held = ", ".join(f"fold {f} seed {s}" for f, s in sorted(owners))
             raise PolicyError(f"{path} holds the policy of {held} (moved or copied?); {again}")
         with np.load(path / "arrays.npz") as stored:
             arrays = {name: stored[name] for name in stored.files}
-    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as error:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as error:
         if isinstance(error, PolicyError):
             raise
-        reason = error.strerror if isinstance(error, OSError) else f"{type(error).__name__}"
+        reason = (isinstance(error, OSError) and error.strerror) or type(error).__name__
         raise PolicyError(f"{path}: not a readable policy bundle ({reason}); {again}") from None
     for name, value in arrays.items():
         if not np.isfinite(value).all():
@@ -255,8 +259,14 @@ def _verified(path: Path, fold: int, seed: int) -> tuple[dict[str, Any], dict[st
 
 def _check_network(path: Path, meta: dict[str, Any], tree: dict[str, dict[str, Any]]) -> None:
     """Refuse parameters or masks that are not the network of the bundle's config."""
-    cfg = Config.from_dict(meta["config"])
-    layout = networks.param_layout(cfg, len(meta["features"]["names"]) + 1)
+    try:
+        cfg = Config.from_dict(meta["config"])
+        layout = networks.param_layout(cfg, len(meta["features"]["names"]) + 1)
+    except (KeyError, TypeError, ValueError) as error:
+        raise PolicyError(
+            f"{path}: policy.json holds no valid config and features ({type(error).__name__}); "
+            "fix: train the run again"
+        ) from None
     expected = [[name, list(shape)] for name, shape in layout.record()]
     for kind in ("params", "masks"):
         leaves = jax.tree_util.tree_flatten_with_path(tree[kind])[0]

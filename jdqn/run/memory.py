@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 F32 = 4  # bytes of a float32 or int32
@@ -25,6 +26,17 @@ NON_RETURN_FEATURES = 11
 # column plus its float32 copy (12).
 HOST_BYTES_PER_BAR = 144
 HOST_BYTES_PER_FEATURE_BAR = 12
+
+# Host bytes per bar and column of a bar file while the loader holds its raw frame and the
+# parsed copies (measured on 1M synthetic bars of 6 columns: 491 B/bar in all for CSV, 565 for
+# Parquet, against 324 of the series and features above).
+LOADER_BYTES_PER_COLUMN_BAR = 40
+# Peak RSS of a CPU walk-forward of one small learner: the interpreter, JAX, XLA and its compiled
+# programs (measured 470 MiB on the 2-core CPU machine). With every learner's state and working
+# set counted too, the peaks measured at 1, 64 and 256 learners of a small run (470, 573, 1302
+# MiB) are 1.04, 0.90 and 1.08x the estimate, and issue 49's M7 (900 learners, 3.94 GB) 0.81x.
+CPU_PROCESS_BYTES = 450 * 2**20
+_SAMPLE_BYTES = 1 << 16  # of a CSV file, to measure its bytes per row
 
 # Fraction of the limit a request may use: the interpreter, XLA's compiled programs and the
 # allocator's slack take the rest.
@@ -82,6 +94,47 @@ def learners(cfg: Any) -> int:
     return folds * cfg.train.seeds
 
 
+def bar_file_shape(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(rows, columns) of a bar file without reading it: a Parquet file's metadata, or a CSV's
+    size over the mean row length of its first 64 KiB (a .gz file's scaled by the compression
+    of that part); None when it cannot be told (the loader then reports the problem)."""
+    import gzip
+    import zlib
+
+    from jdqn.data.bars.reading import file_kind
+
+    p = Path(path)
+    try:
+        if file_kind(p) == "parquet":
+            import pyarrow.parquet as pq
+
+            metadata = pq.read_metadata(p)
+            return int(metadata.num_rows), int(metadata.num_columns)
+        if file_kind(p) != "csv":
+            return None
+        size = p.stat().st_size
+        with open(p, "rb") as handle:
+            head = handle.read(_SAMPLE_BYTES)
+        if p.name.lower().endswith(".gz"):
+            inflate = zlib.decompressobj(wbits=31)  # gzip header
+            text = inflate.decompress(head)
+            size = size * len(text) // max(len(head) - len(inflate.unconsumed_tail), 1)
+            head = text
+    except (OSError, ValueError, EOFError, gzip.BadGzipFile, zlib.error, ImportError):
+        return None
+    lines = head.splitlines()
+    if len(lines) < 3:
+        return None
+    body = lines[1:-1]  # the header, and the last line that the sample may cut
+    row_bytes = sum(len(line) + 1 for line in body) / len(body)
+    return max(int(size / row_bytes), 1), lines[0].count(b",") + 1
+
+
+def loader_bytes(n_bars: int, n_columns: int) -> int:
+    """Host bytes the bar loader holds at its peak beyond the series (raw and parsed columns)."""
+    return n_bars * n_columns * LOADER_BYTES_PER_COLUMN_BAR
+
+
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes a run needs, by part (each name says where it lives)."""
@@ -99,27 +152,37 @@ class MemoryEstimate:
 
 
 def estimate(
-    cfg: Any, *, n_learners: int, n_bars: int | None, features: int | None = None
+    cfg: Any,
+    *,
+    n_learners: int,
+    n_bars: int | None,
+    features: int | None = None,
+    cpu: bool = False,
 ) -> MemoryEstimate:
     """Host and device bytes of a walk-forward of ``cfg`` with ``n_learners`` learners over
-    ``n_bars`` bars (``None``: a file not yet read, not counted). The device holds one learner at
-    the least: the rest run in waves (``jdqn.run.placement.plan_waves``)."""
+    ``n_bars`` bars (``None``: a file not yet read, not counted). A GPU holds one learner at the
+    least: the rest run in waves (``jdqn.run.placement.plan_waves``). ``cpu``: the device is the
+    host, where every learner's state and step working set are held at once, and the process
+    itself (:data:`CPU_PROCESS_BYTES`) counts."""
     f = n_features(cfg.data) if features is None else features
     wf = cfg.walkforward
     state = state_bytes(cfg, f)
+    held = n_learners if cpu else 1  # learners whose state and working set are held at once
     if wf.mode == "rolling":
         fold_bars = wf.n_folds * (wf.train_bars + wf.test_bars)
     else:  # one fold at a time; the last has the longest train window
         fold_bars = wf.train_bars + wf.n_folds * wf.test_bars
     device = {
-        "learner states (params, Adam, replay buffers)": state,
-        "learner step working set": learner_bytes(cfg, f) - state,
+        "learner states (params, Adam, replay buffers)": held * state,
+        "learner step working set": held * (learner_bytes(cfg, f) - state),
         "fold arrays": fold_bars * (f + 1) * F32,
     }
     host = {
         "checkpoint copy of the states": n_learners * state if cfg.output.checkpoints else 0,
         "test-window rollouts": n_learners * wf.test_bars * 5 * F32,
     }
+    if cpu:
+        host["the process (Python, JAX, compiled programs)"] = CPU_PROCESS_BYTES
     if n_bars is not None:
         host["bar series and features"] = n_bars * (
             HOST_BYTES_PER_BAR + HOST_BYTES_PER_FEATURE_BAR * f
@@ -165,12 +228,15 @@ class RequestTooLarge(ValueError):
 
 # The settings that make each part smaller, for the fix.
 _FIXES = {
-    "learner states (params, Adam, replay buffers)": "a smaller network.hidden or replay.capacity",
-    "learner step working set": "a smaller train.batch_size or network",
+    "learner states (params, Adam, replay buffers)": "fewer --seeds or folds, or a smaller "
+    "network.hidden or replay.capacity",
+    "learner step working set": "fewer --seeds or folds, or a smaller train.batch_size or network",
     "fold arrays": "shorter walkforward.train_bars / test_bars or fewer folds",
     "checkpoint copy of the states": "fewer --seeds or folds, or a smaller network",
     "test-window rollouts": "fewer --seeds or a shorter walkforward.test_bars",
     "bar series and features": "fewer data.synthetic_bars or a shorter bar file",
+    "bar file being read": "a shorter bar file (or fewer columns)",
+    "the process (Python, JAX, compiled programs)": "a machine with more memory",
 }
 
 
@@ -213,6 +279,21 @@ def check_fits(need: MemoryEstimate, have: MemoryLimits) -> None:
 
 
 def check_request(cfg: Any, *, n_bars: int | None, features: int | None = None) -> None:
-    """:func:`check_fits` for a walk-forward of ``cfg`` on this machine (what the CLI runs)."""
-    need = estimate(cfg, n_learners=learners(cfg), n_bars=n_bars, features=features)
-    check_fits(need, limits())
+    """:func:`check_fits` for a walk-forward of ``cfg`` on this machine (what the CLI runs); with
+    ``n_bars`` None and a bar file, its rows and columns as :func:`bar_file_shape` tells them."""
+    have = limits()
+    check_fits(request_estimate(cfg, n_bars, features, cpu=have.device_bytes is None), have)
+
+
+def request_estimate(
+    cfg: Any, n_bars: int | None, features: int | None, *, cpu: bool
+) -> MemoryEstimate:
+    """:func:`estimate` of a walk-forward of ``cfg`` as the CLI asks for it; with ``n_bars``
+    None and a bar file, its rows and columns as :func:`bar_file_shape` tells them."""
+    shape = bar_file_shape(cfg.data.path) if n_bars is None and cfg.data.path else None
+    if shape is not None:
+        n_bars = shape[0]
+    need = estimate(cfg, n_learners=learners(cfg), n_bars=n_bars, features=features, cpu=cpu)
+    if shape is not None:
+        need.host["bar file being read"] = loader_bytes(*shape)
+    return need

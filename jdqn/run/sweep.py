@@ -187,7 +187,8 @@ def prepare_data(cfg: Config, validation_bars: int) -> tuple[WalkForwardData, Wa
     try:
         bars = load_source(cfg.data)
         data = prepare_walkforward(bars, cfg)
-        folds = validation_folds(list(data.folds), validation_bars, cfg.walkforward.purge_bars)
+        purge = data.walkforward.purge_bars  # resolved from the bars' interval
+        folds = validation_folds(list(data.folds), validation_bars, purge)
         values = compute_features(bars, cfg.data).values
         train, test, normalisers = split_folds(values, bars.close, folds, cfg.data.feature_clip)
     except ValueError as error:
