@@ -486,14 +486,18 @@ def console() -> int:
     joined its threads, so it ends at once (``os._exit``): the interpreter's teardown would add
     a sizeable share of a warm walk-forward's time, or wait for a compile left on a worker
     thread, during which a second Ctrl-C killed the process by the signal (seen in CI). Other
-    statuses (errors) take the usual exit."""
-    try:
-        code = main(ending=True)
-    except KeyboardInterrupt:  # a second Ctrl-C inside main's own handler
-        print("jdqn: interrupted", file=sys.stderr)
-        code = EXIT_INTERRUPTED
-    if code in (0, EXIT_HALTED, EXIT_INTERRUPTED, EXIT_TERMINATED):
-        end_process(code)
+    statuses (errors) take the usual exit. SIGTERM ends the command as Ctrl-C does from its start
+    (its imports included), not only once a run has begun."""
+    from jdqn.run.termination import sigterm_raises
+
+    with sigterm_raises():
+        try:
+            code = main(ending=True)
+        except KeyboardInterrupt:  # a second Ctrl-C inside main's own handler
+            print("jdqn: interrupted", file=sys.stderr)
+            code = EXIT_INTERRUPTED
+        if code in (0, EXIT_HALTED, EXIT_INTERRUPTED, EXIT_TERMINATED):
+            end_process(code)  # inside the block: no default action between here and the end
     return code
 
 

@@ -14,7 +14,7 @@ from es_sample import ES_FOLDS, ES_SAMPLE
 from malformed_bars import MALFORMED_CASES
 from smoke import SMOKE
 
-from jdqn.cli import EXIT_INTERRUPTED, EXIT_USER_ERROR, main
+from jdqn.cli import EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USER_ERROR, main
 
 
 def _assert_one_line_error(err: str, expected: str) -> None:
@@ -215,3 +215,21 @@ def test_ending_the_process_survives_a_stream_that_cannot_be_flushed():
     )
     done = run_child(child)
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_sigterm_while_the_command_imports_is_one_line_and_143():
+    """Item 15: before the run installed its handling, a SIGTERM (here during the imports of
+    `jdqn walkforward`) killed the process by the signal, with no message."""
+    child = (
+        "import os, signal, sys\n"
+        "from jdqn import cli\n"
+        "def importing(args):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    import jdqn.run.walkforward\n"
+        "    return 0\n"
+        "cli._walkforward = importing\n"
+        "sys.argv = ['jdqn', 'walkforward']\n"
+        "sys.exit(cli.console())\n"
+    )
+    done = run_child(child)
+    assert done.returncode == EXIT_TERMINATED and done.stderr == "jdqn: terminated\n", done.stderr

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -298,20 +297,27 @@ def test_killed_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     expected = json.loads((reference / "r" / "results.json").read_text())
 
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(
-        [*command, "--out", str(killed), "--name", "k"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     incomplete = killed / "k.incomplete"
-    deadline = time.time() + 600
-    # Kill mid-epoch, after the first epoch's checkpoint exists.
-    while time.time() < deadline and not list(incomplete.glob("checkpoints/group0/[0-9]*")):
-        time.sleep(0.05)
-    time.sleep(0.1)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=60)
+    # SIGKILL mid-epoch, after the first epoch's checkpoint: at the second chunk of epoch 2, a
+    # moment the child picks itself (a timed kill from here could land after the run ended).
+    argv = ["walkforward", *args, "--out", str(killed), "--name", "k"]
+    child = (
+        "import os, signal, sys\n"
+        "from jdqn.cli import console\n"
+        "from jdqn.run.metrics_log import MetricsLog\n"
+        "add = MetricsLog.add\n"
+        "def add_then_die(self, epoch, chunk, *rest):\n"
+        "    if (epoch, chunk) == (1, 1):\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return add(self, epoch, chunk, *rest)\n"
+        "MetricsLog.add = add_then_die\n"
+        f"sys.argv = ['jdqn', *{argv!r}]\n"
+        "sys.exit(console())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=600)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
     assert incomplete.exists() and not (incomplete / "results.json").exists()
+    assert list(incomplete.glob("checkpoints/group0/[0-9]*"))
 
     code = main(["walkforward", "--resume", str(incomplete), "--no-progress"])
     assert code == 0
