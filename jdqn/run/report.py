@@ -440,7 +440,7 @@ def plot_summary(
         error = [[agent["median"] - low], [high - agent["median"]]]
         label = "agent, median of seeds, 95 % CI" if i == 0 else None
         ax.bar(i - 0.2, agent["median"], 0.4, yerr=error, capsize=4, color="tab:blue", label=label)
-        text = f"agent - {name}:\n{_estimate(minus, 'median', ',.0f')}"
+        text = f"agent - {name}:\n{_estimate(minus, 'median', ',.0f').rstrip()}"
         ax.annotate(text, (i, 1.0), xycoords=("data", "axes fraction"), ha="center",
                     va="top", xytext=(0, -4), textcoords="offset points", fontsize=8)  # fmt: skip
     ax.set_xticks(range(len(best)), [f"fold {fold}" for fold in best])
@@ -495,6 +495,8 @@ def summary_text(summary: Mapping[str, Any], show_random: bool = False) -> str:
         scopes += [(f"fold {k}", block) for k, block in summary["folds"].items()]
     for scope, block in scopes:
         for metric, (label, spec) in _SUMMARY_LABELS.items():
+            if metric not in block["agent"]:  # a results.json of an earlier version
+                continue
             entry = block["agent"][metric]
             lines.append(
                 f"{scope:<7} {label:<22} {_estimate(entry, 'median', spec):>34} "
