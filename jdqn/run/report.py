@@ -286,14 +286,15 @@ def plot_training(path: Path, rows: Sequence[Mapping[str, Any]], title: str) -> 
     fig = _figure(figsize=(9, 2.4 * len(TRAINING_CURVES)))
     axes = fig.subplots(len(TRAINING_CURVES), 1, sharex=True)
     for ax, (names, ylabel) in zip(axes, TRAINING_CURVES, strict=True):
-        for name in names:
-            if name in frame:
-                # A point without a value (e.g. no step where the causal term was due) is
-                # left out, so the line joins the points that have one.
-                known = frame[name].notna()
-                ax.plot(frame["step"][known], frame[name][known], label=name, linewidth=1.0)
+        drawn = [name for name in names if name in frame]
+        for name in drawn:
+            # A point without a value (e.g. no step where the causal term was due) is left out,
+            # so the line joins the points that have one.
+            known = frame[name].notna()
+            ax.plot(frame["step"][known], frame[name][known], label=name, linewidth=1.0)
         ax.set_ylabel(ylabel)
-        ax.legend(loc="upper right", fontsize=7)
+        if drawn:  # a panel whose metrics this run does not record has no legend
+            ax.legend(loc="upper right", fontsize=7)
         ax.grid(alpha=0.3)
     axes[0].set_title(title)
     axes[-1].set_xlabel("learner step")
