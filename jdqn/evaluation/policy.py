@@ -1,7 +1,7 @@
 """Saved policies: each trained (fold, seed) of a walk-forward run, loaded again to act on bars
 (docs/design.md §16). Acting is the walk-forward's greedy pass (``TrainProgram.evaluate``): one
 sequential scan from flat, argmax over the head-mean Q (ties: the lowest action), so the run's own
-test windows give the same actions (tests/test_policy.py).
+test windows give the same actions (tests/evaluation/test_policy.py).
 """
 
 from __future__ import annotations

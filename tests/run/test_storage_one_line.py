@@ -16,7 +16,7 @@ from test_checkpoint_integrity import _largest_data_file
 from test_cli import _assert_one_line_error
 from test_resume_binding import _stopped
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMALL_FLAGS = ["--profile", "smoketest", "--no-progress", "--folds", "1", "--epochs", "2"]
 for _item in (
     "walkforward.train_bars=1000",

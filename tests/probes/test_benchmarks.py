@@ -131,7 +131,7 @@ def test_the_product_never_imports_the_research_probes_nor_the_cli_from_bench() 
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     for path in [*root.glob("jdqn/**/*.py"), *root.glob("pallas_kernels/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):

@@ -7,7 +7,7 @@ float32 rounding. Every component is on (two bootstrapped heads with diversity, 
 vaccine, budget, causal term); a second config without diversity runs the kernels' flat tail in
 interpret mode on two vmapped learners stepped with a clock (one step: interpret mode is slow).
 
-``python tests/test_learner_pin.py`` rewrites the file from the current code: only when the
+``python tests/agent/test_learner_pin.py`` rewrites the file from the current code: only when the
 step's numbers are meant to change, said so in the commit.
 """
 
@@ -25,7 +25,7 @@ from jdqn.agent import LearnerMetrics, make_learner
 from jdqn.agent.transition import Transition
 from jdqn.config import SMOKETEST, apply_overrides
 
-DATA = Path(__file__).parent / "data" / "learner_pin.npz"
+DATA = Path(__file__).resolve().parents[1] / "data" / "learner_pin.npz"
 N_FEATURES = 4
 NON_CAUSAL = (0, 1)
 STEPS = 50

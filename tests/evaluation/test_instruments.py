@@ -32,7 +32,7 @@ from jdqn.evaluation.instruments import (
 )
 from jdqn.run.walkforward import resolve_reward_unit
 
-ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
+ES_SAMPLE = Path(__file__).resolve().parents[1] / "data" / "es_2013-09_1min.csv"
 # Dollar value of one tick per position unit, from the exchanges' contract specifications.
 TICK_DOLLARS = {
     "ES": 12.50,

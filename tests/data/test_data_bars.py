@@ -12,7 +12,7 @@ from malformed_bars import HEADER, MALFORMED_CASES, ROW1, ROW2, ROW3, write_case
 
 from jdqn.data import BarFileError, Bars, load_bars
 
-ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
+ES_SAMPLE = Path(__file__).resolve().parents[1] / "data" / "es_2013-09_1min.csv"
 
 
 def _ts(*values: str) -> np.ndarray:

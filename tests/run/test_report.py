@@ -149,7 +149,7 @@ def test_plot_processes_end_with_a_parent_that_leaves_abruptly(tmp_path):
     )
     pid_file = tmp_path / "pid"
     # A script's own directory leads sys.path, not the working directory: point it at jdqn.
-    root = str(Path(report.__file__).resolve().parents[1])
+    root = str(Path(report.__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, str(script), str(pid_file)], check=True, timeout=120, env=env)
     pid = int(pid_file.read_text())

@@ -26,7 +26,7 @@ from jdqn.data import (
     synthetic_bars,
 )
 
-ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
+ES_SAMPLE = Path(__file__).resolve().parents[1] / "data" / "es_2013-09_1min.csv"
 CFG = Config(
     data=DataConfig(synthetic_bars=8_000, synthetic_seed=2, signal_strength=0.1),
     walkforward=WalkForwardConfig(n_folds=3, train_bars=3_000, test_bars=1_200, purge_bars=100),

@@ -2,7 +2,7 @@
 
 On CPU (CI) the kernels run in interpret mode and are lowered for CUDA against an abstract H200
 (a construct the Triton lowering rejects fails here); on a GPU backend the same cases also run
-the real kernels, e.g. ``JAX_PLATFORMS=cuda python -m pytest tests/test_flat_tail.py``.
+the real kernels, e.g. ``JAX_PLATFORMS=cuda python -m pytest tests/kernels/test_flat_tail.py``.
 """
 
 import jax

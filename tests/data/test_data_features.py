@@ -22,7 +22,7 @@ from jdqn.data import (
     synthetic_bars,
 )
 
-ES_SAMPLE = Path(__file__).parent / "data" / "es_2013-09_1min.csv"
+ES_SAMPLE = Path(__file__).resolve().parents[1] / "data" / "es_2013-09_1min.csv"
 SMALL_CFG = DataConfig(return_horizons=(1, 3, 7), volume_window=10)
 BASE = synthetic_bars(1500, seed=5, signal_strength=0.2)
 
