@@ -114,3 +114,19 @@ def test_the_target_picks_a_star_by_each_heads_mean_minus_std():
             jnp.asarray(online, jnp.float32), jnp.asarray(target), reward, discount, _with(risk)
         )
         np.testing.assert_allclose(float(out.q_star[0, 0]), target_q[a_star], atol=1e-5)
+
+
+def test_position_magnitude_is_the_plain_network_on_obs_with_abs_position_appended():
+    on = apply_overrides(CFG, ["network.position_magnitude=true"])
+    obs = (
+        jax.random.normal(jax.random.PRNGKey(1), (6, 9))
+        .at[:, -1]
+        .set(jnp.array([-1.0, 0.0, 1.0, -1.0, 0.0, 1.0]))
+    )
+    params = networks.init_network(jax.random.PRNGKey(2), on, 9).params
+    assert params["torso_0"]["kernel"].shape == (10, CFG.network.hidden[0])
+    with_abs = jnp.concatenate([obs, jnp.abs(obs[:, -1:])], axis=-1)
+    np.testing.assert_array_equal(
+        np.asarray(networks.apply(params, obs, on)),
+        np.asarray(networks.apply(params, with_abs, CFG)),
+    )

@@ -165,6 +165,9 @@ class NetworkConfig:
     prune_every: int = 100  # learner steps between mask updates
     # matmul input dtype; losses stay float32
     matmul_dtype: Literal["float32", "bfloat16"] = "float32"
+    # append |held position| to the network's input: going flat costs |p| x cost, which the
+    # position alone (-1, 0, 1) gives the first layer only as a V shape
+    position_magnitude: bool = False
 
     def __post_init__(self) -> None:
         _require(
