@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from jdqn.accel.pieces import PLAIN, Pieces
-from jdqn.agent import networks
+from jdqn.agent import acting, networks
 from jdqn.config import Config
 from pallas_kernels import c51_project
 
@@ -278,11 +278,17 @@ def td_target(
 ) -> TdTarget:
     """Double-DQN target (van Hasselt et al., AAAI 2016) projected onto the support
     (Bellemare et al., 2017) and label-smoothed: ``logits [R, K, A, N]`` of the online and target
-    nets at s', ``reward, discount [R]``; ``pieces.projection`` runs the projection."""
+    nets at s', ``reward, discount [R]``; ``pieces.projection`` runs the projection. With
+    ``train.act_risk`` the online net picks a* as acting does, by mean minus a multiple of the
+    standard deviation (``jdqn.agent.acting``)."""
     net = cfg.network
     support = networks.atoms(net)
     q_next = networks.q_values(online_logits_next, support)  # [R, K, A]
-    _, probs_star, q_star = double_dqn_target(q_next, target_logits_next, support)
+    choice = q_next  # what a* maximises: each head's mean, or mean - act_risk x std
+    if cfg.train.act_risk > 0:
+        probs_next = jax.nn.softmax(online_logits_next.astype(jnp.float32), axis=-1)
+        choice = acting.mean_minus_std(probs_next, q_next, support, cfg.train.act_risk)
+    _, probs_star, q_star = double_dqn_target(choice, target_logits_next, support)
     rows, heads = q_star.shape
     rewards = jnp.broadcast_to(reward[:, None], (rows, heads))  # [R, K]
     discounts = jnp.broadcast_to(discount[:, None], (rows, heads))  # [R, K]

@@ -121,9 +121,13 @@ class C51MLP(nn.Module):
     n_atoms: int
     matmul_dtype: str = "float32"
     pieces: Pieces = PLAIN  # the dense stack's backward (jdqn.accel.choose)
+    position_magnitude: bool = False  # append |held position| (obs[..., -1]) as an input
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
+        if self.position_magnitude:
+            # The cost of going flat is |p| x cost: V-shaped in p, linear in |p|.
+            obs = jnp.concatenate([obs, jnp.abs(obs[..., -1:])], axis=-1)
         widths = (obs.shape[-1], *self.hidden)
         torso = tuple(
             _Dense(width, widths[i], name=f"torso_{i}")() for i, width in enumerate(self.hidden)
@@ -145,6 +149,7 @@ def module(cfg: Config, pieces: Pieces = PLAIN) -> C51MLP:
         n_atoms=net.n_atoms,
         matmul_dtype=net.matmul_dtype,
         pieces=pieces,
+        position_magnitude=net.position_magnitude,
     )
 
 

@@ -212,6 +212,9 @@ class NetworkConfig:
     prune_every: int = 100  # learner steps between mask updates
     # matmul input dtype; losses stay float32
     matmul_dtype: Literal["float32", "bfloat16"] = "float32"
+    # append |held position| to the network's input: going flat costs |p| x cost, which the
+    # position alone (-1, 0, 1) gives the first layer only as a V shape
+    position_magnitude: bool = False
 
     def __post_init__(self) -> None:
         _require(
@@ -356,8 +359,8 @@ class TrainConfig:
     # A slice's end is a time limit, not a terminal state (the position and the market go on):
     # True bootstraps from the next bar's value there (Pardo et al., 2018), False discounts by 0.
     bootstrap_slice_ends: bool = False
-    # acting (training and test): argmax of the mean minus act_risk x the standard deviation of
-    # the heads' C51 mixture (Dabney et al., 2018); 0 = the mean (risk-neutral)
+    # acting (training and test) and the target's a*: argmax of the mean minus act_risk x the
+    # standard deviation of the C51 return distribution (Dabney et al., 2018); 0 = the mean
     act_risk: float = 0.0
     # no-trade band: another action must beat the held position's value by this many round-trip
     # costs (2 x env.cost_points, in reward units) to be taken; 0 = none

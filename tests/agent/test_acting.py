@@ -94,3 +94,39 @@ def test_the_band_keeps_the_held_position_until_another_beats_it_by_the_band():
 def test_negative_settings_are_refused_naming_the_field(field):
     with pytest.raises(ValueError, match=f"train.{field}"):
         apply_overrides(DEFAULT, [f"train.{field}=-0.5"])
+
+
+def test_the_target_picks_a_star_by_each_heads_mean_minus_std():
+    """Double-DQN a* at s' as acting picks: the wide gamble without risk, the certain -0.4 with
+    it; the target net's Q at that a* (float64 numpy) enters y."""
+    from jdqn.agent import losses
+
+    online = np.concatenate(
+        [np.stack([_two_atoms(-0.4, -0.4, 0.0)] * 2), _two_atoms(-4.0, 4.0, 0.52)[None]]
+    )[None, None]  # [R=1, K=1, A=3, N]
+    target = np.random.default_rng(0).normal(0.0, 1.0, online.shape).astype(np.float32)
+    z = np.linspace(CFG.network.v_min, CFG.network.v_max, CFG.network.n_atoms)
+    target_probs = np.exp(target.astype(np.float64))
+    target_q = (target_probs / target_probs.sum(-1, keepdims=True) * z).sum(-1)[0, 0]  # [A]
+    reward, discount = jnp.zeros(1), jnp.full(1, 0.85)
+    for risk, a_star in ((0.0, 2), (0.25, 0)):
+        out = losses.td_target(
+            jnp.asarray(online, jnp.float32), jnp.asarray(target), reward, discount, _with(risk)
+        )
+        np.testing.assert_allclose(float(out.q_star[0, 0]), target_q[a_star], atol=1e-5)
+
+
+def test_position_magnitude_is_the_plain_network_on_obs_with_abs_position_appended():
+    on = apply_overrides(CFG, ["network.position_magnitude=true"])
+    obs = (
+        jax.random.normal(jax.random.PRNGKey(1), (6, 9))
+        .at[:, -1]
+        .set(jnp.array([-1.0, 0.0, 1.0, -1.0, 0.0, 1.0]))
+    )
+    params = networks.init_network(jax.random.PRNGKey(2), on, 9).params
+    assert params["torso_0"]["kernel"].shape == (10, CFG.network.hidden[0])
+    with_abs = jnp.concatenate([obs, jnp.abs(obs[:, -1:])], axis=-1)
+    np.testing.assert_array_equal(
+        np.asarray(networks.apply(params, obs, on)),
+        np.asarray(networks.apply(params, with_abs, CFG)),
+    )
