@@ -33,7 +33,7 @@ HBM_BYTES_PER_S = 4.3e12  # H200 HBM3e, usable (of 4.8 TB/s peak)
 SIZES: tuple[tuple[int, int], ...] = tuple(
     (batch, n_atoms) for batch in (64, 4096, 65536, 262144) for n_atoms in (51, 101, 201)
 )
-IMPLS: tuple[str, ...] = ("pallas", "xla_hat", "xla_scatter")
+IMPLS: tuple[str, ...] = ("pallas", "reference", "xla_scatter")
 V_MIN, V_MAX = -240.0, 240.0  # DEFAULT profile support
 CHAIN = 10  # projections per timed executable (a fori_loop)
 

@@ -6,7 +6,7 @@ For one row, with atoms ``z_i = v_min + i*dz`` and ``g = gamma^n * (1 - done)``:
     m_i  = sum_j p_j * clip(1 - |Tz_j - z_i| / dz, 0, 1)
 
 This hat-kernel form keeps the mass of a source that lands exactly on an atom (the floor/ceil
-textbook version drops it). ``impl`` in :func:`c51_project`: ``"reference"``/``"xla_hat"`` (the
+textbook version drops it). ``impl`` in :func:`c51_project`: ``"reference"`` (the
 formula in jnp, O(N^2) per row, as rlax and Dopamine write it), ``"xla_scatter"`` (two
 scatter-adds, O(N)), ``"pallas"`` (the kernel below, O(N), no atomics), ``"interpret"`` (the
 kernel in interpret mode, CPU CI), ``"auto"`` (``"pallas"`` on a GPU, else ``"reference"``).
@@ -46,8 +46,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-Impl = Literal["auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"]
-IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter")
+from pallas_kernels.folding import learner_folding
+
+Impl = Literal["auto", "pallas", "interpret", "reference", "xla_scatter"]
+IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_scatter")
 
 # Default Pallas launch, tuned on the H200: rows per program so that one block holds about this
 # many padded atoms, and the Triton warp count.
@@ -271,24 +273,8 @@ def c51_project_pallas(
 @functools.cache
 def _pallas_batched(v_min: float, v_max: float, interpret: bool):
     """The Pallas path with a vmap rule that folds mapped axes into rows (one launch)."""
-
-    @jax.custom_batching.custom_vmap
-    def project(probs, rewards, discounts):
-        return c51_project_pallas(probs, rewards, discounts, v_min, v_max, interpret=interpret)
-
-    @project.def_vmap
-    def _fold_vmap(axis_size, in_batched, probs, rewards, discounts):
-        def lead(x, batched):  # mapped axis is axis 0 when batched
-            return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
-
-        probs, rewards, discounts = map(lead, (probs, rewards, discounts), in_batched)
-        rows = probs.shape[0] * probs.shape[1]
-        out = project(  # recursive, so nested vmaps fold too
-            probs.reshape(rows, probs.shape[2]), rewards.reshape(rows), discounts.reshape(rows)
-        )
-        return out.reshape(probs.shape), True
-
-    return project
+    kernel = functools.partial(c51_project_pallas, v_min=v_min, v_max=v_max, interpret=interpret)
+    return learner_folding(kernel)
 
 
 def resolve_impl(impl: str) -> Impl:
@@ -325,7 +311,7 @@ def c51_project(
         lambda x: jax.lax.stop_gradient(x.astype(jnp.float32)), (probs, rewards, discounts)
     )
     impl = resolve_impl(impl)
-    if impl in ("reference", "xla_hat"):
+    if impl == "reference":
         return c51_project_reference(probs, rewards, discounts, v_min, v_max)
     if impl == "xla_scatter":
         return _project_xla_scatter(probs, rewards, discounts, v_min, v_max)
