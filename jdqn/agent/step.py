@@ -39,7 +39,6 @@ from jdqn.agent.state import (
 )
 from jdqn.agent.transition import Transition, example_transition
 from jdqn.config import Config
-from pallas_kernels import flat_tail
 
 # Named scopes of the step's parts (``jax.named_scope``), as they appear in the op metadata of
 # the compiled program; ``benchmarks/kernels.py`` attributes each kernel to one of them.
@@ -123,7 +122,6 @@ def make_learner(
             ),
             key=state_key,
             bootstrap_key=bootstrap_key,
-            tail_bounds=flat_tail.unknown_bounds(),
         )
 
     def insert(state: LearnerState, transitions: Transition) -> LearnerState:
@@ -218,7 +216,7 @@ def learner_step(
             before_update = _failures_before_update(batch, all_losses, online, target, td, cfg)
         update = setup.update(
             grads,
-            TailState(state.params, state.target_params, masks, state.opt_state, state.tail_bounds),
+            TailState(state.params, state.target_params, masks, state.opt_state),
             _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
             ~state.guard.halted & ~jnp.any(jnp.stack(list(before_update.values()))),
             (schedule + 1) % cfg.optim.target_every == 0,
@@ -302,7 +300,6 @@ def _kept_state(
         guard=guard,
         key=jnp.where(applied, key, state.key),
         bootstrap_key=state.bootstrap_key,
-        tail_bounds=update.state.bounds,
     )
 
 
