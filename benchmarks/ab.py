@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from jdqn.accel.xla_flags import configure
 from jdqn.bench.seeds import SEEDS, seed_counts, time_seeds
 from jdqn.config import PROFILES, Config, apply_overrides
 
@@ -82,4 +83,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

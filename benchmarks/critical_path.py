@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from benchmarks.kernels import scope_of
+from jdqn.accel.xla_flags import configure
 
 # Instructions that launch no GPU work.
 FREE = frozenset(
@@ -294,7 +295,7 @@ def table(result: dict[str, Any]) -> str:
 
 def compiled_scan_hlo(overrides: Sequence[str], n_seeds: int, n_steps: int = 8) -> str:
     """Optimised HLO of the bench's scan of learner steps (as ``benchmarks.kernels`` times it)."""
-    from jdqn.bench.breakdown import filled_learner, scan_steps_fn
+    from jdqn.bench.fixture import filled_learner, scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
 
     cfg = apply_overrides(SMOKETEST, list(overrides))
@@ -338,4 +339,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from jdqn.accel.xla_flags import configure
 from jdqn.config import DataConfig, WalkForwardConfig
 from jdqn.data import (
     compute_features,
@@ -86,4 +87,5 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.critical_path import analyse
+from jdqn.accel.xla_flags import configure
 
 # An H200's description for XLA's cost models: 132 SMs of compute capability 9.0, 50 MB of L2,
 # 4.8 TB/s, 141 GB (NVIDIA's data sheet); the other fields are Hopper's limits.
@@ -85,7 +86,7 @@ PLUGIN_FIX = (
     "pip install --target DIR jax-cuda12-plugin==0.11.2 jax-cuda12-pjrt==0.11.2, "
     "then run with PYTHONPATH=.:DIR"
 )
-MODULE = "jit_run"  # the scan program's name (jdqn.bench.breakdown.scan_steps_fn's ``run``)
+MODULE = "jit_run"  # the scan program's name (jdqn.bench.fixture.scan_steps_fn's ``run``)
 _DOT = re.compile(r"^\s*%([\w.\-]+) = (\w+\[[^\]]*\])\S* dot\(")
 
 
@@ -130,7 +131,7 @@ def compile_deviceless(
 
     from jdqn.accel import choose
     from jdqn.agent import make_learner
-    from jdqn.bench.breakdown import scan_steps_fn
+    from jdqn.bench.fixture import scan_steps_fn
     from jdqn.config import SMOKETEST, apply_overrides
 
     topology = topologies.get_topology_desc(
@@ -220,4 +221,5 @@ def _has_plugin() -> bool:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

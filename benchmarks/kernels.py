@@ -40,8 +40,9 @@ from typing import Any
 
 import jax
 
+from jdqn.accel.xla_flags import configure
 from jdqn.agent.step import SCOPES
-from jdqn.bench.breakdown import filled_learner, scan_steps_fn, time_repeated
+from jdqn.bench.fixture import filled_learner, scan_steps_fn, time_repeated
 from jdqn.config import SMOKETEST, Config, apply_overrides
 
 NO_COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer="  # every kernel launched on its own
@@ -278,4 +279,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.kernels import traced_device_events
+from jdqn.accel.xla_flags import configure
 from pallas_kernels.c51_projection import c51_project, c51_project_pallas
 
 HBM_BYTES_PER_S = 4.3e12  # H200 HBM3e, usable (of 4.8 TB/s peak)
@@ -311,4 +312,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

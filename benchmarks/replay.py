@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from jdqn.accel.xla_flags import configure
 from jdqn.agent.replay import ReplayState, replay_add, replay_init, replay_sample, replay_update
 from jdqn.agent.transition import Transition, example_transition
 
@@ -122,4 +123,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

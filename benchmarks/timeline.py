@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from jdqn.accel.xla_flags import configure
 from jdqn.bench.walkforward_run import bench_overrides, run_worker
 
 EVENT_TAG = "JDQN_TIMELINE "
@@ -173,4 +174,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

@@ -8,7 +8,9 @@ step), ``make_train`` (epochs as scans), ``load_policy`` (a run's saved policies
 
 The learner and training names are imported on first use (PEP 562), so ``import jdqn`` and the
 modules that need no JAX (``jdqn.config``, ``jdqn.run.report``) stay light: the plot processes of a
-run (``jdqn.run.report.BackgroundWrites``) import only those.
+run (``jdqn.run.report.BackgroundWrites``) import only those. Importing jdqn changes nothing in
+the process: ``jdqn.configure()`` sets jdqn's XLA flags (``jdqn.accel.xla_flags``), which the
+``jdqn`` command and ``run_walkforward`` do themselves.
 """
 
 from __future__ import annotations
@@ -16,20 +18,17 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from jdqn.accel.xla_flags import apply_gpu_flags
-
-# Before anything can start a JAX backend (jax starts it lazily, at the first computation).
-apply_gpu_flags()
-
-from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile  # noqa: E402
+from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides, profile
 
 if TYPE_CHECKING:
+    from jdqn.accel.xla_flags import configure
     from jdqn.agent import Learner, LearnerMetrics, LearnerState, make_learner
     from jdqn.agent.train import TrainProgram, TrainState, make_train
     from jdqn.evaluation.policy import Policy, load_policy
 
 # Public name -> the module that defines it, imported when the name is first read.
 _LAZY = {
+    "configure": "jdqn.accel.xla_flags",
     "Learner": "jdqn.agent",
     "LearnerMetrics": "jdqn.agent",
     "LearnerState": "jdqn.agent",
@@ -59,6 +58,7 @@ __all__ = [
     "TrainProgram",
     "TrainState",
     "apply_overrides",
+    "configure",
     "load_policy",
     "make_learner",
     "make_train",

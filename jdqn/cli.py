@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from jdqn.accel.xla_flags import configure
 from jdqn.config import PROFILES, Config, apply_overrides, profile
 from jdqn.config.files import load_config_file
 from jdqn.config.keys import config_keys, format_keys
@@ -323,6 +324,7 @@ def _config(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    configure()  # jdqn's XLA flags, before anything starts a JAX backend
     args = _build_parser().parse_args(argv)
     console_log.configure(getattr(args, "verbose", 0), getattr(args, "quiet", False))
     handlers = {

@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks import breakdown, torch_peer
 from jdqn.agent.donors import n_donors_for
 from jdqn.agent.replay import replay_sample
-from jdqn.bench import breakdown, suite, torch_peer, walkforward_run
+from jdqn.bench import suite, walkforward_run
 from jdqn.config import SMOKETEST, apply_overrides
 
 TINY = apply_overrides(
@@ -142,7 +143,6 @@ def test_torch_peer_reports_unavailable_without_torch() -> None:
     if torch_peer.available():
         pytest.skip("torch is importable here")
     assert torch_peer.run(quick=True) == []
-    assert "not importable" in suite.SECTIONS["torch_peer"](True, TINY)["skipped"]
 
 
 def test_compile_times_attribute_trace_lower_and_compile_to_the_training_program() -> None:
@@ -255,3 +255,18 @@ def test_seeds_cli_times_the_config_it_is_given(monkeypatch, capsys) -> None:
         seeds.main(["--set", "loss.no_such_field=1"])
     assert exit_info.value.code == 2 and timed == [cfg]
     assert "loss.no_such_field" in capsys.readouterr().err
+
+
+def test_the_peer_table_divides_the_peer_by_jdqn_measured_in_the_same_run() -> None:
+    jdqn_rows = [
+        {"mode": "per call (Python loop)", "us_per_step": 400.0},
+        {"mode": "in lax.scan", "us_per_step": 100.0},
+    ]
+    peer_rows = [{"impl": "torch eager", "device": "cuda", "us_per_step": 1200.0}]
+    last = torch_peer.ratio_table(jdqn_rows, peer_rows).splitlines()[-1]
+    assert [cell.strip() for cell in last.strip("|").split("|")] == [
+        "torch eager (cuda)",
+        "1200.0",
+        "3.0x",
+        "12.0x",
+    ]

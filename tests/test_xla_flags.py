@@ -1,4 +1,5 @@
-"""jdqn's XLA flags: added to XLA_FLAGS at import, without overriding what the user set."""
+"""jdqn's XLA flags: added to XLA_FLAGS by ``jdqn.configure()`` (the ``jdqn`` command and
+``run_walkforward`` call it), never by ``import jdqn``, without overriding what the user set."""
 
 import os
 import subprocess
@@ -69,16 +70,27 @@ def _fresh_process(code: str, **env_extra: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_importing_jdqn_sets_the_flags_before_any_backend_starts(tmp_path):
-    """A fresh process: after ``import jdqn`` XLA_FLAGS holds the cache flag, the directory
+def test_importing_jdqn_changes_nothing_in_the_process(tmp_path):
+    code = (
+        "import os, jdqn, jdqn.run.walkforward, jdqn.agent.step;"
+        f"print(repr(os.environ.get('XLA_FLAGS')), os.environ.get('{PREALLOCATE_VAR}'))"
+    )
+    assert _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path)).stdout.strip() == "None None"
+    assert not (tmp_path / "autotune").exists()
+
+
+def test_configure_sets_the_flags_before_any_backend_starts(tmp_path):
+    """A fresh process: after ``jdqn.configure()`` XLA_FLAGS holds the cache flag, the directory
     exists, and JAX (which parses every flag) still runs."""
     code = (
         "import os, jdqn, jax.numpy as jnp;"
+        "print(jdqn.configure());"
         "print(os.environ['XLA_FLAGS']);"
         "print(float(jnp.arange(4.0).sum()))"
     )
     result = _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path))
-    flags, total = result.stdout.split("\n")[:2]
+    took, flags, total = result.stdout.split("\n")[:3]
+    assert took == "True"
     assert flags.split() == [
         CONCURRENT,
         NO_DOT_MERGE,
@@ -89,18 +101,39 @@ def test_importing_jdqn_sets_the_flags_before_any_backend_starts(tmp_path):
     assert total == "6.0"
 
 
+def test_configure_after_a_backend_started_changes_nothing_and_says_so(tmp_path):
+    code = (
+        "import os, jdqn, jax.numpy as jnp;"
+        "jnp.arange(2.0).sum().block_until_ready();"
+        "print(jdqn.configure(), repr(os.environ.get('XLA_FLAGS')))"
+    )
+    assert _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path)).stdout.strip() == "False None"
+
+
+def test_the_jdqn_command_configures_before_it_runs(tmp_path):
+    code = (
+        "import os, contextlib, io, jdqn.cli;"
+        "out = io.StringIO();"
+        "ctx = contextlib.redirect_stdout(out);"
+        "ctx.__enter__(); jdqn.cli.main(['config', 'keys']); ctx.__exit__(None, None, None);"
+        "print(os.environ['XLA_FLAGS'])"
+    )
+    flags = _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path)).stdout.strip().split()
+    assert CONCURRENT in flags and f"{AUTOTUNE_CACHE_FLAG}={tmp_path / 'autotune'}" in flags
+
+
 def test_an_unwritable_cache_dir_adds_no_autotune_cache(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    code = "import os, jdqn; print(repr(os.environ.get('XLA_FLAGS', '')))"
+    code = "import os, jdqn; jdqn.configure(); print(repr(os.environ.get('XLA_FLAGS', '')))"
     result = _fresh_process(code, JDQN_CACHE_DIR=str(blocker / "cache"))
     assert result.stdout.strip() == repr(f"{CONCURRENT} {NO_DOT_MERGE} {NO_YNN}")
 
 
 def test_gpu_memory_is_taken_on_demand_unless_the_user_says_otherwise(tmp_path):
-    """Importing jdqn turns JAX's up-front reservation of 75 % of the GPU off (it cost every
+    """``jdqn.configure()`` turns JAX's up-front reservation of 75 % of the GPU off (it cost every
     process ~1.4 s on the H200), unless the user set the variable themselves."""
-    code = f"import os, jdqn; print(os.environ['{PREALLOCATE_VAR}'])"
+    code = f"import os, jdqn; jdqn.configure(); print(os.environ['{PREALLOCATE_VAR}'])"
     assert _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path)).stdout.strip() == "false"
     own = _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path), **{PREALLOCATE_VAR: "true"})
     assert own.stdout.strip() == "true"

@@ -1,5 +1,5 @@
-"""XLA flags jdqn sets before JAX starts its backend: fast and reproducible GPU programs
-(docs/design.md §10, §11).
+"""XLA flags jdqn sets (:func:`configure`) before JAX starts its backend: fast and reproducible
+GPU programs (docs/design.md §10, §11).
 
 - Autotuning stays on, its choices persisted in a per-fusion autotune cache next to the
   compilation cache: the winning GEMM/fusion algorithm (and so the summation order) can vary
@@ -24,6 +24,7 @@ also drops the cache).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 AUTOTUNE_CACHE_FLAG = "--xla_gpu_per_fusion_autotune_cache_dir"
@@ -52,9 +53,14 @@ def with_gpu_flags(xla_flags: str, autotune_dir: Path | None) -> str:
     return " ".join(flags + [flag for flag in ours if flag.partition("=")[0] not in names])
 
 
-def apply_gpu_flags() -> None:
-    """Sets ``XLA_FLAGS`` and on-demand GPU memory for this process; takes effect if no JAX
-    backend has started yet. Without a writable cache directory no autotune cache is added."""
+def configure() -> bool:
+    """Sets ``XLA_FLAGS`` and on-demand GPU memory for this process (the module docstring says
+    what each gives): the ``jdqn`` command and ``run_walkforward`` call it first; a notebook or
+    script that runs jdqn's programs itself calls ``jdqn.configure()`` before its first JAX
+    computation. XLA reads these only when a backend starts, so once one has started it changes
+    nothing and returns False. Without a writable cache directory no autotune cache is added."""
+    if _backend_started():
+        return False
     os.environ.setdefault(PREALLOCATE_VAR, "false")
     wanted = cache_root() / "autotune"
     try:
@@ -63,3 +69,13 @@ def apply_gpu_flags() -> None:
     except OSError:
         autotune_dir = None
     os.environ["XLA_FLAGS"] = with_gpu_flags(os.environ.get("XLA_FLAGS", ""), autotune_dir)
+
+    return True
+
+
+def _backend_started() -> bool:
+    if "jax" not in sys.modules:  # nothing can have started one
+        return False
+    from jax._src import xla_bridge  # no public API tells whether a backend started
+
+    return bool(xla_bridge.backends_are_initialized())

@@ -24,7 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jdqn.bench.breakdown import ALPHA, BETA, filled_learner, scan_steps_fn, time_repeated
+from jdqn.accel.xla_flags import configure
+from jdqn.bench.fixture import ALPHA, BETA, filled_learner, scan_steps_fn, time_repeated
 from jdqn.config import SMOKETEST, Config
 
 
@@ -100,4 +101,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

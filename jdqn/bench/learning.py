@@ -32,6 +32,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
 from jdqn.config import DEFAULT, Config, apply_overrides
 from jdqn.evaluation import stats
@@ -306,4 +307,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     raise SystemExit(main())

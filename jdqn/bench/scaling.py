@@ -23,8 +23,9 @@ from typing import Any
 
 import jax
 
+from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
-from jdqn.bench.breakdown import scan_steps, time_repeated
+from jdqn.bench.fixture import scan_steps, time_repeated
 from jdqn.bench.seeds import seeded_states
 from jdqn.config import SMOKETEST, Config
 from jdqn.run.placement import Placement
@@ -142,4 +143,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

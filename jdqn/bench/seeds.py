@@ -20,9 +20,10 @@ from typing import Any
 import jax
 
 from jdqn.accel import choose
+from jdqn.accel.xla_flags import configure
 from jdqn.agent import Learner, LearnerState, make_learner
 from jdqn.bench import markdown_table
-from jdqn.bench.breakdown import (
+from jdqn.bench.fixture import (
     N_FEATURES,
     NON_CAUSAL,
     filled_state,
@@ -126,4 +127,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

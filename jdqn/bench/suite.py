@@ -6,16 +6,14 @@ Sections (run in this order; ``--only NAME`` picks some):
   (the usual jit-per-step pattern) vs inside ``lax.scan``.
 - ``seeds``: S vmapped learners (S in 1, 16, 128, 1024), seed-steps per second.
 - ``walkforward``: the README main command, cold and warm compilation cache, in fresh processes.
-- ``breakdown``: where the step's time goes (variants with one component off, differenced).
-- ``torch_peer``: the same step in PyTorch, eager and CUDA-graph captured (when torch imports);
-  the jdqn/peer ratios use jdqn's numbers measured in the same run.
 - ``learning``: the learning scorecard (``jdqn.bench.learning``): the default profile's agent
   against the baselines on a martingale, planted edges, a cost sweep and the ES sample.
 - ``scaling``: seed-steps per second on 1..N devices, weak and strong (``jdqn.bench.scaling``).
 
-Absolute times depend on the machine; the ratios (jdqn vs the peer, in-scan vs per call) are the
-figures to compare across runs. Research probes (kernel lists, the critical path, deviceless
-compiles, timelines, kernel sweeps) live in the repository's ``benchmarks/`` folder.
+Absolute times depend on the machine; ratios measured in one run (in-scan vs per call) are the
+figures to compare across runs. Research probes (where the step's time goes, the PyTorch peer,
+kernel lists, the critical path, deviceless compiles, timelines, kernel sweeps) live in the
+repository's ``benchmarks/`` folder.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ from typing import Any
 
 import jax
 
-from jdqn.bench import breakdown, markdown_table, scaling, seeds, torch_peer, walkforward_run
+from jdqn.bench import markdown_table, scaling, seeds, walkforward_run
 from jdqn.config import SMOKETEST, Config, apply_overrides
 
 # The step every speed section times: the smoketest learner with the seed's donors (the
@@ -76,39 +74,6 @@ def _walkforward(quick: bool, cfg: Config) -> dict[str, Any]:
     return {"rows": walkforward_run.run(quick)}
 
 
-def _breakdown(quick: bool, cfg: Config) -> dict[str, Any]:
-    return {"rows": breakdown.run(quick, cfg), "kernel_census": breakdown.kernel_census(cfg)}
-
-
-def _torch_peer(quick: bool, cfg: Config) -> dict[str, Any]:
-    if not torch_peer.available():
-        return {"rows": [], "skipped": "torch is not importable here (not a jdqn dependency)"}
-    return {"rows": torch_peer.run(quick, cfg), "includes": torch_peer.__doc__.split("\n\n")[1]}
-
-
-def _fmt_peer(result: dict[str, Any], jdqn_rows: list[dict[str, Any]]) -> str:
-    if not result["rows"] or len(jdqn_rows) < 2:
-        return f"skipped: {result.get('skipped', 'no peer rows or no jdqn rows')}"
-    per_call, in_scan = (r["us_per_step"] for r in jdqn_rows[:2])
-    cells = [(f"jdqn {r['mode']}", f"{r['us_per_step']:.1f}", "", "") for r in jdqn_rows]
-    cells += [
-        (
-            f"{r['impl']} ({r['device']})",
-            f"{r['us_per_step']:.1f}",
-            f"{r['us_per_step'] / per_call:.1f}x",
-            f"{r['us_per_step'] / in_scan:.1f}x",
-        )
-        for r in result["rows"]
-    ]
-    header = (
-        "implementation",
-        "us/step",
-        "jdqn per call is faster by",
-        "jdqn in-scan is faster by",
-    )
-    return markdown_table(header, cells)
-
-
 def _learning(quick: bool, cfg: Config) -> dict[str, Any]:
     from jdqn.bench import learning
 
@@ -128,8 +93,6 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "learner_step": _learner_step_rows,
     "seeds": _seeds,
     "walkforward": _walkforward,
-    "breakdown": _breakdown,
-    "torch_peer": _torch_peer,
     "learning": _learning,
     "scaling": scaling.section,
 }
@@ -143,14 +106,6 @@ def _format(name: str, result: dict[str, Any], results: dict[str, Any]) -> str:
         return seeds.format_table(result["rows"])
     if name == "walkforward":
         return walkforward_run.format_table(result["rows"])
-    if name == "breakdown":
-        census = ", ".join(f"{k} {v}" for k, v in result["kernel_census"].items())
-        return (
-            breakdown.format_table(result["rows"])
-            + f"\n\noptimised HLO of one in-scan step (top-level instructions): {census}"
-        )
-    if name == "torch_peer":
-        return _fmt_peer(result, results.get("learner_step", {}).get("rows", []))
     if "table" in result:
         return result["table"]
     return _fmt_rows(result["rows"])
@@ -167,10 +122,6 @@ def _meta(quick: bool) -> dict[str, Any]:
         "host": platform.node(),
         "quick": quick,
     }
-    if torch_peer.available():
-        import torch
-
-        meta["torch_version"] = torch.__version__
     return meta
 
 
@@ -201,8 +152,6 @@ def run_all(
         )
     # The scorecard trains many walk-forwards: it runs when asked for (--only learning).
     chosen = [s for s in SECTIONS if s in sections or (not sections and s not in OPT_IN)]
-    if "torch_peer" in chosen and "learner_step" not in chosen:
-        chosen.insert(0, "learner_step")  # the peer's ratios need jdqn measured in this run
     cfg = cfg or BENCH_CONFIG
     output: dict[str, Any] = {"meta": _meta(quick), "sections": {}}
     echo(

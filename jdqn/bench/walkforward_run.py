@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
 
 RESULT_TAG = "JDQN_BENCH_RESULT "
@@ -242,4 +243,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()

@@ -22,7 +22,7 @@ import numpy as np
 
 from jdqn.accel import choose
 from jdqn.accel.executables import ExecutableCache
-from jdqn.accel.xla_flags import cache_root
+from jdqn.accel.xla_flags import cache_root, configure
 from jdqn.agent import GUARD_REASONS
 from jdqn.agent import debug as debug_mode
 from jdqn.agent.train import FoldData, TrainProgram, TrainState, make_train
@@ -120,6 +120,7 @@ def run_walkforward(
     all; ``jdqn.run.placement``). ``processes``: this process's place in a run of several
     (``jdqn.run.processes``; default jax's count and index). Process 0 writes the run directory and
     returns the results; the others return its path, no results and whether a run halted."""
+    configure()  # jdqn's XLA flags, where no JAX backend has started yet
     processes = processes or Processes(jax.process_count(), jax.process_index())
     # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
     with contextlib.ExitStack() as unlocks, termination.sigterm_raises():

@@ -17,7 +17,9 @@ heads (K = 1 only), pruning schedule (masks stay all ones at the smoketest profi
 masks, the guard's support checks (``q_edge``, ``edge_mass``: a few reductions), n-step returns.
 
 torch is not a jdqn dependency: this module imports it lazily and :func:`available` says whether
-it can run.
+it can run. ``python -m benchmarks.torch_peer [--quick] [--json F]`` times jdqn's step (the
+``jdqn bench`` configuration, per call and in ``lax.scan``) and the peer in one process and
+prints the ratios.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import importlib.util
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -452,7 +455,7 @@ def run(quick: bool = False, cfg: Config | None = None) -> list[dict[str, Any]]:
         return []
     import torch
 
-    from jdqn.bench.breakdown import NON_CAUSAL, filled_learner
+    from jdqn.bench.fixture import NON_CAUSAL, filled_learner
     from jdqn.config import SMOKETEST
 
     cfg = cfg or SMOKETEST
@@ -472,3 +475,53 @@ def run(quick: bool = False, cfg: Config | None = None) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def ratio_table(jdqn_rows: list[dict[str, Any]], peer_rows: list[dict[str, Any]]) -> str:
+    """jdqn's per-call and in-scan rows beside the peer's, with how much faster jdqn is."""
+    from jdqn.bench import markdown_table
+
+    per_call, in_scan = (r["us_per_step"] for r in jdqn_rows[:2])
+    cells = [(f"jdqn {r['mode']}", f"{r['us_per_step']:.1f}", "", "") for r in jdqn_rows]
+    cells += [
+        (
+            f"{r['impl']} ({r['device']})",
+            f"{r['us_per_step']:.1f}",
+            f"{r['us_per_step'] / per_call:.1f}x",
+            f"{r['us_per_step'] / in_scan:.1f}x",
+        )
+        for r in peer_rows
+    ]
+    header = (
+        "implementation",
+        "us/step",
+        "jdqn per call is faster by",
+        "jdqn in-scan is faster by",
+    )
+    return markdown_table(header, cells)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    import json
+
+    from jdqn.bench import suite
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if not available():
+        raise SystemExit("benchmarks.torch_peer: torch is not importable here")
+    jdqn_rows = suite.SECTIONS["learner_step"](args.quick, suite.BENCH_CONFIG)["rows"]
+    peer_rows = run(args.quick, suite.BENCH_CONFIG)
+    print(ratio_table(jdqn_rows, peer_rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"jdqn": jdqn_rows, "peer": peer_rows}, indent=2))
+
+
+if __name__ == "__main__":
+    from jdqn.accel.xla_flags import configure
+
+    configure()  # jdqn's XLA flags, before JAX starts a backend
+    main()

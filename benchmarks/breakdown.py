@@ -9,18 +9,13 @@ functions at the same shapes, in their own ``lax.scan``. Isolated costs overstat
 cost inside the fused step (no fusion with neighbours), so the table says which method each row
 used; the remainder (backward pass, guard, metrics, glue) is ``full - sum(rows)``.
 
-Also holds the shared fixture of the step benchmarks: :func:`filled_learner` (the smoketest
-learner with a full buffer of random transitions) and :func:`time_scan_steps`.
-
-    python -m jdqn.bench.breakdown [--quick]
+    python -m benchmarks.breakdown [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
@@ -29,147 +24,21 @@ import jax.numpy as jnp
 import optax
 
 from jdqn import accel
-from jdqn.agent import Learner, LearnerState, losses, make_learner, networks, pack_metrics
+from jdqn.accel.xla_flags import configure
+from jdqn.agent import losses, networks
 from jdqn.agent.replay import replay_sample, replay_update
 from jdqn.agent.surgery import gradient_surgery
-from jdqn.agent.transition import NStepReturn, Transition
 from jdqn.bench import markdown_table
+from jdqn.bench.fixture import (
+    BETA,
+    N_FEATURES,
+    filled_learner,
+    scan_steps_fn,
+    time_repeated,
+    time_scan_steps,
+)
 from jdqn.config import SMOKETEST, Config, apply_overrides
 from pallas_kernels import c51_project
-
-# Synthetic ES features of the smoketest run: 4 returns + 4 range + 1 volume + 6 calendar
-# columns (jdqn.data.features); the calendar group (columns 9..14) is the non-causal one.
-N_FEATURES = 15
-NON_CAUSAL = tuple(range(9, 15))
-ALPHA, BETA = 0.2, 0.7  # epoch-2 blend: every component (C51 included) on
-
-
-def random_transitions(key: jax.Array, n: int, n_features: int, cfg: Config) -> Transition:
-    """``n`` plausible transitions: normal features, positions/actions on the grid, rewards
-    from price changes with costs (so donors recompute consistent rewards), 2% terminal; at
-    ``loss.n_step`` > 1 with n-step returns of 1..n steps."""
-    keys = jax.random.split(key, 6)
-    positions = jnp.asarray(cfg.env.positions, jnp.float32)
-    held = jax.random.randint(keys[0], (n,), 0, len(cfg.env.positions))
-    action = jax.random.randint(keys[1], (n,), 0, len(cfg.env.positions)).astype(jnp.int32)
-    price_change = 0.25 * jnp.round(4.0 * jax.random.normal(keys[2], (n,)))  # ticks of 0.25
-    reward = positions[action] * price_change - cfg.env.cost_points * jnp.abs(
-        positions[action] - positions[held]
-    )
-    done = (jax.random.uniform(keys[5], (n,)) < 0.02).astype(jnp.float32)
-    n_step = None
-    if cfg.loss.n_step > 1:  # the rows' n-step returns: m steps of rewards like the first one
-        n_keys = jax.random.split(keys[5], 3)
-        steps = jax.random.randint(n_keys[0], (n,), 1, cfg.loss.n_step + 1).astype(jnp.int32)
-        n_step = NStepReturn(
-            reward=(cfg.env.reward_scale * reward * steps).astype(jnp.float32),
-            next_features=jax.random.normal(n_keys[1], (n, n_features), jnp.float32),
-            next_position=positions[jax.random.randint(n_keys[2], (n,), 0, len(cfg.env.positions))],
-            done=done,
-            steps=steps,
-        )
-    return Transition(
-        features=jax.random.normal(keys[3], (n, n_features), jnp.float32),
-        position=positions[held],
-        action=action,
-        reward=(cfg.env.reward_scale * reward).astype(jnp.float32),
-        next_features=jax.random.normal(keys[4], (n, n_features), jnp.float32),
-        price_change=price_change.astype(jnp.float32),
-        done=done,
-        n_step=n_step,
-    )
-
-
-def filled_learner(
-    cfg: Config = SMOKETEST, seed: int = 0, n_features: int = N_FEATURES
-) -> tuple[Learner, LearnerState]:
-    """The learner of ``cfg`` and a state whose buffer is full of random transitions."""
-    learner = make_learner(cfg, n_features, NON_CAUSAL if n_features == N_FEATURES else ())
-    return learner, filled_state(learner, jax.random.PRNGKey(seed), cfg, n_features)
-
-
-def filled_state(
-    learner: Learner, key: jax.Array, cfg: Config, n_features: int = N_FEATURES
-) -> LearnerState:
-    """A fresh state of ``learner`` whose buffer is full of random transitions (``key``: the
-    init's and the transitions')."""
-    key, data_key = jax.random.split(key)
-    state = learner.init(key)
-    capacity = cfg.replay.capacity
-    return jax.jit(learner.insert)(state, random_transitions(data_key, capacity, n_features, cfg))
-
-
-def scan_steps_fn(
-    learner: Learner, n_steps: int, vmapped: bool = False, unroll: int = 1
-) -> jax.stages.Wrapped:
-    """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept.
-    ``unroll`` steps per loop iteration (``lax.scan``'s ``unroll``): one CUDA graph then holds
-    that many steps, so the graph launches between steps are fewer."""
-    return jax.jit(scan_steps(learner, n_steps, vmapped, unroll), donate_argnums=0)
-
-
-def scan_steps(
-    learner: Learner, n_steps: int, vmapped: bool = False, unroll: int = 1
-) -> Callable[[LearnerState], tuple[LearnerState, Any]]:
-    """state -> (state after ``n_steps`` learner steps in one lax.scan, packed metrics [n, M]);
-    ``vmapped``: over a leading learner axis, in lock-step."""
-    step = jax.vmap(learner.step, in_axes=(0, None, None, None)) if vmapped else learner.step
-
-    def run(state: LearnerState) -> tuple[LearnerState, Any]:
-        def body(carry: LearnerState, _: None) -> tuple[LearnerState, Any]:
-            # The vmapped learners start together and step in lock-step: their step counter,
-            # unbatched, is the learner's clock (as jdqn.agent.train gives it).
-            clock = carry.step[0] if vmapped else None
-            carry, metrics = step(carry, jnp.float32(ALPHA), jnp.float32(BETA), clock)
-            # Metrics packed into one vector per step, as jdqn.agent.train records them.
-            return carry, pack_metrics(metrics)
-
-        return jax.lax.scan(body, state, None, length=n_steps, unroll=unroll)
-
-    return run
-
-
-def time_repeated(
-    fn: Callable[[Any], Any], carry: Any, repeats: int, unpack: bool = True, warmup: int = 0
-) -> tuple[dict[str, float], Any]:
-    """Compile (first call), ``warmup`` untimed calls, then time ``repeats`` chained calls, each
-    blocked on. Seconds: compile, median, min."""
-    start = time.perf_counter()
-    out = fn(carry)
-    jax.block_until_ready(out)
-    compile_s = time.perf_counter() - start
-    carry = out[0] if unpack else out
-    for _ in range(warmup):
-        out = fn(carry)
-        carry = out[0] if unpack else out
-    jax.block_until_ready(out)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = fn(carry)
-        jax.block_until_ready(out)
-        times.append(time.perf_counter() - start)
-        carry = out[0] if unpack else out
-    return {
-        "compile_s": compile_s,
-        "median_s": statistics.median(times),
-        "min_s": min(times),
-    }, carry
-
-
-def time_scan_steps(
-    learner: Learner, state: LearnerState, n_steps: int, repeats: int
-) -> dict[str, float]:
-    """Learner steps inside one lax.scan: microseconds per step (median and min over repeats)."""
-    timing, _ = time_repeated(scan_steps_fn(learner, n_steps), state, repeats)
-    return {
-        "us_per_step": 1e6 * timing["median_s"] / n_steps,
-        "us_per_step_min": 1e6 * timing["min_s"] / n_steps,
-        "compile_s": timing["compile_s"],
-        "n_steps": n_steps,
-        "repeats": repeats,
-    }
-
 
 # Config-switched components: (name, what is switched off, overrides).
 ABLATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
@@ -397,4 +266,5 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
+    configure()  # jdqn's XLA flags, before JAX starts a backend
     main()
