@@ -240,13 +240,7 @@ def learner_step(
 
     # 13. Guard: the first failing quantity, in GUARD_REASONS order; then the state (12: the
     # PER priorities of the sampled rows), the update kept only where the guard passed.
-    after_update = {
-        "gradient": ~update.gradient_finite,
-        "params": ~jnp.isfinite(update.params_sq_norm),
-    }
-    failed = before_update | after_update
-    failures = jnp.stack([failed[reason] for reason in GUARD_REASONS[1:]])
-    guard, applied = guard_record(state.guard, failures, state.step)
+    guard, applied = guard_record(state.guard, _failures(before_update, update), state.step)
     new_state = _kept_state(
         state, update, guard, applied, (batch.indices, td), new_u, masks, key, cfg.replay
     )
@@ -377,6 +371,15 @@ def _failures_before_update(
         "q_edge": q_edge,
         "edge_mass": edge_mass,
     }
+
+
+def _failures(before_update: dict[str, jax.Array], update: Update) -> jax.Array:
+    """Every guard check, ``[len(GUARD_REASONS) - 1]`` bool in GUARD_REASONS order, by name."""
+    failed = before_update | {
+        "gradient": ~update.gradient_finite,
+        "params": ~jnp.isfinite(update.params_sq_norm),
+    }
+    return jnp.stack([failed[reason] for reason in GUARD_REASONS[1:]])
 
 
 def _metrics(
