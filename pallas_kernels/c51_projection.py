@@ -6,10 +6,10 @@ For one row, with atoms ``z_i = v_min + i*dz`` and ``g = gamma^n * (1 - done)``:
     m_i  = sum_j p_j * clip(1 - |Tz_j - z_i| / dz, 0, 1)
 
 This hat-kernel form keeps the mass of a source that lands exactly on an atom (the floor/ceil
-textbook version drops it). ``impl`` in :func:`c51_project`: ``"reference"``/``"xla_hat"`` (the
-formula in jnp, O(N^2) per row, as rlax and Dopamine write it), ``"xla_scatter"`` (two
-scatter-adds, O(N)), ``"pallas"`` (the kernel below, O(N), no atomics), ``"interpret"`` (the
-kernel in interpret mode, CPU CI), ``"auto"`` (``"pallas"`` on a GPU, else ``"reference"``).
+textbook version drops it). ``impl`` in :func:`c51_project`: ``"reference"`` (the formula in
+jnp, O(N^2) per row, as rlax and Dopamine write it), ``"pallas"`` (the kernel below, O(N), no
+atomics), ``"interpret"`` (the kernel in interpret mode, CPU CI), ``"auto"`` (``"pallas"`` on a
+GPU, else ``"reference"``). ``benchmarks/projection.py`` times it against a scatter-add form.
 
 How the kernel is O(N). In atom units source ``j`` sits at ``u_j = c + g*j`` before clipping,
 with ``c = (r - (1-g)*v_min)/dz``; in the order ``q`` (``j`` for ``g >= 0``, ``N-1-j`` for
@@ -46,8 +46,10 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-Impl = Literal["auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter"]
-IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference", "xla_hat", "xla_scatter")
+from pallas_kernels.folding import learner_folding
+
+Impl = Literal["auto", "pallas", "interpret", "reference"]
+IMPLS: tuple[str, ...] = ("auto", "pallas", "interpret", "reference")
 
 # Default Pallas launch, tuned on the H200: rows per program so that one block holds about this
 # many padded atoms, and the Triton warp count.
@@ -86,25 +88,6 @@ def c51_project_reference(
     # instead of materialising the weights (4 bytes * B * N^2 would not fit at large B).
     hat = jnp.clip(1.0 - jnp.abs(target_atoms[:, None, :] - atoms[None, :, None]) / dz, 0.0, 1.0)
     return jnp.sum(hat * probs[:, None, :], axis=-1)
-
-
-def _project_xla_scatter(
-    probs: jax.Array, rewards: jax.Array, discounts: jax.Array, v_min: float, v_max: float
-) -> jax.Array:
-    """C51 projection as two scatter-adds onto the lower and upper neighbour atoms. O(N)."""
-    batch, n_atoms = probs.shape
-    dz = _support(n_atoms, v_min, v_max)
-    atoms = jnp.linspace(v_min, v_max, n_atoms, dtype=jnp.float32)  # [N]
-    target_atoms = jnp.clip(rewards[:, None] + discounts[:, None] * atoms[None, :], v_min, v_max)
-    b = (target_atoms - v_min) / dz  # [B, N] float32, in [0, N-1]
-    # floor + fraction (not floor/ceil): a source exactly on an atom puts all its mass there.
-    lower = jnp.clip(jnp.floor(b), 0, n_atoms - 1).astype(jnp.int32)  # [B, N]
-    upper_weight = b - lower  # [B, N] float32, in [0, 1]
-    upper = jnp.minimum(lower + 1, n_atoms - 1)  # at b = N-1 the weight is 0 anyway
-    rows = jnp.broadcast_to(jnp.arange(batch)[:, None], (batch, n_atoms))
-    out = jnp.zeros((batch, n_atoms), jnp.float32)
-    out = out.at[rows, lower].add(probs * (1.0 - upper_weight))
-    return out.at[rows, upper].add(probs * upper_weight)
 
 
 def _c51_kernel(
@@ -271,24 +254,8 @@ def c51_project_pallas(
 @functools.cache
 def _pallas_batched(v_min: float, v_max: float, interpret: bool):
     """The Pallas path with a vmap rule that folds mapped axes into rows (one launch)."""
-
-    @jax.custom_batching.custom_vmap
-    def project(probs, rewards, discounts):
-        return c51_project_pallas(probs, rewards, discounts, v_min, v_max, interpret=interpret)
-
-    @project.def_vmap
-    def _fold_vmap(axis_size, in_batched, probs, rewards, discounts):
-        def lead(x, batched):  # mapped axis is axis 0 when batched
-            return x if batched else jnp.broadcast_to(x, (axis_size, *x.shape))
-
-        probs, rewards, discounts = map(lead, (probs, rewards, discounts), in_batched)
-        rows = probs.shape[0] * probs.shape[1]
-        out = project(  # recursive, so nested vmaps fold too
-            probs.reshape(rows, probs.shape[2]), rewards.reshape(rows), discounts.reshape(rows)
-        )
-        return out.reshape(probs.shape), True
-
-    return project
+    kernel = functools.partial(c51_project_pallas, v_min=v_min, v_max=v_max, interpret=interpret)
+    return learner_folding(kernel)
 
 
 def resolve_impl(impl: str) -> Impl:
@@ -325,10 +292,8 @@ def c51_project(
         lambda x: jax.lax.stop_gradient(x.astype(jnp.float32)), (probs, rewards, discounts)
     )
     impl = resolve_impl(impl)
-    if impl in ("reference", "xla_hat"):
+    if impl == "reference":
         return c51_project_reference(probs, rewards, discounts, v_min, v_max)
-    if impl == "xla_scatter":
-        return _project_xla_scatter(probs, rewards, discounts, v_min, v_max)
     return _pallas_batched(float(v_min), float(v_max), impl == "interpret")(
         probs, rewards, discounts
     )

@@ -1,5 +1,6 @@
-"""Vmapped learners as one kernel launch: a vmap rule that folds mapped axes into a kernel's
-leading learner axis, shared by the kernels whose every argument has one."""
+"""Vmapped calls as one kernel launch: the one vmap rule of the kernels whose every argument has
+a leading axis (the flat tail's learners, the C51 projection's rows), folding mapped axes into
+it."""
 
 from __future__ import annotations
 

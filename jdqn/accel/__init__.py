@@ -47,8 +47,7 @@ class TailState(NamedTuple):
     params: Params  # online parameters as stored (unmasked)
     target_params: Params
     masks: Params | None  # this step's pruning masks; None without pruning (all ones)
-    opt_state: optax.OptState  # optax.adam's state over the parameter tree
-    bounds: flat_tail.TailBounds  # max |x| of params, mu, nu as the kernels last wrote them
+    opt_state: optax.OptState  # the update's state (:func:`adam_init`)
 
 
 class SurgeryInputs(NamedTuple):
@@ -64,7 +63,7 @@ class SurgeryInputs(NamedTuple):
 class Update(NamedTuple):
     """The update of one step, already kept or rejected by the guard."""
 
-    state: TailState  # params, target, opt_state, bounds kept (masks as given)
+    state: TailState  # params, target, opt_state kept (masks as given)
     surgery: Any  # SurgeryResult or SurgeryScalars: the metrics read fields both have
     gradient_finite: jax.Array  # [] bool, every part's gradient and their total are finite
     params_sq_norm: jax.Array  # [] float32, the candidate parameters' squared norm
@@ -105,9 +104,13 @@ def make_update(pieces: Pieces, cfg: Config, layout: ParamLayout) -> Callable[..
 
 
 def adam_init(cfg: Config, params: Params) -> optax.OptState:
-    """Adam's state for ``params`` (zero moments over the tree, count 0), for either update."""
+    """The update's state for ``params``, one form for either update: optax.adam's (zero moments
+    over the tree, count 0), then the flat tail's :class:`~pallas_kernels.flat_tail.TailBounds`
+    (max |x| of params, mu and nu as its kernels last wrote them; unknown after XLA's update),
+    which let its next step skip the guard's sums where they cannot fail."""
     o = cfg.optim
-    return optax.adam(o.learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=o.adam_eps).init(params)
+    adam = optax.adam(o.learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=o.adam_eps).init(params)
+    return (*adam, flat_tail.unknown_bounds())
 
 
 def all_finite(tree: Any) -> jax.Array:
@@ -151,7 +154,8 @@ def _xla_update(
         checks.finite("gradient", "grad_total", total)
         with jax.named_scope("adam"):
             params = masked(old.params, old.masks)
-            updates, opt_state = optimizer.update(layout.unravel(total), old.opt_state, params)
+            adam_state = old.opt_state[:-1]  # optax.adam's, without the flat tail's bounds
+            updates, opt_state = optimizer.update(layout.unravel(total), adam_state, params)
             checks.finite_norm("adam", "update", updates)
             new_params = masked(optax.apply_updates(params, updates), old.masks)
             checks.finite_norm("adam", "new_params", new_params)
@@ -168,9 +172,10 @@ def _xla_update(
         sq_norm = sum(jnp.sum(jnp.square(x)) for x in jax.tree.leaves(new_params))
         ok = pre_ok & gradient_finite & jnp.isfinite(sq_norm)
         params, target, opt_state = select(
-            ok, (new_params, target, opt_state), (old.params, old.target_params, old.opt_state)
+            ok, (new_params, target, opt_state), (old.params, old.target_params, adam_state)
         )
-        state = TailState(params, target, old.masks, opt_state, flat_tail.unknown_bounds())
+        opt_state = (*opt_state, flat_tail.unknown_bounds())
+        state = TailState(params, target, old.masks, opt_state)
         return Update(state, result, gradient_finite, jnp.asarray(sq_norm, jnp.float32))
 
     return update
@@ -194,7 +199,7 @@ def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: Par
             row_max, gram = flat_tail.gram(tuple(rows), impl=impl)
             scalars = surgery.surgery_scalars(row_max, gram, *inputs)
         parts_finite = all_finite(row_max)  # max |g| is NaN exactly when a row is non-finite
-        adam, *rest = old.opt_state
+        adam, *rest, bounds = old.opt_state
         count = optax.safe_increment(adam.count)
         with jax.named_scope("adam"):
             tail = flat_tail.adam_select(
@@ -215,7 +220,7 @@ def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: Par
                 ),
                 hyper,
                 impl=impl,
-                bounds=old.bounds,
+                bounds=bounds,
                 row_max=row_max,
             )
         gradient_finite = parts_finite & tail.total_finite
@@ -227,10 +232,9 @@ def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: Par
                 nu=layout.tree(tail.nu),
             ),
             *rest,
+            tail.bounds,
         )
-        state = TailState(
-            layout.tree(tail.params), layout.tree(tail.target), old.masks, opt_state, tail.bounds
-        )
+        state = TailState(layout.tree(tail.params), layout.tree(tail.target), old.masks, opt_state)
         # Only the main parts' weights (the others' are 1): the same shapes whatever the number
         # of parts, as the causal term's branch (jdqn.agent.step) needs.
         scalars = scalars._replace(weights=scalars.weights[:2])

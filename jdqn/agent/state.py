@@ -13,7 +13,6 @@ import optax
 from jdqn.agent.networks import ParamLayout, Params
 from jdqn.agent.replay import ReplayState
 from jdqn.agent.transition import Transition
-from pallas_kernels.flat_tail import TailBounds
 
 # Why the guard stopped a fold; ``GuardRecord.reason`` indexes this tuple. Checked in this order.
 GUARD_REASONS: tuple[str, ...] = (
@@ -49,17 +48,15 @@ class LearnerState:
     target_params: Params  # target net (torso and every head)
     sn_u: dict[str, jax.Array]  # {torso_l: [H_l] float32} spectral-norm vectors (stop-gradient)
     masks: Params  # {0, 1} float32 pruning masks (biases always 1)
-    opt_state: optax.OptState  # optax.adam's: moments mu, nu (trees like params), count [] int32
+    # jdqn.accel.adam_init's: optax.adam's moments mu, nu (trees like params) and count [] int32,
+    # then the flat tail's bounds record ([] float32 each), which only its kernels read
+    opt_state: optax.OptState
     phi_hat: jax.Array  # [] float32, gradient-vaccine EMA of cos(g_mse, g_c51)
     replay: ReplayState  # PER ring buffer, [C, ...] transitions and [C] priorities
     step: jax.Array  # [] int32, learner steps taken (guarded or not)
     guard: GuardRecord  # [] leaves
     key: jax.Array  # [2] uint32, advanced every applied step
     bootstrap_key: jax.Array  # [2] uint32, fixed: per-transition ensemble bootstrap masks
-    # [] float32 each: max |x| of params and Adam's moments as the Pallas kernels last wrote them
-    # (float32's max after XLA's update): lets the next step skip the guard's sums pass where it
-    # cannot fail (pallas_kernels.flat_tail.TailBounds).
-    tail_bounds: TailBounds
 
 
 def guard_record(

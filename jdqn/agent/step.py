@@ -29,10 +29,16 @@ from jdqn.agent.batch import Batch, sample_batch
 from jdqn.agent.checks import check_batch, check_online, check_state, check_target
 from jdqn.agent.donors import n_donors_for
 from jdqn.agent.replay import replay_add, replay_init, replay_update
-from jdqn.agent.state import GuardRecord, Learner, LearnerMetrics, LearnerState, guard_record
+from jdqn.agent.state import (
+    GUARD_REASONS,
+    GuardRecord,
+    Learner,
+    LearnerMetrics,
+    LearnerState,
+    guard_record,
+)
 from jdqn.agent.transition import Transition, example_transition
 from jdqn.config import Config
-from pallas_kernels import flat_tail
 
 # Named scopes of the step's parts (``jax.named_scope``), as they appear in the op metadata of
 # the compiled program; ``benchmarks/kernels.py`` attributes each kernel to one of them.
@@ -116,7 +122,6 @@ def make_learner(
             ),
             key=state_key,
             bootstrap_key=bootstrap_key,
-            tail_bounds=flat_tail.unknown_bounds(),
         )
 
     def insert(state: LearnerState, transitions: Transition) -> LearnerState:
@@ -179,8 +184,10 @@ def learner_step(
 
     loss_values, parts_vjp, online = jax.vjp(online_loss_parts, eff, has_aux=True)
     check_online(checks, loss_values, online, losses.part_names(cfg), net)
-    blend = jnp.ones_like(loss_values).at[0].set(1.0 - alpha).at[1].set(alpha)
-    (part_grads,) = jax.vmap(parts_vjp)(jnp.diag(blend))  # tree, leaves [parts, ...]
+    # The C51 blend by part name; every other part's gradient enters with weight 1.
+    blend = {"mse": 1.0 - alpha, "c51": alpha}
+    weights = jnp.stack([blend.get(name, jnp.float32(1)) for name in losses.part_names(cfg)])
+    (part_grads,) = jax.vmap(parts_vjp)(jnp.diag(weights))  # tree, leaves [parts, ...]
 
     # 12 (computed here, written once the guard decided). PER priorities |y - Q| (head mean)
     # of the sampled rows; donors never write.
@@ -209,9 +216,9 @@ def learner_step(
             before_update = _failures_before_update(batch, all_losses, online, target, td, cfg)
         update = setup.update(
             grads,
-            TailState(state.params, state.target_params, masks, state.opt_state, state.tail_bounds),
+            TailState(state.params, state.target_params, masks, state.opt_state),
             _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
-            ~state.guard.halted & ~jnp.any(before_update),
+            ~state.guard.halted & ~jnp.any(jnp.stack(list(before_update.values()))),
             (schedule + 1) % cfg.optim.target_every == 0,
             checks,
         )
@@ -233,9 +240,7 @@ def learner_step(
 
     # 13. Guard: the first failing quantity, in GUARD_REASONS order; then the state (12: the
     # PER priorities of the sampled rows), the update kept only where the guard passed.
-    after_update = jnp.stack([~update.gradient_finite, ~jnp.isfinite(update.params_sq_norm)])
-    failures = jnp.concatenate([before_update[:2], after_update, before_update[2:]])
-    guard, applied = guard_record(state.guard, failures, state.step)
+    guard, applied = guard_record(state.guard, _failures(before_update, update), state.step)
     new_state = _kept_state(
         state, update, guard, applied, (batch.indices, td), new_u, masks, key, cfg.replay
     )
@@ -289,7 +294,6 @@ def _kept_state(
         guard=guard,
         key=jnp.where(applied, key, state.key),
         bootstrap_key=state.bootstrap_key,
-        tail_bounds=update.state.bounds,
     )
 
 
@@ -350,25 +354,32 @@ def _failures_before_update(
     target: losses.TdTarget,
     td: jax.Array,
     cfg: Config,
-) -> jax.Array:
-    """The guard's checks that do not depend on the update: [batch, loss, q_nonfinite, q_clip,
-    priorities, q_edge, edge_mass] bool (GUARD_REASONS without gradient and params)."""
+) -> dict[str, jax.Array]:
+    """The guard's checks that do not depend on the update, [] bool by reason (GUARD_REASONS
+    without gradient and params)."""
     loss_cfg, net = cfg.loss, cfg.network
     rows = (batch.obs, batch.next_obs, batch.reward, batch.transitions.price_change)
     q_edge, edge_mass = losses.support_collapse(
         online.q, target.projected, net.v_min, net.v_max, net.n_atoms, loss_cfg.edge_mass_limit
     )
-    return jnp.stack(
-        [
-            ~all_finite(rows),
-            ~all_finite(loss_values),
-            ~all_finite((online.q, target.q_next, target.q_star)),
-            ~(jnp.max(jnp.abs(online.q)) <= loss_cfg.q_clip),
-            ~all_finite(td),
-            q_edge,
-            edge_mass,
-        ]
-    )
+    return {
+        "batch": ~all_finite(rows),
+        "loss": ~all_finite(loss_values),
+        "q_nonfinite": ~all_finite((online.q, target.q_next, target.q_star)),
+        "q_clip": ~(jnp.max(jnp.abs(online.q)) <= loss_cfg.q_clip),
+        "priorities": ~all_finite(td),
+        "q_edge": q_edge,
+        "edge_mass": edge_mass,
+    }
+
+
+def _failures(before_update: dict[str, jax.Array], update: Update) -> jax.Array:
+    """Every guard check, ``[len(GUARD_REASONS) - 1]`` bool in GUARD_REASONS order, by name."""
+    failed = before_update | {
+        "gradient": ~update.gradient_finite,
+        "params": ~jnp.isfinite(update.params_sq_norm),
+    }
+    return jnp.stack([failed[reason] for reason in GUARD_REASONS[1:]])
 
 
 def _metrics(
@@ -384,10 +395,11 @@ def _metrics(
     """Step 14: each loss part, the gradient norms before and after surgery, the cosine, Q, the
     projected mass on the edge atoms and the written priorities, all [] float32."""
     cfg, surgery, priorities = setup.cfg, update.surgery, extras["priorities"]
+    parts = dict(zip(losses.part_names(cfg), loss_values, strict=True))
     metrics = LearnerMetrics(
-        loss_mse=loss_values[0],
-        loss_c51=loss_values[1],
-        loss_div=loss_values[2] if "diversity" in losses.part_names(cfg) else 0.0,
+        loss_mse=parts["mse"],
+        loss_c51=parts["c51"],
+        loss_div=parts.get("diversity", 0.0),
         loss_causal=extras["loss_causal"],
         causal_applied=extras["causal_applied"],
         grad_norm_mse=surgery.norms[0],

@@ -1,9 +1,9 @@
 """Gradient surgery on flat float32 gradients: Gradient Vaccine and the down-only budget
 (docs/design.md, section 5, steps 7-8).
 
-:func:`gradient_vaccine` and :func:`budget_clip` are the readable, separately tested forms;
-the learner's update (``jdqn.accel``) runs them fused, :func:`gradient_surgery` (or, with the
-Pallas flat tail, :func:`surgery_scalars` on the kernel's reductions). Branch-free
+The learner's update (``jdqn.accel``) runs them fused, :func:`gradient_surgery` (or, with the
+Pallas flat tail, :func:`surgery_scalars` on the kernel's reductions); ``tests/surgery_forms.py``
+holds the two as readable separate functions, tested against float64 references. Branch-free
 (``jnp.where``), so cheap under ``vmap``; norms are taken of max-abs-rescaled vectors so that
 finite gradients near the float32 range do not overflow the sum of squares.
 """
@@ -17,16 +17,6 @@ import jax.numpy as jnp
 
 PHI_HAT_BOUND = 0.99  # |phi_hat| <= 0.99 keeps sqrt(1 - phi_hat^2) >= 0.14 in the denominator
 SKIP_RATIO = 1e-8  # |g2| < SKIP_RATIO |g1|: g2 is numerically absent (blend alpha ~ 0)
-
-
-class VaccineResult(NamedTuple):
-    """Gradients after Gradient Vaccine and the updated cosine target."""
-
-    g1: jax.Array  # [P] float32, first loss part's gradient (MSE) after surgery
-    g2: jax.Array  # [P] float32, second loss part's gradient (C51) after surgery
-    phi_hat: jax.Array  # [] float32, new EMA of the cosine, in [-0.99, 0.99]
-    phi: jax.Array  # [] float32, cos(g1, g2) before surgery (0 when a norm is 0)
-    applied: jax.Array  # [] bool, whether the gradients were changed
 
 
 def _divisor(x: jax.Array) -> jax.Array:
@@ -44,39 +34,6 @@ def _unit(g: jax.Array, norm: jax.Array) -> jax.Array:
     return g / _divisor(norm)
 
 
-def gradient_vaccine(
-    g1: jax.Array, g2: jax.Array, phi_hat: jax.Array, beta: float | jax.Array
-) -> VaccineResult:
-    """Gradient Vaccine (Wang et al., ICLR 2021, Algorithm 1) for two loss parts.
-
-    ``phi = cos(g1, g2)``. If ``phi < phi_hat``, each gradient gets a component along the other so
-    that its cosine with the other's ORIGINAL gradient becomes exactly ``phi_hat``:
-
-        k   = (phi_hat sqrt(1-phi^2) - phi sqrt(1-phi_hat^2)) / sqrt(1-phi_hat^2)
-        g1' = g1 + |g1| k / |g2| g2
-        g2' = g2 + |g2| k / |g1| g1
-
-    (the numerator of ``k`` is ``sin(theta - theta_hat)`` with ``phi = cos theta``, positive exactly
-    when ``phi < phi_hat``). Then ``phi_hat <- (1-beta) phi_hat + beta phi``, clamped to
-    [-0.99, 0.99].
-
-    When either norm is 0 or ``|g2| < 1e-8 |g1|`` (C51 weight alpha ~ 0), nothing changes, not
-    even ``phi_hat``: the cosine of a numerically absent gradient is noise that would drag the
-    EMA toward 0 in the MSE-only phase. When ``phi >= phi_hat`` the EMA updates, as in the paper.
-    """
-    g1 = jnp.asarray(g1, jnp.float32)
-    g2 = jnp.asarray(g2, jnp.float32)
-    norm1, norm2 = _norm(g1), _norm(g2)  # [] float32
-    unit1, unit2 = _unit(g1, norm1), _unit(g2, norm2)  # [P] float32, 0 for zero vectors
-    phi = jnp.clip(jnp.dot(unit1, unit2), -1.0, 1.0)  # [] float32, 0 when a norm is 0
-    _, applied, coef1, coef2, new_phi_hat = _vaccine_scalars(norm1, norm2, phi, phi_hat, beta)
-    # |g1| / |g2| * g2 == |g1| * unit(g2): written with unit vectors so no ratio of norms can
-    # overflow when one gradient is much smaller than the other.
-    new_g1 = g1 + coef1 * unit2
-    new_g2 = g2 + coef2 * unit1
-    return VaccineResult(g1=new_g1, g2=new_g2, phi_hat=new_phi_hat, phi=phi, applied=applied)
-
-
 def _vaccine_scalars(
     norm1: jax.Array,
     norm2: jax.Array,
@@ -86,7 +43,7 @@ def _vaccine_scalars(
     due: bool | jax.Array = True,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """Scalar part of the vaccine: (ratio k, applied, coef1 = |g1| k, coef2 = |g2| k, new
-    phi_hat), see ``gradient_vaccine``; when not ``due``, nothing is applied or updated."""
+    phi_hat), see ``tests/surgery_forms.py``; when not ``due``, nothing is applied or updated."""
     phi_hat = jnp.asarray(phi_hat, jnp.float32)
     beta = jnp.asarray(beta, jnp.float32)
     due = jnp.asarray(due, jnp.bool_)
@@ -125,18 +82,6 @@ def budget_shares(
         return 1.0 - alpha, alpha
     c51_on = alpha > 0
     return jnp.where(c51_on, share_mse, 1.0), jnp.where(c51_on, 1.0 - share_mse, 0.0)
-
-
-def budget_clip(
-    g: jax.Array, share: float | jax.Array, budget: float | jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """Down-only gradient budget, ``(g * scale, scale)`` with ``scale = min(1, share * budget /
-    |g|)``: norm clipping (Pascanu et al., ICML 2013) per loss part with a shared budget. A zero
-    vector keeps scale 1; ``share = 0`` zeroes ``g``; a non-finite ``g`` stays non-finite, for
-    the learner's guard to catch."""
-    g = jnp.asarray(g, jnp.float32)
-    scale = _budget_scale(_norm(g), share, budget)
-    return g * scale, scale
 
 
 class SurgeryResult(NamedTuple):
@@ -232,7 +177,7 @@ def gradient_surgery(
     shares: tuple[float | jax.Array, float | jax.Array],
     budget: float | jax.Array,
 ) -> SurgeryResult:
-    """``gradient_vaccine`` (when ``vaccine_due``; Wang et al., ICLR 2021) then ``budget_clip``
+    """Gradient Vaccine (when ``vaccine_due``; Wang et al., ICLR 2021) then the down-only budget
     (Pascanu et al., ICML 2013) on each part, fused: ``grads [parts, P]`` holds the MSE and C51
     gradients, then further parts that join the sum unchanged.
 

@@ -25,9 +25,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from surgery_forms import budget_clip
 
 from jdqn.agent import losses
-from jdqn.agent.surgery import budget_clip, budget_shares
+from jdqn.agent.surgery import budget_shares
 from pallas_kernels import c51_project
 
 N_ATOMS, V_MIN, V_MAX, GAMMA, ALPHA = 51, -10.0, 10.0, 0.9, 0.2

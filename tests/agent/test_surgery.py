@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from surgery_forms import budget_clip, gradient_vaccine
 
-from jdqn.agent.surgery import budget_clip, gradient_surgery, gradient_vaccine, surgery_scalars
+from jdqn.agent.surgery import gradient_surgery, surgery_scalars
 
 
 def vaccine_reference(g1, g2, phi_hat, beta):

@@ -51,13 +51,13 @@ def test_projection_goals_judge_the_80_us_target_and_the_fastest_implementation(
 
     rows = [
         row(262144, "pallas", 58.9),
-        row(262144, "xla_hat", 1424.8),
+        row(262144, "reference", 1424.8),
         row(262144, "xla_scatter", 212.7),
         row(4096, "pallas", 7.0),  # slower than the scatter here
-        row(4096, "xla_hat", 23.1),
+        row(4096, "reference", 23.1),
         row(4096, "xla_scatter", 6.4),
         row(64, "pallas", 9.0),  # below 4,096: not judged
-        row(64, "xla_hat", 1.5),
+        row(64, "reference", 1.5),
         row(64, "xla_scatter", 3.1),
     ]
     lines = projection.goals(rows)
