@@ -145,7 +145,7 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
             surgery,
             (jnp.stack([g1, g2]), jnp.float32(0.5)),
         ),
-        ("Adam (optax)", adam, (state.params, state.opt_state)),
+        ("Adam (optax)", adam, (state.params, optimizer.init(state.params))),
         ("PER sample + update", per, (state.replay, key)),
     )
     out = []

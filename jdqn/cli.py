@@ -485,9 +485,13 @@ def console() -> int:
     A finished (0, 3), interrupted (130) or terminated (143) command has closed its files and
     joined its threads, so it ends at once (``os._exit``): the interpreter's teardown would add
     a sizeable share of a warm walk-forward's time, or wait for a compile left on a worker
-    thread, during which a second Ctrl-C killed the process by the signal (seen in CI). Other
-    statuses (errors) take the usual exit. SIGTERM ends the command as Ctrl-C does from its start
-    (its imports included), not only once a run has begun."""
+    thread, during which a second Ctrl-C killed the process by the signal (seen in CI). A
+    one-line error (2) ends the same way: a library's threads still reading a damaged checkpoint
+    would otherwise print tracebacks during the teardown ("Event loop is closed"), past any
+    hook, under the line that says what happened; checkpoints are verified by their manifests,
+    so nothing they leave is trusted. Other statuses take the usual exit. SIGTERM ends the
+    command as Ctrl-C does from its start (its imports included), not only once a run has
+    begun."""
     from jdqn.run.termination import sigterm_raises
 
     with sigterm_raises():
@@ -496,7 +500,7 @@ def console() -> int:
         except KeyboardInterrupt:  # a second Ctrl-C inside main's own handler
             print("jdqn: interrupted", file=sys.stderr)
             code = EXIT_INTERRUPTED
-        if code in (0, EXIT_HALTED, EXIT_INTERRUPTED, EXIT_TERMINATED):
+        if code in (0, EXIT_USER_ERROR, EXIT_HALTED, EXIT_INTERRUPTED, EXIT_TERMINATED):
             end_process(code)  # inside the block: no default action between here and the end
     return code
 

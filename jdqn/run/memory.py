@@ -32,10 +32,15 @@ HOST_BYTES_PER_FEATURE_BAR = 12
 # Parquet, against 324 of the series and features above).
 LOADER_BYTES_PER_COLUMN_BAR = 40
 # Peak RSS of a CPU walk-forward of one small learner: the interpreter, JAX, XLA and its compiled
-# programs (measured 470 MiB on the 2-core CPU machine). With every learner's state and working
-# set counted too, the peaks measured at 1, 64 and 256 learners of a small run (470, 573, 1302
-# MiB) are 1.04, 0.90 and 1.08x the estimate, and issue 49's M7 (900 learners, 3.94 GB) 0.81x.
+# programs (measured 470 MiB on the 2-core CPU machine, its programs loaded from the cache).
+# With every learner's state and working set and a cold compile (below) counted too, the peaks
+# of a small run compiled cold at 1 and 64 learners (941, 1,119 MB) are 0.99 and 0.98x the
+# estimate (tests/run/test_memory.py).
 CPU_PROCESS_BYTES = 450 * 2**20
+# XLA compiling a run's programs on the CPU (a cold start, no stored program): peak RSS of the
+# run above with its compilation cache off, 941 and 1,119 MB at 1 and 64 learners, is this much
+# above the warm figure.
+CPU_COMPILE_BYTES = 450 * 2**20
 _SAMPLE_BYTES = 1 << 16  # of a CSV file, to measure its bytes per row
 
 # Fraction of the limit a request may use: the interpreter, XLA's compiled programs and the
@@ -183,6 +188,7 @@ def estimate(
     }
     if cpu:
         host["the process (Python, JAX, compiled programs)"] = CPU_PROCESS_BYTES
+        host["compiling the programs (a cold start)"] = CPU_COMPILE_BYTES
     if n_bars is not None:
         host["bar series and features"] = n_bars * (
             HOST_BYTES_PER_BAR + HOST_BYTES_PER_FEATURE_BAR * f

@@ -252,9 +252,9 @@ def test_a_learner_step_at_n3_bootstraps_with_gamma_to_the_m(monkeypatch):
     captured = {}
     real = step_module.losses.td_target
 
-    def spy(online_next, target_next, reward, discount, cfg):
+    def spy(online_next, target_next, reward, discount, *rest):
         jax.debug.callback(lambda r, d: captured.update(reward=r, discount=d), reward, discount)
-        return real(online_next, target_next, reward, discount, cfg)
+        return real(online_next, target_next, reward, discount, *rest)
 
     monkeypatch.setattr(step_module.losses, "td_target", spy)
     cfg = apply_overrides(

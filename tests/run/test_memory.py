@@ -154,6 +154,7 @@ def test_the_cpu_estimate_is_within_2x_of_the_measured_peak(tmp_path, seeds):
 
     settings = [*ES_FOLDS, "walkforward.n_folds=1", "train.epochs=1", f"train.seeds={seeds}"]
     settings += ["output.plots=false", "output.tensorboard=false", f"data.path={ES_SAMPLE}"]
+    settings += ["output.compilation_cache=false"]  # compiled here: its peak counts, every time
     argv = ["walkforward", "--profile", "smoketest", "--no-progress", "--out", str(tmp_path)]
     for item in settings:
         argv += ["--set", item]

@@ -300,7 +300,7 @@ def test_killed_run_resumes_to_the_uninterrupted_numbers(tmp_path):
     incomplete = killed / "k.incomplete"
     # SIGKILL mid-epoch, after the first epoch's checkpoint: at the second chunk of epoch 2, a
     # moment the child picks itself (a timed kill from here could land after the run ended).
-    argv = ["walkforward", *args, "--out", str(killed), "--name", "k"]
+    argv = [*SMOKE, *args, "--out", str(killed), "--name", "k"]
     child = (
         "import os, signal, sys\n"
         "from jdqn.cli import console\n"
