@@ -2,7 +2,8 @@
 bench``; parses only.
 
 User errors (bad flags, impossible config, malformed bar file, missing path) print one line
-``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback.
+``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback:
+a command raises ``ValueError`` (or ``OSError``) and :func:`main` alone prints it.
 A run whose folds the guard halted exits with status 3. A ``--debug`` run whose check failed
 prints one line naming component, tensor, fold, seed, epoch and step and exits with status 4
 (its ``.incomplete`` run directory holds ``debug_failure.json``). Ctrl-C exits 130, SIGTERM
@@ -285,21 +286,17 @@ def base_config(config_path: str | None, profile_name: str | None) -> Config:
 def _walkforward(args: argparse.Namespace) -> int:
     from jdqn.agent.debug import DebugCheckFailed
     from jdqn.run.processes import start
-    from jdqn.run.walkforward import UserError, run_walkforward
+    from jdqn.run.walkforward import run_walkforward
 
     config_flags: tuple[str, ...] = ("config", "profile", "data", "instrument", "out", "folds")
     config_flags += ("epochs", "seeds", "seed", "name")
     if args.resume and (args.overrides or any(getattr(args, f) is not None for f in config_flags)):
-        print(
-            "jdqn: error: --resume continues a run with its own config.json; fix: drop --data, "
-            "--config, --profile, --instrument, --out, --folds, --epochs, --seeds, --seed, "
-            "--name and --set",
-            file=sys.stderr,
+        raise ValueError(
+            "--resume continues a run with its own config.json; fix: drop --data, --config, "
+            "--profile, --instrument, --out, --folds, --epochs, --seeds, --seed, --name and --set"
         )
-        return EXIT_USER_ERROR
     if args.resume_changed and not args.resume:
-        print("jdqn: error: --resume-changed goes with --resume RUN_DIR", file=sys.stderr)
-        return EXIT_USER_ERROR
+        raise ValueError("--resume-changed goes with --resume RUN_DIR")
     try:
         cfg = None if args.resume else resolve_config(args)
         if args.print_config:  # a resumed run's is its config.json
@@ -335,56 +332,41 @@ def _walkforward(args: argparse.Namespace) -> int:
     except DebugCheckFailed as failure:
         print(f"jdqn: {failure} (recorded in {failure.record})", file=sys.stderr)
         return EXIT_DEBUG_FAILURE
-    except (UserError, ValueError) as error:  # ValueError: config validation, field and fix
-        print(f"jdqn: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
     return EXIT_HALTED if outcome.halted else 0
 
 
 def _sweep(args: argparse.Namespace) -> int:
     from jdqn.run.sweep import SweepPlan, grid_settings, run_sweep
-    from jdqn.run.walkforward import UserError
 
-    try:
-        cfg = plan = None
-        if args.resume is None:
-            cfg = resolve_config(args)
-            settings = grid_settings(cfg, args.grid, args.samples, cfg.train.seed)
-            plan = SweepPlan(settings, args.rule, args.validation_bars)
-        else:
-            flags: tuple[str, ...] = ("samples", "validation_bars", "config", "profile", "data")
-            flags += ("instrument", "out", "name", "folds", "epochs", "seeds", "seed")
-            if args.grid or args.overrides or any(getattr(args, f) is not None for f in flags):
-                raise ValueError(
-                    "--resume continues a sweep with its own plan and config; fix: drop the "
-                    "other flags"
-                )
-        progress = not args.no_progress and not getattr(args, "quiet", False)
-        log = logging.getLogger(console_log.LOGGER_NAME).info
-        outcome = run_sweep(
-            cfg, plan, resume=args.resume, name=args.name, progress=progress, log=log
-        )
-    except (UserError, ValueError) as error:
-        print(f"jdqn: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    cfg = plan = None
+    if args.resume is None:
+        cfg = resolve_config(args)
+        settings = grid_settings(cfg, args.grid, args.samples, cfg.train.seed)
+        plan = SweepPlan(settings, args.rule, args.validation_bars)
+    else:
+        flags: tuple[str, ...] = ("samples", "validation_bars", "config", "profile", "data")
+        flags += ("instrument", "out", "name", "folds", "epochs", "seeds", "seed")
+        if args.grid or args.overrides or any(getattr(args, f) is not None for f in flags):
+            raise ValueError(
+                "--resume continues a sweep with its own plan and config; fix: drop the other flags"
+            )
+    progress = not args.no_progress and not getattr(args, "quiet", False)
+    log = logging.getLogger(console_log.LOGGER_NAME).info
+    outcome = run_sweep(cfg, plan, resume=args.resume, name=args.name, progress=progress, log=log)
     return EXIT_HALTED if outcome.halted else 0
 
 
 def _evaluate(args: argparse.Namespace) -> int:
     from jdqn.evaluation.saved import evaluate_saved
 
-    try:
-        evaluate_saved(
-            args.run_dir, args.data, fold=args.fold, out=args.out, data_overrides=args.overrides
-        )
-    except (ValueError, OSError) as error:  # PolicyError and BarFileError included: one line
-        print(f"jdqn: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    evaluate_saved(
+        args.run_dir, args.data, fold=args.fold, out=args.out, data_overrides=args.overrides
+    )
     return 0
 
 
 def _data(args: argparse.Namespace) -> int:
-    from jdqn.data import BarFileError, synthetic_bars, write_bars
+    from jdqn.data import synthetic_bars, write_bars
     from jdqn.evaluation.instruments import data_settings, describe_bar_file, instrument
     from jdqn.run.memory import check_synth_request
 
@@ -401,9 +383,6 @@ def _data(args: argparse.Namespace) -> int:
         else:
             preset = instrument(args.instrument)
             print(describe_bar_file(args.path, preset, data_settings(args.overrides, preset)))
-    except (BarFileError, ValueError, OSError) as error:
-        print(f"jdqn: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
     except MemoryError:  # past the estimate: the machine had less than it reported
         print("jdqn: error: out of memory; fix: fewer --bars", file=sys.stderr)
         return EXIT_USER_ERROR
@@ -413,11 +392,7 @@ def _data(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from jdqn.bench.suite import run_all
 
-    try:
-        run_all(sections=args.only, json_path=args.json, quick=args.quick)
-    except ValueError as error:
-        print(f"jdqn: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    run_all(sections=args.only, json_path=args.json, quick=args.quick)
     return 0
 
 
@@ -425,14 +400,10 @@ def _config(args: argparse.Namespace) -> int:
     from jdqn.evaluation.instruments import instrument, unit_descriptions
 
     units: dict[str, str] = {}
-    try:
-        cfg = profile(args.profile)
-        if args.instrument is not None:
-            cfg = apply_instrument(cfg, args.instrument)
-            units = unit_descriptions(instrument(args.instrument))
-    except ValueError as error:
-        print(f"jdqn: error: {error}", file=sys.stderr)
-        return EXIT_USER_ERROR
+    cfg = profile(args.profile)
+    if args.instrument is not None:
+        cfg = apply_instrument(cfg, args.instrument)
+        units = unit_descriptions(instrument(args.instrument))
     keys = [replace(k, description=units.get(k.key, k.description)) for k in config_keys(cfg)]
     print(format_keys(keys))
     return 0
@@ -456,6 +427,9 @@ def main(argv: Sequence[str] | None = None, *, ending: bool = False) -> int:
 
     try:
         return handlers[args.command](args)
+    except (ValueError, OSError) as error:  # bad input or a storage failure: the problem, the fix
+        print(f"jdqn: error: {error}", file=sys.stderr)
+        return EXIT_USER_ERROR
     except KeyboardInterrupt as stop:
         # A walk-forward run has already removed its directory (nothing to resume) or printed
         # the --resume command; no traceback. The process ends now (``ending``): more Ctrl-Cs

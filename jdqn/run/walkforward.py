@@ -74,8 +74,9 @@ _debug = logging.getLogger("jdqn.run").debug
 _notice = logging.getLogger("jdqn.run").info
 
 
-class UserError(Exception):
-    """A problem with the user's input: reported as one line, exit status 2, no traceback."""
+class UserError(ValueError):
+    """A problem with the user's input: reported as one line, exit status 2, no traceback (the
+    ``jdqn`` command reports every ``ValueError`` so)."""
 
 
 @contextlib.contextmanager
