@@ -24,23 +24,12 @@ if TYPE_CHECKING:
     )
     from jdqn.agent.step import make_learner
 
-_STATE = (
-    "GUARD_REASONS",
-    "LEARNER_METRICS_RECORD",
-    "GuardRecord",
-    "Learner",
-    "LearnerMetrics",
-    "LearnerState",
-    "pack_metrics",
-    "unpack_metrics",
-)
-
 
 def __getattr__(name: str) -> Any:
-    if name in _STATE:
-        return getattr(importlib.import_module("jdqn.agent.state"), name)
     if name == "make_learner":
         return importlib.import_module("jdqn.agent.step").make_learner
+    if name in __all__:  # the others are the state module's
+        return getattr(importlib.import_module("jdqn.agent.state"), name)
     raise AttributeError(f"module 'jdqn.agent' has no attribute {name!r}")
 
 

@@ -496,8 +496,6 @@ def summary_text(summary: Mapping[str, Any], show_random: bool = False) -> str:
         scopes += [(f"fold {k}", block) for k, block in summary["folds"].items()]
     for scope, block in scopes:
         for metric, (label, spec) in _SUMMARY_LABELS.items():
-            if metric not in block["agent"]:  # a results.json of an earlier version
-                continue
             entry = block["agent"][metric]
             lines.append(
                 f"{scope:<7} {label:<22} {_estimate(entry, 'median', spec):>34} "

@@ -261,7 +261,7 @@ def test_tables_print_zero_and_n_a_and_leave_random_out_unless_asked():
     entry = {"median": -1e-9, "median_ci": [-0.2, 0.0], "iqm": None, "iqm_ci": None}
     block = {
         "agent": dict.fromkeys(["net_pnl_usd", "sharpe", "sharpe_daily", "turnover"], entry)
-        | {"max_drawdown_usd": entry},
+        | {"max_drawdown_usd": entry, "exposure": entry},
         "agent_minus": {"random": {"net_pnl_usd": entry}, "ridge": {"net_pnl_usd": entry}},
         "deflated_sharpe": {"dsr": None},
         "n_halted": 0,
