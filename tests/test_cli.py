@@ -79,6 +79,7 @@ def test_folds_that_do_not_fit_say_what_to_change(capsys, tmp_path):
     assert "walkforward.train_bars" in err
 
 
+@pytest.mark.slow
 def test_subprocess_exit_code_and_no_traceback(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text("timestamp,open,high,low,close\n2024-01-02 09:30:00,1,2,0.5,nan\n")
@@ -151,6 +152,7 @@ def test_ctrl_c_during_a_run_leaves_no_directory_and_no_traceback(tmp_path):
     assert not list(out.iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("second_ctrl_c", [False, True])
 def test_an_interrupted_command_ends_at_once_with_130(second_ctrl_c):
     """After a handled Ctrl-C the process ends without the interpreter's teardown, where another
@@ -175,6 +177,7 @@ def test_an_interrupted_command_ends_at_once_with_130(second_ctrl_c):
     assert done.stderr.count("jdqn: interrupted") == int(second_ctrl_c)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "code"),
     [(["data", "check", str(ES_SAMPLE)], 0), (["data", "check", "no/such/bars.csv"], 2)],
@@ -203,6 +206,7 @@ def test_a_finished_command_skips_the_interpreter_teardown(argv, code):
     assert "exit handler ran" not in done.stdout
 
 
+@pytest.mark.slow
 def test_ending_the_process_survives_a_stream_that_cannot_be_flushed():
     """A reader that went away (`jdqn ... | head`) leaves an unflushable stdout: the command's
     status stands, with no traceback."""
@@ -218,6 +222,7 @@ def test_ending_the_process_survives_a_stream_that_cannot_be_flushed():
     assert done.returncode == 3 and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.slow
 def test_a_sigterm_while_the_command_imports_is_one_line_and_143():
     """Item 15: before the run installed its handling, a SIGTERM (here during the imports of
     `jdqn walkforward`) killed the process by the signal, with no message."""

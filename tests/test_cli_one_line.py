@@ -74,6 +74,7 @@ def _write(tmp: Path, text: str) -> str:
     return str(tmp / "c.json")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_a_bad_request_is_one_line_and_exit_2_and_leaves_nothing(tmp_path, case):
     arguments, expected = CASES[case]
@@ -89,6 +90,7 @@ def test_a_bad_request_is_one_line_and_exit_2_and_leaves_nothing(tmp_path, case)
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_print_config_into_a_closed_pipe_exits_0_without_a_traceback(tmp_path):
     """B37 (``... --print-config | head -c 100``), made certain: the reader is gone already."""
     read, write = os.pipe()

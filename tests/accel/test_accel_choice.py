@@ -62,6 +62,7 @@ def test_interpret_is_not_a_user_value_and_old_config_files_still_load():
     assert type(SMOKETEST).from_dict(old) == SMOKETEST
 
 
+@pytest.mark.slow
 def test_no_environment_variable_reaches_the_traced_step(monkeypatch):
     """The step's program follows its config alone: the retired ``JDQN_KERNELS`` override, set
     while a learner is built and traced, changes nothing; ``accel.pieces`` does."""

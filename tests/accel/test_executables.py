@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jdqn.accel import executables
 from jdqn.accel.executables import SUFFIX, ExecutableCache, cache_key, untrusted
@@ -48,10 +49,12 @@ def _in_a_fresh_process(scenario: str, tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_stored_program_is_loaded_and_gives_the_same_numbers(tmp_path):
     _in_a_fresh_process("stored_program_scenario", tmp_path)
 
 
+@pytest.mark.slow
 def test_a_damaged_file_is_compiled_again_and_replaced(tmp_path):
     _in_a_fresh_process("damaged_file_scenario", tmp_path)
 
@@ -84,6 +87,7 @@ def stored_program_scenario(tmp_path: Path) -> None:
     assert third.load("other", *types, context="c") is None
 
 
+@pytest.mark.slow
 def test_a_directory_or_file_others_can_write_is_not_loaded_from(tmp_path):
     _in_a_fresh_process("untrusted_scenario", tmp_path)
 

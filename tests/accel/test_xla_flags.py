@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jdqn.accel.xla_flags import (
     AUTOTUNE_CACHE_FLAG,
     CPU_YNN_FUSIONS_FLAG,
@@ -70,6 +72,7 @@ def _fresh_process(code: str, **env_extra: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_importing_jdqn_changes_nothing_in_the_process(tmp_path):
     code = (
         "import os, jdqn, jdqn.run.walkforward, jdqn.agent.step;"
@@ -79,6 +82,7 @@ def test_importing_jdqn_changes_nothing_in_the_process(tmp_path):
     assert not (tmp_path / "autotune").exists()
 
 
+@pytest.mark.slow
 def test_configure_sets_the_flags_before_any_backend_starts(tmp_path):
     """A fresh process: after ``jdqn.configure()`` XLA_FLAGS holds the cache flag, the directory
     exists, and JAX (which parses every flag) still runs."""
@@ -101,6 +105,7 @@ def test_configure_sets_the_flags_before_any_backend_starts(tmp_path):
     assert total == "6.0"
 
 
+@pytest.mark.slow
 def test_configure_after_a_backend_started_changes_nothing_and_says_so(tmp_path):
     code = (
         "import os, jdqn, jax.numpy as jnp;"
@@ -110,6 +115,7 @@ def test_configure_after_a_backend_started_changes_nothing_and_says_so(tmp_path)
     assert _fresh_process(code, JDQN_CACHE_DIR=str(tmp_path)).stdout.strip() == "False None"
 
 
+@pytest.mark.slow
 def test_the_jdqn_command_configures_before_it_runs(tmp_path):
     code = (
         "import os, contextlib, io, jdqn.cli;"
@@ -122,6 +128,7 @@ def test_the_jdqn_command_configures_before_it_runs(tmp_path):
     assert CONCURRENT in flags and f"{AUTOTUNE_CACHE_FLAG}={tmp_path / 'autotune'}" in flags
 
 
+@pytest.mark.slow
 def test_an_unwritable_cache_dir_adds_no_autotune_cache(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
@@ -130,6 +137,7 @@ def test_an_unwritable_cache_dir_adds_no_autotune_cache(tmp_path):
     assert result.stdout.strip() == repr(f"{CONCURRENT} {NO_DOT_MERGE} {NO_YNN}")
 
 
+@pytest.mark.slow
 def test_gpu_memory_is_taken_on_demand_unless_the_user_says_otherwise(tmp_path):
     """``jdqn.configure()`` turns JAX's up-front reservation of 75 % of the GPU off (it cost every
     process ~1.4 s on the H200), unless the user set the variable themselves."""

@@ -46,6 +46,7 @@ def test_scores_match_a_float64_mixture(risk, band):
     np.testing.assert_allclose(np.asarray(scores), expected, rtol=0, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_without_risk_or_band_the_scores_are_the_head_mean_q_bit_for_bit():
     logits = jax.random.normal(jax.random.PRNGKey(0), (4, 5, 3, 51)) * 3.0
     head_mean = jnp.mean(networks.q_values(logits, networks.atoms(CFG.network)), axis=-2)
@@ -62,6 +63,7 @@ def _two_atoms(value_low: float, value_high: float, weight_high: float) -> np.nd
     return np.log(probs)
 
 
+@pytest.mark.slow
 def test_risk_makes_a_certain_small_loss_beat_a_wide_gamble_with_a_better_mean():
     # Short: -0.4 for sure. Flat: the same. Long: +-4 at 52/48, mean +0.16, std about 4.
     logits = np.stack([_two_atoms(-0.4, -0.4, 0.0), _two_atoms(-0.4, -0.4, 0.0)])
@@ -96,6 +98,7 @@ def test_negative_settings_are_refused_naming_the_field(field):
         apply_overrides(DEFAULT, [f"train.{field}=-0.5"])
 
 
+@pytest.mark.slow
 def test_the_target_picks_a_star_by_each_heads_mean_minus_std():
     """Double-DQN a* at s' as acting picks: the wide gamble without risk, the certain -0.4 with
     it; the target net's Q at that a* (float64 numpy) enters y."""
@@ -116,6 +119,7 @@ def test_the_target_picks_a_star_by_each_heads_mean_minus_std():
         np.testing.assert_allclose(float(out.q_star[0, 0]), target_q[a_star], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_position_magnitude_is_the_plain_network_on_obs_with_abs_position_appended():
     on = apply_overrides(CFG, ["network.position_magnitude=true"])
     obs = (

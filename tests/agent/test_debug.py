@@ -55,6 +55,7 @@ def test_finite_names_component_leaf_step_count_and_first_bad_value():
     assert _failures(f, jnp.array([1.0, 2.0]), jnp.int32(7)) == []
 
 
+@pytest.mark.slow
 def test_range_distribution_and_norm_checks_pin_the_offender():
     def within(x):
         debug.boundaries(True, jnp.int32(0)).within("net", "q", x, -10.0, 10.0)
@@ -245,6 +246,7 @@ STATE_INJECTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STATE_INJECTIONS))
 def test_state_injection_is_named_by_debug_and_halts_the_guard(tiny, name):
     _, _, state = tiny
@@ -257,6 +259,7 @@ def test_state_injection_is_named_by_debug_and_halts_the_guard(tiny, name):
     assert reason is not None  # without debug: halted by the guard, not a crash
 
 
+@pytest.mark.slow
 def test_argument_injections(tiny):
     _, _, state = tiny
     [(_, failure)], reason = _step_both(tiny, state, alpha=jnp.nan)
@@ -268,6 +271,7 @@ def test_argument_injections(tiny):
     assert reason is not None
 
 
+@pytest.mark.slow
 def test_a_clock_that_is_not_the_learners_step_count_is_named(tiny):
     """The schedules follow a given clock; debug mode says when it is not the state's own step
     counter (a caller whose learners do not step in lock-step) and passes when it is."""
@@ -296,6 +300,7 @@ def _nan_like(fn, fields=None):
     return poisoned
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("target", "attribute", "fields", "component", "tensor", "guard"),
     [
@@ -318,6 +323,7 @@ def test_component_injection_is_named(
     assert reason == guard
 
 
+@pytest.mark.slow
 def test_range_injections_are_named(tiny, monkeypatch):
     """Finite but impossible values: the guard lets them through, debug mode does not."""
     cfg, _, state = tiny
@@ -337,6 +343,7 @@ def test_range_injections_are_named(tiny, monkeypatch):
     assert failure.problem == "outside [-10.002, 10.002]"
 
 
+@pytest.mark.slow
 def test_clean_step_passes_every_check_and_gives_the_numbers_of_debug_off(tiny):
     """Both evaluated the same way (checkify's evaluation of the traced step; eager op-by-op
     differs from it in float32 rounding). The whole-run test compares the compiled programs."""
@@ -372,6 +379,7 @@ def _count_primitive(jaxpr, name: str) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_debug_off_program_has_no_checks_and_debug_on_has_them():
     """The vmapped chunk program as walk-forward compiles it: off, no check primitive in the
     jaxpr and no error values among the lowered program's results."""

@@ -79,6 +79,7 @@ def _autodiff_stack(torso, head, x, dtype):
     return product + head[1]
 
 
+@pytest.mark.slow
 def test_forward_and_each_parts_gradients_match_float64():
     torso, head, x, weights = _network()
     y, reference = _reference(torso, head, x, weights)
@@ -106,6 +107,7 @@ def _close_to_autodiff(got, expected, tolerance=2e-6):
 # bfloat16: both round their float32 sums to bfloat16, and sums accumulated in another order
 # (as a GPU's GEMMs do) may round to the neighbouring value: one bfloat16 step, 2^-7 of the
 # largest entry at most. On this CPU they agree to float32's tolerance.
+@pytest.mark.slow
 @pytest.mark.parametrize(("dtype", "tolerance"), [("float32", 2e-6), ("bfloat16", 2.0**-7)])
 def test_the_parts_rule_matches_autodiff(dtype, tolerance):
     torso, head, x, weights = _network(1)
@@ -114,6 +116,7 @@ def test_the_parts_rule_matches_autodiff(dtype, tolerance):
     _close_to_autodiff(got, expected, tolerance)
 
 
+@pytest.mark.slow
 def test_learners_outside_the_parts_and_a_single_cotangent_match_autodiff():
     torso, head, x, weights = _network(2)
     learners = jax.tree.map(lambda a: jnp.stack([a, -0.5 * a, 2.0 * a]), (torso, head))
@@ -130,6 +133,7 @@ def test_learners_outside_the_parts_and_a_single_cotangent_match_autodiff():
     _close_to_autodiff(single(dense_stack)(torso, head), single(_autodiff_stack)(torso, head))
 
 
+@pytest.mark.slow
 def test_under_the_parts_vmap_the_cotangent_is_carried_rows_outermost():
     """The rule runs once for all parts on ``[R, P, out]`` (one layout for both GEMMs of a
     layer); autodiff's backward carries ``[P, R, out]`` only."""
@@ -151,6 +155,7 @@ def test_under_the_parts_vmap_the_cotangent_is_carried_rows_outermost():
     assert f"f32[{ROWS},{PARTS},{HIDDEN[-1]}]" in barriers[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plain", ["dense=autodiff", "barriers=off"])
 def test_the_plain_forms_pieces_ask_for_give_the_same_gradients(plain):
     """``Pieces`` (jdqn.accel.pieces) switches the hand-written backward for JAX's autodiff, or

@@ -38,6 +38,7 @@ def random_batch(rng, size, n_features=3, positions=POSITIONS, cost=COST_POINTS,
     )
 
 
+@pytest.mark.slow
 def test_donor_rewards_match_float64_reference():
     rng = np.random.default_rng(0)
     batch = random_batch(rng, 40)
@@ -67,6 +68,7 @@ def test_donor_rewards_hand_case():
     np.testing.assert_allclose(got[0], [-2.0, -0.3, 2.0 - 0.6], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_donor_rewards_equal_environment_rewards():
     env = pytest.importorskip("jdqn.evaluation.env", reason="jdqn.evaluation.env not written yet")
     rng = np.random.default_rng(2)
@@ -92,6 +94,7 @@ def test_donor_rewards_equal_environment_rewards():
     assert checked == (n_bars - 2) * cfg.n_actions
 
 
+@pytest.mark.slow
 def test_best_donors_take_the_hindsight_best_other_action():
     rng = np.random.default_rng(3)
     batch = random_batch(rng, 32)
@@ -115,6 +118,7 @@ def test_best_donors_take_the_hindsight_best_other_action():
             np.testing.assert_array_equal(getattr(donors, name)[d], getattr(batch, name)[row])
 
 
+@pytest.mark.slow
 def test_all_donors_cover_every_other_action_once():
     rng = np.random.default_rng(4)
     batch = random_batch(rng, 16)
@@ -139,6 +143,7 @@ def test_all_donors_cover_every_other_action_once():
             assert reward == pytest.approx(want, rel=1e-6, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_donor_rows_depend_on_the_key_and_jit_matches_eager():
     batch = random_batch(np.random.default_rng(5), 64)
     make = lambda key: make_donors(
@@ -151,6 +156,7 @@ def test_donor_rows_depend_on_the_key_and_jit_matches_eager():
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
 def test_make_donors_vmaps_over_a_seed_axis():
     batches = [random_batch(np.random.default_rng(s), 12) for s in (8, 9)]
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *batches)

@@ -105,6 +105,7 @@ def _assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_steps_train_and_report_finite_metrics():
     step = _jit_step()
     learner = _learner()
@@ -129,6 +130,7 @@ def test_steps_train_and_report_finite_metrics():
     assert float(metrics.halted) == 0.0 and float(metrics.sigma_max) > 0.0
 
 
+@pytest.mark.slow
 def test_mse_only_phase_has_no_c51_gradient_and_budget_is_down_only():
     step = _jit_step()
     state = _filled(_learner())
@@ -144,6 +146,7 @@ def test_mse_only_phase_has_no_c51_gradient_and_budget_is_down_only():
         assert float(metrics.grad_norm_c51_after) <= 0.2 * budget * (1 + 1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("split", "shares"), [("alpha", (0.5, 0.5)), ("fixed", (0.3, 0.7))])
 def test_the_budget_binds_and_splits_as_the_loss_blends(split, shares):
     """A budget far below both parts' norms: each part leaves the step at exactly its share of
@@ -156,6 +159,7 @@ def test_the_budget_binds_and_splits_as_the_loss_blends(split, shares):
     np.testing.assert_allclose(after, np.array(shares) * 1e-7, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_the_profiles_budget_is_a_tripwire_that_normal_steps_never_reach():
     """At the profiles' grad_budget (10), on rewards of about one volatility unit, no step's
     loss part comes within 5 % of its limit, so the budget changes nothing (docs/design.md §5,
@@ -199,6 +203,7 @@ def test_support_collapse_flags_q_at_an_edge_and_edge_mass():
     assert not bool(support_collapse(jnp.zeros(2), edges, -20.0, 20.0, 11, 0.7)[1])
 
 
+@pytest.mark.slow
 def test_spectral_u_advances_once_per_step_from_online_weights_only():
     learner = _learner()
     state = _filled(learner)
@@ -242,6 +247,7 @@ def test_jitted_and_eager_steps_agree():
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_vmap_over_two_seeds_equals_separate_runs():
     learner = _learner()
     step = _jit_step()
@@ -278,6 +284,7 @@ def _poison_and_step(poison, n_healthy=2, *extra):
     return before, state, metrics, step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "poison",
     [
@@ -306,6 +313,7 @@ def test_guard_rejects_a_poisoned_batch(poison, tail):
             assert np.all(np.isfinite(np.asarray(leaf)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
 def test_guard_rejects_learning_rate_1e30(tail):
     extra = ("optim.learning_rate=1e30", tail)
@@ -362,6 +370,7 @@ def _six_steps_agree(want: tuple[str, ...], got: tuple[str, ...], names: tuple[s
     return want_state, got_state
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
     [(), ("optim.tau=0.05",), ("network.lambda_div=0",)],
@@ -391,6 +400,7 @@ def test_fused_tail_matches_the_xla_tail(extra):
 
 # All three at once, and one alone (the others then stay in the program); the dense stack's and
 # the heads' own tests check each piece's numbers alone.
+@pytest.mark.slow
 @pytest.mark.parametrize("plain", ["vjp=autodiff", "dense=autodiff,vjp=autodiff,barriers=off"])
 def test_each_specialisation_switched_off_gives_the_default_step(plain, monkeypatch):
     """The plain forms ``accel.pieces`` forces (JAX's autodiff for the dense stack and the loss
@@ -431,6 +441,7 @@ def _conds_with_a_network_pass(jaxpr) -> int:
     )
 
 
+@pytest.mark.slow
 def test_with_a_clock_the_causal_term_runs_only_when_due():
     """Two vmapped learners given their step counter unbatched (``clock``): the kernels' program
     puts the causal term under a ``lax.cond`` that stays a branch under vmap; without the clock
@@ -474,6 +485,7 @@ def test_with_a_clock_the_causal_term_runs_only_when_due():
     _assert_states_close(cond_state, xla_state, names)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
 def test_without_pruning_the_step_equals_masks_of_ones(tail):
     """No pruning: the step skips the masks (never reads them) and gives what masks of ones give:
@@ -504,6 +516,7 @@ def test_without_pruning_the_step_equals_masks_of_ones(tail):
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
 @pytest.mark.parametrize("sparsity", ["0", "0.5"])
 def test_the_step_reads_the_masks_only_with_pruning(tail, sparsity):
@@ -520,6 +533,7 @@ def test_the_step_reads_the_masks_only_with_pruning(tail, sparsity):
     assert read == (sparsity != "0")
 
 
+@pytest.mark.slow
 def test_debug_checks_absent_from_the_program_when_off():
     """Debug off: no check enters the traced step (jdqn.agent.debug owns the checks themselves)."""
     state = _filled(_learner())
@@ -616,6 +630,7 @@ def test_packed_metrics_round_trip_exactly_with_dtypes_and_leading_axes() -> Non
         unpack_metrics(packed[:-1], record)
 
 
+@pytest.mark.slow
 def test_the_static_metrics_record_matches_what_the_step_returns() -> None:
     from jdqn.agent import LEARNER_METRICS_RECORD
 
@@ -629,6 +644,7 @@ def test_the_static_metrics_record_matches_what_the_step_returns() -> None:
         assert (got.shape, got.dtype) == (want.shape, want.dtype)
 
 
+@pytest.mark.slow
 def test_is_weights_and_donors_enter_the_loss(monkeypatch):
     """The sampled rows' IS weights multiply their loss terms and the donors' rows add theirs:
     with every IS weight set to w (the sampler patched to return w, through the step's beta
@@ -656,6 +672,7 @@ def test_is_weights_and_donors_enter_the_loss(monkeypatch):
     np.testing.assert_allclose(parts[0.5], donors + 0.5 * sampled, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("write, resume", [(FUSED, XLA_TAIL), (XLA_TAIL, FUSED)])
 def test_a_checkpoint_resumes_under_the_other_update(tmp_path, write, resume):
     """One state form whatever the implementation (jdqn.accel): a state stepped and saved with

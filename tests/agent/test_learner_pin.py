@@ -184,15 +184,18 @@ def _on_cpu():
         yield
 
 
+@pytest.mark.slow
 def test_one_xla_step_matches_the_pinned_values():
     _check("xla_one", rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_fifty_xla_steps_in_a_scan_match_the_pinned_values():
     # Rounding grows over 50 Adam steps (Adam divides by sqrt(nu)), hence the wider band.
     _check("xla_scan", rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_one_step_of_the_kernels_tail_match_the_pinned_values():
     _check("kernels", rtol=1e-5, atol=1e-6)
 

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -66,6 +67,7 @@ def test_projection_hand_cases():
     np.testing.assert_allclose(m, _project64(p, rewards, discounts), atol=1e-6)
 
 
+@pytest.mark.slow
 @given(
     seed=st.integers(0, 2**16),
     reward=st.floats(-30, 30, width=32),
@@ -86,6 +88,7 @@ def test_label_smoothing():
     np.testing.assert_allclose(out.sum(-1), 1.0, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_double_dqn_picks_by_online_scores_by_target():
     support = jnp.asarray(SUPPORT, jnp.float32)
     q_online = jnp.array([[1.0, 3.0, 2.0]], jnp.float32)  # online prefers action 1
@@ -110,6 +113,7 @@ def test_double_dqn_picks_by_online_scores_by_target():
     np.testing.assert_allclose(np.asarray(y), [10.0])  # 30 - 6.75 clips to v_max
 
 
+@pytest.mark.slow
 def test_double_dqn_target_is_the_softmax_of_a_stars_row_against_float64():
     rng = np.random.default_rng(3)
     logits = rng.normal(0.0, 4.0, (6, 2, 3, 5)).astype(np.float32)  # [R, K, A, N]
@@ -124,6 +128,7 @@ def test_double_dqn_target_is_the_softmax_of_a_stars_row_against_float64():
     np.testing.assert_allclose(q_star, want @ SUPPORT, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_select_action_matches_indexing_and_keeps_other_actions_out():
     rng = np.random.default_rng(0)
     values = rng.normal(size=(4, 2, 3, 5)).astype(np.float32)  # [R, K, A, N]
@@ -145,6 +150,7 @@ def test_select_action_matches_indexing_and_keeps_other_actions_out():
     np.testing.assert_array_equal(grad, np.eye(3)[action][:, None, :].repeat(2, axis=1))
 
 
+@pytest.mark.slow
 def test_cross_entropy_from_log_probs():
     logits = jax.random.normal(jax.random.PRNGKey(1), (7, 5)) * 3.0
     target = jnp.asarray(_softmax64(np.arange(35.0).reshape(7, 5) / 10.0), jnp.float32)
@@ -162,6 +168,7 @@ def _c51_head64(logits, support, action, target):
     return q, -(target * taken).sum(-1)
 
 
+@pytest.mark.slow
 def test_c51_head_values_and_closed_form_gradient_against_float64_differences():
     """The custom VJP against central differences of a float64 forward, for random cotangents
     of both outputs and a target whose mass is not exactly 1 (the gradient keeps M p - m)."""
@@ -207,6 +214,7 @@ def test_q_regression_loss_and_huber():
     np.testing.assert_allclose(huber, [0.01, 0.15, 0.51])  # hand values
 
 
+@pytest.mark.slow
 def test_cross_entropy_of_log_softmax_matches_float64():
     logits = jax.random.normal(jax.random.PRNGKey(0), (6, 5)) * 20.0  # large: needs log_softmax
     target = jax.nn.softmax(jax.random.normal(jax.random.PRNGKey(1), (6, 5)))
@@ -219,6 +227,7 @@ def test_cross_entropy_of_log_softmax_matches_float64():
     np.testing.assert_allclose(out, expected, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_ensemble_diversity_formula():
     q = jax.random.normal(jax.random.PRNGKey(0), (4, 3, 5))
     qn = np.asarray(q, np.float64)
@@ -237,6 +246,7 @@ def test_ensemble_diversity_formula():
     np.testing.assert_allclose(float(losses.ensemble_diversity(opposite, 1.0)), -1.0, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_causal_intervention_permutes_only_the_declared_columns():
     obs = jnp.arange(24, dtype=jnp.float32).reshape(6, 4)
     out = np.asarray(losses.causal_intervention(jax.random.PRNGKey(2), obs, (0, 2)))
@@ -246,6 +256,7 @@ def test_causal_intervention_permutes_only_the_declared_columns():
     np.testing.assert_array_equal(out[:, 2], np.asarray(obs)[rows, 2])  # one permutation
 
 
+@pytest.mark.slow
 def test_causal_kl_zero_when_non_causal_columns_are_identical():
     obs = jax.random.normal(jax.random.PRNGKey(0), (8, 4))
     obs = obs.at[:, 1].set(3.0)  # the non-causal column carries no information
@@ -255,6 +266,7 @@ def test_causal_kl_zero_when_non_causal_columns_are_identical():
     np.testing.assert_array_equal(kl, 0.0)
 
 
+@pytest.mark.slow
 def test_causal_kl_matches_float64_and_only_the_intervened_side_gets_gradient():
     a = jax.random.normal(jax.random.PRNGKey(0), (3, 5))
     b = jax.random.normal(jax.random.PRNGKey(1), (3, 5))
@@ -268,6 +280,7 @@ def test_causal_kl_matches_float64_and_only_the_intervened_side_gets_gradient():
     np.testing.assert_allclose(grad_b, q - p, rtol=1e-5, atol=1e-6)  # d KL / d logits_q
 
 
+@pytest.mark.slow
 def test_causal_kl_closed_form_gradient_against_float64_differences():
     """The custom VJP against central differences of a float64 forward, for random cotangents
     and a reference whose mass is not exactly 1 (the gradient keeps M q - p), also under the
@@ -298,6 +311,7 @@ def test_edge_mass():
     np.testing.assert_allclose(losses.edge_mass(m), [0.5], rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_mse_unit_reward_measures_the_error_in_reward_units():
     """``loss.mse_unit=reward``: the MSE part is the plain squared error, (v_max - v_min)^2 times
     the support-width part; the C51 part does not change."""
@@ -320,6 +334,7 @@ def test_mse_unit_reward_measures_the_error_in_reward_units():
     np.testing.assert_allclose(reward_parts[1], width_parts[1])
 
 
+@pytest.mark.slow
 def test_the_closed_form_gradients_equal_autodiffs_when_pieces_ask_for_autodiff():
     """``Pieces(vjp="autodiff")`` (jdqn.accel.pieces): c51_head and causal_kl without their
     custom VJPs, JAX differentiating the same forwards; the same values and gradients (under a

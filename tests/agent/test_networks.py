@@ -26,6 +26,7 @@ def test_spectral_sigma_matches_svd_after_power_iterations():
     np.testing.assert_allclose(float(sigma), top, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_spectral_modes_clip_and_divide():
     net = _cfg().network
     state = networks.init_network(jax.random.PRNGKey(0), _cfg(), 5)
@@ -55,6 +56,7 @@ def test_spectral_modes_clip_and_divide():
     np.testing.assert_array_equal(eff_clip["head"]["kernel"], small["head"]["kernel"])
 
 
+@pytest.mark.slow
 def test_update_u_false_returns_stored_u_and_u_gets_no_gradient():
     cfg = _cfg()
     state = networks.init_network(jax.random.PRNGKey(3), cfg, 5)
@@ -80,6 +82,7 @@ def test_update_u_false_returns_stored_u_and_u_gets_no_gradient():
         np.testing.assert_array_equal(g, 0.0)
 
 
+@pytest.mark.slow
 def test_logits_shape_q_inside_support_and_bf16_matmuls():
     cfg = _cfg("network.n_heads=3")
     state = networks.init_network(jax.random.PRNGKey(0), cfg, 5)
@@ -135,6 +138,7 @@ def test_magnitude_masks_hand_case():
     np.testing.assert_allclose(float(networks.mask_sparsity(masks)), 0.5)
 
 
+@pytest.mark.slow
 @given(
     sparsity=st.floats(0.0, 0.99),
     seed=st.integers(0, 2**16),
@@ -153,6 +157,7 @@ def test_magnitude_masks_prune_exactly_the_smallest(sparsity, seed, shape):
         assert magnitudes[mask == 0].max() <= magnitudes[mask == 1].min()
 
 
+@pytest.mark.slow
 def test_pruned_weights_stay_exactly_zero_after_100_adam_steps():
     cfg = _cfg()
     state = networks.init_network(jax.random.PRNGKey(0), cfg, 5)
@@ -192,6 +197,7 @@ def test_pruned_weights_stay_exactly_zero_after_100_adam_steps():
         assert np.mean(p[m == 1] != p0[m == 1]) > 0.5  # the kept weights did train
 
 
+@pytest.mark.slow
 def test_bootstrap_masks_fixed_per_slot_with_rate_prob():
     key = jax.random.PRNGKey(0)
     slots = jnp.arange(4000)
@@ -204,6 +210,7 @@ def test_bootstrap_masks_fixed_per_slot_with_rate_prob():
     np.testing.assert_array_equal(again[1], masks[3])
 
 
+@pytest.mark.slow
 def test_spectral_sigma_gradient_is_the_papers_outer_product():
     """d sigma / dW = v u^T (Miyato et al., 2018) with v = W^T u / |W^T u| and u = W v / |W v|
     from one power iteration, computed here in float64 numpy; finite for an all-zero kernel."""
@@ -229,6 +236,7 @@ def test_spectral_sigma_gradient_is_the_papers_outer_product():
     assert np.all(np.isfinite(np.asarray(zero_grad)))
 
 
+@pytest.mark.slow
 def test_forward_is_the_relu_mlp_with_an_out_major_head_against_float64():
     """Torso kernels [in, out], the head's [out, in] (``networks.HEAD``): x @ W_head^T + b."""
     cfg = _cfg("network.n_heads=2", "network.spectral_norm=false")
@@ -246,6 +254,7 @@ def test_forward_is_the_relu_mlp_with_an_out_major_head_against_float64():
     np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_param_layout_round_trips_and_matches_the_tree_by_hand():
     """The flat order of the gradient surgery's rows: each leaf's entries, row-major, in leaf
     order."""
@@ -277,6 +286,7 @@ def test_param_layout_round_trips_and_matches_the_tree_by_hand():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_init_is_lecun_normal_truncated_at_two_sd_with_unit_u():
     """The distribution of flax's ``lecun_normal`` (variance 1 / fan_in, truncated at 2 sd)."""
     cfg = apply_overrides(SMOKETEST, ["network.hidden=[256,128]", "network.n_atoms=11"])

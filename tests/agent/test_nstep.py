@@ -94,6 +94,7 @@ def test_fold_stops_at_a_terminal_and_at_the_windows_end(n):
         assert float(got.next_position) == POSITIONS[int(part.action[m - 1])]
 
 
+@pytest.mark.slow
 def test_first_training_iteration_follows_the_buffers_fill():
     """The first iteration whose insert leaves a batch in the buffer, against a simulation of
     the inserts (none while the epoch's first window fills, one per slice per iteration, the
@@ -154,6 +155,7 @@ def _trained(n, bootstrap_end, capacity=32):
     return cfg, program, fold, state, history
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("n", "bootstrap_end"),
     # (7, False): slices of 5 steps, shorter than n, are inserted whole at their end
@@ -233,6 +235,7 @@ def test_stored_transitions_and_batch_targets_match_a_float64_loop(n, bootstrap_
     assert int(state.learner.step) == trained.sum() > 0
 
 
+@pytest.mark.slow
 def test_a_slice_end_beyond_the_buffers_capacity_is_inserted_in_ring_order():
     """n = 7 over slices of 5 steps inserts 10 rows at each slice end into a buffer of 8 (in
     chunks of at most its capacity): the newest 8 rows, bars 1-4 of the second epoch, stay."""
@@ -246,6 +249,7 @@ def test_a_slice_end_beyond_the_buffers_capacity_is_inserted_in_ring_order():
     np.testing.assert_array_equal(np.asarray(replay.transitions.n_step.done)[slots], 1.0)
 
 
+@pytest.mark.slow
 def test_a_learner_step_at_n3_bootstraps_with_gamma_to_the_m(monkeypatch):
     """One learner step at n = 3: ``td_target`` gets the stored n-step return and
     gamma^m (1 - done) for sampled rows, and the one-step reward and gamma for donors."""

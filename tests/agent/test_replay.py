@@ -78,6 +78,7 @@ def test_init_shapes_and_dtypes():
     assert float(state.max_priority) == 1.0
 
 
+@pytest.mark.slow
 def test_ring_insertion_wraps_and_uses_max_priority():
     state = replay_init(5, example_transition(N_FEATURES))
     add = jax.jit(replay_add)
@@ -112,6 +113,7 @@ def chi_square(counts, probabilities):
     return float(np.sum((counts - expected) ** 2 / expected))
 
 
+@pytest.mark.slow
 def test_sample_frequencies_match_p_alpha_chi_square():
     rng = np.random.default_rng(0)
     capacity, size, alpha = 256, 200, 0.6
@@ -137,6 +139,7 @@ def test_sample_frequencies_match_p_alpha_chi_square():
     assert chi_square(counts, wrong) > 3 * bound
 
 
+@pytest.mark.slow
 def test_sample_alpha_zero_is_uniform_over_written_slots():
     priorities = np.r_[np.geomspace(1e-3, 1e3, 40), np.zeros(24)]
     state = state_with(priorities, 40)
@@ -150,6 +153,7 @@ def test_sample_alpha_zero_is_uniform_over_written_slots():
     np.testing.assert_array_equal(weights, 1.0)  # equal probabilities -> equal weights
 
 
+@pytest.mark.slow
 def test_is_weights_hand_checked():
     # p = [1, 2, 4], slot 3 never written; alpha = 1: P = [1/7, 2/7, 4/7], N = 3.
     state = state_with([1.0, 2.0, 4.0, 0.0], 3)
@@ -165,6 +169,7 @@ def test_is_weights_hand_checked():
     np.testing.assert_array_equal(batch.reward, indices)  # rows gathered from the right slots
 
 
+@pytest.mark.slow
 def test_search_never_lands_on_zero_mass_at_boundaries():
     mass = jnp.array([0.0, 1.0, 0.0, 0.0, 2.0, 0.0], jnp.float32)
     # Prefix sums as a parallel float32 scan might round them: a zero-mass slot (2) on a strict
@@ -206,6 +211,7 @@ def pick_jit(mass, cumulative, fractions):
     return _first_positive_above(mass, cumulative, _below(fractions * top, top))
 
 
+@pytest.mark.slow
 @given(
     exponents=st.lists(st.one_of(st.none(), st.floats(-30, 30)), min_size=1, max_size=300),
     fractions=st.lists(st.floats(0.0, 1.0), min_size=1, max_size=20),
@@ -227,6 +233,7 @@ def test_search_property_only_positive_mass(exponents, fractions, noise):
     assert np.all(mass[found] > 0)
 
 
+@pytest.mark.slow
 def test_extreme_uniforms_at_capacity_256():
     rng = np.random.default_rng(4)
     priorities = np.zeros(256)
@@ -245,6 +252,7 @@ def test_extreme_uniforms_at_capacity_256():
             assert_valid_draws(indices, priorities, 150)
 
 
+@pytest.mark.slow
 def test_never_unwritten_or_zero_at_one_million_float32():
     rng = np.random.default_rng(6)
     capacity, size = 1_000_000, 700_003
@@ -270,6 +278,7 @@ def test_never_unwritten_or_zero_at_one_million_float32():
             assert np.all(np.isfinite(weights))
 
 
+@pytest.mark.slow
 def test_one_million_binned_frequencies():
     # Two-level search keeps float32 proportions right at 1e6 slots: chi-square over 25 bins.
     rng = np.random.default_rng(7)
@@ -288,12 +297,14 @@ def test_one_million_binned_frequencies():
     assert chi_square(counts, want) < df + 5 * np.sqrt(2 * df)
 
 
+@pytest.mark.slow
 def test_empty_buffer_sample_has_zero_weight():
     state = replay_init(8, example_transition(N_FEATURES))
     _, _, weights = sample_jit(state, jax.random.key(0), 4, 0.6, jnp.float32(0.4))
     np.testing.assert_array_equal(weights, 0.0)
 
 
+@pytest.mark.slow
 def test_update_valid_mask_sanitising_and_duplicates():
     state = state_with([1.0, 1.0, 1.0, 1.0, 1.0, 0.0], 5)
     indices = jnp.array([0, 1, 2, 3, 3, 4, 4, 5, 2], jnp.int32)
@@ -328,6 +339,7 @@ def lifecycle(key, data):
     return replay_sample(state, next_key, 8, 0.6, jnp.float32(0.5)), state
 
 
+@pytest.mark.slow
 def test_vmap_over_seed_axis_matches_per_seed_runs():
     data = [rows(np.arange(20) + 100 * s) for s in range(3)]
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *data)

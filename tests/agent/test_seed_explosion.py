@@ -105,16 +105,19 @@ def _stays_proper(history) -> bool:
     return bool(proper and np.all(np.isfinite(history)) and settled)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("flaws", [ALL_FLAWS, frozenset({"projection"})], ids=["all", "alone"])
 def test_the_unclipped_projection_makes_the_blended_loss_run_off(flaws):
     assert _runs_off(_descend(flaws))
 
 
+@pytest.mark.slow
 def test_the_budget_flaw_only_speeds_the_run_off():
     alone, with_budget = _descend(frozenset({"projection"})), _descend(ALL_FLAWS - {"bf16"})
     assert with_budget[-1, 1] > 3.0 * alone[-1, 1]  # |logit| 137 against 33 after 300 steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flaws",
     [frozenset(), frozenset({"bf16"}), frozenset({"budget"}), ALL_FLAWS - {"projection"}],

@@ -76,6 +76,7 @@ def test_vaccine_matches_float64_formula_and_reaches_phi_hat(seed):
     assert cosine64(out.g2, g1) == pytest.approx(phi_hat, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_vaccine_antiparallel_is_finite():
     # phi = -1: float32 cannot resolve the perpendicular part, but nothing may blow up.
     g1 = jnp.linspace(-1.0, 2.0, 100, dtype=jnp.float32)
@@ -135,6 +136,7 @@ def test_vaccine_zero_vectors_are_safe(which):
     assert float(out.phi_hat) == pytest.approx(0.3)
 
 
+@pytest.mark.slow
 def test_vaccine_float32_outputs_and_large_entries_do_not_overflow():
     g1 = jnp.full((1000,), 1e30, jnp.float32)  # sum of squares would overflow float32
     g2 = jnp.concatenate([-jnp.full((500,), 1e30), jnp.full((500,), 2e30)]).astype(jnp.float32)
@@ -145,6 +147,7 @@ def test_vaccine_float32_outputs_and_large_entries_do_not_overflow():
     assert cosine64(out.g1, g2) == pytest.approx(0.5, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_vaccine_jit_and_vmap_agree_with_eager():
     rng = np.random.default_rng(3)
     g1 = jnp.asarray(rng.normal(size=(4, 64)), jnp.float32)
@@ -189,6 +192,7 @@ def test_budget_clip_zero_vector_and_non_finite():
     assert np.isnan(np.asarray(poisoned)).any()  # not hidden: the guard must see it
 
 
+@pytest.mark.slow
 @given(
     values=st.lists(
         st.floats(-1e15, 1e15, allow_nan=False).map(np.float32), min_size=1, max_size=40
@@ -247,6 +251,7 @@ def _pair(seed, size=500, theta=None):
     return g1, g2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(12))
 @pytest.mark.parametrize("due", [True, False])
 def test_fused_surgery_matches_the_float64_vaccine_then_budget(seed, due):
@@ -320,6 +325,7 @@ def test_scalars_from_the_gram_matrix_weight_the_raw_rows_to_the_float64_total(s
     np.testing.assert_allclose(out.norms_after, ref_after, rtol=2e-5, atol=1e-30)
 
 
+@pytest.mark.slow
 def test_fused_surgery_equals_the_unfused_float32_functions():
     g1, g2 = _pair(7)
     f1, f2 = jnp.asarray(g1, jnp.float32), jnp.asarray(g2, jnp.float32)
@@ -333,6 +339,7 @@ def test_fused_surgery_equals_the_unfused_float32_functions():
     assert float(out.phi_hat) == pytest.approx(float(vaccine.phi_hat), abs=1e-6)
 
 
+@pytest.mark.slow
 def test_total_norm_of_parts_that_cancel_and_of_a_non_finite_part():
     g = np.random.default_rng(3).normal(size=1000)
     # MSE and the extra part cancel exactly; C51 is off (share 0): the total is 0.
@@ -359,6 +366,7 @@ def test_total_norm_of_parts_that_cancel_and_of_a_non_finite_part():
     assert not np.isfinite(float(out.total_norm))
 
 
+@pytest.mark.slow
 def test_fused_surgery_edge_cases():
     ones = jnp.ones((1000,), jnp.float32)
     # Entries near the float32 range: the norms and the Gram matrix do not overflow.
@@ -379,6 +387,7 @@ def test_fused_surgery_edge_cases():
     assert np.isnan(float(out.g1[3])) and np.isnan(float(out.norms_after[0]))
 
 
+@pytest.mark.slow
 def test_fused_surgery_vmaps_like_single_calls():
     grads = jnp.asarray(np.stack([np.stack(_pair(s)) for s in range(3)]), jnp.float32)
     due = jnp.asarray([True, False, True])

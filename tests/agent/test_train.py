@@ -26,6 +26,7 @@ def _two_vmapped_runs(cfg):
     return program, folds, state, jax.jit(jax.vmap(program.run_chunk, (0, 0, None, None)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "trained"),
     [
@@ -51,6 +52,7 @@ def test_the_learner_trains_once_a_batch_is_stored_on_due_iterations(overrides, 
     assert np.all((losses > 0) == np.asarray(trained))  # untrained iterations report zeros
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -95,6 +97,7 @@ def test_the_causal_term_is_due_on_the_learners_own_step_count(overrides):
     assert checked >= 6 and int(np.asarray(state.learner.step)[0]) > 3 * updates
 
 
+@pytest.mark.slow
 def test_the_learner_schedule_from_the_index_is_the_buffers():
     """``learner_schedule`` (which iterations train and the learner steps before each, from the
     iteration's index alone) against a simulation of the buffer's fill, over a grid of

@@ -100,6 +100,7 @@ def test_unknown_case_is_refused_with_the_valid_ones():
         learning.run(learning.SMALL._replace(cases=("nope",)))
 
 
+@pytest.mark.slow
 def test_a_finished_case_is_stored_and_reused_until_its_inputs_change(tmp_path, monkeypatch):
     calls = []
 
@@ -149,6 +150,7 @@ def test_comparing_settings_on_evaluation_paths_is_called_out(capsys, monkeypatc
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_the_yardstick_judges_the_baselines_without_training(monkeypatch):
     """The bar to reach, from the baselines alone: on a martingale the informed rule and the
     causal bound are 0 (no drift); on planted momentum both are positive."""

@@ -80,6 +80,7 @@ def case_run(request, tmp_path_factory):
     return request.param, frame, outcome, tmp, lines
 
 
+@pytest.mark.slow
 def test_evaluate_reads_the_runs_bars_as_the_run_did(case_run, capsys):
     name, frame, outcome, tmp, lines = case_run
     results = outcome.results

@@ -177,6 +177,7 @@ def test_invalid_arguments():
         write_bars(synthetic_bars(10), "bars.xlsx")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".csv", ".parquet"])
 def test_a_storage_failure_while_synthesising_leaves_no_file(tmp_path, suffix):
     """Case F6: a full disk left a truncated CSV or a 0-byte Parquet (here the file-size limit

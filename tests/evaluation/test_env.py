@@ -93,6 +93,7 @@ def test_reward_scale_multiplies_net_points():
     np.testing.assert_allclose(info["cost_points"], [0.3, 0.6, 0.3], rtol=1e-6)  # unscaled
 
 
+@pytest.mark.slow
 @given(markets())
 def test_matches_float64_reference(market):
     """Tolerance: prices and price changes on the 0.25 grid below 2^24 ticks are exact in float32,
@@ -143,6 +144,7 @@ def test_rewards_on_the_tick_grid_are_exact(moves, actions, slippage_ticks):
     np.testing.assert_array_equal(np.asarray(reward, np.float64), ref.reward)
 
 
+@pytest.mark.slow
 @given(markets(), st.integers(1, N_BARS - 2), st.integers(0, 2**31 - 1))
 def test_no_look_ahead(market, t, seed):
     """Observations up to bar t (and rewards up to step t-1) ignore every bar after t."""
@@ -231,6 +233,7 @@ def _run_slices(sliced, actions):
 _run_slices_jit = jax.jit(_run_slices)
 
 
+@pytest.mark.slow
 def test_lock_step_slices_equal_independent_episodes():
     n_slices, n_iters = 4, 20  # slices of 5 bars (bars 3..22): several auto-resets each
     params = _random_fold(0, n_bars=23)
@@ -273,6 +276,7 @@ def test_reset_slices_checks_slice_count():
         env.reset_slices(jax.random.key(0), sliced, 3)
 
 
+@pytest.mark.slow
 def test_vmap_over_folds_of_different_data():
     folds = [_random_fold(10), _random_fold(11).replace(start=jnp.int32(4), end=jnp.int32(20))]
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *folds)
@@ -296,6 +300,7 @@ def test_vmap_over_folds_of_different_data():
     assert not np.array_equal(batched[1][2][0], batched[1][2][1])  # folds really differ
 
 
+@pytest.mark.slow
 def test_jit_matches_no_jit_and_does_not_recompile():
     cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0))
     params = _random_fold(5, n_bars=12, cfg=cfg)  # short: the unjitted scan runs op by op

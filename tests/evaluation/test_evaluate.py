@@ -190,6 +190,7 @@ def test_buy_and_hold_earns_the_move_minus_one_entry(positions, start, end):
     assert result["n_round_trips"] == 0 and record.positions.shape == (end - start - 1,)
 
 
+@pytest.mark.slow
 def test_random_rollout_matches_the_reference_and_pads_with_zeros():
     cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0), slippage_ticks=2.0)
     params = _fold(2, cfg, start=4, end=30)
@@ -214,6 +215,7 @@ def test_random_rollout_matches_the_reference_and_pads_with_zeros():
     assert not np.array_equal(other.actions, full.actions)
 
 
+@pytest.mark.slow
 def test_greedy_policy_follows_q_and_rollout_vmaps_over_folds():
     # Q favours long when feature 0 > 0, short otherwise; position (last obs entry) is ignored
     def q_fn(obs):
@@ -233,6 +235,7 @@ def test_greedy_policy_follows_q_and_rollout_vmaps_over_folds():
         np.testing.assert_array_equal(record.actions, np.where(feature0 > 0, 2, 0))
 
 
+@pytest.mark.slow
 def test_evaluate_baselines_returns_metrics_and_rollouts():
     cfg = EnvConfig()
     params = _fold(5, cfg, start=1, end=37)
@@ -252,6 +255,7 @@ def test_evaluate_baselines_returns_metrics_and_rollouts():
     assert again["random"]["metrics"] == results["random"]["metrics"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("start", "end"), [(0, None), (3, 29)])
 def test_baselines_in_one_scan_are_each_policy_run_alone(start, end):
     """The one-scan baselines (a switch on the lane index under vmap) give each policy's own

@@ -69,6 +69,7 @@ def _curve(run_dir: Path, fold: int, seed: int) -> pd.DataFrame:
     return pd.read_csv(run_dir / "curves" / f"fold{fold}_seed{seed}_equity.csv")
 
 
+@pytest.mark.slow
 def test_every_run_saves_a_bundle_in_the_documented_format(tiny_run):
     run_dir = tiny_run.run_dir
     assert saved_policies(run_dir) == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -97,6 +98,7 @@ def test_every_run_saves_a_bundle_in_the_documented_format(tiny_run):
     assert not list((run_dir / "policies").glob(".*"))  # no staging directory left
 
 
+@pytest.mark.slow
 def test_act_reproduces_the_walk_forward_test_actions(tiny_run):
     bars = load_bars(ES_SAMPLE)
     for row in tiny_run.results["folds"]:
@@ -110,6 +112,7 @@ def test_act_reproduces_the_walk_forward_test_actions(tiny_run):
         assert set(np.unique(positions[start:])) <= {-1.0, 0.0, 1.0}
 
 
+@pytest.mark.slow
 def test_act_on_the_test_window_with_only_its_warm_up_before_it(tiny_run):
     """Features need only the lookback: the window's own bars plus the warm-up act the same."""
     frame = pd.read_csv(ES_SAMPLE)
@@ -124,6 +127,7 @@ def test_act_on_the_test_window_with_only_its_warm_up_before_it(tiny_run):
     assert not np.isnan(positions[-1])
 
 
+@pytest.mark.slow
 def test_the_readme_example_runs_as_written(tiny_run, tmp_path, monkeypatch):
     """The README's three lines, verbatim but for the paths."""
     frame = pd.read_csv(ES_SAMPLE).iloc[-400:]
@@ -250,6 +254,7 @@ def _test_window_file(run_dir: Path, results: dict, fold: int, path: Path) -> Pa
     return path
 
 
+@pytest.mark.slow
 def test_evaluate_on_the_runs_own_test_window_gives_back_its_results(tiny_run, tmp_path, capsys):
     results, run_dir = tiny_run.results, tiny_run.run_dir
     bars = _test_window_file(run_dir, results, 1, tmp_path / "fold1.csv")
@@ -290,6 +295,7 @@ def test_evaluate_on_the_runs_own_test_window_gives_back_its_results(tiny_run, t
     ]
 
 
+@pytest.mark.slow
 def test_evaluate_annualises_the_daily_sharpe_by_the_runs_calendar(tiny_run, tmp_path, monkeypatch):
     # The same saved policies on the same four days of bars, judged as runs of a 252-day and of
     # a 365-day calendar (as crypto's): the daily Sharpe is annualised by the run's calendar,
@@ -380,6 +386,7 @@ def test_bundles_hold_each_runs_parameter_tree_and_halted_runs_save_none(tiny_ru
     assert again.meta == saved[1].meta
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("moment", ["as its directory is made", "while it writes"])
 def test_a_sigterm_during_evaluate_ends_it_as_ctrl_c_and_leaves_nothing(
     tiny_run, tmp_path, monkeypatch, moment

@@ -275,6 +275,7 @@ def test_the_clustered_interval_covers_the_spread_between_windows():
     assert clustered["clusters"] == 5 and clustered["n"] == 30
 
 
+@pytest.mark.slow
 def test_the_clustered_interval_of_single_runs_is_the_exact_bootstrap_one():
     """One run per window: the two-stage bootstrap is the plain bootstrap of the 9 values, whose
     median is at most the k-th smallest value with probability P(Binomial(9, k/9) >= 5) (an

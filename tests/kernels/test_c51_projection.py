@@ -123,6 +123,7 @@ HAND_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", FAST_IMPLS + PALLAS_IMPLS[:1])
 def test_hand_cases(impl):
     rewards = np.array([case[0] for case in HAND_CASES], np.float32)
@@ -143,6 +144,7 @@ def test_hand_cases(impl):
 SUPPORTS = {51: (-25.0, 25.0), 101: (-25.0, 25.0), 201: (-25.0, 25.0)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", FAST_IMPLS)
 @pytest.mark.parametrize("n_atoms", [51, 101, 201])
 @pytest.mark.parametrize("batch", [1, 37, 64, 4096])
@@ -171,6 +173,7 @@ if ON_GPU:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("impl", "batch", "n_atoms"), KERNEL_CASES)
 def test_kernel_matches_numpy_and_writes_every_element(impl, batch, n_atoms):
     """The Pallas kernel with its output buffer poisoned (NaN, aliased in) before it runs."""
@@ -183,6 +186,7 @@ def test_kernel_matches_numpy_and_writes_every_element(impl, batch, n_atoms):
     check_projection(out, *args, v_min, v_max)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", FAST_IMPLS + PALLAS_IMPLS[:1])
 def test_default_support_and_any_discount(impl):
     """The DEFAULT +-240 support, and discounts outside [0, 1] (negative reverses the order)."""
@@ -191,6 +195,7 @@ def test_default_support_and_any_discount(impl):
     check_projection(project(impl, *args, -240.0, 240.0), *args, -240.0, 240.0)
 
 
+@pytest.mark.slow
 def test_mean_is_preserved_inside_the_support():
     """Hat interpolation keeps the first moment when nothing is clipped: E[m] = r + g E[p]."""
     rng = np.random.default_rng(3)
@@ -203,6 +208,7 @@ def test_mean_is_preserved_inside_the_support():
         np.testing.assert_allclose(out @ atoms, rewards + discounts * (probs @ atoms), atol=2e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", FAST_IMPLS + PALLAS_IMPLS[:1])
 def test_non_finite_inputs_give_nan_rows_not_garbage(impl):
     """A NaN in probs, reward or discount makes that row NaN (for the guard); others are intact."""
@@ -222,6 +228,7 @@ def test_non_finite_inputs_give_nan_rows_not_garbage(impl):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", FAST_IMPLS + PALLAS_IMPLS[:1])
 def test_vmap_over_leading_axes(impl):
     """The learner vmaps over folds x seeds: nested vmap, with an unmapped argument."""
@@ -242,6 +249,7 @@ def test_vmap_over_leading_axes(impl):
             np.testing.assert_allclose(out[f, s], expected, atol=ATOL)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["reference", "interpret"])
 def test_jit_matches_eager_and_does_not_recompile(impl):
     args = [jnp.asarray(a) for a in make_case(5, 37, 51, -25.0, 25.0)]
@@ -254,6 +262,7 @@ def test_jit_matches_eager_and_does_not_recompile(impl):
     assert fn._cache_size() == 1
 
 
+@pytest.mark.slow
 def test_no_gradient_flows():
     """Targets are constants: the projection is stop-gradient on all inputs."""
     args = [jnp.asarray(a) for a in make_case(8, 4, 51, -25.0, 25.0)]
@@ -292,6 +301,7 @@ def test_pallas_refuses_inputs_beyond_int32_offsets():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings(TRITON_DEPRECATION)
 @pytest.mark.parametrize("n_atoms", [2, 51, 64, 101, 201])
 @pytest.mark.parametrize("batch", [1, 37, 4096, 65537])
@@ -337,6 +347,7 @@ def test_cuda_lowering_rejects_a_non_power_of_two_block():
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["interpret", "xla_scatter"] + (["pallas"] if ON_GPU else []))
 def test_property_mass_kept_and_non_negative(impl):
     hypothesis = pytest.importorskip("hypothesis")

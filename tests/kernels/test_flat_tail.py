@@ -94,6 +94,7 @@ def _adam_expected(inputs, pre_ok=True, sync=False, **hyper):
     return adam_np(*(inputs[k] for k in keys), pre_ok, sync, *hyper)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("n", SIZES)
@@ -105,6 +106,7 @@ def test_gram_matches_numpy(impl, parts, n):
     np.testing.assert_allclose(np.asarray(gram), want_gram, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_gram_hand_case_zero_row_and_non_finite_rows(impl):
     grads = np.zeros((3, 5), np.float32)
@@ -118,6 +120,7 @@ def test_gram_hand_case_zero_row_and_non_finite_rows(impl):
     assert np.isfinite(row_max[0]) and np.isnan(row_max[1]) and np.isnan(row_max[2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("n", SIZES)
@@ -134,6 +137,7 @@ def test_adam_select_matches_numpy(impl, parts, n, sync):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 def test_adam_select_polyak_target(impl):
     inputs = _adam_inputs(np.random.default_rng(1), 3, 300)
@@ -142,6 +146,7 @@ def test_adam_select_polyak_target(impl):
     np.testing.assert_allclose(np.asarray(out.target), want[1], rtol=2e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", ["not_ok_before", "inf_gradient", "nan_gradient", "overflow"])
 def test_adam_select_keeps_the_old_state_when_the_guard_fails(impl, case):
@@ -173,6 +178,7 @@ def _split(grads, sizes=SEGMENTS):
     return tuple(jnp.asarray(g) for g in np.split(grads, np.cumsum(sizes)[:-1], axis=-1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("parts", [2, 3])
 def test_gram_of_segments_is_the_gram_of_their_concatenation(impl, parts):
@@ -197,6 +203,7 @@ def _whole(x):
     return np.concatenate([np.asarray(p) for p in x], -1) if isinstance(x, tuple) else x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("pre_ok", [True, False])
@@ -245,6 +252,7 @@ def _learner_grid(rng, parts):
     return grads, stacked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNELS)
 def test_segments_under_nested_vmap_equal_the_whole_matrix(impl):
     """Two vmapped axes of learners, gradients as segments, one launch per kernel: each
@@ -273,6 +281,7 @@ def test_segments_under_nested_vmap_equal_the_whole_matrix(impl):
                 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("sync", [False, True])
 def test_adam_select_of_leaf_vectors_with_polyak_and_unsynced_hard_target(impl, sync):
@@ -293,6 +302,7 @@ def test_adam_select_of_leaf_vectors_with_polyak_and_unsynced_hard_target(impl, 
             np.testing.assert_allclose(_whole(got), want, rtol=2e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNELS)
 def test_leaf_vectors_under_nested_vmap_equal_the_flat_vectors(impl):
     """Two vmapped axes of learners, the parameters and target in segments: one launch per
@@ -333,6 +343,7 @@ def test_segments_of_other_shapes_are_refused():
         flat_tail.gram(segments, impl="interpret")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("n", [37, 2 * flat_tail.BLOCK + 3])
 @pytest.mark.parametrize("tau", [0.0, 0.05])
@@ -371,6 +382,7 @@ def test_kernels_refuse_fewer_than_two_parts():
         _adam("interpret", inputs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNELS)
 @pytest.mark.parametrize("parts", [4, 5])
 def test_any_number_of_parts_matches_numpy(impl, parts):
@@ -396,6 +408,7 @@ def test_unknown_impl_is_refused():
         _adam("auto", _adam_inputs(np.random.default_rng(6), 2, 4))
 
 
+@pytest.mark.slow
 def test_reference_adam_is_optax_adam():
     """The reference's Adam against optax itself (the XLA path of the learner uses optax)."""
     inputs = _adam_inputs(np.random.default_rng(3), 2, 1000, count=0)
@@ -416,6 +429,7 @@ def test_reference_adam_is_optax_adam():
     np.testing.assert_allclose(np.asarray(out.nu), np.asarray(new_state[0].nu), rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNELS)
 @pytest.mark.parametrize("masks", [True, False], ids=["masks", "no_masks"])
 def test_nested_vmap_equals_one_learner_at_a_time(impl, masks):
@@ -457,6 +471,7 @@ def test_nested_vmap_equals_one_learner_at_a_time(impl, masks):
             close(got[i], want)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings(TRITON_DEPRECATION)
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("masks", [True, False], ids=["masks", "no_masks"])
@@ -479,6 +494,7 @@ def test_kernels_lower_for_cuda_as_three_launches_under_vmap(parts, masks):
     assert hlo.count("__gpu$xla.gpu.triton") == 3  # gram, Adam's sums, Adam's write
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings(TRITON_DEPRECATION)
 def test_kernels_of_segments_lower_for_cuda_as_three_launches():
     sizes = (1_024, 64, 4_096, 64, 9_792, 153)  # the smoketest network's layers
@@ -528,6 +544,7 @@ def _shown(inputs, bounds=None, **hyper):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", KERNELS)
 @pytest.mark.parametrize("case", ["shown", "pre_ok_false", "overflow", "nan_gradient"])
 def test_adam_select_with_bounds_gives_what_every_check_gives(impl, case):
@@ -561,6 +578,7 @@ def test_adam_select_with_bounds_gives_what_every_check_gives(impl, case):
         np.testing.assert_allclose(float(getattr(with_bounds.bounds, name)), stored, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_candidate_bounds_bound_the_candidate():
     """Each of candidate_bounds's bounds holds for the values the reference computes (the
     kernels' formulas in float32), up to float32 rounding, over magnitudes from ordinary to
@@ -627,6 +645,7 @@ def test_candidate_bounds_bound_the_candidate():
     check()
 
 
+@pytest.mark.slow
 def test_unknown_bounds_show_nothing():
     inputs = _adam_inputs(np.random.default_rng(8), 2, 10, count=1)
     assert not _shown(inputs, flat_tail.unknown_bounds())

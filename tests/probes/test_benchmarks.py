@@ -30,6 +30,7 @@ def test_projection_tune_sizes_flag_rejects_bad_cases(capsys) -> None:
     assert "want BxN cases" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_projection_benchmark_reports_kernel_time_per_call() -> None:
     """The projection section on this backend: a kernel time from the profiler for every
     implementation, next to the loop and call times, and the agreement with the scatter."""
@@ -75,6 +76,7 @@ def test_projection_goals_judge_the_80_us_target_and_the_fastest_implementation(
     assert projection.goals([r for r in rows if r["impl"] != "pallas"]) == []
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the CPU fallback of the CLI")
 def test_projection_cli_without_a_gpu_times_xla_only_and_refuses_tune(capsys) -> None:
     from benchmarks import projection

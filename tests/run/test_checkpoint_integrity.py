@@ -86,6 +86,7 @@ def test_an_intact_checkpoint_restores_with_its_manifest(saved):
 _ORBAX_LEFTOVERS = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
 
+@pytest.mark.slow
 @_ORBAX_LEFTOVERS
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
 def test_a_damaged_latest_checkpoint_is_refused_and_the_previous_one_restored(saved, damage):
@@ -140,6 +141,7 @@ def test_the_manifests_of_the_kept_steps_remain_and_only_those(tmp_path):
     reopened.close()
 
 
+@pytest.mark.slow
 @_ORBAX_LEFTOVERS
 def test_a_process_share_is_one_npz_per_step_verified_and_with_the_same_fallback(tmp_path):
     """A run of several processes: each writes its share in its own folder (ShareCheckpointer),

@@ -4,6 +4,7 @@ traceback; a resume rewrites the log whole or not at all."""
 import json
 
 import numpy as np
+import pytest
 from child import run_child
 
 from jdqn.config import SMOKETEST, apply_overrides
@@ -34,6 +35,7 @@ def _rows(epochs: int, chunks: int) -> str:
     return "".join(json.dumps(row) + "\n" for row in rows)
 
 
+@pytest.mark.slow
 def test_a_storage_failure_as_a_resume_rewrites_the_log_loses_no_row(tmp_path):
     """Case K8: the resume truncated metrics.jsonl before writing the rows it keeps, so a kill
     (here: the file-size limit) at that moment lost every earlier epoch's rows."""

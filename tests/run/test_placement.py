@@ -210,6 +210,7 @@ def test_a_run_sharded_over_four_devices_equals_the_one_device_run(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_the_scaling_section_counts_devices_and_measures_on_one():
     from jdqn.bench import scaling
 

@@ -72,6 +72,7 @@ def test_plot_processes_only_where_cores_are_spare(cores, processes):
     assert report.plot_processes(cores) == processes
 
 
+@pytest.mark.slow
 def test_plot_processes_draw_the_files_the_writer_thread_draws(tmp_path):
     names = [name for panel in report.TRAINING_CURVES for name in panel]
     rows = [
@@ -97,6 +98,7 @@ def test_plot_processes_draw_the_files_the_writer_thread_draws(tmp_path):
         assert drawn == (tmp_path / "thread" / name).read_bytes(), name
 
 
+@pytest.mark.slow
 def test_a_plot_process_imports_no_jax():
     """What a plot process imports (``jdqn.run.report`` and the plotting library) leaves JAX out,
     so the processes are ready before training ends; the package's learner names still load
@@ -112,6 +114,7 @@ def test_a_plot_process_imports_no_jax():
     assert done.stdout.split() == ["False", "False", "jdqn.agent.step"]
 
 
+@pytest.mark.slow
 def test_plot_processes_serve_the_later_runs_of_a_python_process(tmp_path):
     """Started once, kept: a later run's plots skip the start-up, and a run's end does not wait
     for the processes to exit (it did: 0.2 s, run V4)."""
@@ -131,6 +134,7 @@ def _ended(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_plot_processes_end_with_a_parent_that_leaves_abruptly(tmp_path):
     """The `jdqn` command ends with os._exit, which sends the pool no stop signal: the plot
@@ -163,6 +167,7 @@ def _die():
     os._exit(1)
 
 
+@pytest.mark.slow
 def test_after_a_plot_process_dies_the_plots_go_to_the_writer_thread(tmp_path):
     """A plot process that dies (killed, out of memory) fails its own plot, which the block
     raises at its end like any failed write; the run's later plots are drawn on the writer
@@ -209,6 +214,7 @@ def test_equity_csv_round_trips_exactly_with_rows_at_the_realising_bar(tmp_path)
         report.write_equity_csv(path, stamps, {"a": np.zeros(3), "b": np.zeros(4)}, {})
 
 
+@pytest.mark.slow
 def test_the_plotting_library_is_imported_only_for_plots_and_off_the_main_thread():
     """``import jdqn.run.walkforward`` leaves matplotlib out (runs without plots never pay its
     import); ``BackgroundWrites(PLOT_MODULES)`` imports it on the writer thread."""

@@ -141,6 +141,7 @@ for _ in range(int(sys.argv[2])):
 """
 
 
+@pytest.mark.slow
 def test_two_processes_creating_runs_of_one_name_never_collide(tmp_path):
     """Tight pairs raced into FileExistsError before creation was one exclusive mkdir."""
     n = 60

@@ -38,6 +38,7 @@ def test_sigterm_raises_terminated_which_is_a_ctrl_c():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("signum", "raised"),
     [(signal.SIGTERM, termination.Terminated), (signal.SIGINT, KeyboardInterrupt)],

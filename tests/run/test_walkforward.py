@@ -183,6 +183,7 @@ def test_same_seed_same_numbers_other_seed_other_numbers(tmp_path, monkeypatch):
     assert _agent_numbers(first) != _agent_numbers(other)
 
 
+@pytest.mark.slow
 def test_a_warm_run_loads_its_programs_instead_of_tracing_them(tmp_path, monkeypatch):
     """On the GPU a second process with the same config and shapes (here: a second run in this
     one) finds the compiled training, init, evaluation and baselines programs on disk: it
@@ -513,6 +514,7 @@ def test_a_checkpoint_of_another_state_layout_is_a_one_line_error(tmp_path):
     checkpointer.close()
 
 
+@pytest.mark.slow
 def test_resuming_from_a_checkpoint_of_another_layout_says_start_again(tmp_path, capsys):
     """The CLI path: one line, exit 2, no "resume with" hint (resuming again cannot help), and
     the user's directory is left as it was."""
@@ -574,6 +576,7 @@ def test_only_the_latest_two_checkpoints_remain_once_closed(tmp_path):
     assert sorted(p.name for p in (tmp_path / "group0").iterdir()) == ["3", "4"]
 
 
+@pytest.mark.slow
 def test_orbax_is_imported_at_the_first_checkpoint_not_with_the_walk_forward(tmp_path):
     """A warm start spends 0.2-0.3 s importing orbax: not before training.
     A fresh run's group asks for its latest step without orbax; the first save imports it."""
@@ -613,6 +616,7 @@ def test_prefetch_imports_on_the_writer_thread_in_order(monkeypatch):
     assert "colorsys" in sys.modules
 
 
+@pytest.mark.slow
 def test_a_run_prefetches_what_its_metrics_and_checkpoints_import(tmp_path, monkeypatch):
     """Once per group, after its first chunk is queued: tensorboardX and orbax, the two imports
     that no longer happen before training."""
@@ -683,6 +687,7 @@ def test_a_chunk_row_averages_the_causal_kl_over_its_due_steps_only(tmp_path):
     assert [row["loss_mse"] for row in rows] == [2.5, 2.5]
 
 
+@pytest.mark.slow
 def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path, monkeypatch):
     """`jdqn walkforward` asks for plot processes; a script calling run_walkforward does not by
     default (spawn imports the caller's main module again, which an unguarded script cannot
