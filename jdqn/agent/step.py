@@ -32,10 +32,12 @@ from jdqn.agent.replay import replay_add, replay_init, replay_update
 from jdqn.agent.state import (
     GUARD_REASONS,
     GuardRecord,
+    Hyper,
     Learner,
     LearnerMetrics,
     LearnerState,
     guard_record,
+    hyper_of,
 )
 from jdqn.agent.transition import Transition, example_transition
 from jdqn.config import Config
@@ -101,7 +103,7 @@ def make_learner(
         debug=debug,
     )
 
-    def init(key: jax.Array) -> LearnerState:
+    def init(key: jax.Array, hyper: Hyper | None = None) -> LearnerState:
         net_key, state_key, bootstrap_key = jax.random.split(key, 3)
         network = networks.init_network(net_key, cfg, n_features + 1)
         return LearnerState(
@@ -122,6 +124,7 @@ def make_learner(
             ),
             key=state_key,
             bootstrap_key=bootstrap_key,
+            hyper=jax.tree.map(jnp.asarray, hyper_of(cfg) if hyper is None else hyper),
         )
 
     def insert(state: LearnerState, transitions: Transition) -> LearnerState:
@@ -156,7 +159,10 @@ def learner_step(
 
     # 1-2. PER sample and HER donors (IS weight 1, never write priorities).
     keys = (sample_key, donor_key, donor_mask_key)
-    batch = sample_batch(state.replay, keys, state.bootstrap_key, beta, cfg, setup.n_donors)
+    discounts = state.hyper.discounts
+    batch = sample_batch(
+        state.replay, keys, state.bootstrap_key, beta, discounts, cfg, setup.n_donors
+    )
     check_batch(checks, batch)
 
     # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm; the VJP
@@ -220,6 +226,7 @@ def learner_step(
             _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
             ~state.guard.halted & ~jnp.any(jnp.stack(list(before_update.values()))),
             (schedule + 1) % cfg.optim.target_every == 0,
+            state.hyper.learning_rate,
             checks,
         )
         return loss_causal, (before_update, update)
@@ -294,6 +301,7 @@ def _kept_state(
         guard=guard,
         key=jnp.where(applied, key, state.key),
         bootstrap_key=state.bootstrap_key,
+        hyper=state.hyper,
     )
 
 
