@@ -8,7 +8,6 @@ from typing import Any, NamedTuple
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jdqn.agent.networks import ParamLayout, Params
@@ -47,11 +46,11 @@ HYPER_KEYS = ("optim.learning_rate", "loss.gamma", "train.epsilon_end")
 
 
 def hyper_of(cfg: Config) -> Hyper:
-    """``cfg``'s values of :data:`HYPER_KEYS` (host arrays; stack them for many learners)."""
+    """``cfg``'s values of :data:`HYPER_KEYS` (stack them for many learners)."""
     return Hyper(
-        learning_rate=np.float32(cfg.optim.learning_rate),
-        discounts=gamma_powers(cfg.loss.gamma, cfg.loss.n_step),
-        epsilon_end=np.float32(cfg.train.epsilon_end),
+        learning_rate=jnp.float32(cfg.optim.learning_rate),
+        discounts=jnp.asarray(gamma_powers(cfg.loss.gamma, cfg.loss.n_step)),
+        epsilon_end=jnp.float32(cfg.train.epsilon_end),
     )
 
 
