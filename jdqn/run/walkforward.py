@@ -181,7 +181,7 @@ def run_walkforward(
         cfg = resolve_reward_unit(cfg, data)
         _debug(console_log.reading_record(cfg, data))
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
-        now, seal = _seal(cfg, data, processes, run, resume_changed, log, made_by)
+        now, seal = _seal(cfg, data, processes, run, resume_changed, log, made_by, settings)
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
         _debug(console_log.memory_record(cfg, data, layout))
         setting_cfgs = _setting_configs(cfg, settings)
@@ -285,12 +285,15 @@ def _seal(
     resume_changed: bool,
     log: Callable[[str], None],
     made_by: dict[str, Any],
+    settings: Sequence[Sequence[tuple[str, str]]],
 ) -> tuple[dict[str, Any], binding.Seal]:
-    """What this run is bound to (config, learners, data) and the seal its checkpoints carry;
-    a resumed run's must match its own, or be accepted as changed (``resume_changed``, then
-    recorded in ``made_by``'s provenance)."""
+    """What this run is bound to (config, learners and their settings, data) and the seal its
+    checkpoints carry; a resumed run's must match its own, or be accepted as changed
+    (``resume_changed``, then recorded in ``made_by``'s provenance)."""
     data_sha256 = made_by["provenance"]["data"]["sha256"]
     now = binding.current(cfg, len(data.folds), processes.count, data_sha256)
+    if len(settings) > 1:  # a run of one setting is bound as before
+        now["learners"]["settings"] = [dict(setting) for setting in settings]
     seal = binding.fresh(now)
     if run is not None:  # resumed: the same config, learners and data, or refused
         with _as_user_error(binding.BindingError):

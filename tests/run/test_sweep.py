@@ -348,6 +348,10 @@ def test_a_sweep_killed_between_runs_resumes_to_the_same_results(swept, tmp_path
     (cut_short / "results.json").unlink()
     assert list(cut_short.glob("checkpoints/group0/[0-9]*"))
     cut_short.rename(cut_short.with_name(f"test{rundir.INCOMPLETE_SUFFIX}"))
+    # Its learners are bound to their settings: resumed without them, refused (one line).
+    alone = cut_short.with_name(f"test{rundir.INCOMPLETE_SUFFIX}")
+    with pytest.raises(UserError, match="the learners changed since the run started"):
+        run_walkforward(None, resume=alone, progress=False, log=lambda _: None)
     outcome = sweep.run_sweep(None, None, resume=killed, progress=False, log=lambda _: None)
     assert outcome.run_dir == tmp_path / "sweep"
     assert outcome.results == swept.results
