@@ -159,10 +159,7 @@ def learner_step(
 
     # 1-2. PER sample and HER donors (IS weight 1, never write priorities).
     keys = (sample_key, donor_key, donor_mask_key)
-    discounts = state.hyper.discounts
-    batch = sample_batch(
-        state.replay, keys, state.bootstrap_key, beta, discounts, cfg, setup.n_donors
-    )
+    batch = _sampled(state, keys, beta, setup)
     check_batch(checks, batch)
 
     # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm; the VJP
@@ -263,6 +260,12 @@ def learner_step(
         }
         metrics = _metrics(loss_values, update, online, target, extras, alpha, guard, setup)
     return new_state, metrics
+
+
+def _sampled(state: LearnerState, keys: Any, beta: jax.Array, setup: Setup) -> Batch:
+    """Steps 1-2 from the learner's buffer, with its bootstrap key and discounts."""
+    replay, discounts, cfg = state.replay, state.hyper.discounts, setup.cfg
+    return sample_batch(replay, keys, state.bootstrap_key, beta, discounts, cfg, setup.n_donors)
 
 
 def _kept_state(

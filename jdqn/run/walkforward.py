@@ -75,6 +75,13 @@ _debug = logging.getLogger("jdqn.run").debug
 _notice = logging.getLogger("jdqn.run").info
 
 
+# run_walkforward's ``settings``: K settings, each ``(key, value)`` overrides of the keys a learner
+# carries as values (jdqn.agent.state.HYPER_KEYS), trained as learners of the one program (a
+# sweep's settings axis): seed index j trains setting j // S with seed j % S, S = train.seeds / K.
+# The run's own summary pools them; its rows, curves and policies are each setting's.
+Settings = Sequence[Sequence[tuple[str, str]]]
+
+
 class UserError(ValueError):
     """A problem with the user's input: reported as one line, exit status 2, no traceback (the
     ``jdqn`` command reports every ``ValueError`` so)."""
@@ -132,7 +139,7 @@ def run_walkforward(
     processes: Processes | None = None,
     resume_changed: bool = False,
     data: WalkForwardData | None = None,
-    settings: Sequence[Sequence[tuple[str, str]]] = ((),),
+    settings: Settings = ((),),
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
@@ -145,11 +152,7 @@ def run_walkforward(
     ``data``: the folds, when the caller prepared them (a sweep's validation folds; default:
     loaded as ``cfg.data`` says). Process 0 writes the run directory and returns the results; the
     others return its path, no results and whether a run halted. ``resume_changed``: resume
-    although config.json or the data file changed (jdqn.run.binding). ``settings``: K settings
-    of the keys a learner carries as values (``jdqn.agent.state.HYPER_KEYS``, as ``(key,
-    value)`` overrides of ``cfg``) trained as learners of the one program (a sweep's settings
-    axis): seed index j trains setting j // S with seed j % S, S = train.seeds / K (the run's
-    own summary pools them; its rows, curves and policies are each setting's)."""
+    although config.json or the data file changed (jdqn.run.binding)."""
     configure()  # jdqn's XLA flags, where no JAX backend has started yet
     processes = processes or Processes(jax.process_count(), jax.process_index())
     log_outcome = log_outcome or log
@@ -184,7 +187,6 @@ def run_walkforward(
         now, seal = _seal(cfg, data, processes, run, resume_changed, log, made_by, settings)
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
         _debug(console_log.memory_record(cfg, data, layout))
-        setting_cfgs = _setting_configs(cfg, settings)
         try:
             if resume is None:
                 run = _new_run(cfg, name, layout, processes, unlocks)
@@ -211,7 +213,7 @@ def run_walkforward(
                     log,
                     seal,
                     log_outcome,
-                    setting_cfgs,
+                    _setting_configs(cfg, settings),
                 )
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
@@ -285,7 +287,7 @@ def _seal(
     resume_changed: bool,
     log: Callable[[str], None],
     made_by: dict[str, Any],
-    settings: Sequence[Sequence[tuple[str, str]]],
+    settings: Settings,
 ) -> tuple[dict[str, Any], binding.Seal]:
     """What this run is bound to (config, learners and their settings, data) and the seal its
     checkpoints carry; a resumed run's must match its own, or be accepted as changed
@@ -469,9 +471,7 @@ class _Job:
         return jax.tree.map(lambda *x: np.stack(x), *per_run)
 
 
-def _setting_configs(
-    cfg: Config, settings: Sequence[Sequence[tuple[str, str]]]
-) -> tuple[Config, ...]:
+def _setting_configs(cfg: Config, settings: Settings) -> tuple[Config, ...]:
     """Each setting's config: ``cfg`` with its overrides of keys the learner carries as values."""
     keys = {k for setting in settings for k, _ in setting}
     if not settings or cfg.train.seeds % len(settings) or not keys <= set(HYPER_KEYS):
