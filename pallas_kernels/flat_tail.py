@@ -57,7 +57,7 @@ NUM_WARPS = 4
 _FLOAT32_MAX = float(jnp.finfo(jnp.float32).max)
 # The per-learner scalars of the Adam kernels, then the parts' weights w_k; "exact": the sums
 # launch must check this learner.
-_BIAS1, _BIAS2, _OK, _SYNC, _EXACT = range(5)
+_BIAS1, _BIAS2, _OK, _SYNC, _LR, _EXACT = range(6)
 _WRITE_STATS = 4  # the write launch's output per block: sum of p'^2, max |p|, |mu|, |nu| kept
 # provably_finite's limit on every bound: float32's largest value is 3.4e38, so a factor of
 # 340 covers the rounding of the few operations bounded and of the n-term sum of squares
@@ -66,12 +66,12 @@ _BOUND_LIMIT = 1e36
 
 
 class AdamHyper(NamedTuple):
-    """Static settings of Adam (optax.adam's) and of the target sync."""
+    """Static settings of Adam (optax.adam's) and of the target sync; the learning rate is a
+    value of each learner (:class:`TailScalars`)."""
 
     b1: float
     b2: float
     eps: float
-    lr: float
     tau: float  # Polyak rate; 0: the target is a hard copy when TailScalars.sync is 1
 
 
@@ -93,6 +93,7 @@ class TailScalars(NamedTuple):
     bias2: jax.Array  # 1 - b2^t
     pre_ok: jax.Array  # every guard check that does not depend on the update passed
     sync: jax.Array  # a hard target copy is due (ignored when tau > 0)
+    lr: jax.Array  # Adam's step size: a value, so that learners of one program may differ in it
 
 
 class TailBounds(NamedTuple):
@@ -156,7 +157,7 @@ def candidate_bounds(
     mu_hat = (hyper.b1 * bounds.mu + (1 - hyper.b1) * grad) / jnp.asarray(scalars.bias1, f32)
     nu_hat = (hyper.b2 * bounds.nu + (1 - hyper.b2) * grad * grad) / jnp.asarray(scalars.bias2, f32)
     ratio = mu_hat / f32(hyper.eps)  # sqrt(nu_hat) + eps >= eps; inf when eps is 0
-    params = bounds.params + f32(hyper.lr) * ratio  # |(p m + u) m| <= |p| + |u|
+    params = bounds.params + jnp.asarray(scalars.lr, f32) * ratio  # |(p m + u) m| <= |p| + |u|
     return CandidateBounds(grad, mu_hat, nu_hat, ratio, params, n * params * params)
 
 
@@ -187,7 +188,9 @@ def _candidate(
     b1, b2 = hyper.b1, hyper.b2
     new_mu = (1 - b1) * g + b1 * old.mu
     new_nu = (1 - b2) * (g * g) + b2 * old.nu
-    update = (new_mu / scalars.bias1) / (jnp.sqrt(new_nu / scalars.bias2) + hyper.eps) * (-hyper.lr)
+    update = (
+        (new_mu / scalars.bias1) / (jnp.sqrt(new_nu / scalars.bias2) + hyper.eps) * (-scalars.lr)
+    )
     if old.masks is None:  # all ones, not read (equal but for a contracted multiply-add)
         new_params = old.params + update
     else:
@@ -299,7 +302,7 @@ def _coef_width(parts: int) -> int:
 
 
 def _coefficients(coef_ref, learner, parts: int):
-    """The learner's scalars (bias1, bias2, ok, sync, exact, then the parts' weights)."""
+    """The learner's scalars (bias1, bias2, ok, sync, lr, exact, then the parts' weights)."""
     width = _coef_width(parts)
     coefs = plgpu.load(coef_ref.at[pl.ds(learner * width, width)])
     lane = jnp.arange(width, dtype=jnp.int32)
@@ -317,7 +320,7 @@ def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks, 
     groups = _groups(vector_refs, segmented, len(sizes))
     n = sizes[k]
     index = local * BLOCK + jnp.arange(BLOCK, dtype=jnp.int32)
-    bias1, bias2, ok, sync, _, *weights = _coefficients(coef_ref, learner, parts)
+    bias1, bias2, ok, sync, lr, _, *weights = _coefficients(coef_ref, learner, parts)
     g = weights[0] * _block_load(g_refs[k], learner * parts * n + local * BLOCK, index, n)
     for j in range(1, parts):
         row = _block_load(g_refs[k], (learner * parts + j) * n + local * BLOCK, index, n)
@@ -332,7 +335,7 @@ def _adam_block(learner, k, local, g_refs, refs, *, parts, sizes, hyper, masks, 
         for i, (group, split) in enumerate(zip(groups, segmented, strict=True))
     ]
     old = TailVectors(*loaded) if masks else TailVectors(loaded[0], None, *loaded[1:])
-    new = _candidate(g, old, TailScalars(bias1, bias2, ok, sync), hyper)
+    new = _candidate(g, old, TailScalars(bias1, bias2, ok, sync, lr), hyper)
     old_values = (old.params, old.target, old.mu, old.nu)
     return g, new, old_values, (ok, sync), index < n
 
@@ -491,8 +494,8 @@ def adam_select_pallas(
     coefs = jnp.zeros((learners, _coef_width(parts)), jnp.float32)
     coefs = coefs.at[:, _EXACT + 1 : _EXACT + 1 + parts].set(weights)
     for column, value in zip(
-        (_BIAS1, _BIAS2, _SYNC, _EXACT),
-        (scalars.bias1, scalars.bias2, scalars.sync, ~shown),
+        (_BIAS1, _BIAS2, _SYNC, _LR, _EXACT),
+        (scalars.bias1, scalars.bias2, scalars.sync, scalars.lr, ~shown),
         strict=True,
     ):
         coefs = coefs.at[:, column].set(jnp.asarray(value, jnp.float32))

@@ -93,12 +93,13 @@ def choose(cfg: Config, *, backend: str, debug: bool, learners: int) -> Pieces:
 
 def make_update(pieces: Pieces, cfg: Config, layout: ParamLayout) -> Callable[..., Update]:
     """The update ``(grads: tree of [parts, ...], old: TailState, inputs: SurgeryInputs,
-    pre_ok [] bool, sync [] bool, checks) -> Update`` in ``pieces.tail``'s form."""
+    pre_ok [] bool, sync [] bool, learning_rate [] float32, checks) -> Update`` in
+    ``pieces.tail``'s form. The learning rate is a value (``jdqn.agent.state.Hyper``), so that
+    learners of one program may differ in it."""
     o = cfg.optim
     if not pieces.fused_tail:
-        optimizer = optax.adam(o.learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=o.adam_eps)
-        return _xla_update(optimizer, layout, o.tau, pieces)
-    hyper = flat_tail.AdamHyper(ADAM_B1, ADAM_B2, o.adam_eps, o.learning_rate, o.tau)
+        return _xla_update(o.adam_eps, layout, o.tau, pieces)
+    hyper = flat_tail.AdamHyper(ADAM_B1, ADAM_B2, o.adam_eps, o.tau)
     kernel_impl: flat_tail.Impl = "interpret" if pieces.tail == "interpret" else "pallas"
     return _kernel_update(hyper, kernel_impl, layout)
 
@@ -129,15 +130,14 @@ def masked(params: Params, masks: Params | None) -> Params:
     return params if masks is None else jax.tree.map(jnp.multiply, params, masks)
 
 
-def _xla_update(
-    optimizer: optax.GradientTransformation, layout: ParamLayout, tau: float, pieces: Pieces
-) -> Any:
+def _xla_update(eps: float, layout: ParamLayout, tau: float, pieces: Pieces) -> Any:
     def update(
         grads: Params,
         old: TailState,
         inputs: SurgeryInputs,
         pre_ok: jax.Array,
         sync: jax.Array,
+        learning_rate: jax.Array,
         checks: Any,
     ) -> Update:
         flat = jax.vmap(layout.ravel)(grads)  # [parts, n_params]
@@ -155,6 +155,7 @@ def _xla_update(
         with jax.named_scope("adam"):
             params = masked(old.params, old.masks)
             adam_state = old.opt_state[:-1]  # optax.adam's, without the flat tail's bounds
+            optimizer = optax.adam(learning_rate, b1=ADAM_B1, b2=ADAM_B2, eps=eps)
             updates, opt_state = optimizer.update(layout.unravel(total), adam_state, params)
             checks.finite_norm("adam", "update", updates)
             new_params = masked(optax.apply_updates(params, updates), old.masks)
@@ -191,6 +192,7 @@ def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: Par
         inputs: SurgeryInputs,
         pre_ok: jax.Array,
         sync: jax.Array,
+        learning_rate: jax.Array,
         checks: Any,
     ) -> Update:
         del checks  # debug mode runs the XLA update (the kernels write no intermediates)
@@ -217,6 +219,7 @@ def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: Par
                     bias2=1 - hyper.b2**count,
                     pre_ok=pre_ok & parts_finite,
                     sync=sync,
+                    lr=learning_rate,
                 ),
                 hyper,
                 impl=impl,

@@ -10,7 +10,6 @@ import jax.numpy as jnp
 
 from jdqn.agent import networks
 from jdqn.agent.donors import make_donors
-from jdqn.agent.nstep import gamma_powers
 from jdqn.agent.replay import ReplayState, replay_sample, replay_serials
 from jdqn.agent.transition import Transition, observation
 from jdqn.config import Config
@@ -38,12 +37,14 @@ def sample_batch(
     keys: tuple[jax.Array, jax.Array, jax.Array],
     bootstrap_key: jax.Array,
     beta: jax.Array | float,
+    discounts: jax.Array,
     cfg: Config,
     n_donors: int,
 ) -> Batch:
     """Sample ``B`` transitions (stratified proportional PER, Schaul et al., ICLR 2016) and add
     ``n_donors`` hindsight donors (another action at the same bar with its recomputed reward;
-    Andrychowicz et al., NeurIPS 2017); ``keys`` = (sample, donors, donors' head masks).
+    Andrychowicz et al., NeurIPS 2017); ``keys`` = (sample, donors, donors' head masks);
+    ``discounts [n_step + 1]``: gamma's powers (the learner's ``Hyper``).
 
     Bootstrap head masks (Osband et al., NeurIPS 2016): one per stored transition for its whole
     life (keyed on its insertion serial, so an overwritten slot gets a fresh draw), fresh for
@@ -59,13 +60,12 @@ def sample_batch(
     if sampled.n_step is None:
         reward = sampled.reward
         next_obs = observation(sampled.next_features, positions[sampled.action])
-        discount = cfg.loss.gamma * (1.0 - sampled.done)
+        discount = discounts[1] * (1.0 - sampled.done)
     else:
         n_step = sampled.n_step
         reward = n_step.reward
         next_obs = observation(n_step.next_features, n_step.next_position)
-        powers = jnp.asarray(gamma_powers(cfg.loss.gamma, cfg.loss.n_step))  # [n+1] float32
-        discount = powers[n_step.steps] * (1.0 - n_step.done)
+        discount = discounts[n_step.steps] * (1.0 - n_step.done)
         sampled = sampled._replace(n_step=None)
     rows, row_weights = sampled, is_weights
     if n_donors > 0:
@@ -87,7 +87,7 @@ def sample_batch(
             next_obs = jnp.concatenate(
                 [next_obs, observation(donors.next_features, positions[donors.action])]
             )
-            discount = jnp.concatenate([discount, cfg.loss.gamma * (1.0 - donors.done)])
+            discount = jnp.concatenate([discount, discounts[1] * (1.0 - donors.done)])
     n_rows = batch_size + n_donors
     if net.n_heads > 1 and net.bootstrap_prob < 1:
         head_masks = jnp.concatenate(

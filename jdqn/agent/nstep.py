@@ -25,16 +25,17 @@ def gamma_powers(gamma: float, n: int) -> np.ndarray:
     return (np.float64(gamma) ** np.arange(n + 1)).astype(np.float32)
 
 
-def fold(window: Transition, positions: jax.Array, gamma: float) -> Transition:
+def fold(window: Transition, positions: jax.Array, discounts: jax.Array) -> Transition:
     """The n-step transition from the first step of ``window``, one slice's consecutive one-step
     transitions (leaves ``[L, ...]``, oldest first): the discounted sum of the rewards up to the
     first ``done`` (inclusive) or the window's end, ``m`` those steps, the state after the last
-    of them and its ``done``. The one-step fields are the first step's."""
+    of them and its ``done``. The one-step fields are the first step's. ``discounts``:
+    :func:`gamma_powers`, at least ``L`` of them."""
     length = window.reward.shape[0]
     # step k counts when no step before it ended the episode
     alive = jnp.cumprod(jnp.concatenate([jnp.ones((1,), jnp.float32), 1.0 - window.done[:-1]]))
     counted = alive > 0  # [L] bool
-    powers = jnp.asarray(gamma_powers(gamma, length)[:length])  # [L] float32
+    powers = discounts[:length]  # [L] float32
     reward = jnp.sum(jnp.where(counted, powers * window.reward, 0.0))  # [] float32
     steps = jnp.sum(counted).astype(jnp.int32)  # [] int32, m
     last = steps - 1
@@ -70,17 +71,19 @@ def init_pending(n_step: int, n_slices: int, n_features: int) -> Transition:
     )
 
 
-def completed(window: Transition, positions: jax.Array, gamma: float) -> Transition:
+def completed(window: Transition, positions: jax.Array, discounts: jax.Array) -> Transition:
     """The n-step transitions from the window's oldest step, one per slice: ``[S, ...]``."""
-    return jax.vmap(fold, in_axes=(1, None, None))(window, positions, gamma)
+    return jax.vmap(fold, in_axes=(1, None, None))(window, positions, discounts)
 
 
-def flushed(window: Transition, positions: jax.Array, gamma: float, count: int) -> Transition:
+def flushed(
+    window: Transition, positions: jax.Array, discounts: jax.Array, count: int
+) -> Transition:
     """At the slices' end, the transitions from the window's last ``count`` steps (static), each
     with the steps left before the end: ``[count * S, ...]``, by bar, then slice."""
     n = window.reward.shape[0]
     tails = [
-        completed(jax.tree.map(lambda leaf, j=j: leaf[j:], window), positions, gamma)
+        completed(jax.tree.map(lambda leaf, j=j: leaf[j:], window), positions, discounts)
         for j in range(n - count, n)
     ]
     return jax.tree.map(lambda *leaves: jnp.concatenate(leaves), *tails)

@@ -11,8 +11,10 @@ import jax.numpy as jnp
 import optax
 
 from jdqn.agent.networks import ParamLayout, Params
+from jdqn.agent.nstep import gamma_powers
 from jdqn.agent.replay import ReplayState
 from jdqn.agent.transition import Transition
+from jdqn.config import Config
 
 # Why the guard stopped a fold; ``GuardRecord.reason`` indexes this tuple. Checked in this order.
 GUARD_REASONS: tuple[str, ...] = (
@@ -27,6 +29,29 @@ GUARD_REASONS: tuple[str, ...] = (
     "q_edge",  # a Q value within one atom of the support's edge (losses.support_collapse)
     "edge_mass",  # mean projected target mass on the edge atoms > loss.edge_mass_limit
 )
+
+
+class Hyper(NamedTuple):
+    """The settings a learner carries as values, not compile-time constants, so that the learners
+    of one program may differ in them (a sweep's settings axis, issue 46)."""
+
+    learning_rate: jax.Array  # [] float32, optim.learning_rate
+    discounts: jax.Array  # [n_step + 1] float32, loss.gamma's powers (nstep.gamma_powers)
+    epsilon_end: jax.Array  # [] float32, train.epsilon_end
+
+
+# The config keys :class:`Hyper` carries, in its order: settings that differ only in these can
+# train as learners of one program.
+HYPER_KEYS = ("optim.learning_rate", "loss.gamma", "train.epsilon_end")
+
+
+def hyper_of(cfg: Config) -> Hyper:
+    """``cfg``'s values of :data:`HYPER_KEYS` (stack them for many learners)."""
+    return Hyper(
+        learning_rate=jnp.float32(cfg.optim.learning_rate),
+        discounts=jnp.asarray(gamma_powers(cfg.loss.gamma, cfg.loss.n_step)),
+        epsilon_end=jnp.float32(cfg.train.epsilon_end),
+    )
 
 
 class GuardRecord(NamedTuple):
@@ -57,6 +82,7 @@ class LearnerState:
     guard: GuardRecord  # [] leaves
     key: jax.Array  # [2] uint32, advanced every applied step
     bootstrap_key: jax.Array  # [2] uint32, fixed: per-transition ensemble bootstrap masks
+    hyper: Hyper  # the learner's settings that are values (fixed)
 
 
 def guard_record(
@@ -129,7 +155,8 @@ def unpack_metrics(packed: jax.Array, like: Any) -> Any:
 class Learner(NamedTuple):
     """The learner's pure functions (:func:`jdqn.agent.step.make_learner`)."""
 
-    init: Callable[[jax.Array], LearnerState]  # key -> state, replay buffer empty
+    # (key[, hyper]) -> state, replay buffer empty; hyper: the config's (hyper_of) by default
+    init: Callable[..., LearnerState]
     insert: Callable[[LearnerState, Transition], LearnerState]  # PER insert at max priority
     # (state, alpha, beta[, clock]) -> (state, metrics), jit with donate_argnums=0
     step: Callable[..., tuple[LearnerState, LearnerMetrics]]

@@ -32,10 +32,12 @@ from jdqn.agent.replay import replay_add, replay_init, replay_update
 from jdqn.agent.state import (
     GUARD_REASONS,
     GuardRecord,
+    Hyper,
     Learner,
     LearnerMetrics,
     LearnerState,
     guard_record,
+    hyper_of,
 )
 from jdqn.agent.transition import Transition, example_transition
 from jdqn.config import Config
@@ -101,7 +103,7 @@ def make_learner(
         debug=debug,
     )
 
-    def init(key: jax.Array) -> LearnerState:
+    def init(key: jax.Array, hyper: Hyper | None = None) -> LearnerState:
         net_key, state_key, bootstrap_key = jax.random.split(key, 3)
         network = networks.init_network(net_key, cfg, n_features + 1)
         return LearnerState(
@@ -122,6 +124,7 @@ def make_learner(
             ),
             key=state_key,
             bootstrap_key=bootstrap_key,
+            hyper=jax.tree.map(jnp.asarray, hyper_of(cfg) if hyper is None else hyper),
         )
 
     def insert(state: LearnerState, transitions: Transition) -> LearnerState:
@@ -156,7 +159,7 @@ def learner_step(
 
     # 1-2. PER sample and HER donors (IS weight 1, never write priorities).
     keys = (sample_key, donor_key, donor_mask_key)
-    batch = sample_batch(state.replay, keys, state.bootstrap_key, beta, cfg, setup.n_donors)
+    batch = _sampled(state, keys, beta, setup)
     check_batch(checks, batch)
 
     # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm; the VJP
@@ -220,6 +223,7 @@ def learner_step(
             _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
             ~state.guard.halted & ~jnp.any(jnp.stack(list(before_update.values()))),
             (schedule + 1) % cfg.optim.target_every == 0,
+            state.hyper.learning_rate,
             checks,
         )
         return loss_causal, (before_update, update)
@@ -258,6 +262,12 @@ def learner_step(
     return new_state, metrics
 
 
+def _sampled(state: LearnerState, keys: Any, beta: jax.Array, setup: Setup) -> Batch:
+    """Steps 1-2 from the learner's buffer, with its bootstrap key and discounts."""
+    replay, discounts, cfg = state.replay, state.hyper.discounts, setup.cfg
+    return sample_batch(replay, keys, state.bootstrap_key, beta, discounts, cfg, setup.n_donors)
+
+
 def _kept_state(
     state: LearnerState,
     update: Update,
@@ -294,6 +304,7 @@ def _kept_state(
         guard=guard,
         key=jnp.where(applied, key, state.key),
         bootstrap_key=state.bootstrap_key,
+        hyper=state.hyper,
     )
 
 

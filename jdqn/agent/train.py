@@ -27,6 +27,7 @@ from jdqn.agent import (
     pack_metrics,
     unpack_metrics,
 )
+from jdqn.agent.state import Hyper
 from jdqn.agent.transition import Transition, observation
 from jdqn.config import Config, TrainConfig
 from jdqn.evaluation import env as trading_env
@@ -75,15 +76,16 @@ class TrainProgram:
     n_features: int
     first_training: int  # the first iteration whose insert leaves a batch in the buffer
 
-    def init(self, key: jax.Array, fold: FoldData) -> TrainState:
-        """Fresh learner (empty buffer) and slices at their starts."""
+    def init(self, key: jax.Array, fold: FoldData, hyper: Hyper | None = None) -> TrainState:
+        """Fresh learner (empty buffer) and slices at their starts; ``hyper``: the learner's
+        settings that are values (None: the config's)."""
         learner_key, env_key, act_key = jax.random.split(key, 3)
         params = _slice_params(self.cfg, fold)
         n_step, n_slices = self.cfg.loss.n_step, self.cfg.train.n_slices
         _, env_state = trading_env.reset_slices(env_key, params, n_slices)
         pending = nstep.init_pending(n_step, n_slices, self.n_features) if n_step > 1 else None
         return TrainState(
-            learner=self.learner.init(learner_key),
+            learner=self.learner.init(learner_key, hyper),
             env=env_state,
             key=act_key,
             iteration=jnp.zeros((), jnp.int32),
@@ -141,7 +143,7 @@ class TrainProgram:
         progress = state.iteration.astype(jnp.float32) / max(total_iterations, 1)
 
         decay = jnp.clip(progress / cfg.train.epsilon_decay_fraction, 0.0, 1.0)
-        start, end = cfg.train.epsilon_start, cfg.train.epsilon_end
+        start, end = cfg.train.epsilon_start, state.learner.hyper.epsilon_end
         epsilon = start + (end - start) * decay
         obs = observation(params.features[state.env.t], state.env.position)  # [S, F+1]
         greedy = jnp.argmax(self.learner.act_q(state.learner, obs), axis=-1)
@@ -219,7 +221,7 @@ class TrainProgram:
         transitions) completes at iteration ``index``: none while the epoch's first window fills,
         the oldest step's from then on, and at the epoch's last iteration, where every slice
         ends, each remaining step's with the steps left (docs/design.md §5, step 4)."""
-        n, gamma = self.cfg.loss.n_step, self.cfg.loss.gamma
+        n, discounts = self.cfg.loss.n_step, learner_state.hyper.discounts
         per_epoch = self.iterations_per_epoch
         offset = index % per_epoch  # unbatched: the switch below stays a real branch
 
@@ -227,10 +229,10 @@ class TrainProgram:
             return state
 
         def oldest(state: LearnerState) -> LearnerState:
-            return self.learner.insert(state, nstep.completed(window, positions, gamma))
+            return self.learner.insert(state, nstep.completed(window, positions, discounts))
 
         def rest_of_slice(state: LearnerState) -> LearnerState:
-            tails = nstep.flushed(window, positions, gamma, min(n, per_epoch))
+            tails = nstep.flushed(window, positions, discounts, min(n, per_epoch))
             # n x S rows can exceed the buffer: ring inserts of at most its capacity each
             capacity, rows = self.cfg.replay.capacity, tails.reward.shape[0]
             for start in range(0, rows, capacity):

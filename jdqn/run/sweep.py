@@ -1,11 +1,13 @@
 """Sweeps (``jdqn sweep``): many settings over folds x seeds, one chosen per fold on a validation
 tail of its train window, never on its test window (issue 46).
 
-Each setting runs as walk-forward programs of its own, one after another in this process:
-once on the folds' inner train parts, judged on their validation tails
-(``jdqn.data.folds.validation_folds``), and once on the whole train windows, judged on the test
-windows by ``run_walkforward`` itself, so that a setting's test numbers are those of its own
-walk-forward run. A stated rule picks each fold's setting from the validation results alone.
+Settings that differ only in keys the learner carries as values (``jdqn.agent.state.HYPER_KEYS``:
+learning rate, gamma, exploration's end) train as learners of one program, settings x folds x
+seeds (in waves where memory demands); the others as programs of their own, one after another in
+this process. Each program runs twice: on the folds' inner train parts, judged on their
+validation tails (``jdqn.data.folds.validation_folds``), and on the whole train windows, judged
+on the test windows by ``run_walkforward`` itself, so that a setting's test numbers are those of
+its own walk-forward run. A stated rule picks each fold's setting from the validation results alone.
 The sweep writes ``sweep.csv`` (every setting x fold x seed), ``results.json`` (the selected
 settings' test results summarised as a walk-forward run's, the deflated Sharpe ratio counting
 settings x seeds, the probability of backtest overfitting over the settings) and the selected
@@ -31,6 +33,7 @@ import jax
 import numpy as np
 import pandas as pd
 
+from jdqn.agent.state import HYPER_KEYS
 from jdqn.config import Config, apply_overrides
 from jdqn.config.keys import config_keys
 from jdqn.data import WalkForwardData, load_source, prepare_walkforward, split_folds
@@ -40,7 +43,7 @@ from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
 from jdqn.evaluation.policy_bundle import bundle_dir
 from jdqn.run import faults, memory, provenance, rundir, termination
-from jdqn.run.walkforward import UserError, run_walkforward
+from jdqn.run.walkforward import UserError, policy_root, run_walkforward
 
 RULES = ("median", "lcb")
 METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
@@ -170,6 +173,26 @@ def setting_configs(base: Config, plan: SweepPlan) -> list[Config]:
     return configs
 
 
+def program_groups(plan: SweepPlan) -> list[list[int]]:
+    """The settings trained as one program: those whose overrides differ only in the keys the
+    learner carries as values (``HYPER_KEYS``), in the order of their first setting."""
+    groups: dict[Setting, list[int]] = {}
+    for i, setting in enumerate(plan.settings):
+        groups.setdefault(tuple(o for o in setting if o[0] not in HYPER_KEYS), []).append(i)
+    return list(groups.values())
+
+
+def group_config(base: Config, plan: SweepPlan, members: list[int]) -> Config:
+    """The config of a group's program: ``base`` with the overrides its settings share and a
+    seed index for every setting x seed (``run_walkforward``'s ``settings``)."""
+    shared = [f"{k}={v}" for k, v in plan.settings[members[0]] if k not in HYPER_KEYS]
+    seeds = f"train.seeds={base.train.seeds * len(members)}"
+    try:
+        return apply_overrides(base, [*shared, seeds])
+    except ValueError as error:
+        raise UserError(f"setting {_describe(plan.settings[members[0]])}: {error}") from None
+
+
 def validation_length(base: Config, plan: SweepPlan) -> int:
     """Bars of each fold's validation tail."""
     return base.walkforward.test_bars if plan.validation_bars is None else plan.validation_bars
@@ -247,9 +270,11 @@ def run_sweep(
         except ValueError as error:
             raise UserError(str(error)) from None
         data, validation = prepare_data(base, validation_bars)
-        selection_configs = [validation_config(c, validation) for c in configs]
+        groups = program_groups(plan)
+        group_configs = [group_config(base, plan, members) for members in groups]
+        selection_configs = [validation_config(c, validation) for c in group_configs]
         features = data.train[0].features.shape[-1]
-        for cfg in (*configs, *selection_configs):  # every setting's size, before any is run
+        for cfg in (*group_configs, *selection_configs):  # every program's, before any is run
             try:
                 memory.check_request(cfg, n_bars=None, features=features)
             except ValueError as error:
@@ -259,16 +284,25 @@ def run_sweep(
             unlocks.callback(rundir.unlock, run)
         log(
             f"jdqn: sweep of {len(configs)} settings x {len(data.folds)} folds x "
-            f"{base.train.seeds} seed(s) on {data.source}; writing {run.path}"
+            f"{base.train.seeds} seed(s) on {data.source} as {len(groups)} program(s); "
+            f"writing {run.path}"
         )
         try:
-            tried = []
-            for i, (cfg, selection_cfg) in enumerate(zip(configs, selection_configs, strict=True)):
-                log(f"jdqn: setting {i + 1}/{len(configs)}: {_describe(plan.settings[i])}")
-                runs = run.path / "settings" / f"s{i:03d}"
-                chosen_on = _sub_run(runs, "validation", selection_cfg, validation, progress)
-                tried.append((chosen_on, _sub_run(runs, "test", cfg, data, progress)))
-            return _finish(run, base, plan, data, tried, log)
+            tried: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
+            for members, cfg, selection_cfg in zip(
+                groups, group_configs, selection_configs, strict=True
+            ):
+                for i in members:
+                    log(f"jdqn: setting {i + 1}/{len(configs)}: {_describe(plan.settings[i])}")
+                runs = run.path / "settings" / f"s{members[0]:03d}"
+                values = [tuple(o for o in plan.settings[i] if o[0] in HYPER_KEYS) for i in members]
+                chosen_on = _sub_run(
+                    runs, "validation", selection_cfg, validation, progress, values
+                )
+                test = _sub_run(runs, "test", cfg, data, progress, values)
+                for k, i in enumerate(members):
+                    tried[i] = (_one_setting(chosen_on, k, values), _one_setting(test, k, values))
+            return _finish(run, base, plan, data, [tried[i] for i in sorted(tried)], log)
         except BaseException as error:
             with rundir.interrupts_deferred():
                 settings = run.path / "settings"
@@ -319,15 +353,21 @@ def _new_run(base: Config, plan: SweepPlan, name: str | None) -> rundir.RunDir:
 
 
 def _sub_run(
-    parent: Path, name: str, cfg: Config, data: WalkForwardData, progress: bool
+    parent: Path,
+    name: str,
+    cfg: Config,
+    data: WalkForwardData,
+    progress: bool,
+    settings: list[Setting],
 ) -> dict[str, Any]:
-    """A walk-forward run of ``cfg`` on ``data`` in ``parent/name``: its results.json when it
-    finished, else resumed when it was checkpointed, else run."""
+    """A walk-forward run of ``cfg`` with ``settings`` as its learners' values on ``data`` in
+    ``parent/name``: its results.json when it finished, else resumed when it was checkpointed,
+    else run."""
     finished = parent / name / rundir.COMPLETE_MARKER
     if finished.is_file():
         return {**json.loads(finished.read_text()), "run_dir": str(finished.parent)}
     quiet: Callable[[str], None] = lambda _: None  # noqa: E731  # the sweep reports instead
-    kwargs: dict[str, Any] = dict(progress=progress, log=quiet, data=data)
+    kwargs: dict[str, Any] = dict(progress=progress, log=quiet, data=data, settings=settings)
     incomplete = parent / f"{name}{rundir.INCOMPLETE_SUFFIX}"
     if incomplete.is_dir():
         outcome = run_walkforward(None, resume=incomplete, **kwargs)
@@ -335,6 +375,21 @@ def _sub_run(
         cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, out_dir=str(parent)))
         outcome = run_walkforward(cfg, name=name, **kwargs)
     return {**outcome.results, "run_dir": str(outcome.run_dir)}
+
+
+def _one_setting(results: dict[str, Any], k: int, settings: list[Setting]) -> dict[str, Any]:
+    """Setting ``k``'s runs of a program of ``settings``: its rows with their seeds as in its
+    own run, ``seed_offset`` to the seed index that names their curves, and where its policies
+    lie."""
+    seeds = results["config"]["train"]["seeds"] // len(settings)
+    offset = k * seeds
+    rows = [
+        {**row, "seed": row["seed"] - offset}
+        for row in results["folds"]
+        if offset <= row["seed"] < offset + seeds
+    ]
+    policies = policy_root(Path(results["run_dir"]), k, len(settings))
+    return {**results, "folds": rows, "seed_offset": offset, "policies": str(policies)}
 
 
 def select(scores: np.ndarray, rule: str, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -371,9 +426,10 @@ def _scores(results: dict[str, Any], n_folds: int, n_seeds: int) -> np.ndarray:
     return scores
 
 
-def _series(run_dir: Path, row: dict[str, Any]) -> stats.RunSeries:
+def _series(results: dict[str, Any], row: dict[str, Any]) -> stats.RunSeries:
     """A test run's per-bar net PnL, read back from its equity CSV (the cumulative sums)."""
-    table = pd.read_csv(run_dir / "curves" / f"fold{row['fold']}_seed{row['seed']}_equity.csv")
+    stem = f"fold{row['fold']}_seed{row['seed'] + results['seed_offset']}"
+    table = pd.read_csv(Path(results["run_dir"]) / "curves" / f"{stem}_equity.csv")
     nets = {
         column.removesuffix("_equity_points"): np.diff(table[column].to_numpy(), prepend=0.0)
         for column in table.columns
@@ -392,7 +448,7 @@ def overfitting(tests: Sequence[dict[str, Any]], blocks: int) -> dict[str, Any]:
     by_fold: dict[int, list[list[np.ndarray]]] = {}  # fold -> setting -> [n] per seed
     for i, results in enumerate(tests):
         for row in results["folds"]:
-            net = _series(Path(results["run_dir"]), row).agent
+            net = _series(results, row).agent
             length = row["window"]["test"][1] - row["window"]["test"][0] - 1
             runs = by_fold.setdefault(row["fold"], [[] for _ in tests])[i]
             runs.append(np.zeros(length) if net is None else net)
@@ -440,11 +496,10 @@ def _finish(
         plot_ranks(run.plots_dir / "validation_vs_test_rank.png", value, test_median, chosen)
     selected_rows, selected_series = [], []
     for fold, setting in enumerate(chosen):
-        run_dir = Path(tests[setting]["run_dir"])
         for row in (r for r in tests[setting]["folds"] if r["fold"] == fold):
             selected_rows.append({**row, "setting": int(setting)})
-            selected_series.append(_series(run_dir, row))
-            bundle = bundle_dir(run_dir, fold, row["seed"])
+            selected_series.append(_series(tests[setting], row))
+            bundle = bundle_dir(tests[setting]["policies"], fold, row["seed"])
             if bundle.is_dir():
                 shutil.copytree(bundle, bundle_dir(run.path, fold, row["seed"]), dirs_exist_ok=True)
     _write_table(run.path / "sweep.csv", plan, tried, chosen)
@@ -469,7 +524,8 @@ def _finish(
         "settings": [
             {
                 "overrides": dict(setting),
-                "runs": f"settings/s{i:03d}",
+                "runs": str(Path(tests[i]["run_dir"]).parent.relative_to(run.path)),
+                "seed_offset": tests[i]["seed_offset"],  # its seeds' indices there
                 "validation_rule_value": [finite(v) for v in value[i]],  # by fold
                 "test_median_" + METRIC: [finite(v) for v in test_median[i]],  # by fold
             }

@@ -28,8 +28,9 @@ from jdqn.accel.executables import ExecutableCache, refuse_untrusted
 from jdqn.accel.xla_flags import cache_root, configure
 from jdqn.agent import GUARD_REASONS
 from jdqn.agent import debug as debug_mode
+from jdqn.agent.state import HYPER_KEYS, Hyper, hyper_of
 from jdqn.agent.train import FoldData, TrainProgram, TrainState, make_train
-from jdqn.config import Config
+from jdqn.config import Config, apply_overrides
 from jdqn.data import (
     CALENDARS,
     FoldArrays,
@@ -72,6 +73,13 @@ from jdqn.run.processes import ProcessError, Processes
 _debug = logging.getLogger("jdqn.run").debug
 # Notices go to stdout with the run's other lines: stderr keeps an error to its one line.
 _notice = logging.getLogger("jdqn.run").info
+
+
+# run_walkforward's ``settings``: K settings, each ``(key, value)`` overrides of the keys a learner
+# carries as values (jdqn.agent.state.HYPER_KEYS), trained as learners of the one program (a
+# sweep's settings axis): seed index j trains setting j // S with seed j % S, S = train.seeds / K.
+# The run's own summary pools them; its rows, curves and policies are each setting's.
+Settings = Sequence[Sequence[tuple[str, str]]]
 
 
 class UserError(ValueError):
@@ -131,6 +139,7 @@ def run_walkforward(
     processes: Processes | None = None,
     resume_changed: bool = False,
     data: WalkForwardData | None = None,
+    settings: Settings = ((),),
 ) -> WalkForwardOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
@@ -175,7 +184,7 @@ def run_walkforward(
         cfg = resolve_reward_unit(cfg, data)
         _debug(console_log.reading_record(cfg, data))
         made_by = provenance.run_record(cfg.data.path, data.n_bars)  # hashed before training
-        now, seal = _seal(cfg, data, processes, run, resume_changed, log, made_by)
+        now, seal = _seal(cfg, data, processes, run, resume_changed, log, made_by, settings)
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
         _debug(console_log.memory_record(cfg, data, layout))
         try:
@@ -204,6 +213,7 @@ def run_walkforward(
                     log,
                     seal,
                     log_outcome,
+                    _setting_configs(cfg, settings),
                 )
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
@@ -277,12 +287,15 @@ def _seal(
     resume_changed: bool,
     log: Callable[[str], None],
     made_by: dict[str, Any],
+    settings: Settings,
 ) -> tuple[dict[str, Any], binding.Seal]:
-    """What this run is bound to (config, learners, data) and the seal its checkpoints carry;
-    a resumed run's must match its own, or be accepted as changed (``resume_changed``, then
-    recorded in ``made_by``'s provenance)."""
+    """What this run is bound to (config, learners and their settings, data) and the seal its
+    checkpoints carry; a resumed run's must match its own, or be accepted as changed
+    (``resume_changed``, then recorded in ``made_by``'s provenance)."""
     data_sha256 = made_by["provenance"]["data"]["sha256"]
     now = binding.current(cfg, len(data.folds), processes.count, data_sha256)
+    if len(settings) > 1:  # a run of one setting is bound as before
+        now["learners"]["settings"] = [dict(setting) for setting in settings]
     seal = binding.fresh(now)
     if run is not None:  # resumed: the same config, learners and data, or refused
         with _as_user_error(binding.BindingError):
@@ -435,6 +448,40 @@ class _Job:
     log: Callable[[str], None]
     seal: binding.Seal  # what its checkpoints carry and accept (jdqn.run.binding)
     log_outcome: Callable[[str], None]  # lines a quiet console keeps (results path, halts)
+    settings: tuple[Config, ...]  # the configs of the settings the learners carry as values
+
+    def setting_of(self, seed_index: int) -> int:
+        """Which setting a run's seed index trains (``run_walkforward``'s ``settings``)."""
+        return seed_index // (self.cfg.train.seeds // len(self.settings))
+
+    def own_ids(self, run_ids: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Each run's fold and seed within its setting: its (fold, seed) in its own run."""
+        return [(f, s % (self.cfg.train.seeds // len(self.settings))) for f, s in run_ids]
+
+    def key_seeds(self, run_ids: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        """Each run's fold and seed within its setting, [R] int32 each (:func:`run_keys`'s
+        arguments): a setting's runs get the keys of its own walk-forward run."""
+        folds, seeds = np.asarray(self.own_ids(run_ids), np.int32).T
+        return folds, seeds
+
+    def hypers(self, run_ids: Sequence[tuple[int, int]]) -> Hyper:
+        """Each run's values of the settings, leaves [R, ...]."""
+        values = [jax.tree.map(np.asarray, hyper_of(c)) for c in self.settings]
+        per_run = [values[self.setting_of(seed)] for _, seed in run_ids]
+        return jax.tree.map(lambda *x: np.stack(x), *per_run)
+
+
+def _setting_configs(cfg: Config, settings: Settings) -> tuple[Config, ...]:
+    """Each setting's config: ``cfg`` with its overrides of keys the learner carries as values."""
+    keys = {k for setting in settings for k, _ in setting}
+    if not settings or cfg.train.seeds % len(settings) or not keys <= set(HYPER_KEYS):
+        raise UserError(
+            f"settings {sorted(keys)} x {len(settings)}: must be {', '.join(HYPER_KEYS)} only, "
+            f"and divide train.seeds={cfg.train.seeds}"
+        )
+    seeds = f"train.seeds={cfg.train.seeds // len(settings)}"  # as its own run's
+    with _as_user_error(ValueError):
+        return tuple(apply_overrides(cfg, [seeds, *(f"{k}={v}" for k, v in s)]) for s in settings)
 
 
 def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
@@ -537,6 +584,7 @@ class GroupPrograms:
     test: FoldData  # [G, ...] its test windows
     program: TrainProgram
     local_fold: jax.Array  # [padded] int32: run r trains the group's fold local_fold[r]
+    local_hyper: Hyper  # leaves [padded, ...]: run r's values of the settings
     compile_program: Callable[..., Any]  # ExecutableCache.compile with the group's context
     init_all: Callable[..., Any]  # jit(vmap(init)) over the runs
     init_types: tuple[Any, ...]  # the init program's argument types
@@ -546,7 +594,7 @@ class GroupPrograms:
 
     def init(self, training_keys: jax.Array) -> TrainState:
         """Every run's initial state."""
-        args = (training_keys, self.local_fold, self.train)
+        args = (training_keys, self.local_fold, self.local_hyper, self.train)
         init_all = self.stored_init or self.compile_program("init_run", self.init_all, *args)
         return init_all(*args)
 
@@ -595,6 +643,7 @@ def _group_programs(
     )
     # Run r trains fold run_ids[r][0] with seed run_ids[r][1]; the padding repeats the last.
     local_fold = place.learner_arrays(np.asarray([fold_ids.index(f) for f, _ in run_ids], np.int32))
+    local_hyper = place.learner_arrays(job.hypers(run_ids))
 
     # The programs take the folds' data as an argument (not a closure), so that a compiled
     # program depends only on what ``context`` and the arguments' types say
@@ -609,8 +658,8 @@ def _group_programs(
         context += f"|devices={len(place.devices)}"
 
     # Named functions: the compile events and the stored programs carry these names.
-    def init_run(key: jax.Array, i: jax.Array, data: FoldData) -> TrainState:
-        return program.init(key, _take(data, i))
+    def init_run(key: jax.Array, i: jax.Array, hyper: Hyper, data: FoldData) -> TrainState:
+        return program.init(key, _take(data, i), hyper)
 
     def run_chunk(s: TrainState, i: jax.Array, e: jax.Array, c: jax.Array, data: FoldData) -> Any:
         return program.run_chunk(s, _take(data, i), e, c)
@@ -619,9 +668,9 @@ def _group_programs(
         return program.evaluate(s, _take(data, i), key)
 
     key_type = place.padded_type(
-        jax.eval_shape(functools.partial(run_keys, cfg.train.seed), *_folds_and_seeds(run_ids))
+        jax.eval_shape(functools.partial(run_keys, cfg.train.seed), *job.key_seeds(run_ids))
     )
-    init_types = (key_type.training, local_fold, train)
+    init_types = (key_type.training, local_fold, local_hyper, train)
     return GroupPrograms(
         index=index,
         fold_ids=fold_ids,
@@ -632,8 +681,9 @@ def _group_programs(
         test=_stack([data.test[k] for k in fold_ids]),
         program=program,
         local_fold=local_fold,
+        local_hyper=local_hyper,
         compile_program=functools.partial(executables.compile, context=context),
-        init_all=place.vmap(init_run, (0, 0, None)),
+        init_all=place.vmap(init_run, (0, 0, 0, None)),
         init_types=init_types,
         # A warm start's stored init program; its output type is the state's (no tracing).
         stored_init=executables.load("init_run", *init_types, context=context),
@@ -641,12 +691,6 @@ def _group_programs(
         run_chunk=debug_mode.checked(run_chunk) if debug else run_chunk,
         evaluate_run=evaluate_run,
     )
-
-
-def _folds_and_seeds(run_ids: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Each run's fold and seed index, [R] int32 each (the arguments of :func:`run_keys`)."""
-    folds, seeds = np.asarray(run_ids, np.int32).T
-    return folds, seeds
 
 
 def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
@@ -658,7 +702,7 @@ def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
         # The training program compiles on a worker thread meanwhile (docs/design.md §13).
         compiling_chunk = overlap.submit(programs.compile_chunk)
         keys = programs.place.learner_arrays(
-            run_keys(cfg.train.seed, *_folds_and_seeds(programs.run_ids))
+            run_keys(cfg.train.seed, *job.key_seeds(programs.run_ids))
         )
         baselines = _submit_baselines(overlap, job, programs) if processes.writer else None
         state = programs.init(keys.training)
@@ -674,17 +718,25 @@ def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
     if by_fold is None:  # not process 0, which judges the whole wave
         return []
     rows = _judge_group(job, outputs, wave, by_fold)
-    policy_bundle.save_run_policies(
-        job.run.path,
-        cfg,
-        job.data,
-        programs.program.learner.layout,
-        outputs.network,
-        wave,
-        rows,
-        job.writes.submit,
-    )
+    for k, setting_cfg in enumerate(job.settings):  # each policy with its setting's config
+        runs = [r for r, (_, seed) in enumerate(wave) if job.setting_of(seed) == k]
+        policy_bundle.save_run_policies(
+            policy_root(job.run.path, k, len(job.settings)),
+            setting_cfg,
+            job.data,
+            programs.program.learner.layout,
+            jax.tree.map(lambda x, runs=runs: x[np.asarray(runs, int)], outputs.network),
+            job.own_ids([wave[r] for r in runs]),
+            [rows[r] for r in runs],
+            job.writes.submit,
+        )
     return rows
+
+
+def policy_root(run_dir: Path, setting: int, settings: int) -> Path:
+    """Where a run's policies of ``setting`` lie, numbered by their seeds within it: the run
+    directory itself, or with several settings its ``setting<k>``."""
+    return run_dir if settings == 1 else run_dir / f"setting{setting}"
 
 
 def _submit_baselines(
@@ -692,7 +744,8 @@ def _submit_baselines(
 ) -> Callable[[], dict[int, dict[str, Any]]]:
     """Start each fold's baselines on ``overlap``'s threads (seeded by the keys of the whole
     wave's runs, as in one process); returns the function that waits for them."""
-    keys = run_keys(job.cfg.train.seed, *_folds_and_seeds(programs.wave))
+    # Each fold's seed-0 key, whichever wave (and setting) holds the fold's first run.
+    keys = run_keys(job.cfg.train.seed, *job.key_seeds([(f, 0) for f, _ in programs.wave]))
     baselines = overlap.submit(_baselines, job, programs, np.asarray(keys.baselines))
     extras = overlap.submit(_extra_baselines, job.cfg, job.data, programs.fold_ids)
 
@@ -919,8 +972,9 @@ def check_param_layout(meta: dict[str, Any], expected: list[list[Any]], director
 
 
 def _baselines(job: _Job, programs: GroupPrograms, keys: np.ndarray) -> dict[int, dict[str, Any]]:
-    """Each fold's baselines on its test window, seeded by the key of the fold's first run in
-    the wave: one program for the group's folds (``evaluate.baseline_rollouts`` vmapped)."""
+    """Each fold's baselines on its test window, seeded by ``keys`` (one per run of the wave,
+    each its fold's seed-0 key): one program for the group's folds
+    (``evaluate.baseline_rollouts`` vmapped)."""
     cfg, test = job.cfg, programs.test
     wave_folds = [fold for fold, _ in programs.wave]
     folds = list(dict.fromkeys(wave_folds))  # each once, in the order of its first run

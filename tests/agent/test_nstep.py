@@ -77,7 +77,8 @@ def test_fold_stops_at_a_terminal_and_at_the_windows_end(n):
     )
     for start in range(length):
         part = jax.tree.map(lambda leaf, s=start: leaf[s : s + n], window)
-        got = jax.jit(nstep.fold, static_argnums=2)(part, jnp.asarray(POSITIONS), GAMMA).n_step
+        powers = jnp.asarray(nstep.gamma_powers(GAMMA, n))
+        got = jax.jit(nstep.fold)(part, jnp.asarray(POSITIONS), powers).n_step
         assert got is not None
         r = np.asarray(part.reward, np.float64)
         d = np.asarray(part.done, np.float64)
@@ -215,8 +216,9 @@ def test_stored_transitions_and_batch_targets_match_a_float64_loop(n, bootstrap_
 
     # The learner's rows: sample_batch's reward, next observation and discount per sampled slot.
     keys = tuple(jax.random.split(jax.random.PRNGKey(5), 3))
-    batch = jax.jit(sample_batch, static_argnums=(4, 5))(
-        replay, keys, jax.random.PRNGKey(6), 0.5, cfg, 0
+    discounts = jnp.asarray(nstep.gamma_powers(cfg.loss.gamma, cfg.loss.n_step))
+    batch = jax.jit(sample_batch, static_argnums=(5, 6))(
+        replay, keys, jax.random.PRNGKey(6), 0.5, discounts, cfg, 0
     )
     indices = np.asarray(batch.indices)
     np.testing.assert_allclose(

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from tiny_learner import N_FEATURES, TINY
 
+from jdqn.agent.state import hyper_of
 from jdqn.agent.train import FoldData, first_training_iteration, learner_schedule, make_train
 from jdqn.config import SMOKETEST, apply_overrides
 
@@ -24,6 +25,35 @@ def _two_vmapped_runs(cfg):
     )
     state = jax.vmap(program.init)(jax.random.split(jax.random.PRNGKey(0), 2), folds)
     return program, folds, state, jax.jit(jax.vmap(program.run_chunk, (0, 0, None, None)))
+
+
+@pytest.mark.slow
+def test_learners_of_one_program_carry_their_own_settings():
+    """Two learners of one program, each carrying a config's learning rate, gamma and end of
+    exploration as values (``jdqn.agent.state.Hyper``), train as that config's own program
+    does, to the bit (n-step returns, targets, Adam and epsilon all read them)."""
+    base = apply_overrides(
+        SMOKETEST,
+        [*TINY, "train.chunk_iterations=8", "train.n_slices=8", "train.batch_size=8"]
+        + ["loss.n_step=3", "train.epsilon_decay_fraction=0.05"],
+    )
+    other = apply_overrides(
+        base, ["optim.learning_rate=3e-2", "loss.gamma=0.5", "train.epsilon_end=0.9"]
+    )
+    program, folds, _, chunk = _two_vmapped_runs(base)
+    hypers = jax.tree.map(lambda *x: np.stack(x), hyper_of(base), hyper_of(other))
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)  # _two_vmapped_runs' keys
+    mixed, metrics = chunk(jax.vmap(program.init)(keys, folds, hypers), folds, 0, 0)
+    assert not np.array_equal(*np.asarray(metrics.epsilon)[:, -1])
+    owns = []
+    for run, cfg in enumerate((base, other)):
+        _, _, own, own_chunk = _two_vmapped_runs(cfg)
+        owns.append(own_chunk(own, folds, jnp.int32(0), jnp.int32(0))[0])
+        for got, want in zip(jax.tree.leaves(mixed), jax.tree.leaves(owns[run]), strict=True):
+            np.testing.assert_array_equal(np.asarray(got)[run], np.asarray(want)[run])
+    # The values matter: run 1 under base's settings learned otherwise.
+    under_base, under_other = (jax.tree.leaves(s.learner.params)[0][1] for s in (owns[0], mixed))
+    assert not np.array_equal(under_base, under_other)
 
 
 @pytest.mark.slow

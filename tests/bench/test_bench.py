@@ -242,12 +242,30 @@ def test_seeds_cli_times_the_s_it_is_given_and_refuses_zero(monkeypatch, capsys)
     assert "--seeds: every S must be at least 1, got [0, 4]" in capsys.readouterr().err
 
 
+def test_seeds_settings_give_the_learners_learning_rates_of_one_program(capsys) -> None:
+    """``--settings N``: learner i steps with the (i mod N)-th of N learning rates log-spaced
+    over 0.1x to 10x the config's, in one vmapped program; N < 1 is one line, exit 2."""
+    from jdqn.bench import seeds
+    from jdqn.bench.fixture import scan_steps_fn
+
+    cfg = TINY
+    learner, states = seeds.seeded_states(cfg, 4, settings=2)
+    rates = np.float32(cfg.optim.learning_rate * np.array([0.1, 10.0, 0.1, 10.0]))
+    np.testing.assert_allclose(np.asarray(states.hyper.learning_rate), rates, rtol=1e-6)
+    after, _ = scan_steps_fn(learner, 2, vmapped=True)(states)
+    np.testing.assert_array_equal(np.asarray(after.hyper.learning_rate), rates)
+    with pytest.raises(SystemExit) as exit_info:
+        seeds.main(["--settings", "0"])
+    assert exit_info.value.code == 2
+    assert "--settings 0: must be at least 1" in capsys.readouterr().err
+
+
 def test_seeds_cli_times_the_config_it_is_given(monkeypatch, capsys) -> None:
     """``--set`` overrides reach the timed config; a bad one is one line, before any compile."""
     from jdqn.bench import seeds
 
     timed = []
-    monkeypatch.setattr(seeds, "run", lambda quick, cfg, seeds: timed.append(cfg) or [])
+    monkeypatch.setattr(seeds, "run", lambda quick, cfg, **_: timed.append(cfg) or [])
     seeds.main(["--quick", "--set", "loss.causal_weight=0", "--set", "optim.tau=0.01"])
     [cfg] = timed
     assert (cfg.loss.causal_weight, cfg.optim.tau) == (0.0, 0.01)

@@ -17,7 +17,8 @@ from pallas_kernels import flat_tail
 ON_GPU = jax.default_backend() == "gpu"
 KERNELS = ("interpret",) + (("pallas",) if ON_GPU else ())
 IMPLS = ("reference",) + KERNELS
-HYPER = flat_tail.AdamHyper(b1=0.9, b2=0.999, eps=1e-8, lr=1e-3, tau=0.0)
+HYPER = flat_tail.AdamHyper(b1=0.9, b2=0.999, eps=1e-8, tau=0.0)
+LR = 1e-3  # the learning rate, a per-learner value (TailScalars.lr)
 # Sizes around the kernels' chunk: one partial chunk, exact chunks, a partial last chunk.
 SIZES = (1, 37, flat_tail.BLOCK, flat_tail.BLOCK + 1, 3 * flat_tail.BLOCK - 5)
 
@@ -79,19 +80,25 @@ def _vectors(inputs):
     return flat_tail.TailVectors(*(inputs[k] for k in flat_tail.TailVectors._fields))
 
 
+def _hyper(hyper):
+    """The test's settings (AdamHyper's fields and ``lr``) -> (AdamHyper, lr)."""
+    lr = hyper.pop("lr", LR)
+    return HYPER._replace(**hyper), lr
+
+
 def _adam(impl, inputs, pre_ok=True, sync=False, **hyper):
-    hyper = HYPER._replace(**hyper)
+    hyper, lr = _hyper(hyper)
     count = inputs["count"]
-    scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, pre_ok, sync)
+    scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, pre_ok, sync, lr)
     return flat_tail.adam_select(
         inputs["grads"], inputs["weights"], _vectors(inputs), scalars, hyper, impl=impl
     )
 
 
 def _adam_expected(inputs, pre_ok=True, sync=False, **hyper):
-    hyper = HYPER._replace(**hyper)
+    hyper, lr = _hyper(hyper)
     keys = ("grads", "weights", "params", "masks", "target", "mu", "nu", "count")
-    return adam_np(*(inputs[k] for k in keys), pre_ok, sync, *hyper)
+    return adam_np(*(inputs[k] for k in keys), pre_ok, sync, *hyper[:3], lr, hyper.tau)
 
 
 @pytest.mark.slow
@@ -261,7 +268,7 @@ def test_segments_under_nested_vmap_equal_the_whole_matrix(impl):
     grads, stacked = _learner_grid(np.random.default_rng(11), 3)
 
     def one(g, vectors):
-        scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=True, sync=True)
+        scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=True, sync=True, lr=LR)
         row_max, gram = flat_tail.gram(g, impl=impl)
         weights = jnp.asarray([0.7, 1.9, 1.0], jnp.float32)
         out = flat_tail.adam_select(g, weights, vectors, scalars, HYPER, impl=impl)
@@ -311,7 +318,7 @@ def test_leaf_vectors_under_nested_vmap_equal_the_flat_vectors(impl):
     grads, stacked = _learner_grid(np.random.default_rng(5), 2)
 
     def one(g, vectors):
-        scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=True, sync=True)
+        scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=True, sync=True, lr=LR)
         weights = jnp.asarray([0.7, 1.9], jnp.float32)
         return flat_tail.adam_select(g, weights, vectors, scalars, HYPER, impl=impl)
 
@@ -412,7 +419,7 @@ def test_unknown_impl_is_refused():
 def test_reference_adam_is_optax_adam():
     """The reference's Adam against optax itself (the XLA path of the learner uses optax)."""
     inputs = _adam_inputs(np.random.default_rng(3), 2, 1000, count=0)
-    optimizer = optax.adam(HYPER.lr, b1=HYPER.b1, b2=HYPER.b2, eps=HYPER.eps)
+    optimizer = optax.adam(LR, b1=HYPER.b1, b2=HYPER.b2, eps=HYPER.eps)
     params = jnp.asarray(inputs["params"]) * inputs["masks"]
     state = optimizer.init(params)
     state = (
@@ -444,7 +451,7 @@ def test_nested_vmap_equals_one_learner_at_a_time(impl, masks):
     pre_ok = jnp.asarray([True, False])
 
     def one(grads, weights, vectors, ok):
-        scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=ok, sync=True)
+        scalars = flat_tail.TailScalars(bias1=0.271, bias2=0.003, pre_ok=ok, sync=True, lr=LR)
         return flat_tail.adam_select(grads, weights, vectors, scalars, HYPER, impl=impl)
 
     # Not bit for bit: interpret mode runs the kernels as XLA:CPU code that may contract
@@ -489,7 +496,7 @@ def test_kernels_lower_for_cuda_as_three_launches_under_vmap(parts, masks):
         (2, 5, parts, n),
         (2, 5, parts),
         *[(2, 5, n)] * 5,
-        (2, 5, 4),
+        (2, 5, 5),
     )
     assert hlo.count("__gpu$xla.gpu.triton") == 3  # gram, Adam's sums, Adam's write
 
@@ -511,7 +518,7 @@ def test_kernels_of_segments_lower_for_cuda_as_three_launches():
         *[(8, 2, size) for size in sizes],
         (8, 2),
         *[(8, sum(sizes))] * 4,
-        (8, 4),
+        (8, 5),
     )
     assert hlo.count("__gpu$xla.gpu.triton") == 3
 
@@ -530,9 +537,9 @@ def _bounds_of(inputs):
 
 def _shown(inputs, bounds=None, **hyper):
     """provably_finite for these inputs, with their own bounds unless ``bounds`` is given."""
-    hyper = HYPER._replace(**hyper)
+    hyper, lr = _hyper(hyper)
     count = inputs["count"]
-    scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, True, False)
+    scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, True, False, lr)
     row_max, _ = flat_tail.gram_reference(jnp.asarray(inputs["grads"]))
     n = inputs["grads"].shape[1]
     weights = jnp.asarray(inputs["weights"])
@@ -558,9 +565,9 @@ def test_adam_select_with_bounds_gives_what_every_check_gives(impl, case):
         inputs["grads"][1, 9] = np.nan
     pre_ok = case != "pre_ok_false"
     assert _shown(inputs, **hyper) == (case in ("shown", "pre_ok_false"))
-    hyper_ = HYPER._replace(**hyper)
+    hyper_, lr = _hyper(dict(hyper))
     count = inputs["count"]
-    scalars = flat_tail.TailScalars(1 - hyper_.b1**count, 1 - hyper_.b2**count, pre_ok, True)
+    scalars = flat_tail.TailScalars(1 - hyper_.b1**count, 1 - hyper_.b2**count, pre_ok, True, lr)
     row_max, _ = flat_tail.gram(jnp.asarray(inputs["grads"]), impl=impl)
     args = (inputs["grads"], inputs["weights"], _vectors(inputs), scalars, hyper_)
     with_bounds = flat_tail.adam_select(
@@ -613,8 +620,8 @@ def test_candidate_bounds_bound_the_candidate():
             nu=np.abs(vec(nu)),
             count=count,
         )
-        hyper = HYPER._replace(lr=lr, eps=eps)
-        scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, True, False)
+        hyper = HYPER._replace(eps=eps)
+        scalars = flat_tail.TailScalars(1 - hyper.b1**count, 1 - hyper.b2**count, True, False, lr)
         row_max, _ = flat_tail.gram_reference(jnp.asarray(inputs["grads"]))
         weights = jnp.asarray(inputs["weights"])
         args = (row_max, weights, _bounds_of(inputs), scalars, hyper, n)

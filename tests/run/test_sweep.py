@@ -1,6 +1,7 @@
-"""``jdqn sweep`` (jdqn.run.sweep): the settings, the validation folds, the selection rules, bad
-input, and end to end on the ES sample: each setting's test numbers are its own walk-forward
-run's, a fold's selection never sees its test window, a sweep killed between runs resumes."""
+"""``jdqn sweep`` (jdqn.run.sweep): the settings, their programs, the validation folds, the
+selection rules, bad input, and end to end on the ES sample: two learning rates train as one
+program whose numbers are each setting's own walk-forward run's, a fold's selection never sees
+its test window, a sweep killed between runs resumes."""
 
 from __future__ import annotations
 
@@ -21,14 +22,15 @@ from jdqn.data import make_folds
 from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.policy import load_policy
-from jdqn.run import rundir, sweep
-from jdqn.run.walkforward import run_walkforward
+from jdqn.run import memory, placement, rundir, sweep
+from jdqn.run.walkforward import UserError, load_data, run_walkforward
 
+SMALL_SEEDS = 2
 SMALL = [
     *ES_FOLDS,
     "walkforward.n_folds=2",
     "train.epochs=1",
-    "train.seeds=2",
+    f"train.seeds={SMALL_SEEDS}",
     "output.plots=false",
     "output.tensorboard=false",
 ]
@@ -61,6 +63,28 @@ def test_samples_draw_from_lists_and_ranges_reproducibly() -> None:
     assert (rates < 1e-4).mean() == pytest.approx(1 / 3, abs=0.1)  # log-uniform: a third a decade
     assert syncs <= set(range(10, 21)) and len(syncs) > 5
     assert {dict(s)["loss.gamma"] for s in settings} == {"0.8", "0.9"}
+
+
+def test_settings_that_differ_in_values_only_share_a_program() -> None:
+    """Learning rate, gamma and exploration's end are values of the learners: settings differing
+    only in them are one program; a layer size or the config seed makes programs of their own."""
+    grid = ["optim.learning_rate=1e-3,3e-4", "network.hidden=8,8/16,16", "loss.gamma=0.8,0.9"]
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, grid))
+    assert sweep.program_groups(plan) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    cfg = sweep.group_config(SMOKETEST, plan, [2, 3, 6, 7])
+    assert cfg.network.hidden == (16, 16) and cfg.train.seeds == 4 * SMOKETEST.train.seeds
+    assert cfg.optim.learning_rate == SMOKETEST.optim.learning_rate  # the learners carry theirs
+    seeds = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, ["train.seed=1,2"]))
+    assert sweep.program_groups(seeds) == [[0], [1]]
+
+
+def test_a_walkforward_refuses_settings_its_learners_cannot_carry(tmp_path) -> None:
+    """Settings of one program: only the keys the learners carry as values, as many as divide
+    the seeds; else one line, nothing written."""
+    for settings in ([(("network.hidden", "8,8"),)], [(), (), ()]):  # a shape; 3 into 2 seeds
+        with pytest.raises(UserError, match="must be optim.learning_rate, loss.gamma"):
+            run_walkforward(_config(tmp_path), progress=False, log=print, settings=settings)
+    assert not list(tmp_path.iterdir())
 
 
 def test_validation_tails_end_at_the_train_windows_and_are_purged() -> None:
@@ -180,19 +204,59 @@ def swept(tmp_path_factory) -> sweep.SweepOutcome:
     return sweep.run_sweep(_config(out), plan, name="sweep", progress=False, log=lambda _: None)
 
 
+def _setting_rows(run: Path, i: int, phase: str) -> list[dict]:
+    """Setting ``i``'s result rows in the run of its program, seeds as in its own run."""
+    entry = json.loads((run / "results.json").read_text())["settings"][i]
+    rows = json.loads((run / entry["runs"] / phase / "results.json").read_text())["folds"]
+    offset, seeds = entry["seed_offset"], SMALL_SEEDS
+    return [{**r, "seed": r["seed"] - offset} for r in rows if 0 <= r["seed"] - offset < seeds]
+
+
 @pytest.mark.slow
-def test_each_settings_test_numbers_are_its_own_walkforward_runs(swept, tmp_path) -> None:
+def test_each_settings_numbers_in_one_program_are_its_own_walkforward_runs(swept, tmp_path):
+    """The two learning rates trained as learners of one program (settings x folds x seeds)
+    give each setting's own walk-forward numbers, on the test windows and the selection's: bit
+    for bit on CPU (no tolerance needed; a GPU may reassociate float32 sums between programs
+    of 8 and 4 learners)."""
     results = swept.results
+    assert [s["runs"] for s in results["settings"]] == ["settings/s000"] * 2
+    assert [s["seed_offset"] for s in results["settings"]] == [0, SMALL_SEEDS]
+    assert _setting_rows(swept.run_dir, 0, "test") != _setting_rows(swept.run_dir, 1, "test")
+    cfg = _config(tmp_path)
+    _, validation = sweep.prepare_data(cfg, 300)
     for i, setting in enumerate(sweep.grid_settings(SMOKETEST, list(GRID))):
-        cfg = apply_overrides(_config(tmp_path), [f"{k}={v}" for k, v in setting])
-        own = run_walkforward(cfg, progress=False, log=lambda _: None, name=f"own{i}").results
-        test = json.loads((swept.run_dir / f"settings/s{i:03d}/test/results.json").read_text())
-        assert test["folds"] == own["folds"] and test["summary"] == own["summary"]
+        setting_cfg = apply_overrides(cfg, [f"{k}={v}" for k, v in setting])
+        quiet = dict(progress=False, log=lambda _: None)
+        own = run_walkforward(setting_cfg, name=f"own{i}", **quiet).results
+        assert _setting_rows(swept.run_dir, i, "test") == own["folds"]
+        own_validation = run_walkforward(
+            sweep.validation_config(setting_cfg, validation), data=validation, name=f"v{i}", **quiet
+        ).results
+        assert _setting_rows(swept.run_dir, i, "validation") == own_validation["folds"]
         chosen_folds = [k for k, s in enumerate(results["selection"]["chosen"]) if s == i]
         selected = [row for row in results["folds"] if row["fold"] in chosen_folds]
-        assert [{**row, "setting": i} for row in own["folds"] if row["fold"] in chosen_folds] == (
-            selected
-        )
+        own_selected = [{**r, "setting": i} for r in own["folds"] if r["fold"] in chosen_folds]
+        assert selected == own_selected
+
+
+@pytest.mark.slow
+def test_a_program_of_settings_runs_in_waves_where_memory_demands(swept, tmp_path, monkeypatch):
+    """With room for 3 learners, the 8 of the two learning rates (settings x folds x seeds) run
+    in waves of their one program, with the numbers of all at once (the baselines too: a
+    fold's are seeded by its seed-0 key in whatever wave its first run falls)."""
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    cfg = sweep.group_config(_config(tmp_path), plan, [0, 1])
+    data = load_data(cfg)
+    each = memory.learner_bytes(cfg, data.n_features)
+    shared = sum(a.features.nbytes + a.close.nbytes for a in (*data.train, *data.test))
+    room = int((3.5 * each + shared) / placement.MEMORY_FRACTION)
+    monkeypatch.setattr(placement, "free_bytes", lambda _: room)
+    notices: list[str] = []
+    settings = [list(setting) for setting in plan.settings]
+    waves = run_walkforward(cfg, progress=False, log=notices.append, name="w", settings=settings)
+    assert any("waves of 3" in line for line in notices), notices
+    kept = json.loads((swept.run_dir / "settings/s000/test/results.json").read_text())
+    assert waves.results["folds"] == kept["folds"]
 
 
 @pytest.mark.slow
@@ -206,15 +270,13 @@ def test_the_sweeps_outputs(swept, tmp_path) -> None:
     chosen = results["selection"]["chosen"]
     for row in rows:
         assert row["selected"] == str(int(chosen[int(row["fold"])] == int(row["setting"])))
-        validation = json.loads(
-            (run / f"settings/s{int(row['setting']):03d}/validation/results.json").read_text()
-        )
         (match,) = [
             r
-            for r in validation["folds"]
+            for r in _setting_rows(run, int(row["setting"]), "validation")
             if (r["fold"], r["seed"]) == (int(row["fold"]), int(row["seed"]))
         ]
         assert float(row["validation_net_pnl_usd"]) == match["agent"]["net_pnl_usd"]
+    validation = json.loads((run / "settings/s000/validation/results.json").read_text())
     # The validation runs trained on 640 bars and were judged on the 300 before each train end.
     assert validation["config"]["walkforward"]["train_bars"] == 640
     # Its reward unit: the volatility of fold 0's inner train part, before every validation tail.
@@ -255,34 +317,41 @@ def test_a_folds_selection_never_sees_its_test_window(swept, tmp_path) -> None:
     assert data.folds[0].test_start == start
     assert np.array_equal(validation.test[0].close, original.test[0].close)
     assert not np.array_equal(validation.test[1].close, original.test[1].close)
-    for i, setting in enumerate(sweep.grid_settings(SMOKETEST, list(GRID))):
-        setting_cfg = apply_overrides(cfg, [f"{k}={v}" for k, v in setting])
-        selection_cfg = sweep.validation_config(setting_cfg, validation)
-        altered = run_walkforward(
-            selection_cfg, data=validation, progress=False, log=lambda _: None, name=f"v{i}"
-        ).results
-        kept = json.loads(
-            (swept.run_dir / f"settings/s{i:03d}/validation/results.json").read_text()
-        )
-        assert [r for r in altered["folds"] if r["fold"] == 0] == [
-            r for r in kept["folds"] if r["fold"] == 0
-        ]
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    selection_cfg = sweep.validation_config(sweep.group_config(cfg, plan, [0, 1]), validation)
+    altered = run_walkforward(
+        selection_cfg,
+        data=validation,
+        progress=False,
+        log=lambda _: None,
+        name="v",
+        settings=[list(setting) for setting in plan.settings],
+    ).results
+    kept = json.loads((swept.run_dir / "settings/s000/validation/results.json").read_text())
+    assert len(kept["folds"]) == 2 * 2 * SMALL_SEEDS  # settings x folds x seeds, one program
+    assert [r for r in altered["folds"] if r["fold"] == 0] == [
+        r for r in kept["folds"] if r["fold"] == 0
+    ]
 
 
 @pytest.mark.slow
 def test_a_sweep_killed_between_runs_resumes_to_the_same_results(swept, tmp_path) -> None:
-    """The state a kill leaves: the first setting's test run killed after its last checkpoint,
-    before its results; the second's test run not started. The resumed sweep resumes the one
-    (it judges again), runs the other and writes the uninterrupted results."""
+    """The state a kill leaves: the settings' test run killed after its last checkpoint, before
+    its results. The resumed sweep resumes it (it judges again) and writes the uninterrupted
+    results."""
     killed = tmp_path / f"sweep{rundir.INCOMPLETE_SUFFIX}"
     shutil.copytree(swept.run_dir, killed)
-    for leftover in ("results.json", "sweep.csv", "policies", "settings/s001/test"):
+    for leftover in ("results.json", "sweep.csv", "policies"):
         path = killed / leftover
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     cut_short = killed / "settings/s000/test"
     (cut_short / "results.json").unlink()
     assert list(cut_short.glob("checkpoints/group0/[0-9]*"))
     cut_short.rename(cut_short.with_name(f"test{rundir.INCOMPLETE_SUFFIX}"))
+    # Its learners are bound to their settings: resumed without them, refused (one line).
+    alone = cut_short.with_name(f"test{rundir.INCOMPLETE_SUFFIX}")
+    with pytest.raises(UserError, match="the learners changed since the run started"):
+        run_walkforward(None, resume=alone, progress=False, log=lambda _: None)
     outcome = sweep.run_sweep(None, None, resume=killed, progress=False, log=lambda _: None)
     assert outcome.run_dir == tmp_path / "sweep"
     assert outcome.results == swept.results
