@@ -177,6 +177,7 @@ def test_the_profiles_budget_is_a_tripwire_that_normal_steps_never_reach():
         np.testing.assert_allclose(after, norms, rtol=1e-5)  # scale 1: nothing cut
 
 
+@pytest.mark.slow
 def test_the_guard_stops_a_fold_whose_returns_leave_the_support():
     """Default guard settings: price changes of ~1e4 points put every projected target on the
     edge atoms; the guard halts with "edge_mass" and keeps the parameters."""

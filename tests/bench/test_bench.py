@@ -242,6 +242,7 @@ def test_seeds_cli_times_the_s_it_is_given_and_refuses_zero(monkeypatch, capsys)
     assert "--seeds: every S must be at least 1, got [0, 4]" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_seeds_settings_give_the_learners_learning_rates_of_one_program(capsys) -> None:
     """``--settings N``: learner i steps with the (i mod N)-th of N learning rates log-spaced
     over 0.1x to 10x the config's, in one vmapped program; N < 1 is one line, exit 2."""

@@ -147,6 +147,7 @@ def test_the_readme_example_runs_as_written(tiny_run, tmp_path, monkeypatch):
     assert np.all(np.isin(positions[60:], [-1.0, 0.0, 1.0]))
 
 
+@pytest.mark.slow
 def test_q_gives_the_distributions_act_chose_from(tiny_run):
     policy = load_policy(tiny_run.run_dir)
     frame = pd.read_csv(ES_SAMPLE).iloc[-200:]
