@@ -2,12 +2,13 @@
 tail of its train window, never on its test window (issue 46).
 
 Settings that differ only in keys the learner carries as values (``jdqn.agent.state.HYPER_KEYS``:
-learning rate, gamma, exploration's end) train as learners of one program, settings x folds x
-seeds (in waves where memory demands); the others as programs of their own, one after another in
-this process. Each program runs twice: on the folds' inner train parts, judged on their
-validation tails (``jdqn.data.folds.validation_folds``), and on the whole train windows, judged
-on the test windows by ``run_walkforward`` itself, so that a setting's test numbers are those of
-its own walk-forward run. A stated rule picks each fold's setting from the validation results alone.
+learning rate, gamma, exploration's end) or in the seed of its keys (``train.seed``) train as
+learners of one program, settings x folds x seeds (in waves where memory demands); the others as
+programs of their own, one after another in this process. Each program runs twice: on the folds'
+inner train parts, judged on their validation tails (``jdqn.data.folds.validation_folds``), and on
+the whole train windows, judged on the test windows by ``run_walkforward`` itself, so that a
+setting's test numbers are those of its own walk-forward run. A stated rule picks each fold's
+setting from the validation results alone.
 The sweep writes ``sweep.csv`` (every setting x fold x seed), ``results.json`` (the selected
 settings' test results summarised as a walk-forward run's, the deflated Sharpe ratio counting
 settings x seeds, the probability of backtest overfitting over the settings) and the selected
@@ -33,7 +34,6 @@ import jax
 import numpy as np
 import pandas as pd
 
-from jdqn.agent.state import HYPER_KEYS
 from jdqn.config import Config, apply_overrides
 from jdqn.config.keys import config_keys
 from jdqn.data import WalkForwardData, load_source, prepare_walkforward, split_folds
@@ -43,7 +43,7 @@ from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
 from jdqn.evaluation.policy_bundle import bundle_dir
 from jdqn.run import faults, memory, provenance, rundir, termination
-from jdqn.run.walkforward import UserError, policy_root, run_walkforward
+from jdqn.run.walkforward import SETTING_KEYS, UserError, policy_root, run_walkforward
 
 RULES = ("median", "lcb")
 METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
@@ -175,17 +175,18 @@ def setting_configs(base: Config, plan: SweepPlan) -> list[Config]:
 
 def program_groups(plan: SweepPlan) -> list[list[int]]:
     """The settings trained as one program: those whose overrides differ only in the keys the
-    learner carries as values (``HYPER_KEYS``), in the order of their first setting."""
+    learner carries as values or in the seed of its keys (``SETTING_KEYS``), in the order of their
+    first setting."""
     groups: dict[Setting, list[int]] = {}
     for i, setting in enumerate(plan.settings):
-        groups.setdefault(tuple(o for o in setting if o[0] not in HYPER_KEYS), []).append(i)
+        groups.setdefault(tuple(o for o in setting if o[0] not in SETTING_KEYS), []).append(i)
     return list(groups.values())
 
 
 def group_config(base: Config, plan: SweepPlan, members: list[int]) -> Config:
     """The config of a group's program: ``base`` with the overrides its settings share and a
     seed index for every setting x seed (``run_walkforward``'s ``settings``)."""
-    shared = [f"{k}={v}" for k, v in plan.settings[members[0]] if k not in HYPER_KEYS]
+    shared = [f"{k}={v}" for k, v in plan.settings[members[0]] if k not in SETTING_KEYS]
     seeds = f"train.seeds={base.train.seeds * len(members)}"
     try:
         return apply_overrides(base, [*shared, seeds])
@@ -295,7 +296,9 @@ def run_sweep(
                 for i in members:
                     log(f"jdqn: setting {i + 1}/{len(configs)}: {_describe(plan.settings[i])}")
                 runs = run.path / "settings" / f"s{members[0]:03d}"
-                values = [tuple(o for o in plan.settings[i] if o[0] in HYPER_KEYS) for i in members]
+                values = [
+                    tuple(o for o in plan.settings[i] if o[0] in SETTING_KEYS) for i in members
+                ]
                 chosen_on = _sub_run(
                     runs, "validation", selection_cfg, validation, progress, values
                 )

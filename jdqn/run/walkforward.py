@@ -75,11 +75,13 @@ _debug = logging.getLogger("jdqn.run").debug
 _notice = logging.getLogger("jdqn.run").info
 
 
-# run_walkforward's ``settings``: K settings, each ``(key, value)`` overrides of the keys a learner
-# carries as values (jdqn.agent.state.HYPER_KEYS), trained as learners of the one program (a
-# sweep's settings axis): seed index j trains setting j // S with seed j % S, S = train.seeds / K.
+# run_walkforward's ``settings``: K settings, each ``(key, value)`` overrides of SETTING_KEYS (the
+# keys a learner carries as values, jdqn.agent.state.HYPER_KEYS, and the seed of its keys), trained
+# as learners of the one program (a sweep's settings axis): seed index j trains setting j // S with
+# seed j % S, S = train.seeds / K.
 # The run's own summary pools them; its rows, curves and policies are each setting's.
 Settings = Sequence[Sequence[tuple[str, str]]]
+SETTING_KEYS = (*HYPER_KEYS, "train.seed")
 
 
 class UserError(ValueError):
@@ -458,11 +460,12 @@ class _Job:
         """Each run's fold and seed within its setting: its (fold, seed) in its own run."""
         return [(f, s % (self.cfg.train.seeds // len(self.settings))) for f, s in run_ids]
 
-    def key_seeds(self, run_ids: Sequence[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        """Each run's fold and seed within its setting, [R] int32 each (:func:`run_keys`'s
-        arguments): a setting's runs get the keys of its own walk-forward run."""
+    def key_seeds(self, run_ids: Sequence[tuple[int, int]]) -> tuple[np.ndarray, ...]:
+        """Each run's config seed, fold and seed within its setting, [R] int32 each
+        (:func:`run_keys`'s arguments): a setting's runs get the keys of its own run."""
         folds, seeds = np.asarray(self.own_ids(run_ids), np.int32).T
-        return folds, seeds
+        bases = [self.settings[self.setting_of(seed)].train.seed for _, seed in run_ids]
+        return np.asarray(bases, np.int32), folds, seeds
 
     def hypers(self, run_ids: Sequence[tuple[int, int]]) -> Hyper:
         """Each run's values of the settings, leaves [R, ...]."""
@@ -474,9 +477,9 @@ class _Job:
 def _setting_configs(cfg: Config, settings: Settings) -> tuple[Config, ...]:
     """Each setting's config: ``cfg`` with its overrides of keys the learner carries as values."""
     keys = {k for setting in settings for k, _ in setting}
-    if not settings or cfg.train.seeds % len(settings) or not keys <= set(HYPER_KEYS):
+    if not settings or cfg.train.seeds % len(settings) or not keys <= set(SETTING_KEYS):
         raise UserError(
-            f"settings {sorted(keys)} x {len(settings)}: must be {', '.join(HYPER_KEYS)} only, "
+            f"settings {sorted(keys)} x {len(settings)}: must be {', '.join(SETTING_KEYS)} only, "
             f"and divide train.seeds={cfg.train.seeds}"
         )
     seeds = f"train.seeds={cfg.train.seeds // len(settings)}"  # as its own run's
@@ -526,13 +529,14 @@ class RunKeys(NamedTuple):
     baselines: jax.Array  # fold_in(training, 2**21): the random baseline of the run's fold
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def run_keys(seed: int, folds: jax.Array, seeds: jax.Array) -> RunKeys:
-    """Every key of a group's runs from the config seed and each run's (fold, seed index), in one
-    small program (op-by-op derivation compiled a program per operation on a cold start)."""
+@jax.jit
+def run_keys(base: int | jax.Array, folds: jax.Array, seeds: jax.Array) -> RunKeys:
+    """Every key of a group's runs from the config seed (``base``, or one per run) and each run's
+    (fold, seed index), in one small program (op-by-op derivation compiled a program per
+    operation on a cold start)."""
     training = jax.vmap(
-        lambda f, s: jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(seed), f), s)
-    )(folds, seeds)
+        lambda b, f, s: jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(b), f), s)
+    )(jnp.broadcast_to(jnp.asarray(base, jnp.int32), jnp.shape(folds)), folds, seeds)
     fold_in = jax.vmap(jax.random.fold_in, (0, None))
     return RunKeys(training, fold_in(training, 2**20), fold_in(training, 2**21))
 
@@ -667,9 +671,7 @@ def _group_programs(
     def evaluate_run(s: TrainState, i: jax.Array, key: jax.Array, data: FoldData) -> Any:
         return program.evaluate(s, _take(data, i), key)
 
-    key_type = place.padded_type(
-        jax.eval_shape(functools.partial(run_keys, cfg.train.seed), *job.key_seeds(run_ids))
-    )
+    key_type = place.padded_type(jax.eval_shape(run_keys, *job.key_seeds(run_ids)))
     init_types = (key_type.training, local_fold, local_hyper, train)
     return GroupPrograms(
         index=index,
@@ -697,13 +699,11 @@ def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
     """Train this process's share of a group's runs as one vmapped program, sharded over its
     placement's devices, and evaluate them; process 0 judges the whole wave
     (``jdqn.run.processes``) and returns its result rows, the others none."""
-    cfg, processes, wave = job.cfg, job.processes, programs.wave
+    processes, wave = job.processes, programs.wave
     with background.Overlap() as overlap:
         # The training program compiles on a worker thread meanwhile (docs/design.md §13).
         compiling_chunk = overlap.submit(programs.compile_chunk)
-        keys = programs.place.learner_arrays(
-            run_keys(cfg.train.seed, *job.key_seeds(programs.run_ids))
-        )
+        keys = programs.place.learner_arrays(run_keys(*job.key_seeds(programs.run_ids)))
         baselines = _submit_baselines(overlap, job, programs) if processes.writer else None
         state = programs.init(keys.training)
         # For the state's type, not its buffers: the first chunk donates them while the
@@ -745,7 +745,7 @@ def _submit_baselines(
     """Start each fold's baselines on ``overlap``'s threads (seeded by the keys of the whole
     wave's runs, as in one process); returns the function that waits for them."""
     # Each fold's seed-0 key, whichever wave (and setting) holds the fold's first run.
-    keys = run_keys(job.cfg.train.seed, *job.key_seeds([(f, 0) for f, _ in programs.wave]))
+    keys = run_keys(*job.key_seeds([(f, 0) for f, _ in programs.wave]))
     baselines = overlap.submit(_baselines, job, programs, np.asarray(keys.baselines))
     extras = overlap.submit(_extra_baselines, job.cfg, job.data, programs.fold_ids)
 

@@ -22,8 +22,9 @@ from jdqn.data import make_folds
 from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.policy import load_policy
+from jdqn.evaluation.policy_bundle import bundle_dir
 from jdqn.run import memory, placement, rundir, sweep
-from jdqn.run.walkforward import UserError, load_data, run_walkforward
+from jdqn.run.walkforward import UserError, load_data, policy_root, run_walkforward
 
 SMALL_SEEDS = 2
 SMALL = [
@@ -66,8 +67,9 @@ def test_samples_draw_from_lists_and_ranges_reproducibly() -> None:
 
 
 def test_settings_that_differ_in_values_only_share_a_program() -> None:
-    """Learning rate, gamma and exploration's end are values of the learners: settings differing
-    only in them are one program; a layer size or the config seed makes programs of their own."""
+    """Learning rate, gamma and exploration's end are values of the learners and the config seed
+    seeds their keys: settings differing only in them are one program; a layer size makes
+    programs of its own."""
     grid = ["optim.learning_rate=1e-3,3e-4", "network.hidden=8,8/16,16", "loss.gamma=0.8,0.9"]
     plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, grid))
     assert sweep.program_groups(plan) == [[0, 1, 4, 5], [2, 3, 6, 7]]
@@ -75,7 +77,7 @@ def test_settings_that_differ_in_values_only_share_a_program() -> None:
     assert cfg.network.hidden == (16, 16) and cfg.train.seeds == 4 * SMOKETEST.train.seeds
     assert cfg.optim.learning_rate == SMOKETEST.optim.learning_rate  # the learners carry theirs
     seeds = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, ["train.seed=1,2"]))
-    assert sweep.program_groups(seeds) == [[0], [1]]
+    assert sweep.program_groups(seeds) == [[0, 1]]
 
 
 def test_a_walkforward_refuses_settings_its_learners_cannot_carry(tmp_path) -> None:
@@ -237,6 +239,40 @@ def test_each_settings_numbers_in_one_program_are_its_own_walkforward_runs(swept
         selected = [row for row in results["folds"] if row["fold"] in chosen_folds]
         own_selected = [{**r, "setting": i} for r in own["folds"] if r["fold"] in chosen_folds]
         assert selected == own_selected
+
+
+@pytest.mark.slow
+def test_settings_of_other_config_seeds_in_one_program_are_their_own_runs(tmp_path):
+    """Two settings that differ only in ``train.seed`` (the null case of overfitting) train as
+    learners of one program with the keys of their own runs: each gives its own run's rows (the
+    fold's baselines, shared by its settings, are the first setting's)."""
+    cfg = apply_overrides(_config(tmp_path), ["train.seeds=1", "walkforward.n_folds=1"])
+    quiet = dict(progress=False, log=lambda _: None)
+    settings = [[("train.seed", "0")], [("train.seed", "7")]]
+    run = run_walkforward(
+        apply_overrides(cfg, ["train.seeds=2"]), name="both", settings=settings, **quiet
+    )
+    both = run.results["folds"]
+    for index, seed in enumerate((0, 7)):
+        own = run_walkforward(
+            apply_overrides(cfg, [f"train.seed={seed}"]), name=f"own{seed}", **quiet
+        )
+        mine = [{**row, "seed": 0} for row in both if row["seed"] == index]
+        assert [{**row, "baselines": None} for row in mine] == [
+            {**row, "baselines": None} for row in own.results["folds"]
+        ]
+        if seed == 0:
+            assert mine == own.results["folds"]
+        # The policies learned, to the bit: each setting trained with its own seed's keys.
+        ours = np.load(bundle_dir(policy_root(run.run_dir, index, 2), 0, 0) / "arrays.npz")
+        theirs = np.load(bundle_dir(own.run_dir, 0, 0) / "arrays.npz")
+        assert ours.files == theirs.files
+        for name in ours.files:
+            np.testing.assert_array_equal(ours[name], theirs[name])
+    first, second = (
+        np.load(bundle_dir(policy_root(run.run_dir, k, 2), 0, 0) / "arrays.npz") for k in (0, 1)
+    )
+    assert any(not np.array_equal(first[n], second[n]) for n in first.files)
 
 
 @pytest.mark.slow
