@@ -182,7 +182,9 @@ class EnvConfig:
         _require(self.reward_scale > 0, "env.reward_scale", "must be > 0")
         _require_one_of(self.reward_unit, ("points", "train_volatility"), "env.reward_unit")
         _require(
-            0 <= self.hold_penalty < float("inf"), "env.hold_penalty", "must be >= 0 and finite"
+            0 <= self.hold_penalty < float("inf"),
+            "env.hold_penalty",
+            "must be >= 0 and finite (0 = no charge)",
         )
 
     @property
