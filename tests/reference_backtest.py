@@ -18,7 +18,7 @@ class Backtest(NamedTuple):
     pnl_points: np.ndarray  # [K] float64, gross mark-to-market
     cost_points: np.ndarray  # [K] float64, trading cost
     net_points: np.ndarray  # [K] float64, pnl - cost
-    reward: np.ndarray  # [K] float64, net x reward_scale
+    reward: np.ndarray  # [K] float64, net x reward_scale - hold_penalty x |position|
     done: np.ndarray  # [K] bool, True on the last possible action of the episode
 
 
@@ -29,6 +29,7 @@ def backtest(
     *,
     cost_points: float,
     reward_scale: float = 1.0,
+    hold_penalty: float = 0.0,
     start: int = 0,
     end: int | None = None,
 ) -> Backtest:
@@ -45,7 +46,8 @@ def backtest(
         pnl = target * (close[bar + 1] - close[bar])
         cost = cost_points * abs(target - held)
         net = pnl - cost
-        rows.append((target, pnl, cost, net, net * reward_scale, bar + 1 == end - 1))
+        reward = net * reward_scale - hold_penalty * abs(target)
+        rows.append((target, pnl, cost, net, reward, bar + 1 == end - 1))
         held = target
     columns = list(zip(*rows, strict=True)) if rows else [()] * 6
     return Backtest(

@@ -76,6 +76,7 @@ def sample_batch(
                 positions,
                 cfg.env.cost_points,
                 cfg.env.reward_scale,
+                cfg.env.hold_penalty,
                 cfg.loss.donor_mode,
                 n_donors,
             )

@@ -41,15 +41,21 @@ def n_donors_for(batch_size: int, donor_fraction: float, mode: str, n_actions: i
 
 
 def donor_rewards(
-    batch: Transition, positions: jax.Array, cost_points: float, reward_scale: float
+    batch: Transition,
+    positions: jax.Array,
+    cost_points: float,
+    reward_scale: float,
+    hold_penalty: float,
 ) -> jax.Array:
-    """Reward of every action at each transition's bar: ``[B, A]`` float32 (exact, no impact)."""
+    """Reward of every action at each transition's bar, the environment's training reward with
+    its hold charge: ``[B, A]`` float32 (exact, no impact)."""
     positions = jnp.asarray(positions, jnp.float32)  # [A]
     price_change = jnp.asarray(batch.price_change, jnp.float32)[:, None]  # [B, 1]
     held = jnp.asarray(batch.position, jnp.float32)[:, None]  # [B, 1]
     pnl = positions[None, :] * price_change  # [B, A] index points
     cost = cost_points * jnp.abs(positions[None, :] - held)  # [B, A] index points
-    return (reward_scale * (pnl - cost)).astype(jnp.float32)
+    hold_charge = hold_penalty * jnp.abs(positions)[None, :]  # [1, A] reward units
+    return (reward_scale * (pnl - cost) - hold_charge).astype(jnp.float32)
 
 
 def make_donors(
@@ -58,6 +64,7 @@ def make_donors(
     positions: jax.Array,
     cost_points: float,
     reward_scale: float,
+    hold_penalty: float,
     mode: str,
     n_donors: int,
 ) -> Transition:
@@ -84,7 +91,7 @@ def make_donors(
     n_rows = n_donors // per_row
     rows = jax.random.permutation(key, batch_size)[:n_rows]  # [R] int32, distinct
     chosen = jax.tree.map(lambda leaf: leaf[rows], batch)  # leaves [R, ...]
-    rewards = donor_rewards(chosen, positions, cost_points, reward_scale)  # [R, A]
+    rewards = donor_rewards(chosen, positions, cost_points, reward_scale, hold_penalty)  # [R, A]
     taken = jnp.asarray(chosen.action, jnp.int32)  # [R]
 
     if mode == "best":

@@ -157,6 +157,10 @@ class EnvConfig:
     # train window (the walk-forward resolves reward_scale = reward_scale / RMS before training),
     # so that a support like +-10 resolves the return distribution whatever the price level.
     reward_unit: Literal["points", "train_volatility"] = "points"
+    # Training rewards only, never the judged PnL: hold_penalty x |position| reward units charged
+    # per bar held, a mean-variance utility's variance term (Moody & Saffell 2001) when rewards
+    # are in train_volatility units and positions in {-1, 0, 1}.
+    hold_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         _require(bool(self.instrument.strip()), "env.instrument", "give a name, e.g. ES")
@@ -177,6 +181,11 @@ class EnvConfig:
         _require(self.cost_reference_price >= 0, "env.cost_reference_price", "must be >= 0")
         _require(self.reward_scale > 0, "env.reward_scale", "must be > 0")
         _require_one_of(self.reward_unit, ("points", "train_volatility"), "env.reward_unit")
+        _require(
+            0 <= self.hold_penalty < float("inf"),
+            "env.hold_penalty",
+            "must be >= 0 and finite (0 = no charge)",
+        )
 
     @property
     def n_actions(self) -> int:

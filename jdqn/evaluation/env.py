@@ -5,13 +5,18 @@ settings in :class:`EnvParams`, pure ``reset``/``step`` that vmap over slices, f
 Actions index a grid of target positions (contracts); acting at bar ``t`` earns, in index points,
 
     reward_t = reward_scale * (pos_new * (close[t+1] - close[t])
-                               - cost_points * |pos_new - pos_old|)
+                               - cost_points * |pos_new - pos_old|) - hold_penalty * |pos_new|
 
 with ``cost_points`` the per-unit, per-side cost of ``EnvConfig.cost_points`` (slippage and
 commission in ticks, a dollar commission, a fraction of notional at ``cost_reference_price``:
-:func:`resolve_costs`), constant over a run, so the learner's donors price every action alike.
+:func:`resolve_costs`), constant over a run, so the learner's donors price every action alike,
+and ``hold_penalty`` (``EnvConfig.hold_penalty``, reward units per bar and unit held) a risk
+charge in the training reward only: a mean-variance utility's variance term (Moody & Saffell,
+2001; Zhang, Zohren & Roberts, 2020), so that holding on a martingale loses in expectation
+instead of breaking even. ``info``'s ``pnl_points`` and ``cost_points``, which the judged PnL
+reads, never include it.
 
-and the observation at bar ``t`` is ``features[t]`` with the held position appended. Without
+The observation at bar ``t`` is ``features[t]`` with the held position appended. Without
 market impact the environment is deterministic; ``key`` only keeps the gymnax signature.
 Training steps one fold as ``n_slices`` contiguous slices in lock-step (:func:`slice_params`,
 :func:`step_slices`), the price and feature arrays shared across slices.
@@ -39,7 +44,8 @@ class EnvParams:
     close: jax.Array  # [T] float32, index points on the tick grid
     positions: jax.Array  # [A] float32, action index -> target position (contracts)
     cost_points: jax.Array  # [] float32, cost per contract traded, index points
-    reward_scale: jax.Array  # [] float32, reward = scale x net points
+    reward_scale: jax.Array  # [] float32, reward = scale x net points - hold charge
+    hold_penalty: jax.Array  # [] float32, reward units per bar and unit of |position| held
     start: jax.Array  # [] int32, first bar of the episode (numpy from make_params/slice_params)
     end: jax.Array  # [] int32, one past the last bar (last action at end-2 needs close[end-1])
 
@@ -55,7 +61,14 @@ class EnvState:
 # vmap axes of sliced params: only the window bounds differ, the data are shared (not copied).
 # The fields hold vmap axes, not arrays, hence the cast.
 SLICE_AXES: EnvParams = cast(Any, EnvParams)(
-    features=None, close=None, positions=None, cost_points=None, reward_scale=None, start=0, end=0
+    features=None,
+    close=None,
+    positions=None,
+    cost_points=None,
+    reward_scale=None,
+    hold_penalty=None,
+    start=0,
+    end=0,
 )
 
 
@@ -87,6 +100,7 @@ def make_params(
         positions=jnp.asarray(env_cfg.positions, jnp.float32),
         cost_points=jnp.asarray(env_cfg.cost_points, jnp.float32),
         reward_scale=jnp.asarray(env_cfg.reward_scale, jnp.float32),
+        hold_penalty=jnp.asarray(env_cfg.hold_penalty, jnp.float32),
         # numpy, not jnp: built inside a trace they stay concrete, so slice_params still works
         start=cast(jax.Array, np.asarray(start, np.int32)),
         end=cast(jax.Array, np.asarray(end, np.int32)),
@@ -130,7 +144,8 @@ def step(
     price_change = params.close[t_next] - params.close[state.t]  # [] float32
     pnl_points = position_new * price_change
     cost_points = params.cost_points * jnp.abs(position_new - state.position)
-    reward = params.reward_scale * (pnl_points - cost_points)
+    hold_charge = params.hold_penalty * jnp.abs(position_new)  # training reward only
+    reward = params.reward_scale * (pnl_points - cost_points) - hold_charge
     done = t_next >= params.end - 1
 
     transition = Transition(

@@ -59,7 +59,7 @@ _FIXED = {
     # train.seed may vary: settings that differ only in it are the null case of overfitting.
     "train.seeds": "the seeds are the sweep's other axis (use --seeds)",
 }
-_VARIABLE_ENV = ("env.reward_scale", "env.reward_unit")  # training rewards only
+_VARIABLE_ENV = ("env.reward_scale", "env.reward_unit", "env.hold_penalty")  # training rewards only
 
 Setting = tuple[tuple[str, str], ...]  # (key, value) overrides, in the order the grid gives them
 

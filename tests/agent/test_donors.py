@@ -12,12 +12,15 @@ from jdqn.config import EnvConfig
 POSITIONS = np.array([-1.0, 0.0, 1.0])
 COST_POINTS = 0.3  # (1 + 0.2) ticks x 0.25
 SCALE = 0.5
+HOLD = 0.2  # hold penalty, reward units per bar and unit held
 
 
-def reward64(positions, price_change, held, action, cost_points, scale):
-    """docs/design.md §3, float64: pos_new * dP - cost * |pos_new - pos_old|, times the scale."""
+def reward64(positions, price_change, held, action, cost_points, scale, hold):
+    """docs/design.md §3, float64: pos_new * dP - cost * |pos_new - pos_old|, times the scale,
+    less the hold charge hold * |pos_new|."""
     new = np.float64(positions[action])
-    return scale * (new * np.float64(price_change) - cost_points * abs(new - np.float64(held)))
+    net = new * np.float64(price_change) - cost_points * abs(new - np.float64(held))
+    return scale * net - hold * abs(new)
 
 
 def random_batch(rng, size, n_features=3, positions=POSITIONS, cost=COST_POINTS, scale=SCALE):
@@ -25,7 +28,8 @@ def random_batch(rng, size, n_features=3, positions=POSITIONS, cost=COST_POINTS,
     action = rng.integers(0, len(positions), size=size)
     price_change = np.round(rng.normal(0, 2.0, size=size) * 4) / 4  # tick grid
     reward = [
-        reward64(positions, price_change[i], held[i], action[i], cost, scale) for i in range(size)
+        reward64(positions, price_change[i], held[i], action[i], cost, scale, HOLD)
+        for i in range(size)
     ]
     return Transition(
         features=jnp.asarray(rng.normal(size=(size, n_features)), jnp.float32),
@@ -42,7 +46,7 @@ def random_batch(rng, size, n_features=3, positions=POSITIONS, cost=COST_POINTS,
 def test_donor_rewards_match_float64_reference():
     rng = np.random.default_rng(0)
     batch = random_batch(rng, 40)
-    got = np.asarray(donor_rewards(batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE))
+    got = np.asarray(donor_rewards(batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD))
     assert got.shape == (40, 3) and got.dtype == np.float32
     for i in range(40):
         for a in range(3):
@@ -53,6 +57,7 @@ def test_donor_rewards_match_float64_reference():
                 a,
                 COST_POINTS,
                 SCALE,
+                HOLD,
             )
             assert got[i, a] == pytest.approx(want, rel=1e-6, abs=1e-6)
     # The taken action's recomputed reward is the stored one.
@@ -64,15 +69,18 @@ def test_donor_rewards_hand_case():
     batch = random_batch(np.random.default_rng(1), 1)._replace(
         position=jnp.array([-1.0]), price_change=jnp.array([2.0])
     )
-    got = donor_rewards(batch, jnp.asarray(POSITIONS), 0.3, 1.0)
+    got = donor_rewards(batch, jnp.asarray(POSITIONS), 0.3, 1.0, 0.0)
     np.testing.assert_allclose(got[0], [-2.0, -0.3, 2.0 - 0.6], rtol=1e-6)
+    # A hold penalty of 0.5 charges short and long 0.5 each, flat nothing.
+    got = donor_rewards(batch, jnp.asarray(POSITIONS), 0.3, 1.0, 0.5)
+    np.testing.assert_allclose(got[0], [-2.5, -0.3, 2.0 - 0.6 - 0.5], rtol=1e-6)
 
 
 @pytest.mark.slow
 def test_donor_rewards_equal_environment_rewards():
     env = pytest.importorskip("jdqn.evaluation.env", reason="jdqn.evaluation.env not written yet")
     rng = np.random.default_rng(2)
-    cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0), reward_scale=0.25)
+    cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0), reward_scale=0.25, hold_penalty=0.1)
     n_bars, n_features = 30, 4
     close = 4000.0 + np.cumsum(np.round(rng.normal(0, 1.5, size=n_bars) * 4) / 4)
     features = rng.normal(size=(n_bars, n_features)).astype(np.float32)
@@ -86,7 +94,7 @@ def test_donor_rewards_equal_environment_rewards():
         state = env.EnvState(t=jnp.int32(t), position=jnp.float32(held))
         _, _, _, _, info = step(key, state, jnp.int32(0), params)
         stored = jax.tree.map(lambda leaf: leaf[None], info["transition"])
-        all_rewards = np.asarray(donor_rewards(stored, positions, cfg.cost_points, 0.25))[0]
+        all_rewards = np.asarray(donor_rewards(stored, positions, cfg.cost_points, 0.25, 0.1))[0]
         for a in range(cfg.n_actions):
             _, _, env_reward, _, _ = step(key, state, jnp.int32(a), params)
             assert all_rewards[a] == pytest.approx(float(env_reward), rel=1e-6, abs=1e-5)
@@ -99,7 +107,7 @@ def test_best_donors_take_the_hindsight_best_other_action():
     rng = np.random.default_rng(3)
     batch = random_batch(rng, 32)
     donors = make_donors(
-        jax.random.key(7), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, "best", 20
+        jax.random.key(7), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD, "best", 20
     )
     assert donors.action.shape == (20,) and donors.features.shape == (20, 3)
     rows = [int(np.flatnonzero(np.all(batch.features == f, axis=1))[0]) for f in donors.features]
@@ -107,7 +115,9 @@ def test_best_donors_take_the_hindsight_best_other_action():
     for d, row in enumerate(rows):
         taken = int(batch.action[row])
         rewards = [
-            reward64(POSITIONS, batch.price_change[row], batch.position[row], a, COST_POINTS, SCALE)
+            reward64(
+                POSITIONS, batch.price_change[row], batch.position[row], a, COST_POINTS, SCALE, HOLD
+            )
             for a in range(3)
         ]
         others = [a for a in range(3) if a != taken]
@@ -123,7 +133,7 @@ def test_all_donors_cover_every_other_action_once():
     rng = np.random.default_rng(4)
     batch = random_batch(rng, 16)
     donors = make_donors(
-        jax.random.key(1), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, "all", 10
+        jax.random.key(1), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD, "all", 10
     )
     assert donors.action.shape == (10,)
     for r in range(5):
@@ -138,7 +148,7 @@ def test_all_donors_cover_every_other_action_once():
         actions, rewards = np.asarray(donors.action[block]), np.asarray(donors.reward[block])
         for a, reward in zip(actions, rewards, strict=True):
             want = reward64(
-                POSITIONS, batch.price_change[row], batch.position[row], a, COST_POINTS, SCALE
+                POSITIONS, batch.price_change[row], batch.position[row], a, COST_POINTS, SCALE, HOLD
             )
             assert reward == pytest.approx(want, rel=1e-6, abs=1e-6)
 
@@ -147,7 +157,7 @@ def test_all_donors_cover_every_other_action_once():
 def test_donor_rows_depend_on_the_key_and_jit_matches_eager():
     batch = random_batch(np.random.default_rng(5), 64)
     make = lambda key: make_donors(
-        key, batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, "best", 16
+        key, batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD, "best", 16
     )
     a, b = make(jax.random.key(0)), make(jax.random.key(1))
     assert not np.array_equal(a.features, b.features)
@@ -162,7 +172,7 @@ def test_make_donors_vmaps_over_a_seed_axis():
     stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *batches)
     keys = jax.random.split(jax.random.key(3), 2)
     make = lambda key, batch: make_donors(
-        key, batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, "all", 6
+        key, batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD, "all", 6
     )
     batched = jax.vmap(make)(keys, stacked)
     for i in range(2):
@@ -175,7 +185,7 @@ def test_make_donors_vmaps_over_a_seed_axis():
 def test_empty_donors(mode, n):
     batch = random_batch(np.random.default_rng(6), 8)
     donors = make_donors(
-        jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, mode, n
+        jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD, mode, n
     )
     for leaf, ref in zip(jax.tree.leaves(donors), jax.tree.leaves(batch), strict=True):
         assert leaf.shape == (0, *ref.shape[1:]) and leaf.dtype == ref.dtype
@@ -184,11 +194,17 @@ def test_empty_donors(mode, n):
 def test_make_donors_rejects_bad_counts():
     batch = random_batch(np.random.default_rng(7), 8)
     with pytest.raises(ValueError, match="multiple of 2"):
-        make_donors(jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, "all", 3)
+        make_donors(
+            jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD, "all", 3
+        )
     with pytest.raises(ValueError, match="at most 8"):
-        make_donors(jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, "best", 9)
+        make_donors(
+            jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD, "best", 9
+        )
     with pytest.raises(ValueError, match="donor mode"):
-        make_donors(jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, "some", 1)
+        make_donors(
+            jax.random.key(0), batch, jnp.asarray(POSITIONS), COST_POINTS, SCALE, HOLD, "some", 1
+        )
 
 
 def test_n_donors_for():

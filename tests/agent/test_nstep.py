@@ -22,20 +22,21 @@ from jdqn.config import SMOKETEST, apply_overrides
 
 GAMMA = 0.9
 POSITIONS = np.array([-1.0, 0.0, 1.0])
+HOLD_PENALTY = 0.3  # reward units per bar held: n-step sums carry the hold charge too
 
 
-def reference_slice(close, features, actions, cost, scale, gamma, n, bootstrap_end):
+def reference_slice(close, features, actions, cost, scale, hold, gamma, n, bootstrap_end):
     """Float64 loop over one slice of ``len(actions)`` steps from bar 0 (``close`` and
     ``features`` from the slice's first bar): per step t, the n-step return of the behaviour's
-    rewards, the next observation at bar t+m (features, position held then), done and the
-    discount gamma^m (1 - done), with m = min(n, steps left). The slice's end is a time limit
-    that bootstraps when ``bootstrap_end``, else a terminal."""
+    rewards (each less ``hold`` per unit held), the next observation at bar t+m (features,
+    position held then), done and the discount gamma^m (1 - done), with m = min(n, steps left).
+    The slice's end is a time limit that bootstraps when ``bootstrap_end``, else a terminal."""
     steps = len(actions)
     rewards, held = [], 0.0
     for t in range(steps):
         new = POSITIONS[actions[t]]
         pnl = new * (float(close[t + 1]) - float(close[t]))
-        rewards.append(scale * (pnl - cost * abs(new - held)))
+        rewards.append(scale * (pnl - cost * abs(new - held)) - hold * abs(new))
         held = new
     rows = []
     for t in range(steps):
@@ -143,6 +144,7 @@ def _trained(n, bootstrap_end, capacity=32):
             f"train.bootstrap_slice_ends={bootstrap_end}",
             f"loss.n_step={n}",
             f"loss.gamma={GAMMA}",
+            f"env.hold_penalty={HOLD_PENALTY}",
         ],
     )
     program = make_train(cfg, N_FEATURES, BARS, (0,))
@@ -190,6 +192,7 @@ def test_stored_transitions_and_batch_targets_match_a_float64_loop(n, bootstrap_
                 actions,
                 cfg.env.cost_points,
                 cfg.env.reward_scale,
+                cfg.env.hold_penalty,
                 GAMMA,
             )
             for t, row in enumerate(reference(n, bootstrap_end)):

@@ -48,6 +48,7 @@ def markets(draw, min_bars=3):
         slippage_ticks=draw(st.floats(0.0, 4.0)),
         commission_ticks=draw(st.floats(0.0, 1.0)),
         reward_scale=draw(st.floats(0.01, 100.0)),
+        hold_penalty=draw(st.sampled_from([0.0, 0.05, 1.5])),
     )
     actions = draw(
         st.lists(st.integers(0, len(cfg.positions) - 1), min_size=N_BARS - 1, max_size=N_BARS - 1)
@@ -85,6 +86,21 @@ def test_hand_computed_four_bars_long_then_short_then_flat():
     assert tr.done.dtype == jnp.float32 and tr.action.dtype == jnp.int32
 
 
+def test_hold_penalty_charges_training_rewards_only():
+    # Long, flat, short over the four bars: the held bars are charged 0.25 reward units each.
+    close = np.array([100.0, 101.0, 99.5, 100.25], np.float32)
+    cfg = EnvConfig(reward_scale=0.5, hold_penalty=0.25)
+    params = env.make_params(np.zeros((4, 1), np.float32), close, cfg)
+    _, (_, _, reward, _, info) = _run(params, jnp.array([2, 1, 0]))
+    # 0.5 x (1.0 - 0.3) - 0.25, 0.5 x (0 - 0.3), 0.5 x (-0.75 - 0.3) - 0.25
+    np.testing.assert_allclose(reward, [0.1, -0.15, -0.775], rtol=1e-6)
+    np.testing.assert_allclose(info["transition"].reward, reward, rtol=0)
+    np.testing.assert_array_equal(info["pnl_points"], [1.0, 0.0, -0.75])  # judged: no charge
+    np.testing.assert_allclose(info["cost_points"], [0.3, 0.3, 0.3], rtol=1e-6)
+    with pytest.raises(ValueError, match="env.hold_penalty"):
+        EnvConfig(hold_penalty=-0.1)
+
+
 def test_reward_scale_multiplies_net_points():
     close = np.array([100.0, 101.0, 99.5, 100.25], np.float32)
     params = env.make_params(np.zeros((4, 1), np.float32), close, EnvConfig(reward_scale=0.5))
@@ -98,10 +114,11 @@ def test_reward_scale_multiplies_net_points():
 def test_matches_float64_reference(market):
     """Tolerance: prices and price changes on the 0.25 grid below 2^24 ticks are exact in float32,
     and so is position x change for positions on the 0.5 grid, so gross PnL must match exactly.
-    The reward then rounds at most ~5 times (cost to float32, cost x |d|, subtraction, scale to
-    float32, multiply), each within eps32/2 of the largest magnitude involved; 8 eps32 x
-    scale x (|pnl| + |cost|) bounds it with margin (about 1e-4 points at 2000-point moves). XLA on
-    CPU flushes float32 subnormals to zero, hence the absolute floor of a few float32 ``tiny``."""
+    The reward then rounds at most ~8 times (cost to float32, cost x |d|, subtraction, scale to
+    float32, multiply, the hold charge's three), each within eps32/2 of the largest magnitude
+    involved; 8 eps32 x (scale x (|pnl| + |cost|) + hold charge) bounds it with margin (about
+    1e-4 points at 2000-point moves). XLA on CPU flushes float32 subnormals to zero, hence the
+    absolute floor of a few float32 ``tiny``."""
     features, close, cfg, start, end, actions = market
     params = env.make_params(features, close, cfg, start, end)
     n, scale = end - start - 1, cfg.reward_scale
@@ -112,11 +129,13 @@ def test_matches_float64_reference(market):
         actions[:n],
         cost_points=cfg.cost_points,
         reward_scale=cfg.reward_scale,
+        hold_penalty=cfg.hold_penalty,
         start=start,
         end=end,
     )
     np.testing.assert_array_equal(np.asarray(info["pnl_points"][:n], np.float64), ref.pnl_points)
-    tol = 8 * EPS32 * scale * (np.abs(ref.pnl_points) + np.abs(ref.cost_points))
+    hold_charge = cfg.hold_penalty * np.abs(ref.positions)
+    tol = 8 * EPS32 * (scale * (np.abs(ref.pnl_points) + np.abs(ref.cost_points)) + hold_charge)
     floor = 4 * float(np.finfo(np.float32).tiny)
     assert np.all(np.abs(np.asarray(reward[:n], np.float64) - ref.reward) <= tol + floor * scale)
     cost_tol = 4 * EPS32 * ref.cost_points + floor

@@ -255,6 +255,34 @@ def test_evaluate_baselines_returns_metrics_and_rollouts():
     assert again["random"]["metrics"] == results["random"]["metrics"]
 
 
+def test_hold_penalty_leaves_the_judged_pnl_and_the_baselines_unchanged():
+    """env.hold_penalty charges the training reward only: a fixed action sequence (the random
+    policy at one key) and the baselines are judged alike with and without it, at the float64
+    reference's net."""
+    judged = []
+    for cfg in (EnvConfig(), EnvConfig(hold_penalty=0.5)):
+        params = _fold(7, cfg, start=2, end=35)
+        result, record = _evaluate(ev.random_policy(cfg.n_actions), params, jax.random.key(9))
+        baselines = ev.evaluate_baselines(params, jax.random.key(9), cfg, BARS_PER_YEAR)
+        judged.append((result, record, {name: b["metrics"] for name, b in baselines.items()}))
+    (plain, plain_record, plain_baselines), (charged, charged_record, charged_baselines) = judged
+    for a, b in zip(plain_record, charged_record, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert plain == charged and plain_baselines == charged_baselines
+    ref = backtest(
+        params.close,
+        cfg.positions,
+        charged_record.actions,
+        cost_points=cfg.cost_points,
+        hold_penalty=0.5,
+        start=2,
+        end=35,
+    )
+    assert np.any(ref.reward != ref.net_points)  # the charge is real in training rewards
+    np.testing.assert_allclose(charged_record.net_points, ref.net_points, rtol=1e-6, atol=1e-6)
+    assert charged["net_pnl_points"] == pytest.approx(ref.net_points.sum(), abs=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("start", "end"), [(0, None), (3, 29)])
 def test_baselines_in_one_scan_are_each_policy_run_alone(start, end):

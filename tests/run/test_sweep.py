@@ -52,6 +52,11 @@ def test_a_grid_is_every_combination_in_order() -> None:
         (("train.seed", "0"),),
         (("train.seed", "1"),),
     )
+    # The hold penalty charges training rewards only, so unlike the costs it may vary.
+    assert [dict(s) for s in sweep.grid_settings(SMOKETEST, ["env.hold_penalty=0,0.05"])] == [
+        {"env.hold_penalty": "0"},
+        {"env.hold_penalty": "0.05"},
+    ]
 
 
 def test_samples_draw_from_lists_and_ranges_reproducibly() -> None:
@@ -141,6 +146,7 @@ def test_ranks_and_their_plot(tmp_path) -> None:
         (["--grid", "optim.nonsense=1,2"], "optim.nonsense: unknown key"),
         (["--grid", "walkforward.n_folds=2,3"], "cannot vary in a sweep"),
         (["--grid", "env.slippage_ticks=0,1"], "same contract and costs"),
+        (["--grid", "env.hold_penalty=0,-1"], "env.hold_penalty: must be >= 0"),
         (["--grid", "train.seeds=1,2"], "cannot vary"),
         (["--grid", "optim.learning_rate="], "an empty value"),
         (["--grid", "optim.learning_rate=1e-3,,2e-3"], "an empty value"),
