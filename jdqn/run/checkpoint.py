@@ -25,13 +25,17 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jdqn.run import rundir
+
+if TYPE_CHECKING:
+    from jdqn.run.binding import Seal
+    from jdqn.run.processes import Processes
 
 ORBAX = "orbax.checkpoint"  # the module, for callers that import it ahead of use
 
@@ -373,3 +377,113 @@ class _ShareFiles:
 
     def close(self) -> None:
         pass
+
+
+def host(tree: Any, learners: int) -> Any:
+    """The first ``learners`` runs of every leaf, on the host: without the device padding."""
+    return jax.tree.map(lambda x: np.asarray(x)[:learners], jax.device_get(tree))
+
+
+class GroupCheckpoints:
+    """A group's checkpoints: orbax in ``checkpoints/group<g>/``, or each process's own share in
+    ``process-<i>/`` below it (:class:`ShareCheckpointer`; docs/design.md §11)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        enabled: bool,
+        processes: Processes,
+        seal: Seal,
+        place: Any,
+        runs: int,
+        chunks_per_epoch: int,
+        param_layout: list[list[Any]],
+    ) -> None:
+        """``directory``: the group's; ``place``: how the wave's state is placed
+        (``placement.Placement``); ``runs``: the wave's runs; ``param_layout``: saved with each
+        checkpoint (``ParamLayout.record``)."""
+        self.enabled = enabled
+        self._directory = directory
+        if processes.count > 1:
+            self._directory /= f"process-{processes.index}"
+        store = ShareCheckpointer if processes.count > 1 else Checkpointer
+        self._store = store(self._directory, seal.accepted) if enabled else None
+        self._binding = seal.sha256
+        self._place, self._processes = place, processes
+        self._indices = processes.share(list(range(runs)))  # its runs in the wave
+        self._chunks_per_epoch = chunks_per_epoch
+        self._param_layout = param_layout
+
+    def resume(self, state: Any, log: Callable[[str], None]) -> tuple[Any, dict[str, Any]] | None:
+        """The newest intact checkpoint's share of the state, placed as ``state`` is, and its
+        metadata (``halted_epoch`` by this process's run index); None without one."""
+        if self._store is None:
+            return None
+        missing = self._store.latest_step() is None
+        if self._processes.any_of(missing):  # every process starts afresh, or none does
+            if self._processes.count > 1:
+                self._store.discard_after(-1)  # so that no older run's step outlives the new
+            return None
+        share = self._share(state)
+        try:
+            share, meta, step = self._store.restore_intact(share, log)
+        except NoIntactCheckpointError:
+            if self._processes.count == 1:
+                raise
+            step = -1  # told to the others first, so that they do not wait for this one
+        agreed = self._processes.smallest([step])[0]
+        if agreed < 0:
+            raise NoIntactCheckpointError(
+                f"{self._directory.parent}: a process has no checkpoint that passes "
+                "verification; fix: start the run again"
+            )
+        if agreed != step:  # another process holds no intact checkpoint this new
+            share, meta = self._store.restore(share, agreed)
+            self._store.discard_after(agreed)  # training writes them again
+            log(f"jdqn: resuming from step {agreed}, the newest every process holds intact")
+        check_param_layout(meta, self._param_layout, self._directory)
+        halted = meta["halted_epoch"]
+        meta["halted_epoch"] = {
+            r: halted[str(g)] for r, g in enumerate(self._indices) if str(g) in halted
+        }
+        return self._place.learner_arrays(share), meta
+
+    def save(
+        self, epochs_done: int, chunks_done: int, state: Any, halted_epoch: dict[int, int]
+    ) -> None:
+        """Checkpoint after ``epochs_done`` epochs and ``chunks_done`` chunks of the next one
+        (numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends); every
+        process calls it."""
+        if self._store is None:
+            return
+        # halted_epoch by the wave's run index g, as one process would record it.
+        halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}
+        meta: dict[str, Any] = dict(
+            epochs_done=epochs_done, halted_epoch=halted, param_layout=self._param_layout
+        )
+        meta["binding"] = self._binding
+        if chunks_done:
+            meta["chunks_done"] = chunks_done
+        step = epochs_done * self._chunks_per_epoch + chunks_done
+        self._store.save(step, self._share(state), meta)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def _share(self, state: Any) -> Any:
+        """This process's share of the wave's state on the host, without the device padding:
+        with one process, the whole wave."""
+        return host(self._place.real(state), len(self._indices))
+
+
+def check_param_layout(meta: dict[str, Any], expected: list[list[Any]], directory: Path) -> None:
+    """Refuse a checkpoint whose flat parameter vectors are laid out otherwise than this jdqn's
+    (``ParamLayout.record``; a checkpoint without the record predates it): same sizes, so the
+    state restores, but the values would land in the wrong places."""
+    if meta.get("param_layout") != expected:
+        raise CheckpointLayoutError(
+            f"checkpoint {directory} holds parameters in another order or shape (written by "
+            "another jdqn version); fix: start the run again"
+        )

@@ -6,7 +6,7 @@ padded
 to a multiple of the process count and process ``i`` trains the ``i``-th contiguous share. A
 learner's keys come from its (fold, seed index), so it trains the same wherever it runs. Process 0
 gathers what judging needs and writes the run directory, except the checkpoints: each process
-writes and resumes its own share (``jdqn.run.walkforward.GroupCheckpoints``). On CPU the collectives
+writes and resumes its own share (``jdqn.run.checkpoint.GroupCheckpoints``). On CPU the collectives
 are gloo's, jax 0.11's default: nothing to set.
 """
 

@@ -61,10 +61,10 @@ from jdqn.run import (
 )
 from jdqn.run.checkpoint import (
     ORBAX,
-    Checkpointer,
     CheckpointLayoutError,
+    GroupCheckpoints,
     NoIntactCheckpointError,
-    ShareCheckpointer,
+    host,
 )
 from jdqn.run.metrics_log import TENSORBOARD, MetricsLog
 from jdqn.run.processes import ProcessError, Processes
@@ -770,16 +770,11 @@ def _evaluate_group(
     )
     learner = state.learner
     network = policy_bundle.Network(learner.params, learner.masks, learner.sn_u)
-    rollouts, guard, steps, iterations, network = _host(
+    rollouts, guard, steps, iterations, network = host(
         (rollouts, learner.guard, learner.step, state.iteration, network), learners
     )
     halted = np.asarray([halted_epoch.get(r, -1) for r in range(learners)], np.int32)
     return RunOutputs(rollouts, guard, steps, iterations, halted, network)
-
-
-def _host(tree: Any, learners: int) -> Any:
-    """The first ``learners`` runs of every leaf, on the host: without the device padding."""
-    return jax.tree.map(lambda x: np.asarray(x)[:learners], jax.device_get(tree))
 
 
 def _abstract(tree: Any) -> Any:
@@ -801,7 +796,16 @@ def _train_group(
     cfg, run, writes, processes, log = job.cfg, job.run, job.writes, job.processes, job.log
     program, local_fold, train = programs.program, programs.local_fold, programs.train
     group_index, run_ids, wave = programs.index, programs.run_ids, programs.wave
-    checkpoints = GroupCheckpoints(job, programs)
+    checkpoints = GroupCheckpoints(
+        job.run.checkpoint_dir / f"group{programs.index}",
+        enabled=job.cfg.output.checkpoints,
+        processes=processes,
+        seal=job.seal,
+        place=programs.place,
+        runs=len(wave),
+        chunks_per_epoch=program.chunks_per_epoch,
+        param_layout=program.learner.layout.record(),
+    )
     start_epoch, start_chunk, halted_epoch = 0, 0, {}
     resumed = checkpoints.resume(state, log)
     if resumed is not None:
@@ -841,7 +845,7 @@ def _train_group(
                         # writer thread imports what the metrics and the checkpoint need.
                         writes.prefetch(later_imports)
                     error, (state, chunk_metrics) = result if job.debug else (None, result)
-                    record = _host((state.learner.step, chunk_metrics), len(run_ids))
+                    record = host((state.learner.step, chunk_metrics), len(run_ids))
                     elapsed = time.perf_counter() - started  # _host waited for the chunk
                     message = "jdqn: group %d epoch %d chunk %d: %.2f s"
                     _debug(message, group_index, epoch + 1, chunk + 1, elapsed)
@@ -875,100 +879,6 @@ def _train_group(
             metrics_log.close(write_plots=completed)
         checkpoints.close()
     return state, halted_epoch
-
-
-class GroupCheckpoints:
-    """A group's checkpoints: orbax in ``checkpoints/group<g>/``, or each process's own share in
-    ``process-<i>/`` below it (:class:`ShareCheckpointer`; docs/design.md §11)."""
-
-    def __init__(self, job: _Job, programs: GroupPrograms) -> None:
-        processes = job.processes
-        self.enabled = job.cfg.output.checkpoints
-        self._directory = job.run.checkpoint_dir / f"group{programs.index}"
-        if processes.count > 1:
-            self._directory /= f"process-{processes.index}"
-        store = ShareCheckpointer if processes.count > 1 else Checkpointer
-        self._store = store(self._directory, job.seal.accepted) if self.enabled else None
-        self._binding = job.seal.sha256
-        self._place, self._processes = programs.place, processes
-        self._indices = processes.share(list(range(len(programs.wave))))  # its runs in the wave
-        self._chunks_per_epoch = programs.program.chunks_per_epoch
-        self._param_layout = programs.program.learner.layout.record()  # saved with each one
-
-    def resume(
-        self, state: TrainState, log: Callable[[str], None]
-    ) -> tuple[TrainState, dict[str, Any]] | None:
-        """The newest intact checkpoint's share of the state, placed as ``state`` is, and its
-        metadata (``halted_epoch`` by this process's run index); None without one."""
-        if self._store is None:
-            return None
-        missing = self._store.latest_step() is None
-        if self._processes.any_of(missing):  # every process starts afresh, or none does
-            if self._processes.count > 1:
-                self._store.discard_after(-1)  # so that no older run's step outlives the new
-            return None
-        share = self._share(state)
-        try:
-            share, meta, step = self._store.restore_intact(share, log)
-        except NoIntactCheckpointError:
-            if self._processes.count == 1:
-                raise
-            step = -1  # told to the others first, so that they do not wait for this one
-        agreed = self._processes.smallest([step])[0]
-        if agreed < 0:
-            raise NoIntactCheckpointError(
-                f"{self._directory.parent}: a process has no checkpoint that passes "
-                "verification; fix: start the run again"
-            )
-        if agreed != step:  # another process holds no intact checkpoint this new
-            share, meta = self._store.restore(share, agreed)
-            self._store.discard_after(agreed)  # training writes them again
-            log(f"jdqn: resuming from step {agreed}, the newest every process holds intact")
-        check_param_layout(meta, self._param_layout, self._directory)
-        halted = meta["halted_epoch"]
-        meta["halted_epoch"] = {
-            r: halted[str(g)] for r, g in enumerate(self._indices) if str(g) in halted
-        }
-        return self._place.learner_arrays(share), meta
-
-    def save(
-        self, epochs_done: int, chunks_done: int, state: TrainState, halted_epoch: dict[int, int]
-    ) -> None:
-        """Checkpoint after ``epochs_done`` epochs and ``chunks_done`` chunks of the next one
-        (numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends); every
-        process calls it."""
-        if self._store is None:
-            return
-        # halted_epoch by the wave's run index g, as one process would record it.
-        halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}
-        meta: dict[str, Any] = dict(
-            epochs_done=epochs_done, halted_epoch=halted, param_layout=self._param_layout
-        )
-        meta["binding"] = self._binding
-        if chunks_done:
-            meta["chunks_done"] = chunks_done
-        step = epochs_done * self._chunks_per_epoch + chunks_done
-        self._store.save(step, self._share(state), meta)
-
-    def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
-
-    def _share(self, state: TrainState) -> Any:
-        """This process's share of the wave's state on the host, without the device padding:
-        with one process, the whole wave."""
-        return _host(self._place.real(state), len(self._indices))
-
-
-def check_param_layout(meta: dict[str, Any], expected: list[list[Any]], directory: Path) -> None:
-    """Refuse a checkpoint whose flat parameter vectors are laid out otherwise than this jdqn's
-    (``ParamLayout.record``; a checkpoint without the record predates it): same sizes, so the
-    state restores, but the values would land in the wrong places."""
-    if meta.get("param_layout") != expected:
-        raise CheckpointLayoutError(
-            f"checkpoint {directory} holds parameters in another order or shape (written by "
-            "another jdqn version); fix: start the run again"
-        )
 
 
 def _baselines(job: _Job, programs: GroupPrograms, keys: np.ndarray) -> dict[int, dict[str, Any]]:

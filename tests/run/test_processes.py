@@ -103,21 +103,21 @@ def test_resuming_with_another_process_count_is_a_one_line_error(tmp_path, capsy
 # start-up each, jax.distributed initialised once).
 _CHILD = """
 import sys
-from jdqn.run import walkforward
+from jdqn.run import checkpoint, walkforward
 from jdqn.cli import main
 
 argv = sys.argv[1:]
 if "--process-id" in argv:
-    save = walkforward.GroupCheckpoints.save
+    save = checkpoint.GroupCheckpoints.save
 
     def save_then_stop(self, *args):
         save(self, *args)
         self.close()
         raise KeyboardInterrupt
 
-    walkforward.GroupCheckpoints.save = save_then_stop
+    checkpoint.GroupCheckpoints.save = save_then_stop
     assert main(argv) == 130
-    walkforward.GroupCheckpoints.save = save
+    checkpoint.GroupCheckpoints.save = save
     stopped = argv[argv.index("--out") + 1] + "/two.incomplete"
     walkforward.run_walkforward(None, resume=stopped, progress=False, log=print)
     sys.exit(0)

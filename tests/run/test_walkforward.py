@@ -28,8 +28,8 @@ from jdqn.bench import learning
 from jdqn.cli import EXIT_HALTED, main
 from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.run import background, report, walkforward
-from jdqn.run.checkpoint import Checkpointer, CheckpointLayoutError, all_finite
-from jdqn.run.walkforward import check_param_layout, run_walkforward
+from jdqn.run.checkpoint import Checkpointer, CheckpointLayoutError, all_finite, check_param_layout
+from jdqn.run.walkforward import run_walkforward
 
 
 def _run(tmp_path: Path, overrides: list[str], name: str = "run"):
