@@ -475,7 +475,7 @@ class _Job:
 
 
 def _setting_configs(cfg: Config, settings: Settings) -> tuple[Config, ...]:
-    """Each setting's config: ``cfg`` with its overrides of keys the learner carries as values."""
+    """Each setting's config: ``cfg`` with its overrides of :data:`SETTING_KEYS`."""
     keys = {k for setting in settings for k, _ in setting}
     if not settings or cfg.train.seeds % len(settings) or not keys <= set(SETTING_KEYS):
         raise UserError(
