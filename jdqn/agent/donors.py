@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jdqn.agent.transition import Transition
+from jdqn.evaluation.env import training_reward
 
 DONOR_MODES = ("none", "best", "all")
 
@@ -54,8 +55,8 @@ def donor_rewards(
     held = jnp.asarray(batch.position, jnp.float32)[:, None]  # [B, 1]
     pnl = positions[None, :] * price_change  # [B, A] index points
     cost = cost_points * jnp.abs(positions[None, :] - held)  # [B, A] index points
-    hold_charge = hold_penalty * jnp.abs(positions)[None, :]  # [1, A] reward units
-    return (reward_scale * (pnl - cost) - hold_charge).astype(jnp.float32)
+    reward = training_reward(pnl, cost, positions[None, :], reward_scale, hold_penalty)
+    return reward.astype(jnp.float32)
 
 
 def make_donors(

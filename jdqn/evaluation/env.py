@@ -128,6 +128,19 @@ def reset(key: jax.Array, params: EnvParams) -> tuple[jax.Array, EnvState]:
     return _observe(state, params), state
 
 
+def training_reward(
+    pnl_points: jax.Array,
+    cost_points: jax.Array,
+    position_new: jax.Array,
+    reward_scale: Any,
+    hold_penalty: Any,
+) -> jax.Array:
+    """The reward the learner trains on (module docstring): net points scaled, less the hold
+    charge, which the judged PnL never includes. The environment's step and the HER donors'
+    recomputed rewards (``jdqn.agent.donors``) both use it, so the two cannot drift apart."""
+    return reward_scale * (pnl_points - cost_points) - hold_penalty * jnp.abs(position_new)
+
+
 def step(
     key: jax.Array, state: EnvState, action: jax.Array, params: EnvParams
 ) -> tuple[jax.Array, EnvState, jax.Array, jax.Array, dict[str, Any]]:
@@ -144,8 +157,9 @@ def step(
     price_change = params.close[t_next] - params.close[state.t]  # [] float32
     pnl_points = position_new * price_change
     cost_points = params.cost_points * jnp.abs(position_new - state.position)
-    hold_charge = params.hold_penalty * jnp.abs(position_new)  # training reward only
-    reward = params.reward_scale * (pnl_points - cost_points) - hold_charge
+    reward = training_reward(
+        pnl_points, cost_points, position_new, params.reward_scale, params.hold_penalty
+    )
     done = t_next >= params.end - 1
 
     transition = Transition(
