@@ -453,8 +453,8 @@ def end_process(code: int) -> NoReturn:
 
 
 def console() -> int:
-    """The ``jdqn`` command (console script and ``python -m jdqn``): :func:`main`, then the
-    process's end.
+    """The ``jdqn`` command (``jdqn.__main__.run``: the console script and ``python -m jdqn``):
+    :func:`main`, then the process's end.
 
     A finished (0, 3), interrupted (130) or terminated (143) command has closed its files and
     joined its threads, so it ends at once (``os._exit``): the interpreter's teardown would add

@@ -239,3 +239,43 @@ def test_a_sigterm_while_the_command_imports_is_one_line_and_143():
     )
     done = run_child(child)
     assert done.returncode == EXIT_TERMINATED and done.stderr == "jdqn: terminated\n", done.stderr
+
+
+# The command's modules load with the signal sent once `jdqn.cli` starts loading: `before` is
+# the SIGINT handler the process starts with (a background job's is SIG_IGN).
+_SIGNAL_WHILE_LOADING = """
+import builtins, os, signal, sys
+signal.signal(signal.SIGINT, {before})
+import jdqn.__main__ as entry
+load = builtins.__import__
+def sending(name, *args, **kwargs):
+    if name == "jdqn.cli":
+        builtins.__import__ = load
+        os.kill(os.getpid(), signal.{signal})
+    return load(name, *args, **kwargs)
+builtins.__import__ = sending
+sys.argv = ["jdqn", "config", "keys"]
+entry.run()
+"""
+
+
+@pytest.mark.parametrize(
+    ("sent", "before", "code", "line"),
+    [
+        ("SIGTERM", "signal.default_int_handler", EXIT_TERMINATED, "jdqn: terminated"),
+        ("SIGINT", "signal.default_int_handler", EXIT_INTERRUPTED, "jdqn: interrupted"),
+        ("SIGINT", "signal.SIG_IGN", 0, None),
+    ],
+)
+def test_a_signal_while_the_command_loads_gets_its_line_and_status(sent, before, code, line):
+    """SIGTERM or Ctrl-C while `jdqn`'s modules load (before the run's handlers exist) ends with
+    the command's own line and status, no traceback; an ignored SIGINT stays ignored."""
+    child = _SIGNAL_WHILE_LOADING.format(signal=sent, before=before)
+    proc = subprocess.run(
+        [sys.executable, "-c", child], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == code, proc.stderr[-2000:]
+    if line is None:
+        assert "optim.learning_rate" in proc.stdout
+    else:
+        assert proc.stderr == f"{line}\n" and proc.stdout == ""
