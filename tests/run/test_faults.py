@@ -57,24 +57,26 @@ def test_a_storage_failure_is_found_in_the_error_or_behind_it():
     faults.raise_as_user_error(KeyboardInterrupt(), Path("/r"))  # not a storage failure: returns
 
 
+@pytest.mark.parametrize("number", [errno.EFBIG, errno.ENOSPC, errno.EROFS, errno.EACCES])
 def test_a_checkpoint_write_that_fails_names_the_step_file_and_leaves_no_part_of_it(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, number
 ):
-    """F2/F5: a file write's OSError names no file (EFBIG under ``ulimit -f``); the checkpoint's
-    names its step, inside the run, and the write leaves nothing half-written."""
+    """F2/F5: a file write's OSError names no file (EFBIG under ``ulimit -f``, a full disk, a
+    file system gone read-only or refusing); the checkpoint's names its step, inside the run,
+    and the write leaves nothing half-written."""
     run = tmp_path / "r.incomplete"
 
-    def too_large(handle, **arrays):
-        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    def failing(handle, **arrays):
+        raise OSError(number, os.strerror(number))
 
-    monkeypatch.setattr(np, "savez", too_large)
+    monkeypatch.setattr(np, "savez", failing)
     checkpointer = Checkpointer(run / "checkpoints" / "group0")
     checkpointer.save(4, {"w": jnp.ones(3)}, {"epochs_done": 1})
     with pytest.raises(OSError) as failed:
         checkpointer.close()
     expected = (
-        f"{run}/checkpoints/group0/4.npz: file too large; fix: free space or fix the file "
-        f"system, then resume with: jdqn walkforward --resume {run}"
+        f"{run}/checkpoints/group0/4.npz: {faults.STORAGE_ERRNOS[number]}; fix: free space or "
+        f"fix the file system, then resume with: jdqn walkforward --resume {run}"
     )
     with pytest.raises(faults.IOFault) as raised:
         faults.raise_as_user_error(failed.value, run, where=run)
