@@ -51,7 +51,6 @@ COMPILE_EVENTS = (
 )
 # Optional output packages -> the override that makes the run not need them.
 OPTIONAL_OUTPUTS = {
-    "orbax": "output.checkpoints=false",
     "tensorboardX": "output.tensorboard=false",
     "matplotlib": "output.plots=false",
 }

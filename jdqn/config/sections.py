@@ -435,7 +435,7 @@ class OutputConfig:
     """What a run writes."""
 
     out_dir: str = "runs"  # parent directory of run directories
-    checkpoints: bool = True  # orbax checkpoints each epoch (for --resume)
+    checkpoints: bool = True  # checkpoints each epoch (for --resume)
     tensorboard: bool = True  # TensorBoard event files
     plots: bool = True  # PNG plots
     # the random baseline in plots and console tables too (results.json and CSVs always hold it)

@@ -128,18 +128,17 @@ def save_policy(
 ) -> Path:
     """Write one bundle (module docstring) atomically: a temporary directory renamed into place,
     replacing a bundle of the same name (a resumed run judges its folds again)."""
-    arrays = {  # params/<layer>/<leaf>, masks/<layer>/<leaf>, sn_u/<layer>
-        jax.tree_util.keystr(path, simple=True, separator="/"): np.asarray(leaf, np.float32)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(network)
-    }
-    arrays["normaliser/mean"] = np.asarray(normaliser.mean, np.float64)
-    arrays["normaliser/std"] = np.asarray(normaliser.std, np.float64)
+    float32 = jax.tree.map(lambda leaf: np.asarray(leaf, np.float32), network._asdict())
+    statistics = {"mean": normaliser.mean, "std": normaliser.std}
+    float64 = jax.tree.map(lambda leaf: np.asarray(leaf, np.float64), statistics)
+    # params/<layer>/<leaf>, masks/<layer>/<leaf>, sn_u/<layer>, normaliser/mean and std
+    arrays = rundir.named_arrays({**float32, "normaliser": float64})
     record = {"format": FORMAT, "version": VERSION, "fold": fold, "seed": seed, **meta}
     final = bundle_dir(run_dir, fold, seed)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = rundir.make_staging_dir(final)
     try:
-        np.savez(staging / "arrays.npz", **arrays)  # type: ignore[arg-type]  # keyword arrays
+        rundir.write_arrays(staging / "arrays.npz", arrays)
         text = json.dumps(record, indent=2, sort_keys=True, allow_nan=False) + "\n"
         (staging / "policy.json").write_text(text)
         digests = {name: _sha256(staging / name) for name in ("arrays.npz", "policy.json")}
@@ -242,8 +241,7 @@ def _verified(path: Path, fold: int, seed: int) -> tuple[dict[str, Any], dict[st
         if owners != {(fold, seed)}:
             held = ", ".join(f"fold {f} seed {s}" for f, s in sorted(owners))
             raise PolicyError(f"{path} holds the policy of {held} (moved or copied?); {again}")
-        with np.load(path / "arrays.npz") as stored:
-            arrays = {name: stored[name] for name in stored.files}
+        arrays = rundir.read_arrays(path / "arrays.npz")
     except (OSError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as error:
         if isinstance(error, PolicyError):
             raise

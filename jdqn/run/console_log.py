@@ -3,8 +3,8 @@
 Records below WARNING go to stdout and the rest to stderr, each as its bare message; ``-q``
 keeps the OUTCOME records (where the results went, halted folds, how to resume), warnings and
 errors; ``-v`` adds DEBUG records (how the bars were read, the memory plan, compile and chunk
-times) and the libraries' own error logs. Streams are looked up when a record is written, so a
-replaced ``sys.stdout`` (pytest's capture, a redirect) receives it.
+times). Streams are looked up when a record is written, so a replaced ``sys.stdout`` (pytest's
+capture, a redirect) receives it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from jdqn.config import Config
@@ -49,28 +49,7 @@ def configure(verbose: int = 0, quiet: bool = False) -> logging.Logger:
     # Not also through the root logger, which libraries (absl, via JAX) give a handler of their
     # own: every line would print twice.
     logger.propagate = False
-    # orbax (absl's logger) and tensorstore's tasks (asyncio's) log each storage failure or
-    # damaged checkpoint with tracebacks on their threads; jdqn reports it in one line, so theirs
-    # are shown with -v only.
-    for library in ("absl", "asyncio"):
-        logging.getLogger(library).setLevel(logging.NOTSET if verbose else logging.CRITICAL + 1)
-    if not verbose and not isinstance(sys.unraisablehook, _WithoutClosedLoops):
-        sys.unraisablehook = _WithoutClosedLoops(sys.unraisablehook)
     return logger
-
-
-class _WithoutClosedLoops:
-    """``sys.unraisablehook`` without the "Event loop is closed" errors that tensorstore's threads
-    report when reads or writes finish after orbax closed its event loop (a damaged checkpoint,
-    a full disk: one traceback per array; jdqn's own line says what happened)."""
-
-    def __init__(self, hook: Any) -> None:
-        self.hook = hook
-
-    def __call__(self, unraisable: Any) -> None:
-        value = unraisable.exc_value
-        if not (type(value) is RuntimeError and str(value) == "Event loop is closed"):
-            self.hook(unraisable)
 
 
 def reading_record(cfg: Config, data: WalkForwardData) -> str:

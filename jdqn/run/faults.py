@@ -1,7 +1,7 @@
 """I/O faults (a full disk, a quota, a read-only or failing file system) reported in one line.
 
-An ``OSError`` can reach a run from many writers, some of which (orbax's threads, tensorstore) wrap
-it and keep only the errno in their message. :func:`io_problem` finds it in an exception's chain
+An ``OSError`` can reach a run from many writers, some of which wrap it in an error of their own
+that keeps only the errno in its message. :func:`io_problem` finds it in an exception's chain
 and says what and where; :func:`raise_as_user_error` raises it as an :class:`IOFault` that also
 says how to go on: resume the run (jdqn.run.checkpoint verifies its checkpoints) or start it again.
 """
@@ -23,10 +23,8 @@ STORAGE_ERRNOS = {
     errno.EACCES: "permission denied",
     errno.EPERM: "operation not permitted",
 }
-# How wrappers (tensorstore, orbax) quote an errno in their messages.
-_QUOTED = re.compile(
-    r"(?:\[Errno (\d+)\]|OS error (\d+)|errno[ =:]+(\d+)|os_error_code='(\d+)')", re.IGNORECASE
-)
+# How wrappers quote an errno in their messages.
+_QUOTED = re.compile(r"(?:\[Errno (\d+)\]|errno[ =:]+(\d+))", re.IGNORECASE)
 _STRERRORS = {os.strerror(number).lower(): number for number in STORAGE_ERRNOS}
 
 
@@ -74,7 +72,7 @@ def io_problem(error: BaseException) -> str | None:
 
 def _first_path(text: str) -> str | None:
     """The first absolute path quoted in a wrapper's message (not the tail of a relative name
-    such as tensorstore's ``"params.bias/0.0"``)."""
+    such as an array's ``"params.bias/0.0"``)."""
     match = re.search(r"(?:^|(?<=[\s'\"(]))(/[^\s'\"\],:]+)", text)
     return match.group(1) if match else None
 
@@ -95,9 +93,8 @@ def raise_as_user_error(
     named = f"{path}: {problem}" if path is not None else problem
     root = None if where is None else Path(where).absolute()  # library paths are absolute
     if root is not None and (path is None or quoted and Path(path).is_relative_to(root)):
-        # A library's internal file (orbax's, tensorstore's): the run and the part written.
+        # A library's internal file: the run and the part written.
         inside = "/".join(Path(path).relative_to(root).parts[:3]) if path is not None else ""
-        inside = inside.split(".orbax-checkpoint-tmp")[0]  # orbax's step being written
         named = f"{where}: {problem}" + (f" (writing {inside})" if inside else "")
     then = "then run it again"
     if resume_dir is not None:

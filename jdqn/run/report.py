@@ -81,7 +81,7 @@ class BackgroundWrites:
 
     def prefetch(self, modules: Sequence[str]) -> None:
         """Imports ``modules`` on the writer thread, in order, ahead of the caller's first use
-        (orbax, tensorboardX: queued once a chunk is on the device, imported while the caller
+        (tensorboardX: queued once a chunk is on the device, imported while the caller
         waits on it). The caller runs no import of its own meanwhile: two threads importing
         different packages can meet in shared dependencies' module locks, and CPython then hands
         one a half-initialised module."""

@@ -18,11 +18,14 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+import jax
+import numpy as np
 
 INCOMPLETE_SUFFIX = ".incomplete"
 COMPLETE_MARKER = "results.json"
@@ -273,18 +276,21 @@ def discard(run: RunDir) -> None:
     unlock(run)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` atomically (temp file + rename): a reader never sees half a file, and a failed
-    write leaves no temp file behind."""
+def write_atomic(path: Path, data: bytes | Callable[[IO[bytes]], object]) -> None:
+    """Write ``data`` (or what ``data(handle)`` writes) atomically (temp file + rename): a reader
+    never sees half a file, a failed write leaves no temp file behind and its ``OSError`` names
+    ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 would keep the file from others
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            data(handle) if callable(data) else handle.write(data)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno and error.filename is None:  # a write's
+            error.filename = str(path)  # (EFBIG, ENOSPC) names no file
         raise
 
 
@@ -312,3 +318,25 @@ def write_json(path: Path, payload: Any) -> None:
     """Write JSON atomically (``write_atomic``)."""
     text = json.dumps(payload, indent=2, sort_keys=True, allow_nan=False) + "\n"
     write_atomic(path, text.encode())
+
+
+def named_arrays(tree: Any) -> dict[str, np.ndarray]:
+    """The leaves of ``tree`` as numpy arrays named by their tree paths (``params/head/kernel``):
+    the entries of a :func:`write_arrays` file."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    named = {jax.tree_util.keystr(p, simple=True, separator="/"): np.asarray(x) for p, x in leaves}
+    if len(named) != len(leaves):
+        raise ValueError("two leaves of the tree have one name")
+    return named
+
+
+def write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write named arrays atomically as one uncompressed ``.npz`` (``write_atomic``); checkpoints
+    and policy bundles save parameters this way, :func:`read_arrays` reads them."""
+    write_atomic(path, lambda handle: np.savez(handle, **arrays))  # type: ignore[arg-type]
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """Every array of a :func:`write_arrays` file, by name (zip's CRC checks each as it is read)."""
+    with np.load(path) as stored:
+        return {name: stored[name] for name in stored.files}

@@ -60,7 +60,6 @@ from jdqn.run import (
     termination,
 )
 from jdqn.run.checkpoint import (
-    ORBAX,
     CheckpointLayoutError,
     GroupCheckpoints,
     NoIntactCheckpointError,
@@ -818,9 +817,8 @@ def _train_group(
     metrics_log = None  # process 0 logs the whole wave's metrics
     if processes.writer:
         metrics_log = MetricsLog(run, cfg, wave, group_index, start_epoch, writes, start_chunk)
-    # Imported at their first use, not before training (jdqn.run.checkpoint, jdqn.run.metrics_log).
+    # Imported at its first use, not before training (jdqn.run.metrics_log).
     later_imports = [TENSORBOARD] if cfg.output.tensorboard else []
-    later_imports += [ORBAX] if checkpoints.enabled else []
 
     total = (cfg.train.epochs - start_epoch) * program.chunks_per_epoch - start_chunk
     bar: Any = None
@@ -842,7 +840,7 @@ def _train_group(
                     result = chunk_all(state, local_fold, jnp.int32(epoch), jnp.int32(chunk), train)
                     if epoch == start_epoch and chunk == first_chunk:
                         # The chunk is queued and this thread now waits on the device: the
-                        # writer thread imports what the metrics and the checkpoint need.
+                        # writer thread imports what the metrics need.
                         writes.prefetch(later_imports)
                     error, (state, chunk_metrics) = result if job.debug else (None, result)
                     record = host((state.learner.step, chunk_metrics), len(run_ids))

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from es_sample import ES_SAMPLE
 from smoke import SMOKE
@@ -40,15 +41,15 @@ def test_a_storage_failure_is_found_in_the_error_or_behind_it():
     assert (
         faults.io_problem(named) == "/runs/r.incomplete/metrics.jsonl: no space left on the device"
     )
-    try:  # how orbax's threads report it: their own type, the errno in the text, the cause kept
+    try:  # how a wrapper reports it: its own type, the errno in the text, the cause kept
         try:
             raise full
         except OSError as cause:
             raise RuntimeError("Error writing /runs/r.incomplete/checkpoints/group0/4") from cause
     except RuntimeError as wrapped:
         assert faults.io_problem(wrapped) == "no space left on the device"
-    tensorstore = ValueError('NOT_FOUND: Error writing "/x/d/ab12": [OS error 122: quota]')
-    assert faults.io_problem(tensorstore) == "/x/d/ab12: disk quota exceeded"
+    quoted = ValueError('Error writing "/x/d/ab12": [Errno 122] Disk quota exceeded')
+    assert faults.io_problem(quoted) == "/x/d/ab12: disk quota exceeded"
     assert faults.io_problem(ValueError("shapes do not match")) is None
     assert faults.io_problem(OSError(errno.ENOENT, "No such file or directory")) is None
     with pytest.raises(faults.IOFault, match=r"then resume with: jdqn walkforward --resume /r"):
@@ -56,22 +57,32 @@ def test_a_storage_failure_is_found_in_the_error_or_behind_it():
     faults.raise_as_user_error(KeyboardInterrupt(), Path("/r"))  # not a storage failure: returns
 
 
-def test_a_library_failure_inside_the_run_names_the_run_and_the_part_written(tmp_path):
-    """F2/F5: tensorstore's text quotes an array's name ("...bias/0.0") before the file."""
+@pytest.mark.parametrize("number", [errno.EFBIG, errno.ENOSPC, errno.EROFS, errno.EACCES])
+def test_a_checkpoint_write_that_fails_names_the_step_file_and_leaves_no_part_of_it(
+    tmp_path, monkeypatch, number
+):
+    """F2/F5: a file write's OSError names no file (EFBIG under ``ulimit -f``, a full disk, a
+    file system gone read-only or refusing); the checkpoint's names its step, inside the run,
+    and the write leaves nothing half-written."""
     run = tmp_path / "r.incomplete"
-    text = (
-        'OUT_OF_RANGE: Error writing "learner.params.head.bias/0.0" in OCDBT database at local '
-        f'file "{run}/checkpoints/group0/4.orbax-checkpoint-tmp/state/ocdbt.process_0/": '
-        "Failed to write 130663 bytes to file 5: File too large [os_error_code='27']"
-    )
-    assert faults.io_problem(ValueError(text)).startswith(f"{run}/checkpoints/group0/4.orbax")
+
+    def failing(handle, **arrays):
+        raise OSError(number, os.strerror(number))
+
+    monkeypatch.setattr(np, "savez", failing)
+    checkpointer = Checkpointer(run / "checkpoints" / "group0")
+    checkpointer.save(4, {"w": jnp.ones(3)}, {"epochs_done": 1})
+    with pytest.raises(OSError) as failed:
+        checkpointer.close()
     expected = (
-        f"{run}: file too large (writing checkpoints/group0/4); fix: free space or fix the file "
-        f"system, then resume with: jdqn walkforward --resume {run}"
+        f"{run}/checkpoints/group0/4.npz: {faults.STORAGE_ERRNOS[number]}; fix: free space or "
+        f"fix the file system, then resume with: jdqn walkforward --resume {run}"
     )
     with pytest.raises(faults.IOFault) as raised:
-        faults.raise_as_user_error(ValueError(text), run, where=run)
+        faults.raise_as_user_error(failed.value, run, where=run)
     assert str(raised.value) == expected
+    group = run / "checkpoints" / "group0"
+    assert [p.name for p in group.iterdir()] == ["sha256"]  # no 4.npz, no temporary file
 
 
 def _gzip_cases(tmp_path: Path) -> dict[str, Path]:
@@ -119,7 +130,8 @@ def test_a_manifest_that_cannot_be_written_is_reported_and_its_step_not_trusted(
     lines: list[str] = []
     _, meta, step = reopened.restore_intact({"w": jnp.zeros(3)}, log=lines.append)
     reopened.close()
-    assert step == 1 and meta == {"epochs_done": 1} and "no readable checksum" in lines[0]
+    assert step == 1 and meta == {"epochs_done": 1} and lines == []
+    assert not (tmp_path / "group0" / "2.npz").exists()  # the manifest first: no step without one
 
 
 @pytest.mark.slow
@@ -147,7 +159,7 @@ def test_a_full_disk_mid_run_and_at_the_end_is_one_line_and_the_run_resumes(
         f"file system, then resume with: jdqn walkforward --resume {stopped}",
     )
     assert "run interrupted" not in captured.out
-    assert (stopped / "checkpoints" / "group0" / "4").is_dir()  # epoch 1 is kept
+    assert (stopped / "checkpoints" / "group0" / "4.npz").is_file()  # epoch 1 is kept
     monkeypatch.undo()
 
     write = rundir.write_json

@@ -18,7 +18,8 @@ from tiny_learner import TINY
 from jdqn.agent.train import FoldData, make_train
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import DEFAULT, SMOKETEST, apply_overrides
-from jdqn.run import memory, placement
+from jdqn.run import memory, placement, rundir
+from jdqn.run.checkpoint import META
 
 CPU = SimpleNamespace(platform="cpu")  # a stand-in device: the plan reads only its platform
 
@@ -160,15 +161,9 @@ _SHARDED_RUNS = textwrap.dedent(
 
 
 def _checkpointed_state(directory):
-    import orbax.checkpoint as ocp
-
-    manager = ocp.CheckpointManager(directory.absolute())
-    restored = manager.restore(
-        manager.latest_step(),
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
-    )
-    manager.close()
-    return [np.asarray(leaf) for leaf in jax.tree.leaves(restored.state)]
+    latest = max(directory.glob("*.npz"), key=lambda path: int(path.stem))
+    stored = rundir.read_arrays(latest)
+    return [stored[name] for name in sorted(stored) if name != META]
 
 
 @pytest.mark.slow

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import numpy as np
 import pytest
 from es_sample import ES_SAMPLE
@@ -18,7 +17,8 @@ from tiny_learner import TINY
 
 from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.run import processes as processes_module
-from jdqn.run.checkpoint import META, leaf_name
+from jdqn.run import rundir
+from jdqn.run.checkpoint import META
 from jdqn.run.processes import ProcessError, Processes, launched_by, start
 
 
@@ -163,25 +163,11 @@ def _launch(argv: list[str], processes: int) -> list[subprocess.CompletedProcess
     return done
 
 
-def _states(directory: Path) -> dict[str, np.ndarray]:
-    """The latest checkpoint of a one-process run's group, by leaf name."""
-    import orbax.checkpoint as ocp
-
-    manager = ocp.CheckpointManager(directory.absolute())
-    restored = manager.restore(
-        manager.latest_step(),
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()),
-    )
-    manager.close()
-    flat = jax.tree_util.tree_flatten_with_path(restored.state)[0]
-    return {leaf_name(path): np.asarray(leaf) for path, leaf in flat}
-
-
 def _share(directory: Path) -> dict[str, np.ndarray]:
-    """The latest checkpoint of one process's share, by leaf name."""
+    """The latest checkpoint in ``directory`` (a one-process run's group, or one process's share
+    of it), by leaf name."""
     latest = max(directory.glob("*.npz"), key=lambda path: int(path.stem))
-    with np.load(latest) as stored:
-        return {name: stored[name] for name in stored.files if name != META}
+    return {name: x for name, x in rundir.read_arrays(latest).items() if name != META}
 
 
 @pytest.mark.slow
@@ -218,7 +204,7 @@ def test_two_processes_stopped_and_resumed_equal_the_one_process_run(tmp_path):
     # own folder, nothing gathered; the shares together are the one-process run's state.
     group = tmp_path / "two" / "checkpoints" / "group0"
     assert sorted(p.name for p in group.iterdir()) == ["process-0", "process-1"]
-    one = _states(tmp_path / "one" / "checkpoints" / "group0")
+    one = _share(tmp_path / "one" / "checkpoints" / "group0")
     shares = [_share(group / f"process-{i}") for i in range(2)]
     assert set(shares[0]) == set(shares[1]) == set(one) and len(one) > 10
     for name, whole in one.items():
