@@ -293,8 +293,8 @@ def run_sweep(
             for members, cfg, selection_cfg in zip(
                 groups, group_configs, selection_configs, strict=True
             ):
-                for i in members:
-                    log(f"jdqn: setting {i + 1}/{len(configs)}: {_describe(plan.settings[i])}")
+                for i in members:  # numbered as in sweep.csv and results.json
+                    log(f"jdqn: setting {i}: {_describe(plan.settings[i])}")
                 runs = run.path / "settings" / f"s{members[0]:03d}"
                 values = [
                     tuple(o for o in plan.settings[i] if o[0] in SETTING_KEYS) for i in members
