@@ -38,19 +38,25 @@ class Hyper(NamedTuple):
     learning_rate: jax.Array  # [] float32, optim.learning_rate
     discounts: jax.Array  # [n_step + 1] float32, loss.gamma's powers (nstep.gamma_powers)
     epsilon_end: jax.Array  # [] float32, train.epsilon_end
+    # [train.epochs] float32, loss.alpha_schedule: the C51 blend weight of each epoch, padded
+    # with its last value (so that schedules of any length share one shape)
+    alpha_schedule: jax.Array
 
 
 # The config keys :class:`Hyper` carries, in its order: settings that differ only in these can
 # train as learners of one program.
-HYPER_KEYS = ("optim.learning_rate", "loss.gamma", "train.epsilon_end")
+HYPER_KEYS = ("optim.learning_rate", "loss.gamma", "train.epsilon_end", "loss.alpha_schedule")
 
 
 def hyper_of(cfg: Config) -> Hyper:
     """``cfg``'s values of :data:`HYPER_KEYS` (stack them for many learners)."""
+    schedule = cfg.loss.alpha_schedule
+    padded = [schedule[min(epoch, len(schedule) - 1)] for epoch in range(cfg.train.epochs)]
     return Hyper(
         learning_rate=jnp.float32(cfg.optim.learning_rate),
         discounts=jnp.asarray(gamma_powers(cfg.loss.gamma, cfg.loss.n_step)),
         epsilon_end=jnp.float32(cfg.train.epsilon_end),
+        alpha_schedule=jnp.asarray(padded, jnp.float32),
     )
 
 

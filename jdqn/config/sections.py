@@ -260,7 +260,8 @@ class LossConfig:
     # uses 3): r_t + ... + gamma^(m-1) r_(t+m-1) + gamma^m Q(s_(t+m)), m = n or fewer at a
     # slice's end; 1 = one-step TD. HER donors stay one-step
     n_step: int = 1
-    alpha_schedule: tuple[float, ...] = (0.0, 0.2)  # C51 weight per epoch; last value repeats
+    # C51 weight per epoch; last value repeats (each learner's own: a sweep over it is one program)
+    alpha_schedule: tuple[float, ...] = (0.0, 0.2)
     label_smoothing: float = 0.01  # eps of (1 - eps) m + eps / N on the C51 target
     huber_delta: float | None = None  # None = squared error; else Huber on the scaled error
     # the MSE's error measured in support widths (v_max - v_min; the seed's) or reward units
