@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jdqn.agent.losses import smoothing_weights
 from jdqn.agent.networks import ParamLayout, Params
 from jdqn.agent.nstep import gamma_powers
 from jdqn.agent.replay import ReplayState
@@ -41,11 +42,22 @@ class Hyper(NamedTuple):
     # [train.epochs] float32, loss.alpha_schedule: the C51 blend weight of each epoch, padded
     # with its last value (so that schedules of any length share one shape)
     alpha_schedule: jax.Array
+    label_smoothing: jax.Array  # [2] float32, (1 - eps, eps / N) (losses.smoothing_weights)
+    hold_penalty: jax.Array  # [] float32, env.hold_penalty (the training reward's hold charge)
+    act_risk: jax.Array  # [] float32, train.act_risk (acting's and the target's a*)
 
 
 # The config keys :class:`Hyper` carries, in its order: settings that differ only in these can
 # train as learners of one program.
-HYPER_KEYS = ("optim.learning_rate", "loss.gamma", "train.epsilon_end", "loss.alpha_schedule")
+HYPER_KEYS = (
+    "optim.learning_rate",
+    "loss.gamma",
+    "train.epsilon_end",
+    "loss.alpha_schedule",
+    "loss.label_smoothing",
+    "env.hold_penalty",
+    "train.act_risk",
+)
 
 
 def hyper_of(cfg: Config) -> Hyper:
@@ -57,6 +69,11 @@ def hyper_of(cfg: Config) -> Hyper:
         discounts=jnp.asarray(gamma_powers(cfg.loss.gamma, cfg.loss.n_step)),
         epsilon_end=jnp.float32(cfg.train.epsilon_end),
         alpha_schedule=jnp.asarray(padded, jnp.float32),
+        label_smoothing=jnp.asarray(
+            smoothing_weights(cfg.loss.label_smoothing, cfg.network.n_atoms)
+        ),
+        hold_penalty=jnp.float32(cfg.env.hold_penalty),
+        act_risk=jnp.float32(cfg.train.act_risk),
     )
 
 

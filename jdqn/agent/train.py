@@ -98,8 +98,9 @@ class TrainProgram:
     ) -> tuple[TrainState, IterationMetrics]:
         """Run ``chunk_length`` iterations of ``epoch`` (traced ints); pure, vmappable."""
         cfg = self.cfg
-        params = _slice_params(cfg, fold)
-        # The learner's own schedule (jdqn.agent.state.Hyper), one value per epoch.
+        # The learner's own hold charge and alpha schedule (jdqn.agent.state.Hyper).
+        hold_penalty = state.learner.hyper.hold_penalty
+        params = _slice_params(cfg, fold).replace(hold_penalty=hold_penalty)  # type: ignore[attr-defined]  # flax.struct adds .replace
         alpha = state.learner.hyper.alpha_schedule[jnp.minimum(epoch, cfg.train.epochs - 1)]
         first_in_epoch = chunk * self.chunk_length
 

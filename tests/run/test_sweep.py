@@ -16,8 +16,10 @@ import pandas as pd
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
 
+from jdqn.agent.state import HYPER_KEYS
 from jdqn.cli import main
 from jdqn.config import SMOKETEST, WalkForwardConfig, apply_overrides
+from jdqn.config.keys import config_keys
 from jdqn.data import make_folds
 from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
@@ -99,6 +101,26 @@ def test_alpha_schedules_of_other_lengths_are_one_program() -> None:
     bad = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, ["loss.alpha_schedule=0,0.2/0,2"]))
     with pytest.raises(ValueError, match=r"^setting loss.alpha_schedule=0,2: loss.alpha_schedule"):
         sweep.setting_configs(SMOKETEST, bad)
+
+
+def test_jdqn_config_keys_says_which_keys_share_a_program() -> None:
+    """Every key a learner carries as a value, and only those, says so in ``jdqn config keys``."""
+    said = "a learner's value: one sweep program"
+    assert {k.key for k in config_keys() if said in k.description} == set(HYPER_KEYS)
+
+
+def test_a_program_of_acting_risks_computes_the_std_where_one_is_above_0(tmp_path) -> None:
+    """Acting's std is a static branch: a program whose settings' act_risk include one above 0
+    is built with the largest; a walk-forward asked for such settings under act_risk 0 refuses
+    in one line, writing nothing."""
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, ["train.act_risk=0,0.5,0.25"]))
+    assert sweep.program_groups(plan) == [[0, 1, 2]]
+    assert sweep.group_config(SMOKETEST, plan, [0, 1, 2]).train.act_risk == 0.5
+    assert sweep.group_config(SMOKETEST, plan, [0]).train.act_risk == 0.0
+    settings = [[("train.act_risk", "0")], [("train.act_risk", "0.5")]]
+    with pytest.raises(UserError, match="^settings of train.act_risk > 0 need the run's"):
+        run_walkforward(_config(tmp_path), progress=False, log=print, settings=settings)
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_walkforward_refuses_settings_its_learners_cannot_carry(tmp_path) -> None:
@@ -264,7 +286,15 @@ def test_each_settings_numbers_in_one_program_are_its_own_walkforward_runs(swept
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grid", ["loss.alpha_schedule=0,0.2/0,0.5,0.5"])
+@pytest.mark.parametrize(
+    "grid",
+    [
+        "loss.alpha_schedule=0,0.2/0,0.5,0.5",
+        "loss.label_smoothing=0.01,0.3",
+        "env.hold_penalty=0,0.05",
+        "train.act_risk=0,0.5",  # the program's 0.5; the learner of 0 acts by the mean
+    ],
+)
 def test_a_sweep_of_values_the_learners_carry_is_one_program_of_their_own_runs(grid, tmp_path):
     """Two settings of a key the learners carry as values, swept over 2 epochs as one program:
     each setting's rows, on the test windows and on the validation tails, are those of its own
