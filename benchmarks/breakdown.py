@@ -94,7 +94,8 @@ def _isolated(n_steps: int, repeats: int, cfg: Config) -> list[dict[str, Any]]:
         projected = c51_project(
             probs_star, reward, discount, net.v_min, net.v_max, pieces.projection
         )
-        target = losses.label_smooth(projected, cfg.loss.label_smoothing)
+        smoothing = losses.smoothing_weights(cfg.loss.label_smoothing, net.n_atoms)
+        target = losses.label_smooth(projected, jnp.asarray(smoothing))
         y = losses.scalar_target(reward, discount, q_star, net.v_min, net.v_max)
         q, cross_entropy = losses.c51_head(logits[:rows], support, action, target, pieces)
         q_taken = losses.select_action(q, action)

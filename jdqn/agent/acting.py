@@ -11,19 +11,24 @@ from jdqn.agent import networks
 from jdqn.config import Config
 
 
-def action_scores(logits: jax.Array, position: jax.Array, cfg: Config) -> jax.Array:
+def action_scores(
+    logits: jax.Array, position: jax.Array, cfg: Config, risk: jax.Array | None = None
+) -> jax.Array:
     """What acting takes the argmax of, ``[..., A]``, from the heads' ``logits [..., K, A, N]``
     with ``position [...]`` held: the heads' mean Q, minus ``train.act_risk`` x the standard
     deviation of the heads' mixture (their spread and their disagreement), plus
     ``train.act_band_costs`` round-trip costs in reward units on the action that keeps the held
     position. At 0 and 0 it is the head-mean Q, computed as before. The double-DQN target picks
     a* at s' by each head's own mean minus act_risk x std (``jdqn.agent.losses.td_target``), so
-    the distributions learned are those of the policy that acts."""
+    the distributions learned are those of the policy that acts. ``risk``: the learner's value of
+    act_risk (None: the config's); the std is computed only where the config's is above 0 (a
+    program whose learners carry several values is built with one of those above 0, and a
+    learner's 0 then gives the mean exactly)."""
     support = networks.atoms(cfg.network)  # [N]
     q = jnp.mean(networks.q_values(logits, support), axis=-2)  # [..., A]
     if cfg.train.act_risk > 0:
         mixture = jnp.mean(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-3)
-        q = mean_minus_std(mixture, q, support, cfg.train.act_risk)
+        q = mean_minus_std(mixture, q, support, cfg.train.act_risk if risk is None else risk)
     if cfg.train.act_band_costs > 0:
         # Two sides of the cost per contract: the band is in round trips.
         band = cfg.train.act_band_costs * 2.0 * cfg.env.cost_points * cfg.env.reward_scale
@@ -32,7 +37,9 @@ def action_scores(logits: jax.Array, position: jax.Array, cfg: Config) -> jax.Ar
     return q
 
 
-def mean_minus_std(probs: jax.Array, mean: jax.Array, support: jax.Array, risk: float) -> jax.Array:
+def mean_minus_std(
+    probs: jax.Array, mean: jax.Array, support: jax.Array, risk: float | jax.Array
+) -> jax.Array:
     """``mean - risk x std`` of distributions ``probs [..., N]`` over ``support [N]`` whose
     means are ``mean [...]`` (Dabney et al., ICML 2018, a risk-averse distortion)."""
     variance = jnp.sum(probs * (support - mean[..., None]) ** 2, axis=-1)  # [...]

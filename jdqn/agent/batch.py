@@ -40,11 +40,13 @@ def sample_batch(
     discounts: jax.Array,
     cfg: Config,
     n_donors: int,
+    hold_penalty: jax.Array | float | None = None,
 ) -> Batch:
     """Sample ``B`` transitions (stratified proportional PER, Schaul et al., ICLR 2016) and add
     ``n_donors`` hindsight donors (another action at the same bar with its recomputed reward;
     Andrychowicz et al., NeurIPS 2017); ``keys`` = (sample, donors, donors' head masks);
-    ``discounts [n_step + 1]``: gamma's powers (the learner's ``Hyper``).
+    ``discounts [n_step + 1]``: gamma's powers, ``hold_penalty``: the donors' hold charge (the
+    learner's ``Hyper``; None: the config's).
 
     Bootstrap head masks (Osband et al., NeurIPS 2016): one per stored transition for its whole
     life (keyed on its insertion serial, so an overwritten slot gets a fresh draw), fresh for
@@ -76,7 +78,7 @@ def sample_batch(
                 positions,
                 cfg.env.cost_points,
                 cfg.env.reward_scale,
-                cfg.env.hold_penalty,
+                cfg.env.hold_penalty if hold_penalty is None else hold_penalty,
                 cfg.loss.donor_mode,
                 n_donors,
             )

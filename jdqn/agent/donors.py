@@ -46,7 +46,7 @@ def donor_rewards(
     positions: jax.Array,
     cost_points: float,
     reward_scale: float,
-    hold_penalty: float,
+    hold_penalty: float | jax.Array,
 ) -> jax.Array:
     """Reward of every action at each transition's bar, the environment's training reward with
     its hold charge: ``[B, A]`` float32 (exact, no impact)."""
@@ -65,7 +65,7 @@ def make_donors(
     positions: jax.Array,
     cost_points: float,
     reward_scale: float,
-    hold_penalty: float,
+    hold_penalty: float | jax.Array,
     mode: str,
     n_donors: int,
 ) -> Transition:

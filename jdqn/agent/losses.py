@@ -13,6 +13,7 @@ from typing import NamedTuple
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jdqn.accel.pieces import PLAIN, Pieces
 from jdqn.agent import acting, networks
@@ -64,10 +65,17 @@ def scalar_target(
     return jnp.clip(rewards + discounts * q_next, v_min, v_max)
 
 
-def label_smooth(target: jax.Array, epsilon: float) -> jax.Array:
-    """(1 - eps) m + eps / N (Szegedy et al., CVPR 2016); keeps each row's mass."""
+def smoothing_weights(epsilon: float, n_atoms: int) -> np.ndarray:
+    """:func:`label_smooth`'s weights ``(1 - eps, eps / N)``, [2] float32 rounded once from
+    float64 (a learner carries them as values, ``jdqn.agent.state.Hyper``)."""
+    return np.asarray([1.0 - epsilon, epsilon / n_atoms], np.float32)
+
+
+def label_smooth(target: jax.Array, weights: jax.Array) -> jax.Array:
+    """(1 - eps) m + eps / N (Szegedy et al., CVPR 2016) with ``weights`` =
+    :func:`smoothing_weights`; keeps each row's mass."""
     chex.assert_type(target, jnp.float32)
-    return (1.0 - epsilon) * target + epsilon / target.shape[-1]
+    return weights[0] * target + weights[1]
 
 
 def q_regression_loss(
@@ -275,19 +283,25 @@ def td_target(
     discount: jax.Array,
     cfg: Config,
     pieces: Pieces = PLAIN,
+    smoothing: jax.Array | None = None,
+    act_risk: jax.Array | None = None,
 ) -> TdTarget:
     """Double-DQN target (van Hasselt et al., AAAI 2016) projected onto the support
     (Bellemare et al., 2017) and label-smoothed: ``logits [R, K, A, N]`` of the online and target
     nets at s', ``reward, discount [R]``; ``pieces.projection`` runs the projection. With
     ``train.act_risk`` the online net picks a* as acting does, by mean minus a multiple of the
-    standard deviation (``jdqn.agent.acting``)."""
+    standard deviation (``jdqn.agent.acting``). ``smoothing`` (:func:`smoothing_weights`) and
+    ``act_risk``: the learner's values (None: the config's)."""
     net = cfg.network
+    if smoothing is None:
+        smoothing = jnp.asarray(smoothing_weights(cfg.loss.label_smoothing, net.n_atoms))
     support = networks.atoms(net)
     q_next = networks.q_values(online_logits_next, support)  # [R, K, A]
     choice = q_next  # what a* maximises: each head's mean, or mean - act_risk x std
-    if cfg.train.act_risk > 0:
+    if cfg.train.act_risk > 0:  # static (acting.action_scores says why)
         probs_next = jax.nn.softmax(online_logits_next.astype(jnp.float32), axis=-1)
-        choice = acting.mean_minus_std(probs_next, q_next, support, cfg.train.act_risk)
+        risk = cfg.train.act_risk if act_risk is None else act_risk
+        choice = acting.mean_minus_std(probs_next, q_next, support, risk)
     _, probs_star, q_star = double_dqn_target(choice, target_logits_next, support)
     rows, heads = q_star.shape
     rewards = jnp.broadcast_to(reward[:, None], (rows, heads))  # [R, K]
@@ -302,7 +316,7 @@ def td_target(
             impl=pieces.projection,
         ).reshape(rows, heads, -1)  # [R, K, N]
     return TdTarget(
-        distribution=jax.lax.stop_gradient(label_smooth(projected, cfg.loss.label_smoothing)),
+        distribution=jax.lax.stop_gradient(label_smooth(projected, smoothing)),
         projected=projected,
         y=jax.lax.stop_gradient(scalar_target(rewards, discounts, q_star, net.v_min, net.v_max)),
         q_next=q_next,

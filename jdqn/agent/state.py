@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jdqn.agent.losses import smoothing_weights
 from jdqn.agent.networks import ParamLayout, Params
 from jdqn.agent.nstep import gamma_powers
 from jdqn.agent.replay import ReplayState
@@ -38,19 +39,41 @@ class Hyper(NamedTuple):
     learning_rate: jax.Array  # [] float32, optim.learning_rate
     discounts: jax.Array  # [n_step + 1] float32, loss.gamma's powers (nstep.gamma_powers)
     epsilon_end: jax.Array  # [] float32, train.epsilon_end
+    # [train.epochs] float32, loss.alpha_schedule: the C51 blend weight of each epoch, padded
+    # with its last value (so that schedules of any length share one shape)
+    alpha_schedule: jax.Array
+    label_smoothing: jax.Array  # [2] float32, (1 - eps, eps / N) (losses.smoothing_weights)
+    hold_penalty: jax.Array  # [] float32, env.hold_penalty (the training reward's hold charge)
+    act_risk: jax.Array  # [] float32, train.act_risk (acting's and the target's a*)
 
 
 # The config keys :class:`Hyper` carries, in its order: settings that differ only in these can
 # train as learners of one program.
-HYPER_KEYS = ("optim.learning_rate", "loss.gamma", "train.epsilon_end")
+HYPER_KEYS = (
+    "optim.learning_rate",
+    "loss.gamma",
+    "train.epsilon_end",
+    "loss.alpha_schedule",
+    "loss.label_smoothing",
+    "env.hold_penalty",
+    "train.act_risk",
+)
 
 
 def hyper_of(cfg: Config) -> Hyper:
     """``cfg``'s values of :data:`HYPER_KEYS` (stack them for many learners)."""
+    schedule = cfg.loss.alpha_schedule
+    padded = [schedule[min(epoch, len(schedule) - 1)] for epoch in range(cfg.train.epochs)]
     return Hyper(
         learning_rate=jnp.float32(cfg.optim.learning_rate),
         discounts=jnp.asarray(gamma_powers(cfg.loss.gamma, cfg.loss.n_step)),
         epsilon_end=jnp.float32(cfg.train.epsilon_end),
+        alpha_schedule=jnp.asarray(padded, jnp.float32),
+        label_smoothing=jnp.asarray(
+            smoothing_weights(cfg.loss.label_smoothing, cfg.network.n_atoms)
+        ),
+        hold_penalty=jnp.float32(cfg.env.hold_penalty),
+        act_risk=jnp.float32(cfg.train.act_risk),
     )
 
 

@@ -134,7 +134,7 @@ def make_learner(
         masks = state.masks if net.target_sparsity > 0 else None
         eff, _, _ = networks.effective_params(state.params, masks, state.sn_u, net, False)
         logits = networks.apply(eff, obs, cfg, pieces)
-        return acting.action_scores(logits, obs[..., -1], cfg)
+        return acting.action_scores(logits, obs[..., -1], cfg, state.hyper.act_risk)
 
     step = functools.partial(learner_step, setup)
     return Learner(init=init, insert=insert, step=step, act_q=act_q, layout=layout)
@@ -158,8 +158,7 @@ def learner_step(
     check_state(checks, state, schedule, clock is not None)
 
     # 1-2. PER sample and HER donors (IS weight 1, never write priorities).
-    keys = (sample_key, donor_key, donor_mask_key)
-    batch = _sampled(state, keys, beta, setup)
+    batch = _sampled(state, (sample_key, donor_key, donor_mask_key), beta, setup)
     check_batch(checks, batch)
 
     # 3. Effective weights: pruning masks (recomputed on schedule), then spectral norm; the VJP
@@ -174,7 +173,8 @@ def learner_step(
     next_logits = _logits_next(setup, state, eff, masks, new_u, batch.next_obs, checks)
 
     # 4. Double-DQN target, projection, label smoothing (stop-gradient).
-    target = losses.td_target(*next_logits, batch.reward, batch.discount, cfg, pieces)
+    values = (state.hyper.label_smoothing, state.hyper.act_risk)  # the learner's own
+    target = losses.td_target(*next_logits, batch.reward, batch.discount, cfg, pieces, *values)
     check_target(checks, target, net)
 
     # 5-6. The loss parts and each one's gradient (one forward, one VJP per part).
@@ -263,9 +263,10 @@ def learner_step(
 
 
 def _sampled(state: LearnerState, keys: Any, beta: jax.Array, setup: Setup) -> Batch:
-    """Steps 1-2 from the learner's buffer, with its bootstrap key and discounts."""
-    replay, discounts, cfg = state.replay, state.hyper.discounts, setup.cfg
-    return sample_batch(replay, keys, state.bootstrap_key, beta, discounts, cfg, setup.n_donors)
+    """Steps 1-2 from the learner's buffer, with its bootstrap key, discounts and hold charge."""
+    hyper = state.hyper
+    values = (hyper.discounts, setup.cfg, setup.n_donors, hyper.hold_penalty)
+    return sample_batch(state.replay, keys, state.bootstrap_key, beta, *values)
 
 
 def _kept_state(

@@ -3,7 +3,8 @@
 One iteration (docs/design.md §7): epsilon-greedy action on every slice -> environment step of all
 slices in lock-step -> PER insert -> learner step(s). Iterations run inside ``lax.scan`` in chunks
 of ``cfg.train.chunk_iterations`` so the host can drive a progress bar and checkpoints between
-chunks; epoch, chunk and the alpha schedule enter as traced scalars, so the whole run compiles once.
+chunks; epoch, chunk and the alpha schedule (a value each learner carries) are traced, so the
+whole run compiles once.
 Every function here is pure and vmaps over a leading run axis (folds x seeds).
 """
 
@@ -97,9 +98,10 @@ class TrainProgram:
     ) -> tuple[TrainState, IterationMetrics]:
         """Run ``chunk_length`` iterations of ``epoch`` (traced ints); pure, vmappable."""
         cfg = self.cfg
-        params = _slice_params(cfg, fold)
-        alpha_schedule = jnp.asarray(cfg.loss.alpha_schedule, jnp.float32)
-        alpha = alpha_schedule[jnp.minimum(epoch, len(cfg.loss.alpha_schedule) - 1)]
+        # The learner's own hold charge and alpha schedule (jdqn.agent.state.Hyper).
+        hold_penalty = state.learner.hyper.hold_penalty
+        params = _slice_params(cfg, fold).replace(hold_penalty=hold_penalty)  # type: ignore[attr-defined]  # flax.struct adds .replace
+        alpha = state.learner.hyper.alpha_schedule[jnp.minimum(epoch, cfg.train.epochs - 1)]
         first_in_epoch = chunk * self.chunk_length
 
         def begin_epoch(state: TrainState) -> TrainState:

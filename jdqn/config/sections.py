@@ -159,7 +159,8 @@ class EnvConfig:
     reward_unit: Literal["points", "train_volatility"] = "points"
     # Training rewards only, never the judged PnL: hold_penalty x |position| reward units charged
     # per bar held, a mean-variance utility's variance term (Moody & Saffell 2001) when rewards
-    # are in train_volatility units and positions in {-1, 0, 1}.
+    # are in train_volatility units and positions in {-1, 0, 1} (a learner's value: one sweep
+    # program).
     hold_penalty: float = 0.0
 
     def __post_init__(self) -> None:
@@ -255,13 +256,15 @@ class NetworkConfig:
 class LossConfig:
     """Blended MSE/C51 loss and gradient surgery (docs/design.md §5)."""
 
-    gamma: float = 0.9  # discount factor
+    gamma: float = 0.9  # discount factor (a learner's value: one sweep program)
     # steps n of the n-step return the target bootstraps after (Sutton & Barto ch. 7; Rainbow
     # uses 3): r_t + ... + gamma^(m-1) r_(t+m-1) + gamma^m Q(s_(t+m)), m = n or fewer at a
     # slice's end; 1 = one-step TD. HER donors stay one-step
     n_step: int = 1
-    alpha_schedule: tuple[float, ...] = (0.0, 0.2)  # C51 weight per epoch; last value repeats
-    label_smoothing: float = 0.01  # eps of (1 - eps) m + eps / N on the C51 target
+    # C51 weight per epoch; last value repeats (a learner's value: one sweep program)
+    alpha_schedule: tuple[float, ...] = (0.0, 0.2)
+    # eps of (1 - eps) m + eps / N on the C51 target (a learner's value: one sweep program)
+    label_smoothing: float = 0.01
     huber_delta: float | None = None  # None = squared error; else Huber on the scaled error
     # the MSE's error measured in support widths (v_max - v_min; the seed's) or reward units
     mse_unit: Literal["support", "reward"] = "support"
@@ -341,7 +344,7 @@ class ReplayConfig:
 class OptimConfig:
     """Adam (Kingma & Ba, 2015) through optax."""
 
-    learning_rate: float = 1e-3  # Adam step size
+    learning_rate: float = 1e-3  # Adam step size (a learner's value: one sweep program)
     adam_eps: float = 1e-8  # Adam epsilon
     target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
     tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
@@ -363,13 +366,15 @@ class TrainConfig:
     train_every: int = 1  # iterations between learner updates
     updates_per_iteration: int = 1  # learner steps per iteration
     epsilon_start: float = 1.0  # exploration rate at the start
-    epsilon_end: float = 0.05  # exploration rate after the linear decay
+    # exploration rate after the linear decay (a learner's value: one sweep program)
+    epsilon_end: float = 0.05
     epsilon_decay_fraction: float = 0.5  # of all iterations
     # A slice's end is a time limit, not a terminal state (the position and the market go on):
     # True bootstraps from the next bar's value there (Pardo et al., 2018), False discounts by 0.
     bootstrap_slice_ends: bool = False
     # acting (training and test) and the target's a*: argmax of the mean minus act_risk x the
-    # standard deviation of the C51 return distribution (Dabney et al., 2018); 0 = the mean
+    # standard deviation of the C51 return distribution (Dabney et al., 2018); 0 = the mean (a
+    # learner's value: one sweep program)
     act_risk: float = 0.0
     # no-trade band: another action must beat the held position's value by this many round-trip
     # costs (2 x env.cost_points, in reward units) to be taken; 0 = none

@@ -2,13 +2,14 @@
 tail of its train window, never on its test window (issue 46).
 
 Settings that differ only in keys the learner carries as values (``jdqn.agent.state.HYPER_KEYS``:
-learning rate, gamma, exploration's end) or in the seed of its keys (``train.seed``) train as
-learners of one program, settings x folds x seeds (in waves where memory demands); the others as
-programs of their own, one after another in this process. Each program runs twice: on the folds'
-inner train parts, judged on their validation tails (``jdqn.data.folds.validation_folds``), and on
-the whole train windows, judged on the test windows by ``run_walkforward`` itself, so that a
-setting's test numbers are those of its own walk-forward run. A stated rule picks each fold's
-setting from the validation results alone.
+learning rate, gamma, exploration's end, the alpha schedule, label smoothing, the hold penalty,
+acting's risk) or in the seed of its keys (``train.seed``) train as learners of one program,
+settings x folds x seeds (in waves where memory demands); the others as programs of their own, one
+after another in this process. Each program runs twice: on the folds' inner train parts, judged on
+their validation tails (``jdqn.data.folds.validation_folds``), and on the whole train windows,
+judged on the test windows by ``run_walkforward`` itself, so that a setting's test numbers are
+those of its own walk-forward run. A stated rule picks each fold's setting from the validation
+results alone.
 The sweep writes ``sweep.csv`` (every setting x fold x seed), ``results.json`` (the selected
 settings' test results summarised as a walk-forward run's, the deflated Sharpe ratio counting
 settings x seeds, the probability of backtest overfitting over the settings) and the selected
@@ -188,7 +189,13 @@ def group_config(base: Config, plan: SweepPlan, members: list[int]) -> Config:
     seed index for every setting x seed (``run_walkforward``'s ``settings``)."""
     shared = [f"{k}={v}" for k, v in plan.settings[members[0]] if k not in SETTING_KEYS]
     seeds = f"train.seeds={base.train.seeds * len(members)}"
+    risks = [v for i in members for k, v in plan.settings[i] if k == "train.act_risk"]
     try:
+        # Acting's std is compiled only where the program's act_risk is above 0
+        # (jdqn.agent.acting): then the largest of its settings' (each learner carries its own).
+        risk = max(map(float, risks), default=0.0)
+        if risk > 0:
+            shared.append(f"train.act_risk={risk}")
         return apply_overrides(base, [*shared, seeds])
     except ValueError as error:
         raise UserError(f"setting {_describe(plan.settings[members[0]])}: {error}") from None

@@ -483,7 +483,13 @@ def _setting_configs(cfg: Config, settings: Settings) -> tuple[Config, ...]:
         )
     seeds = f"train.seeds={cfg.train.seeds // len(settings)}"  # as its own run's
     with _as_user_error(ValueError):
-        return tuple(apply_overrides(cfg, [seeds, *(f"{k}={v}" for k, v in s)]) for s in settings)
+        configs = [apply_overrides(cfg, [seeds, *(f"{k}={v}" for k, v in s)]) for s in settings]
+    if cfg.train.act_risk == 0 and any(c.train.act_risk > 0 for c in configs):
+        raise UserError(  # acting's std is compiled only then (jdqn.agent.acting)
+            "settings of train.act_risk > 0 need the run's train.act_risk > 0; fix: set it to "
+            "one of theirs"
+        )
+    return tuple(configs)
 
 
 def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:

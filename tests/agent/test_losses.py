@@ -83,7 +83,9 @@ def test_projection_matches_float64_and_keeps_mass(seed, reward, discount):
 
 def test_label_smoothing():
     m = jnp.array([[0.0, 1.0, 0.0, 0.0], [0.25, 0.25, 0.5, 0.0]], jnp.float32)
-    out = np.asarray(losses.label_smooth(m, 0.1))
+    weights = losses.smoothing_weights(0.1, 4)
+    np.testing.assert_array_equal(weights, np.float32([0.9, 0.025]))  # rounded from float64
+    out = np.asarray(losses.label_smooth(m, jnp.asarray(weights)))
     np.testing.assert_allclose(out[0], [0.025, 0.925, 0.025, 0.025], rtol=1e-6)
     np.testing.assert_allclose(out.sum(-1), 1.0, rtol=1e-6)
 

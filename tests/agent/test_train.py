@@ -29,26 +29,41 @@ def _two_vmapped_runs(cfg):
 
 @pytest.mark.slow
 def test_learners_of_one_program_carry_their_own_settings():
-    """Two learners of one program, each carrying a config's learning rate, gamma and end of
-    exploration as values (``jdqn.agent.state.Hyper``), train as that config's own program
-    does, to the bit (n-step returns, targets, Adam and epsilon all read them)."""
+    """Two learners of one program, each carrying a config's learning rate, gamma, end of
+    exploration, alpha schedule, label smoothing, hold penalty and acting risk as values
+    (``jdqn.agent.state.Hyper``), train as that config's own program does, to the bit (n-step
+    returns, targets, Adam, epsilon, the epoch's C51 blend, the rewards and donors' rewards,
+    acting and a* all read them). The program's act_risk is base's 0.25: a learner carrying 0
+    acts by the mean exactly as a program of act_risk 0, which skips the std."""
     base = apply_overrides(
         SMOKETEST,
         [*TINY, "train.chunk_iterations=8", "train.n_slices=8", "train.batch_size=8"]
-        + ["loss.n_step=3", "train.epsilon_decay_fraction=0.05"],
+        + ["loss.n_step=3", "train.epsilon_decay_fraction=0.05", "train.epochs=3"]
+        + ["train.act_risk=0.25"],
     )
     other = apply_overrides(
-        base, ["optim.learning_rate=3e-2", "loss.gamma=0.5", "train.epsilon_end=0.9"]
+        base,
+        ["optim.learning_rate=3e-2", "loss.gamma=0.5", "train.epsilon_end=0.9"]
+        + ["loss.alpha_schedule=[0.0, 0.5, 0.7, 0.9]"]  # longer than the epochs: cut to them
+        + ["loss.label_smoothing=0.2", "env.hold_penalty=0.3", "train.act_risk=0"],
     )
+    np.testing.assert_array_equal(hyper_of(base).alpha_schedule, np.float32([0.0, 0.2, 0.2]))
     program, folds, _, chunk = _two_vmapped_runs(base)
     hypers = jax.tree.map(lambda *x: np.stack(x), hyper_of(base), hyper_of(other))
     keys = jax.random.split(jax.random.PRNGKey(0), 2)  # _two_vmapped_runs' keys
-    mixed, metrics = chunk(jax.vmap(program.init)(keys, folds, hypers), folds, 0, 0)
+    epoch = jnp.int32(2)  # base's schedule padded with its last value, other's 0.7
+    mixed, metrics = chunk(jax.vmap(program.init)(keys, folds, hypers), folds, epoch, 0)
     assert not np.array_equal(*np.asarray(metrics.epsilon)[:, -1])
+    trained = np.asarray(metrics.trained)
+    assert trained.any()
+    for run, alpha in enumerate((0.2, 0.7)):
+        np.testing.assert_array_equal(
+            np.asarray(metrics.learner.alpha)[run][trained[run]], np.float32(alpha)
+        )
     owns = []
     for run, cfg in enumerate((base, other)):
         _, _, own, own_chunk = _two_vmapped_runs(cfg)
-        owns.append(own_chunk(own, folds, jnp.int32(0), jnp.int32(0))[0])
+        owns.append(own_chunk(own, folds, epoch, jnp.int32(0))[0])
         for got, want in zip(jax.tree.leaves(mixed), jax.tree.leaves(owns[run]), strict=True):
             np.testing.assert_array_equal(np.asarray(got)[run], np.asarray(want)[run])
     # The values matter: run 1 under base's settings learned otherwise.

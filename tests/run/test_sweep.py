@@ -16,8 +16,10 @@ import pandas as pd
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
 
+from jdqn.agent.state import HYPER_KEYS
 from jdqn.cli import main
 from jdqn.config import SMOKETEST, WalkForwardConfig, apply_overrides
+from jdqn.config.keys import config_keys
 from jdqn.data import make_folds
 from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
@@ -83,6 +85,42 @@ def test_settings_that_differ_in_values_only_share_a_program() -> None:
     assert cfg.optim.learning_rate == SMOKETEST.optim.learning_rate  # the learners carry theirs
     seeds = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, ["train.seed=1,2"]))
     assert sweep.program_groups(seeds) == [[0, 1]]
+
+
+def test_alpha_schedules_of_other_lengths_are_one_program() -> None:
+    """A tuple-valued key separates its values with ``/``: two alpha schedules (each learner's,
+    padded to the epochs) make one program; a bad schedule is named with its setting."""
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, ["loss.alpha_schedule=0,0.2/0,0.5,0.5"]))
+    assert [dict(s) for s in plan.settings] == [
+        {"loss.alpha_schedule": "0,0.2"},
+        {"loss.alpha_schedule": "0,0.5,0.5"},
+    ]
+    assert sweep.program_groups(plan) == [[0, 1]]
+    schedules = [c.loss.alpha_schedule for c in sweep.setting_configs(SMOKETEST, plan)]
+    assert schedules == [(0.0, 0.2), (0.0, 0.5, 0.5)]
+    bad = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, ["loss.alpha_schedule=0,0.2/0,2"]))
+    with pytest.raises(ValueError, match=r"^setting loss.alpha_schedule=0,2: loss.alpha_schedule"):
+        sweep.setting_configs(SMOKETEST, bad)
+
+
+def test_jdqn_config_keys_says_which_keys_share_a_program() -> None:
+    """Every key a learner carries as a value, and only those, says so in ``jdqn config keys``."""
+    said = "a learner's value: one sweep program"
+    assert {k.key for k in config_keys() if said in k.description} == set(HYPER_KEYS)
+
+
+def test_a_program_of_acting_risks_computes_the_std_where_one_is_above_0(tmp_path) -> None:
+    """Acting's std is a static branch: a program whose settings' act_risk include one above 0
+    is built with the largest; a walk-forward asked for such settings under act_risk 0 refuses
+    in one line, writing nothing."""
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, ["train.act_risk=0,0.5,0.25"]))
+    assert sweep.program_groups(plan) == [[0, 1, 2]]
+    assert sweep.group_config(SMOKETEST, plan, [0, 1, 2]).train.act_risk == 0.5
+    assert sweep.group_config(SMOKETEST, plan, [0]).train.act_risk == 0.0
+    settings = [[("train.act_risk", "0")], [("train.act_risk", "0.5")]]
+    with pytest.raises(UserError, match="^settings of train.act_risk > 0 need the run's"):
+        run_walkforward(_config(tmp_path), progress=False, log=print, settings=settings)
+    assert not list(tmp_path.iterdir())
 
 
 def test_a_walkforward_refuses_settings_its_learners_cannot_carry(tmp_path) -> None:
@@ -212,11 +250,11 @@ def swept(tmp_path_factory) -> sweep.SweepOutcome:
     return sweep.run_sweep(_config(out), plan, name="sweep", progress=False, log=lambda _: None)
 
 
-def _setting_rows(run: Path, i: int, phase: str) -> list[dict]:
+def _setting_rows(run: Path, i: int, phase: str, seeds: int = SMALL_SEEDS) -> list[dict]:
     """Setting ``i``'s result rows in the run of its program, seeds as in its own run."""
     entry = json.loads((run / "results.json").read_text())["settings"][i]
     rows = json.loads((run / entry["runs"] / phase / "results.json").read_text())["folds"]
-    offset, seeds = entry["seed_offset"], SMALL_SEEDS
+    offset = entry["seed_offset"]
     return [{**r, "seed": r["seed"] - offset} for r in rows if 0 <= r["seed"] - offset < seeds]
 
 
@@ -245,6 +283,44 @@ def test_each_settings_numbers_in_one_program_are_its_own_walkforward_runs(swept
         selected = [row for row in results["folds"] if row["fold"] in chosen_folds]
         own_selected = [{**r, "setting": i} for r in own["folds"] if r["fold"] in chosen_folds]
         assert selected == own_selected
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "grid",
+    [
+        "loss.alpha_schedule=0,0.2/0,0.5,0.5",
+        "loss.label_smoothing=0.01,0.3",
+        "env.hold_penalty=0,0.05",
+        "train.act_risk=0,0.5",  # the program's 0.5; the learner of 0 acts by the mean
+    ],
+)
+def test_a_sweep_of_values_the_learners_carry_is_one_program_of_their_own_runs(grid, tmp_path):
+    """Two settings of a key the learners carry as values, swept over 2 epochs as one program:
+    each setting's rows, on the test windows and on the validation tails, are those of its own
+    walk-forward runs, bit for bit on CPU."""
+    cfg = apply_overrides(_config(tmp_path), ["train.seeds=1", "train.epochs=2"])
+    plan = sweep.SweepPlan(sweep.grid_settings(cfg, [grid]))
+    assert sweep.program_groups(plan) == [[0, 1]]
+    quiet = dict(progress=False, log=lambda _: None)
+    swept = sweep.run_sweep(cfg, plan, name="sweep", **quiet).run_dir
+    _, validation = sweep.prepare_data(cfg, sweep.validation_length(cfg, plan))
+    policies = []
+    for i, setting in enumerate(plan.settings):
+        own_cfg = apply_overrides(cfg, [f"{k}={v}" for k, v in setting])
+        own = run_walkforward(own_cfg, name=f"own{i}", **quiet)
+        assert _setting_rows(swept, i, "test", seeds=1) == own.results["folds"]
+        own_validation = run_walkforward(
+            sweep.validation_config(own_cfg, validation), data=validation, name=f"v{i}", **quiet
+        ).results
+        assert _setting_rows(swept, i, "validation", seeds=1) == own_validation["folds"]
+        ours = policy_root(swept / "settings/s000/test", i, 2)
+        policies.append(np.load(bundle_dir(ours, 1, 0) / "arrays.npz"))
+        theirs = np.load(bundle_dir(own.run_dir, 1, 0) / "arrays.npz")
+        for name in theirs.files:
+            np.testing.assert_array_equal(policies[i][name], theirs[name])
+    # The values mattered: the two settings learned other policies.
+    assert any(not np.array_equal(policies[0][n], policies[1][n]) for n in policies[0].files)
 
 
 @pytest.mark.slow
