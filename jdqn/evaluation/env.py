@@ -61,14 +61,7 @@ class EnvState:
 # vmap axes of sliced params: only the window bounds differ, the data are shared (not copied).
 # The fields hold vmap axes, not arrays, hence the cast.
 SLICE_AXES: EnvParams = cast(Any, EnvParams)(
-    features=None,
-    close=None,
-    positions=None,
-    cost_points=None,
-    reward_scale=None,
-    hold_penalty=None,
-    start=0,
-    end=0,
+    **{f.name: None for f in dataclasses.fields(EnvParams)} | {"start": 0, "end": 0}
 )
 
 

@@ -84,6 +84,26 @@ def percentile_interval(
     return float(low), float(high)
 
 
+_NO_VALUES = {"n": 0, "median": None, "median_ci": None, "iqm": None, "iqm_ci": None}
+
+
+def _estimates(
+    groups: list[np.ndarray], medians: np.ndarray, iqms: np.ndarray, **extra: Any
+) -> dict[str, Any]:
+    """Median and IQM over all values of ``groups``, each with the 95 % percentile interval of
+    its bootstrap replicates; ``few_seeds`` where a group is smaller than ``MIN_SEEDS_FOR_CI``."""
+    values = np.concatenate(groups)
+    return {
+        "n": int(values.size),
+        **extra,
+        "few_seeds": min(map(len, groups)) < MIN_SEEDS_FOR_CI,
+        "median": float(median(values)),
+        "median_ci": list(percentile_interval(medians)),
+        "iqm": float(iqm(values)),
+        "iqm_ci": list(percentile_interval(iqms)),
+    }
+
+
 def aggregate(
     strata: Sequence[np.ndarray], *, reps: int = BOOTSTRAP_REPS, seed: int = 0
 ) -> dict[str, Any]:
@@ -91,45 +111,28 @@ def aggregate(
     interval (both from the same resamples)."""
     strata = [np.asarray(s, np.float64) for s in strata if len(s)]
     if not strata:
-        return {"n": 0, "median": None, "median_ci": None, "iqm": None, "iqm_ci": None}
-    values = np.concatenate(strata)
+        return dict(_NO_VALUES)
     resampled = bootstrap_distribution(strata, lambda x: x, reps=reps, seed=seed)  # [reps, n]
-    return {
-        "n": int(values.size),
-        "few_seeds": min(map(len, strata)) < MIN_SEEDS_FOR_CI,
-        "median": float(median(values)),
-        "median_ci": list(percentile_interval(median(resampled))),
-        "iqm": float(iqm(values)),
-        "iqm_ci": list(percentile_interval(iqm(resampled))),
-    }
+    return _estimates(strata, median(resampled), iqm(resampled))
 
 
 def clustered_aggregate(
     clusters: Sequence[np.ndarray], *, reps: int = BOOTSTRAP_REPS, seed: int = 0
 ) -> dict[str, Any]:
-    """Median and IQM over all values of ``clusters`` (e.g. the seeds of each test window) with
-    two-stage bootstrap 95 % intervals: each replicate draws as many clusters as there are, with
-    replacement, then each drawn cluster's values with replacement (Davison & Hinkley, 1997,
-    §3.8), so the interval covers the spread between windows as well as between seeds."""
+    """:func:`aggregate` with two-stage bootstrap intervals: each replicate draws as many
+    clusters (e.g. the seeds of each test window) as there are, with replacement, then each drawn
+    cluster's values with replacement (Davison & Hinkley, 1997, §3.8), so the interval covers
+    the spread between windows as well as between seeds."""
     clusters = [np.asarray(c, np.float64) for c in clusters if len(c)]
     if not clusters:
-        return {"n": 0, "median": None, "median_ci": None, "iqm": None, "iqm_ci": None}
+        return dict(_NO_VALUES)
     rng = np.random.default_rng(seed)
     medians, iqms = np.empty(reps), np.empty(reps)
     for rep in range(reps):
         drawn = [clusters[i] for i in rng.integers(0, len(clusters), len(clusters))]
         sample = np.concatenate([c[rng.integers(0, len(c), len(c))] for c in drawn])
         medians[rep], iqms[rep] = median(sample), iqm(sample)
-    values = np.concatenate(clusters)
-    return {
-        "n": int(values.size),
-        "clusters": len(clusters),
-        "few_seeds": min(map(len, clusters)) < MIN_SEEDS_FOR_CI,
-        "median": float(median(values)),
-        "median_ci": list(percentile_interval(medians)),
-        "iqm": float(iqm(values)),
-        "iqm_ci": list(percentile_interval(iqms)),
-    }
+    return _estimates(clusters, medians, iqms, clusters=len(clusters))
 
 
 # --- Sharpe ratios ----------------------------------------------------------------------------
