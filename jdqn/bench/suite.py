@@ -66,12 +66,14 @@ def _learner_step_rows(quick: bool, cfg: Config) -> dict[str, Any]:
 
 
 def _seeds(quick: bool, cfg: Config) -> dict[str, Any]:
-    return {"rows": seeds.run(quick, cfg)}
+    rows = seeds.run(quick, cfg)
+    return {"rows": rows, "table": seeds.format_table(rows)}
 
 
 def _walkforward(quick: bool, cfg: Config) -> dict[str, Any]:
     del cfg  # the main command's own profile (smoketest)
-    return {"rows": walkforward_run.run(quick)}
+    rows = walkforward_run.run(quick)
+    return {"rows": rows, "table": walkforward_run.format_table(rows)}
 
 
 def _learning(quick: bool, cfg: Config) -> dict[str, Any]:
@@ -89,6 +91,7 @@ def _fmt_rows(rows: list[dict[str, Any]]) -> str:
     return markdown_table(keys, [[fmt(r.get(k, "")) for k in keys] for r in rows])
 
 
+# Each returns its "rows" and, but for a plain list of rows (:func:`_fmt_rows`), its "table".
 SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "learner_step": _learner_step_rows,
     "seeds": _seeds,
@@ -99,16 +102,6 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
 
 
 OPT_IN = ("learning",)
-
-
-def _format(name: str, result: dict[str, Any], results: dict[str, Any]) -> str:
-    if name == "seeds":
-        return seeds.format_table(result["rows"])
-    if name == "walkforward":
-        return walkforward_run.format_table(result["rows"])
-    if "table" in result:
-        return result["table"]
-    return _fmt_rows(result["rows"])
 
 
 def _meta(quick: bool) -> dict[str, Any]:
@@ -173,7 +166,7 @@ def run_all(
         if "error" in result:
             echo(f"FAILED: {result['error']}\n{result['traceback']}")
         else:
-            echo(_format(name, result, output["sections"]))
+            echo(result["table"] if "table" in result else _fmt_rows(result["rows"]))
         if json_path:  # after every section, so a run cut short keeps what it measured
             _write_json(json_path, output)
     if json_path:
