@@ -25,6 +25,7 @@ Training steps one fold as ``n_slices`` contiguous slices in lock-step (:func:`s
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, cast
 
 import flax.struct
@@ -166,11 +167,7 @@ def step(
     )
     stepped = EnvState(t=t_next, position=position_new)
     # Auto-reset by select (not cond): both branches are cheap and this stays vmap-friendly.
-    state_out = jax.tree.map(
-        lambda reset_leaf, step_leaf: jnp.where(done, reset_leaf, step_leaf),
-        _initial_state(params),
-        stepped,
-    )
+    state_out = jax.tree.map(functools.partial(jnp.where, done), _initial_state(params), stepped)
     info = {"transition": transition, "pnl_points": pnl_points, "cost_points": cost_points}
     return _observe(state_out, params), state_out, reward, done, info
 

@@ -41,9 +41,6 @@ class RunSeries(NamedTuple):
     realised_at: np.ndarray  # [n] datetime64, bar t+1 of interval t (where the PnL lands)
 
 
-# --- point estimates and intervals ------------------------------------------------------------
-
-
 def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
     """Interquartile mean: the mean of the values left after cutting ``floor(n / 4)`` from each
     end (``scipy.stats.trim_mean(values, 0.25)``; Agarwal et al., 2021)."""
@@ -135,9 +132,6 @@ def clustered_aggregate(
     return _estimates(clusters, medians, iqms, clusters=len(clusters))
 
 
-# --- Sharpe ratios ----------------------------------------------------------------------------
-
-
 def per_bar_sharpe(net: np.ndarray) -> float:
     """mean / sample std (ddof = 1) of per-bar net PnL, not annualised; 0 for a constant series
     or fewer than two bars."""
@@ -224,9 +218,6 @@ def deflated_sharpe(
         "skew": skew,
         "kurtosis": kurtosis,
     }
-
-
-# --- the summary of a run ---------------------------------------------------------------------
 
 
 def with_daily_sharpe(
