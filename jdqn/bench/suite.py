@@ -29,7 +29,7 @@ from typing import Any
 
 import jax
 
-from jdqn.bench import markdown_table, scaling, seeds, walkforward_run
+from jdqn.bench import learning, markdown_table, scaling, seeds, walkforward_run
 from jdqn.config import SMOKETEST, Config, apply_overrides
 
 # The step every speed section times: the smoketest learner with the seed's donors (the
@@ -76,12 +76,6 @@ def _walkforward(quick: bool, cfg: Config) -> dict[str, Any]:
     return {"rows": rows, "table": walkforward_run.format_table(rows)}
 
 
-def _learning(quick: bool, cfg: Config) -> dict[str, Any]:
-    from jdqn.bench import learning
-
-    return learning.section(quick, cfg)
-
-
 def _fmt_rows(rows: list[dict[str, Any]]) -> str:
     """Generic markdown table of flat rows (numbers to 4 significant digits)."""
     if not rows:
@@ -96,7 +90,7 @@ SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "learner_step": _learner_step_rows,
     "seeds": _seeds,
     "walkforward": _walkforward,
-    "learning": _learning,
+    "learning": learning.section,
     "scaling": scaling.section,
 }
 
