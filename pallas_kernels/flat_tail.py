@@ -643,7 +643,8 @@ def adam_select(
         )
         out = adam_select_reference(g, w, vectors, values, hyper)
         written = ("params", "target", "mu", "nu")  # each in the form it came in
-        return out._replace(**{x: _like(getattr(out, x), getattr(old, x)) for x in written})
+        shaped: dict[str, Any] = {x: _like(getattr(out, x), getattr(old, x)) for x in written}
+        return out._replace(**shaped)
     if bounds is None or row_max is None:
         bounds, row_max = unknown_bounds(), jnp.full(jnp.shape(weights), jnp.nan, jnp.float32)
     args = _one((segments, weights, old, scalars, bounds, row_max))
