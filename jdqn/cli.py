@@ -93,33 +93,20 @@ def _build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = _subcommands(parser, "command")
 
-    _add_walkforward(
-        commands.add_parser(
-            "walkforward", help="train and judge the agent walk-forward", parents=[common]
-        )
-    )
-    _add_sweep(
-        commands.add_parser(
-            "sweep", help="train many settings, choose each fold's on validation", parents=[common]
-        )
-    )
+    def command(group: Any, name: str, help: str) -> argparse.ArgumentParser:  # -v, -q in each
+        return group.add_parser(name, help=help, parents=[common])
 
-    config = commands.add_parser("config", help="configuration tools", parents=[common])
-    config_commands = config.add_subparsers(
-        dest="config_command", required=True, parser_class=_Parser
-    )
-    keys = config_commands.add_parser(
-        "keys", help="list the --set keys: type, value, description", parents=[common]
-    )
+    _add_walkforward(command(commands, "walkforward", "train and judge the agent walk-forward"))
+    _add_sweep(command(commands, "sweep", "train many settings, choose each fold's on validation"))
+
+    config = _subcommands(command(commands, "config", "configuration tools"), "config_command")
+    keys = command(config, "keys", "list the --set keys: type, value, description")
     keys.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
     keys.add_argument("--instrument", help="show the values with this instrument preset")
-    ev = commands.add_parser(
-        "evaluate",
-        parents=[common],
-        help="judge a run's saved policies on new bars, as a walk-forward test window",
-    )
+    about = "judge a run's saved policies on new bars, as a walk-forward test window"
+    ev = command(commands, "evaluate", about)
     ev.add_argument("run_dir", metavar="RUN_DIR", help="a finished walk-forward run directory")
     ev.add_argument("--data", required=True, help="bar file (CSV/Parquet) to judge them on")
     ev.add_argument("--fold", type=int, help="whose policies (default: the run's last fold)")
@@ -131,18 +118,15 @@ def _build_parser() -> argparse.ArgumentParser:
         "or data.timestamp_format, e.g. --set data.timezone=UTC (default: the run's)",
     )
 
-    data = commands.add_parser("data", help="bar-file tools", parents=[common])
-    data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    synth = data_commands.add_parser(
-        "synth", help="write synthetic ES-like 1-minute bars", parents=[common]
-    )
+    data = _subcommands(command(commands, "data", "bar-file tools"), "data_command")
+    synth = command(data, "synth", "write synthetic ES-like 1-minute bars")
     synth.add_argument("--bars", type=int, default=60_000)
     synth.add_argument("--out", required=True, help="output file (.csv or .parquet)")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument(
         "--signal", type=float, default=0.0, help="planted signal strength (0 = none)"
     )
-    check = data_commands.add_parser("check", help="load and validate a bar file", parents=[common])
+    check = command(data, "check", "load and validate a bar file")
     check.add_argument("path")
     check.add_argument("--instrument", default="ES", help="preset whose calendar and scale apply")
     _add_set(
@@ -151,9 +135,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "read the file as a run would, e.g. --set data.columns=time:ts --set data.timezone=UTC",
     )
 
-    bench = commands.add_parser(
-        "bench", help="jit-compiled benchmarks; prints a table", parents=[common]
-    )
+    bench = command(commands, "bench", "jit-compiled benchmarks; prints a table")
     bench.add_argument("--json", help="also write the results as JSON to this file")
     bench.add_argument(
         "--only",
@@ -163,6 +145,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--quick", action="store_true", help="fewer repeats and sizes")
     return parser
+
+
+def _subcommands(parser: argparse.ArgumentParser, dest: str) -> Any:
+    return parser.add_subparsers(dest=dest, required=True, parser_class=_Parser)
 
 
 def _add_set(parser: argparse.ArgumentParser, metavar: str, help: str) -> None:
