@@ -200,17 +200,9 @@ def run_case(cfg: Config, overrides: Sequence[str]) -> list[dict[str, Any]]:
     """One walk-forward of ``cfg`` with ``overrides`` in a scratch directory; its fold rows."""
     from jdqn.run.walkforward import run_walkforward
 
+    outputs = ["output.plots=false", "output.tensorboard=false", "output.checkpoints=false"]
     with tempfile.TemporaryDirectory() as scratch:
-        case_cfg = apply_overrides(
-            cfg,
-            [
-                f"output.out_dir={scratch}",
-                "output.plots=false",
-                "output.tensorboard=false",
-                "output.checkpoints=false",
-                *overrides,
-            ],
-        )
+        case_cfg = apply_overrides(cfg, [f"output.out_dir={scratch}", *outputs, *overrides])
         outcome = run_walkforward(case_cfg, progress=False, log=lambda _: None)
         return outcome.results["folds"]
 

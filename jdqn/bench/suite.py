@@ -50,18 +50,11 @@ def _learner_step_rows(quick: bool, cfg: Config) -> dict[str, Any]:
         if quick
         else learner_step.run(cfg, n_scan=1000, repeats=200, scan_repeats=5)
     )
-    rows = [
-        {
-            "mode": "per call (Python loop)",
-            "us_per_step": detail["per_call_us"],
-            "compile_s": detail["compile_step_s"],
-        },
-        {
-            "mode": "in lax.scan",
-            "us_per_step": detail["in_scan_us"],
-            "compile_s": detail["compile_scan_s"],
-        },
-    ]
+    modes = (
+        ("per call (Python loop)", "per_call_us", "compile_step_s"),
+        ("in lax.scan", "in_scan_us", "compile_scan_s"),
+    )
+    rows = [{"mode": m, "us_per_step": detail[us], "compile_s": detail[c]} for m, us, c in modes]
     return {"rows": rows, "detail": detail, "table": learner_step.table(detail)}
 
 
