@@ -80,13 +80,9 @@ def parse_bar_times(
     exchange_timezone: str,
     timestamp_format: str | None = None,
 ) -> BarTimes:
-    """The bars' times (:class:`BarTimes`).
-
-    Aware timestamps (UTC offsets, epochs, aware Parquet columns) are converted to
-    ``exchange_timezone``. Naive ones are in ``timezone`` (``data.timezone``), in UTC when the
-    header says so (``Gmt time``), and otherwise already in exchange time. ``timestamp_format``
-    (``data.timestamp_format``, strftime codes) replaces the forms tried.
-    """
+    """The bars' times (:class:`BarTimes`), the arguments as :func:`~jdqn.data.load_bars`
+    takes them: aware timestamps (UTC offsets, epochs, aware Parquet columns) are converted to
+    ``exchange_timezone``; naive ones are in ``timezone``, in UTC where the header says so."""
     name = columns.timestamp_name
     if len(columns.timestamp) == 2:
         for part in columns.timestamp:
