@@ -37,6 +37,9 @@ EXIT_DEBUG_FAILURE = 4
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 EXIT_TERMINATED = 143  # 128 + SIGTERM (jdqn.run.termination: the run stops as for a Ctrl-C)
 DEFAULT_PROFILE = "default"
+# The flags that choose a run's config; --resume refuses them (the run has its own).
+CONFIG_FLAGS: tuple[str, ...] = ("config", "profile", "data", "instrument", "out")
+CONFIG_FLAGS += ("folds", "epochs", "seeds", "seed")
 SMOKETEST_ON_USER_BARS = (
     "jdqn: notice: --profile smoketest is the CI-sized learner (batch 64, buffer 256, 2 epochs): "
     "its numbers on your bars say little; for a real run use --profile default"
@@ -90,74 +93,49 @@ def _build_parser() -> argparse.ArgumentParser:
         parents=[common],
     )
     parser.add_argument("--version", action=_VersionAction, help="print the version and exit")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    commands = _subcommands(parser, "command")
 
-    _add_walkforward(
-        commands.add_parser(
-            "walkforward", help="train and judge the agent walk-forward", parents=[common]
-        )
-    )
-    _add_sweep(
-        commands.add_parser(
-            "sweep", help="train many settings, choose each fold's on validation", parents=[common]
-        )
-    )
+    def command(group: Any, name: str, help: str) -> argparse.ArgumentParser:  # -v, -q in each
+        return group.add_parser(name, help=help, parents=[common])
 
-    config = commands.add_parser("config", help="configuration tools", parents=[common])
-    config_commands = config.add_subparsers(
-        dest="config_command", required=True, parser_class=_Parser
-    )
-    keys = config_commands.add_parser(
-        "keys", help="list the --set keys: type, value, description", parents=[common]
-    )
+    _add_walkforward(command(commands, "walkforward", "train and judge the agent walk-forward"))
+    _add_sweep(command(commands, "sweep", "train many settings, choose each fold's on validation"))
+
+    config = _subcommands(command(commands, "config", "configuration tools"), "config_command")
+    keys = command(config, "keys", "list the --set keys: type, value, description")
     keys.add_argument("--profile", default=DEFAULT_PROFILE, choices=sorted(PROFILES))
     keys.add_argument("--instrument", help="show the values with this instrument preset")
-    ev = commands.add_parser(
-        "evaluate",
-        parents=[common],
-        help="judge a run's saved policies on new bars, as a walk-forward test window",
-    )
+    about = "judge a run's saved policies on new bars, as a walk-forward test window"
+    ev = command(commands, "evaluate", about)
     ev.add_argument("run_dir", metavar="RUN_DIR", help="a finished walk-forward run directory")
     ev.add_argument("--data", required=True, help="bar file (CSV/Parquet) to judge them on")
     ev.add_argument("--fold", type=int, help="whose policies (default: the run's last fold)")
     ev.add_argument("--out", help="parent of the output directory (default: RUN_DIR/evaluations)")
-    ev.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="data.FIELD=VALUE",
-        help="read the file otherwise than the run read its own: data.columns, data.timezone "
+    _add_set(
+        ev,
+        "data.FIELD=VALUE",
+        "read the file otherwise than the run read its own: data.columns, data.timezone "
         "or data.timestamp_format, e.g. --set data.timezone=UTC (default: the run's)",
     )
 
-    data = commands.add_parser("data", help="bar-file tools", parents=[common])
-    data_commands = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    synth = data_commands.add_parser(
-        "synth", help="write synthetic ES-like 1-minute bars", parents=[common]
-    )
+    data = _subcommands(command(commands, "data", "bar-file tools"), "data_command")
+    synth = command(data, "synth", "write synthetic ES-like 1-minute bars")
     synth.add_argument("--bars", type=int, default=60_000)
     synth.add_argument("--out", required=True, help="output file (.csv or .parquet)")
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument(
         "--signal", type=float, default=0.0, help="planted signal strength (0 = none)"
     )
-    check = data_commands.add_parser("check", help="load and validate a bar file", parents=[common])
+    check = command(data, "check", "load and validate a bar file")
     check.add_argument("path")
     check.add_argument("--instrument", default="ES", help="preset whose calendar and scale apply")
-    check.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="data.FIELD=VALUE",
-        help="read the file as a run would, e.g. --set data.columns=time:ts "
-        "--set data.timezone=UTC",
+    _add_set(
+        check,
+        "data.FIELD=VALUE",
+        "read the file as a run would, e.g. --set data.columns=time:ts --set data.timezone=UTC",
     )
 
-    bench = commands.add_parser(
-        "bench", help="jit-compiled benchmarks; prints a table", parents=[common]
-    )
+    bench = command(commands, "bench", "jit-compiled benchmarks; prints a table")
     bench.add_argument("--json", help="also write the results as JSON to this file")
     bench.add_argument(
         "--only",
@@ -169,10 +147,19 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _add_walkforward(wf: argparse.ArgumentParser) -> None:
-    """The ``walkforward`` command's flags."""
+def _subcommands(parser: argparse.ArgumentParser, dest: str) -> Any:
+    return parser.add_subparsers(dest=dest, required=True, parser_class=_Parser)
+
+
+def _add_set(parser: argparse.ArgumentParser, metavar: str, help: str) -> None:
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar=metavar, help=help
+    )
+
+
+def _add_config_flags(wf: argparse.ArgumentParser) -> None:
+    """The flags that choose the config of ``walkforward`` and ``sweep`` (:data:`CONFIG_FLAGS`)."""
     wf.add_argument("--config", help="rerun a saved config.json (flags and --set apply on top)")
-    wf.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
     wf.add_argument("--data", help="bar file (CSV/Parquet); default: built-in synthetic ES bars")
     wf.add_argument(
         "--profile",
@@ -190,14 +177,19 @@ def _add_walkforward(wf: argparse.ArgumentParser) -> None:
     wf.add_argument("--epochs", type=int, help="training epochs per fold")
     wf.add_argument("--seeds", type=int, help="seeds per fold (vmapped with the folds)")
     wf.add_argument("--seed", type=int, help="base seed")
-    wf.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override a config value, e.g. --set optim.learning_rate=3e-4 (repeatable)",
+    wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
+    wf.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_set(
+        wf,
+        "SECTION.FIELD=VALUE",
+        "override a config value, e.g. --set optim.learning_rate=3e-4 (repeatable)",
     )
+
+
+def _add_walkforward(wf: argparse.ArgumentParser) -> None:
+    """The ``walkforward`` command's flags."""
+    _add_config_flags(wf)
+    wf.add_argument("--print-config", action="store_true", help="print the resolved config, exit")
     wf.add_argument("--resume", metavar="RUN_DIR", help="continue a killed run (.incomplete dir)")
     wf.add_argument(
         "--resume-changed",
@@ -206,8 +198,6 @@ def _add_walkforward(wf: argparse.ArgumentParser) -> None:
         "run started (recorded in results.json)",
     )
     wf.add_argument("--debug", action="store_true", help="chex checks at component boundaries")
-    wf.add_argument("--no-progress", action="store_true", help="no progress bar")
-    wf.add_argument("--name", help="run directory name (default: run-<UTC timestamp>)")
     wf.add_argument(
         "--devices",
         type=int,
@@ -229,6 +219,7 @@ def _add_walkforward(wf: argparse.ArgumentParser) -> None:
 
 def _add_sweep(sweep: argparse.ArgumentParser) -> None:
     """The ``sweep`` command's flags: the settings, the rule, and walk-forward's config flags."""
+    _add_config_flags(sweep)
     sweep.add_argument(
         "--grid",
         action="append",
@@ -241,13 +232,6 @@ def _add_sweep(sweep: argparse.ArgumentParser) -> None:
     sweep.add_argument("--rule", default="median", help="median (default) or lcb")
     sweep.add_argument("--validation-bars", type=int, help="default: walkforward.test_bars")
     sweep.add_argument("--resume", metavar="SWEEP_DIR", help="continue a killed sweep")
-    sweep.add_argument("--no-progress", action="store_true", help="no progress bar")
-    sweep.add_argument("--profile", choices=sorted(PROFILES), help="default: default")
-    for flag in ("--config", "--data", "--instrument", "--out", "--name"):
-        sweep.add_argument(flag, help=f"as for walkforward {flag}")
-    for flag in ("--folds", "--epochs", "--seeds", "--seed"):
-        sweep.add_argument(flag, type=int, help=f"as for walkforward {flag}")
-    sweep.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V")
 
 
 def resolve_config(args: argparse.Namespace) -> Config:
@@ -288,9 +272,8 @@ def _walkforward(args: argparse.Namespace) -> int:
     from jdqn.run.processes import start
     from jdqn.run.walkforward import run_walkforward
 
-    config_flags: tuple[str, ...] = ("config", "profile", "data", "instrument", "out", "folds")
-    config_flags += ("epochs", "seeds", "seed", "name")
-    if args.resume and (args.overrides or any(getattr(args, f) is not None for f in config_flags)):
+    flags = (*CONFIG_FLAGS, "name")
+    if args.resume and (args.overrides or any(getattr(args, f) is not None for f in flags)):
         raise ValueError(
             "--resume continues a run with its own config.json; fix: drop --data, --config, "
             "--profile, --instrument, --out, --folds, --epochs, --seeds, --seed, --name and --set"
@@ -344,8 +327,7 @@ def _sweep(args: argparse.Namespace) -> int:
         settings = grid_settings(cfg, args.grid, args.samples, cfg.train.seed)
         plan = SweepPlan(settings, args.rule, args.validation_bars)
     else:
-        flags: tuple[str, ...] = ("samples", "validation_bars", "config", "profile", "data")
-        flags += ("instrument", "out", "name", "folds", "epochs", "seeds", "seed")
+        flags = (*CONFIG_FLAGS, "name", "samples", "validation_bars")
         if args.grid or args.overrides or any(getattr(args, f) is not None for f in flags):
             raise ValueError(
                 "--resume continues a sweep with its own plan and config; fix: drop the other flags"

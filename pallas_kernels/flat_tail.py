@@ -642,10 +642,9 @@ def adam_select(
             (jnp.concatenate(segments, axis=-1), weights, flat_old, scalars),
         )
         out = adam_select_reference(g, w, vectors, values, hyper)
-        params, target, mu, nu = (
-            _like(getattr(out, x), getattr(old, x)) for x in ("params", "target", "mu", "nu")
-        )
-        return out._replace(params=params, target=target, mu=mu, nu=nu)
+        written = ("params", "target", "mu", "nu")  # each in the form it came in
+        shaped: dict[str, Any] = {x: _like(getattr(out, x), getattr(old, x)) for x in written}
+        return out._replace(**shaped)
     if bounds is None or row_max is None:
         bounds, row_max = unknown_bounds(), jnp.full(jnp.shape(weights), jnp.nan, jnp.float32)
     args = _one((segments, weights, old, scalars, bounds, row_max))

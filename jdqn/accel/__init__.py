@@ -183,8 +183,8 @@ def _xla_update(eps: float, layout: ParamLayout, tau: float, pieces: Pieces) -> 
 
 
 def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: ParamLayout) -> Any:
-    def segments(tree: Params) -> tuple[jax.Array, ...]:
-        return tuple(x.reshape(-1) for x in jax.tree.leaves(tree))
+    def segments(tree: Params | None) -> tuple[jax.Array, ...] | None:
+        return None if tree is None else tuple(x.reshape(-1) for x in jax.tree.leaves(tree))
 
     def update(
         grads: Params,
@@ -203,17 +203,12 @@ def _kernel_update(hyper: flat_tail.AdamHyper, impl: flat_tail.Impl, layout: Par
         parts_finite = all_finite(row_max)  # max |g| is NaN exactly when a row is non-finite
         adam, *rest, bounds = old.opt_state
         count = optax.safe_increment(adam.count)
+        trees = (old.params, old.masks, old.target_params, adam.mu, adam.nu)
         with jax.named_scope("adam"):
             tail = flat_tail.adam_select(
                 tuple(rows),
                 scalars.weights,
-                flat_tail.TailVectors(
-                    segments(old.params),
-                    None if old.masks is None else segments(old.masks),
-                    segments(old.target_params),
-                    segments(adam.mu),
-                    segments(adam.nu),
-                ),
+                flat_tail.TailVectors(*map(segments, trees)),
                 flat_tail.TailScalars(
                     bias1=1 - hyper.b1**count,
                     bias2=1 - hyper.b2**count,

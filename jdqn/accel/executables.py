@@ -1,14 +1,13 @@
 """Compiled programs kept on disk, so a warm start skips tracing and lowering too.
 
 JAX's persistent compilation cache (``jdqn.run.walkforward.enable_compilation_cache``) is keyed on
-the
-lowered program, so every process still traces and lowers before the lookup, a large share of a
+the lowered program, so every process still traces and lowers before the lookup, a large share of a
 warm walk-forward. Here the executable itself is stored (``jax.experimental.serialize_executable``)
 under a key computed without tracing from all that can change the program (:func:`cache_key`):
-jdqn's and its kernels' source, library versions and JAX's settings, the backend, ``XLA_FLAGS``,
-the caller's description of what the function closes over (each speed piece's implementation,
-``jdqn.accel.Pieces``, among it), and the arguments' abstract signature. So a compiled function
-must close over no arrays (pass data as arguments).
+jdqn's and its kernels' source, library versions and JAX's settings, the backend, ``XLA_FLAGS``, the
+caller's description of what the function closes over (each speed piece's implementation,
+``jdqn.accel.Pieces``, among it), and the arguments' abstract signature. So a compiled function must
+close over no arrays (pass data as arguments).
 
 An unreadable file (a partial write, another jaxlib) is compiled again and replaced. Loading runs
 what a file holds (a pickle, then machine code), so the cache is used only where no one else can

@@ -1,10 +1,8 @@
 """Which implementation each speed piece runs: :class:`Pieces`, a static description that
 :func:`jdqn.accel.choose` makes once and the step passes down, as Pallas ops take ``interpret=``.
 
-The user's setting is ``accel.kernels``; tests and benchmarks force single pieces with
-``accel.pieces`` (``jdqn.config.PIECES``). Nothing reads the environment, so what a function
-traces depends on its arguments alone. It imports nothing of jdqn, so every module holding a
-piece imports it without a cycle.
+Nothing reads the environment, so what a function traces depends on its arguments alone. It
+imports nothing of jdqn, so every module holding a piece imports it without a cycle.
 """
 
 from __future__ import annotations
@@ -17,9 +15,7 @@ import jax
 
 @dataclasses.dataclass(frozen=True)
 class Pieces:
-    """Each piece's implementation, resolved (hashable: a static argument of traced code).
-
-    The defaults are the product's forms where no backend decides."""
+    """Each piece's implementation, resolved (hashable: a static argument of traced code)."""
 
     # pallas_kernels.c51_project: the Pallas kernel, in interpret mode, or the jnp formula
     projection: Literal["pallas", "interpret", "reference"] = "reference"

@@ -58,12 +58,10 @@ def random_transitions(key: jax.Array, n: int, n_features: int, cfg: Config) -> 
     )
 
 
-def filled_learner(
-    cfg: Config = SMOKETEST, seed: int = 0, n_features: int = N_FEATURES
-) -> tuple[Learner, LearnerState]:
+def filled_learner(cfg: Config = SMOKETEST) -> tuple[Learner, LearnerState]:
     """The learner of ``cfg`` and a state whose buffer is full of random transitions."""
-    learner = make_learner(cfg, n_features, NON_CAUSAL if n_features == N_FEATURES else ())
-    return learner, filled_state(learner, jax.random.PRNGKey(seed), cfg, n_features)
+    learner = make_learner(cfg, N_FEATURES, NON_CAUSAL)
+    return learner, filled_state(learner, jax.random.PRNGKey(0), cfg)
 
 
 def filled_state(
@@ -77,17 +75,13 @@ def filled_state(
     return jax.jit(learner.insert)(state, random_transitions(data_key, capacity, n_features, cfg))
 
 
-def scan_steps_fn(
-    learner: Learner, n_steps: int, vmapped: bool = False, unroll: int = 1
-) -> jax.stages.Wrapped:
-    """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept.
-    ``unroll`` steps per loop iteration (``lax.scan``'s ``unroll``): one CUDA graph then holds
-    that many steps, so the graph launches between steps are fewer."""
-    return jax.jit(scan_steps(learner, n_steps, vmapped, unroll), donate_argnums=0)
+def scan_steps_fn(learner: Learner, n_steps: int, vmapped: bool = False) -> jax.stages.Wrapped:
+    """jit(state -> n_steps learner steps in one lax.scan), state donated; metrics kept."""
+    return jax.jit(scan_steps(learner, n_steps, vmapped), donate_argnums=0)
 
 
 def scan_steps(
-    learner: Learner, n_steps: int, vmapped: bool = False, unroll: int = 1
+    learner: Learner, n_steps: int, vmapped: bool = False
 ) -> Callable[[LearnerState], tuple[LearnerState, Any]]:
     """state -> (state after ``n_steps`` learner steps in one lax.scan, packed metrics [n, M]);
     ``vmapped``: over a leading learner axis, in lock-step."""
@@ -102,7 +96,7 @@ def scan_steps(
             # Metrics packed into one vector per step, as jdqn.agent.train records them.
             return carry, pack_metrics(metrics)
 
-        return jax.lax.scan(body, state, None, length=n_steps, unroll=unroll)
+        return jax.lax.scan(body, state, None, length=n_steps)
 
     return run
 

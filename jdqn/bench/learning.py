@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides
 from jdqn.evaluation import stats
+from jdqn.run import rundir
 
 # The data split, fixed before any agent setting is chosen on the scorecard.
 EVALUATION_PATHS = (100, 101, 102, 103, 104)  # synthetic_seed: judged here, never tuned on
@@ -200,17 +200,9 @@ def run_case(cfg: Config, overrides: Sequence[str]) -> list[dict[str, Any]]:
     """One walk-forward of ``cfg`` with ``overrides`` in a scratch directory; its fold rows."""
     from jdqn.run.walkforward import run_walkforward
 
+    outputs = ["output.plots=false", "output.tensorboard=false", "output.checkpoints=false"]
     with tempfile.TemporaryDirectory() as scratch:
-        case_cfg = apply_overrides(
-            cfg,
-            [
-                f"output.out_dir={scratch}",
-                "output.plots=false",
-                "output.tensorboard=false",
-                "output.checkpoints=false",
-                *overrides,
-            ],
-        )
+        case_cfg = apply_overrides(cfg, [f"output.out_dir={scratch}", *outputs, *overrides])
         outcome = run_walkforward(case_cfg, progress=False, log=lambda _: None)
         return outcome.results["folds"]
 
@@ -240,14 +232,6 @@ def _stored(store: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
         return None
     saved = json.loads(path.read_text())
     return saved["row"] if saved.get("key") == key else None
-
-
-def _store(store: Path, key: dict[str, Any], row: dict[str, Any]) -> None:
-    """Write the case's row whole or not at all (a temporary file renamed into place)."""
-    store.mkdir(parents=True, exist_ok=True)
-    partial = store / f".{key['case']}.json.partial"
-    partial.write_text(json.dumps({"key": key, "row": row}, indent=1, default=float) + "\n")
-    os.replace(partial, store / f"{key['case']}.json")
 
 
 def run(
@@ -281,8 +265,9 @@ def run(
             if versus is not None:
                 b = score(run_paths(scale.cfg, [*case_overrides, *versus], scale.paths))
                 row["versus"] = {"overrides": list(versus), "score": b, "paired": paired(row, b)}
-            if store is not None:
-                _store(store, key, row)
+            if store is not None:  # whole or not at all
+                text = json.dumps({"key": key, "row": row}, indent=1, default=float) + "\n"
+                rundir.write_atomic(store / f"{case}.json", text.encode())
         rows.append(row)
         echo(format_table(rows[-1:]) + (f"\n{format_paired(rows[-1:])}" if versus else ""))
         on_case(rows)  # a sweep cut short keeps the cases it finished
@@ -308,9 +293,8 @@ def yardstick(scale: Scale, overrides: Sequence[str] = ()) -> list[dict[str, Any
                 for name, result in fold_baselines(cfg, data, fold).items():
                     nets.setdefault(name, []).append(result["metrics"]["net_pnl_usd"])
                     if name == "informed":
-                        nets.setdefault("causal bound", []).append(
-                            result["metrics"]["causal_bound_usd"]
-                        )
+                        bound = result["metrics"]["causal_bound_usd"]
+                        nets.setdefault("causal bound", []).append(bound)
         medians = {name: float(np.median(v)) for name, v in nets.items()}
         best = max(TUNED_BASELINES, key=medians.__getitem__)
         windows = len(nets["momentum"])
@@ -336,17 +320,13 @@ def _money(value: float | None) -> str:
     return "-" if value is None else f"{value:+,.0f}"
 
 
-def _money_ci(median: float | None, ci: Sequence[float] | None) -> str:
-    """``median [low, high]`` in dollars, ``-`` for what is missing."""
-    low, high = ci or (None, None)
-    return f"{_money(median)} [{_money(low)}, {_money(high)}]"
-
-
 def _flagged(entry: dict[str, Any] | None) -> str:
     """``median [low, high]`` in dollars, ``*`` when from fewer than 5 seeds, n/a if undefined."""
     if not entry or entry.get("median") is None:
         return "n/a"
-    return _money_ci(entry["median"], entry["median_ci"]) + ("*" if entry["few_seeds"] else "")
+    low, high = entry["median_ci"] or (None, None)
+    flag = "*" if entry["few_seeds"] else ""
+    return f"{_money(entry['median'])} [{_money(low)}, {_money(high)}]{flag}"
 
 
 def _percent(value: float | None) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from typing import Any
 
@@ -27,6 +26,7 @@ from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
 from jdqn.bench.fixture import scan_steps, time_repeated
 from jdqn.bench.seeds import seeded_states
+from jdqn.bench.walkforward_run import run_worker
 from jdqn.config import SMOKETEST, Config
 from jdqn.run.placement import Placement
 
@@ -92,17 +92,9 @@ def run(quick: bool, cfg: Config = SMOKETEST) -> list[dict[str, Any]]:
     env["XLA_FLAGS"] = (
         env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={FORCED_CPU_DEVICES}"
     ).strip()
-    command = [sys.executable, "-m", "jdqn.bench.scaling", "--json-only"]
-    done = subprocess.run(
-        [*command, *(["--quick"] if quick else []), "--config", cfg.to_json()],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"scaling child failed: {done.stderr[-2000:]}")
-    return list(json.loads(done.stdout.splitlines()[-1]))
+    command = [sys.executable, "-m", "jdqn.bench.scaling", "--json-only", "--config", cfg.to_json()]
+    _, lines = run_worker([*command, *(["--quick"] if quick else [])], env, tag="")
+    return list(json.loads(lines[-1]))
 
 
 def section(quick: bool, cfg: Config) -> dict[str, Any]:

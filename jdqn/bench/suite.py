@@ -29,7 +29,7 @@ from typing import Any
 
 import jax
 
-from jdqn.bench import markdown_table, scaling, seeds, walkforward_run
+from jdqn.bench import learning, markdown_table, scaling, seeds, walkforward_run
 from jdqn.config import SMOKETEST, Config, apply_overrides
 
 # The step every speed section times: the smoketest learner with the seed's donors (the
@@ -50,34 +50,23 @@ def _learner_step_rows(quick: bool, cfg: Config) -> dict[str, Any]:
         if quick
         else learner_step.run(cfg, n_scan=1000, repeats=200, scan_repeats=5)
     )
-    rows = [
-        {
-            "mode": "per call (Python loop)",
-            "us_per_step": detail["per_call_us"],
-            "compile_s": detail["compile_step_s"],
-        },
-        {
-            "mode": "in lax.scan",
-            "us_per_step": detail["in_scan_us"],
-            "compile_s": detail["compile_scan_s"],
-        },
-    ]
+    modes = (
+        ("per call (Python loop)", "per_call_us", "compile_step_s"),
+        ("in lax.scan", "in_scan_us", "compile_scan_s"),
+    )
+    rows = [{"mode": m, "us_per_step": detail[us], "compile_s": detail[c]} for m, us, c in modes]
     return {"rows": rows, "detail": detail, "table": learner_step.table(detail)}
 
 
 def _seeds(quick: bool, cfg: Config) -> dict[str, Any]:
-    return {"rows": seeds.run(quick, cfg)}
+    rows = seeds.run(quick, cfg)
+    return {"rows": rows, "table": seeds.format_table(rows)}
 
 
 def _walkforward(quick: bool, cfg: Config) -> dict[str, Any]:
     del cfg  # the main command's own profile (smoketest)
-    return {"rows": walkforward_run.run(quick)}
-
-
-def _learning(quick: bool, cfg: Config) -> dict[str, Any]:
-    from jdqn.bench import learning
-
-    return learning.section(quick, cfg)
+    rows = walkforward_run.run(quick)
+    return {"rows": rows, "table": walkforward_run.format_table(rows)}
 
 
 def _fmt_rows(rows: list[dict[str, Any]]) -> str:
@@ -89,26 +78,17 @@ def _fmt_rows(rows: list[dict[str, Any]]) -> str:
     return markdown_table(keys, [[fmt(r.get(k, "")) for k in keys] for r in rows])
 
 
+# Each returns its "rows" and, but for a plain list of rows (:func:`_fmt_rows`), its "table".
 SECTIONS: dict[str, Callable[[bool, Config], dict[str, Any]]] = {
     "learner_step": _learner_step_rows,
     "seeds": _seeds,
     "walkforward": _walkforward,
-    "learning": _learning,
+    "learning": learning.section,
     "scaling": scaling.section,
 }
 
 
 OPT_IN = ("learning",)
-
-
-def _format(name: str, result: dict[str, Any], results: dict[str, Any]) -> str:
-    if name == "seeds":
-        return seeds.format_table(result["rows"])
-    if name == "walkforward":
-        return walkforward_run.format_table(result["rows"])
-    if "table" in result:
-        return result["table"]
-    return _fmt_rows(result["rows"])
 
 
 def _meta(quick: bool) -> dict[str, Any]:
@@ -173,7 +153,7 @@ def run_all(
         if "error" in result:
             echo(f"FAILED: {result['error']}\n{result['traceback']}")
         else:
-            echo(_format(name, result, output["sections"]))
+            echo(result["table"] if "table" in result else _fmt_rows(result["rows"]))
         if json_path:  # after every section, so a run cut short keeps what it measured
             _write_json(json_path, output)
     if json_path:

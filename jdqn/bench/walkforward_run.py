@@ -7,19 +7,16 @@ cache (``JDQN_CACHE_DIR``, see ``jdqn.run.walkforward.enable_compilation_cache``
 - cold: a fresh, empty cache directory, so every executable is compiled;
 - warm: the same directory again, so executables load from the caches: the training, init and
   evaluation programs from jdqn's own (``jdqn.accel.executables``: no tracing, no compile event;
-  their
-  load time is part of ``run``), the smaller programs from JAX's compilation cache.
+  their load time is part of ``run``), the smaller programs from JAX's compilation cache.
 
-Each worker reports the wall time of ``run_walkforward`` and, from JAX's monitoring events, the
-seconds spent tracing, lowering and compiling (``/jax/core/compile/*``; on a cache hit the backend
-event covers the cache load instead), in all and for the training program alone (the events name
-their function). Programs compile on several threads at once (``jdqn.run.walkforward`` compiles
-ahead of use), so the summed compile seconds can exceed the run's wall time; ``run`` is the
-wall time during which nothing was tracing, lowering or compiling: ``total`` less the union of
-the compile events' intervals (``compiling``). The parent also reports the
-whole process wall time (interpreter start and imports included: what a user waits for).
-Outputs the bench cannot use are turned off (checkpoints, TensorBoard, plots) when their packages
-are missing, and the table says so.
+Each worker reports the wall time of ``run_walkforward`` and, from JAX's monitoring events
+(:class:`CompileTimes`; on a cache hit the backend event covers the cache load instead), the
+seconds spent tracing, lowering and compiling, in all and for the training program alone.
+Programs compile on several threads at once (``jdqn.run.walkforward`` compiles ahead of use), so
+the summed compile seconds can exceed the run's wall time; ``run`` is ``total`` less the union of
+the compile events' intervals (``compiling``). The parent also reports the whole process wall
+time (interpreter start and imports included: what a user waits for). Outputs whose packages are
+missing (TensorBoard, plots) are turned off, and the table says so.
 
     python -m jdqn.bench.walkforward_run            # parent: cold + warm
     python -m jdqn.bench.walkforward_run --worker   # one timed run (used by the parent)
@@ -56,8 +53,7 @@ OPTIONAL_OUTPUTS = {
 }
 
 
-# The training program (``jdqn.run.walkforward``: one chunk of epochs for every run of a group): the
-# compile is its trace + lower + backend compile.
+# The training program (``jdqn.run.walkforward``: one chunk of epochs for every run of a group).
 TRAINING_PROGRAM = "run_chunk"
 
 
@@ -192,9 +188,7 @@ def bench_overrides(quick: bool) -> list[str]:
 
 
 def run(quick: bool = False, overrides: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Rows ``cold`` and ``warm`` of the main command (smoketest profile + ``overrides``).
-
-    ``quick`` shrinks the work (:func:`bench_overrides`)."""
+    """Rows ``cold`` and ``warm`` of the main command (:func:`bench_overrides` + ``overrides``)."""
     # An override the caller also gives (the H200's ``output.tensorboard=false``) once.
     overrides = list(dict.fromkeys([*bench_overrides(quick), *overrides]))
     rows = []

@@ -38,11 +38,8 @@ def config_keys(cfg: Config | None = None) -> list[ConfigKey]:
         comments = field_comments(section_cls)
         for name, annotation in field_types(section_cls).items():
             description = comments.get(name, "") + _choices(annotation)
-            keys.append(
-                ConfigKey(
-                    f"{section}.{name}", type_name(annotation), raw[section][name], description
-                )
-            )
+            key = f"{section}.{name}"
+            keys.append(ConfigKey(key, type_name(annotation), raw[section][name], description))
     return keys
 
 
@@ -95,9 +92,4 @@ def format_keys(keys: list[ConfigKey]) -> str:
         (k.key, k.type, json.dumps(k.value), k.description) for k in keys
     ]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True))
-        + "  "
-        + row[3]
-        for row in rows
-    )
+    return "\n".join("  ".join([*map(str.ljust, row[:3], widths), row[3]]) for row in rows)

@@ -2,7 +2,7 @@
 walk-forward folds."""
 
 from jdqn.data.bars import BarFileError, Bars, load_bars
-from jdqn.data.calendars import CALENDARS, TradingCalendar, calendar_features
+from jdqn.data.calendars import CALENDARS
 from jdqn.data.dataset import (
     FoldArrays,
     WalkForwardData,
@@ -14,29 +14,19 @@ from jdqn.data.dataset import (
     split_folds,
     stack_folds,
 )
-from jdqn.data.features import (
-    FeatureSet,
-    Normaliser,
-    compute_features,
-    fit_normaliser,
-    normalise,
-)
+from jdqn.data.features import Normaliser, compute_features, fit_normaliser, normalise
 from jdqn.data.folds import Fold, make_folds
-from jdqn.data.synth import SyntheticPath, synthetic_bars, synthetic_path, write_bars
+from jdqn.data.synth import synthetic_bars, synthetic_path, write_bars
 
 __all__ = [
     "CALENDARS",
     "BarFileError",
     "Bars",
-    "FeatureSet",
     "Fold",
     "FoldArrays",
     "Normaliser",
-    "SyntheticPath",
-    "TradingCalendar",
     "WalkForwardData",
     "bars_per_year",
-    "calendar_features",
     "compute_features",
     "describe_source",
     "fit_normaliser",

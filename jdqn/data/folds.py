@@ -39,15 +39,8 @@ def make_folds(n_bars: int, cfg: WalkForwardConfig, min_purge: int = 0) -> list[
         rolling_start = offset + k * cfg.test_bars
         train_end = rolling_start + cfg.train_bars
         test_start = train_end + cfg.purge_bars
-        folds.append(
-            Fold(
-                index=k,
-                train_start=offset if cfg.mode == "expanding" else rolling_start,
-                train_end=train_end,
-                test_start=test_start,
-                test_end=test_start + cfg.test_bars,
-            )
-        )
+        train_start = offset if cfg.mode == "expanding" else rolling_start
+        folds.append(Fold(k, train_start, train_end, test_start, test_start + cfg.test_bars))
     return folds
 
 

@@ -227,46 +227,22 @@ def tune_informed(train_close: np.ndarray, train_drift: np.ndarray, cost: float)
 
 
 def fold_baselines(cfg: Config, data: Any, fold: int) -> dict[str, dict[str, Any]]:
-    """:func:`extra_baselines` of one fold of ``data`` (a ``WalkForwardData``): tuned on its
-    train window, judged on its test window, with the planted drift of synthetic data."""
-    w = data.folds[fold]
+    """``{name: {"metrics": dict (with the picked "params"), "rollout": Rollout}}`` for momentum,
+    MACD, ridge and, on synthetic data (its planted drift known), the informed rule with the
+    causal bound: tuned on the train window of ``fold`` of ``data`` (a ``WalkForwardData``),
+    judged on its test window."""
+    w, train, test = data.folds[fold], data.train[fold], data.test[fold]
     train_drift = planted_drift(cfg, w.train_start, w.train_end)
     test_drift = planted_drift(cfg, w.test_start, w.test_end)
-    drift = None if train_drift is None or test_drift is None else (train_drift, test_drift)
-    train, test = data.train[fold], data.test[fold]
-    return extra_baselines(
-        cfg,
-        train.features,
-        train.close,
-        test.features,
-        test.close,
-        drift,
-        bars_per_year=data.bars_per_year,
-    )
-
-
-def extra_baselines(
-    cfg: Config,
-    train_features: np.ndarray,
-    train_close: np.ndarray,
-    test_features: np.ndarray,
-    test_close: np.ndarray,
-    drift: tuple[np.ndarray, np.ndarray] | None,
-    *,
-    bars_per_year: float,
-) -> dict[str, dict[str, Any]]:
-    """``{name: {"metrics": dict (with the picked "params"), "rollout": Rollout}}`` for momentum,
-    MACD, ridge and, given the planted drift (points) of the train and test windows, the informed
-    rule with the causal bound."""
     cost = cfg.env.cost_points
-    train_close = np.asarray(train_close, np.float64)
-    test_close = np.asarray(test_close, np.float64)
+    train_close = np.asarray(train.close, np.float64)
+    test_close = np.asarray(test.close, np.float64)
     momentum = tune_momentum(train_close, cost)
     macd = tune_macd(train_close, cost)
-    ridge = tune_ridge(np.asarray(train_features, np.float64), train_close, cost)
+    ridge = tune_ridge(np.asarray(train.features, np.float64), train_close, cost)
     weights = np.asarray(ridge.pop("weights"))
     signal = momentum_signal(test_close, int(momentum["lookback"]), momentum["scale"])
-    forecast = ridge_forecast(test_features, weights)
+    forecast = ridge_forecast(test.features, weights)
     paths = {
         "momentum": (band_positions(signal, momentum["band"]), momentum),
         "macd": (band_positions(macd_signal(test_close, int(macd["scale"])), macd["band"]), macd),
@@ -274,15 +250,15 @@ def extra_baselines(
     }
     usd = cfg.env.point_value_usd
     bound: dict[str, Any] = {}
-    if drift is not None:
-        informed = tune_informed(train_close, drift[0], cost)
-        signal = np.asarray(drift[1], np.float64) / informed["scale"]
+    if train_drift is not None and test_drift is not None:
+        informed = tune_informed(train_close, train_drift, cost)
+        signal = np.asarray(test_drift, np.float64) / informed["scale"]
         paths["informed"] = (band_positions(signal, informed["band"]), informed)
-        bound = {"causal_bound_usd": usd * causal_bound_points(drift[1][:-1], cost)}
+        bound = {"causal_bound_usd": usd * causal_bound_points(test_drift[:-1], cost)}
     results = {}
     for name, (positions, params) in paths.items():
         record = position_record(test_close, positions, cost)
-        result = record_metrics(record, point_value_usd=usd, bars_per_year=bars_per_year)
+        result = record_metrics(record, point_value_usd=usd, bars_per_year=data.bars_per_year)
         extra = bound if name == "informed" else {}
         results[name] = {"metrics": result | {"params": params} | extra, "rollout": record}
     return results

@@ -25,6 +25,7 @@ Training steps one fold as ``n_slices`` contiguous slices in lock-step (:func:`s
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, cast
 
 import flax.struct
@@ -61,14 +62,7 @@ class EnvState:
 # vmap axes of sliced params: only the window bounds differ, the data are shared (not copied).
 # The fields hold vmap axes, not arrays, hence the cast.
 SLICE_AXES: EnvParams = cast(Any, EnvParams)(
-    features=None,
-    close=None,
-    positions=None,
-    cost_points=None,
-    reward_scale=None,
-    hold_penalty=None,
-    start=0,
-    end=0,
+    **{f.name: None for f in dataclasses.fields(EnvParams)} | {"start": 0, "end": 0}
 )
 
 
@@ -173,11 +167,7 @@ def step(
     )
     stepped = EnvState(t=t_next, position=position_new)
     # Auto-reset by select (not cond): both branches are cheap and this stays vmap-friendly.
-    state_out = jax.tree.map(
-        lambda reset_leaf, step_leaf: jnp.where(done, reset_leaf, step_leaf),
-        _initial_state(params),
-        stepped,
-    )
+    state_out = jax.tree.map(functools.partial(jnp.where, done), _initial_state(params), stepped)
     info = {"transition": transition, "pnl_points": pnl_points, "cost_points": cost_points}
     return _observe(state_out, params), state_out, reward, done, info
 

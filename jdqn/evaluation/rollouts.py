@@ -78,7 +78,6 @@ def equity_curve(net_points: np.ndarray) -> np.ndarray:
     return np.cumsum(np.asarray(net_points, np.float64))
 
 
-# --- policies ---------------------------------------------------------------------------------
 # Builders are cached so the same arguments give the same function object, and the jitted rollout
 # (policy is a static argument) compiles once per fold shape rather than once per call.
 
@@ -125,9 +124,6 @@ def greedy_policy(q_fn: Callable[[jax.Array], jax.Array]) -> Policy:
         return jnp.argmax(q_fn(obs), axis=-1).astype(jnp.int32)
 
     return policy
-
-
-# --- metrics ----------------------------------------------------------------------------------
 
 
 def _closed_trade_pnls(net: np.ndarray, positions: np.ndarray, cost: np.ndarray | None) -> list:
@@ -258,9 +254,6 @@ def record_metrics(
         gross_points=record.pnl_points,
         cost_points=record.cost_points,
     )
-
-
-# --- baselines --------------------------------------------------------------------------------
 
 
 # The baselines' names, in the order of :func:`baseline_rollouts`' leading axis.

@@ -100,16 +100,8 @@ def evaluate_saved(
                 calendar=calendar,
             )
             series.append(judged.series)
-            rows.append(
-                {
-                    "fold": fold,
-                    "seed": policy.seed,
-                    "status": "ok",
-                    "window": window,
-                    "agent": judged.agent,
-                    "baselines": judged.baselines,
-                }
-            )
+            row = {"fold": fold, "seed": policy.seed, "status": "ok", "window": window}
+            rows.append(row | {"agent": judged.agent, "baselines": judged.baselines})
             # The seed's equity CSV and plot, as a walk-forward run writes them.
             stem = f"fold{fold}_seed{policy.seed}"
             curves, held = judged.curves, judged.held

@@ -41,9 +41,6 @@ class RunSeries(NamedTuple):
     realised_at: np.ndarray  # [n] datetime64, bar t+1 of interval t (where the PnL lands)
 
 
-# --- point estimates and intervals ------------------------------------------------------------
-
-
 def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray:
     """Interquartile mean: the mean of the values left after cutting ``floor(n / 4)`` from each
     end (``scipy.stats.trim_mean(values, 0.25)``; Agarwal et al., 2021)."""
@@ -84,47 +81,19 @@ def percentile_interval(
     return float(low), float(high)
 
 
-def aggregate(
-    strata: Sequence[np.ndarray], *, reps: int = BOOTSTRAP_REPS, seed: int = 0
-) -> dict[str, Any]:
-    """Median and IQM over all values of ``strata``, each with its stratified bootstrap 95 %
-    interval (both from the same resamples)."""
-    strata = [np.asarray(s, np.float64) for s in strata if len(s)]
-    if not strata:
-        return {"n": 0, "median": None, "median_ci": None, "iqm": None, "iqm_ci": None}
-    values = np.concatenate(strata)
-    resampled = bootstrap_distribution(strata, lambda x: x, reps=reps, seed=seed)  # [reps, n]
-    return {
-        "n": int(values.size),
-        "few_seeds": min(map(len, strata)) < MIN_SEEDS_FOR_CI,
-        "median": float(median(values)),
-        "median_ci": list(percentile_interval(median(resampled))),
-        "iqm": float(iqm(values)),
-        "iqm_ci": list(percentile_interval(iqm(resampled))),
-    }
+_NO_VALUES = {"n": 0, "median": None, "median_ci": None, "iqm": None, "iqm_ci": None}
 
 
-def clustered_aggregate(
-    clusters: Sequence[np.ndarray], *, reps: int = BOOTSTRAP_REPS, seed: int = 0
+def _estimates(
+    groups: list[np.ndarray], medians: np.ndarray, iqms: np.ndarray, **extra: Any
 ) -> dict[str, Any]:
-    """Median and IQM over all values of ``clusters`` (e.g. the seeds of each test window) with
-    two-stage bootstrap 95 % intervals: each replicate draws as many clusters as there are, with
-    replacement, then each drawn cluster's values with replacement (Davison & Hinkley, 1997,
-    §3.8), so the interval covers the spread between windows as well as between seeds."""
-    clusters = [np.asarray(c, np.float64) for c in clusters if len(c)]
-    if not clusters:
-        return {"n": 0, "median": None, "median_ci": None, "iqm": None, "iqm_ci": None}
-    rng = np.random.default_rng(seed)
-    medians, iqms = np.empty(reps), np.empty(reps)
-    for rep in range(reps):
-        drawn = [clusters[i] for i in rng.integers(0, len(clusters), len(clusters))]
-        sample = np.concatenate([c[rng.integers(0, len(c), len(c))] for c in drawn])
-        medians[rep], iqms[rep] = median(sample), iqm(sample)
-    values = np.concatenate(clusters)
+    """Median and IQM over all values of ``groups``, each with the 95 % percentile interval of
+    its bootstrap replicates; ``few_seeds`` where a group is smaller than ``MIN_SEEDS_FOR_CI``."""
+    values = np.concatenate(groups)
     return {
         "n": int(values.size),
-        "clusters": len(clusters),
-        "few_seeds": min(map(len, clusters)) < MIN_SEEDS_FOR_CI,
+        **extra,
+        "few_seeds": min(map(len, groups)) < MIN_SEEDS_FOR_CI,
         "median": float(median(values)),
         "median_ci": list(percentile_interval(medians)),
         "iqm": float(iqm(values)),
@@ -132,7 +101,35 @@ def clustered_aggregate(
     }
 
 
-# --- Sharpe ratios ----------------------------------------------------------------------------
+def aggregate(
+    strata: Sequence[np.ndarray], *, reps: int = BOOTSTRAP_REPS, seed: int = 0
+) -> dict[str, Any]:
+    """Median and IQM over all values of ``strata``, each with its stratified bootstrap 95 %
+    interval (both from the same resamples)."""
+    strata = [np.asarray(s, np.float64) for s in strata if len(s)]
+    if not strata:
+        return dict(_NO_VALUES)
+    resampled = bootstrap_distribution(strata, lambda x: x, reps=reps, seed=seed)  # [reps, n]
+    return _estimates(strata, median(resampled), iqm(resampled))
+
+
+def clustered_aggregate(
+    clusters: Sequence[np.ndarray], *, reps: int = BOOTSTRAP_REPS, seed: int = 0
+) -> dict[str, Any]:
+    """:func:`aggregate` with two-stage bootstrap intervals: each replicate draws as many
+    clusters (e.g. the seeds of each test window) as there are, with replacement, then each drawn
+    cluster's values with replacement (Davison & Hinkley, 1997, §3.8), so the interval covers
+    the spread between windows as well as between seeds."""
+    clusters = [np.asarray(c, np.float64) for c in clusters if len(c)]
+    if not clusters:
+        return dict(_NO_VALUES)
+    rng = np.random.default_rng(seed)
+    medians, iqms = np.empty(reps), np.empty(reps)
+    for rep in range(reps):
+        drawn = [clusters[i] for i in rng.integers(0, len(clusters), len(clusters))]
+        sample = np.concatenate([c[rng.integers(0, len(c), len(c))] for c in drawn])
+        medians[rep], iqms[rep] = median(sample), iqm(sample)
+    return _estimates(clusters, medians, iqms, clusters=len(clusters))
 
 
 def per_bar_sharpe(net: np.ndarray) -> float:
@@ -221,9 +218,6 @@ def deflated_sharpe(
         "skew": skew,
         "kurtosis": kurtosis,
     }
-
-
-# --- the summary of a run ---------------------------------------------------------------------
 
 
 def with_daily_sharpe(

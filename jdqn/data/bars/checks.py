@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from jdqn.data.bars.core import PRICE_COLUMNS, BarFileError, more_rows, reject_rows
-from jdqn.data.bars.timestamps import missing_mask
+from jdqn.data.bars.timestamps import as_text, missing_mask
 
 # Above any traded instrument's price in index points (BTCUSD ~1e5): a scaled or corrupt column,
 # and prices near float32's range (3.4e38) overflow the features.
@@ -23,7 +23,7 @@ def numeric(raw: pd.Series, path: str | os.PathLike[str], column: str) -> np.nda
     else:
         values = pd.to_numeric(raw, errors="coerce").to_numpy(np.float64, na_value=np.nan)
         non_numeric = np.isnan(values) & ~missing_mask(raw)
-        text = raw.astype("string").str.strip().astype(object).astype(str)
+        text = as_text(raw)
         non_numeric &= ~text.str.lower().isin(("nan", "-nan", "+nan")).to_numpy()
         reject_rows(
             non_numeric,

@@ -37,6 +37,7 @@ COLUMN_ALIASES: dict[str, tuple[str, ...]] = {
 # "Volume BTC" is the base-asset volume; MetaTrader's tick volume when it has no real one).
 _VOLUME_FALLBACK = re.compile(r"volume_.+|tickvol|tick_volume")
 _SYMBOL_COLUMNS = ("symbol", "ticker", "instrument_id")
+_NO_HEADER_FIX = "the file seems to have no header line; add 'timestamp,open,high,low,close,volume'"
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,12 @@ def map_columns(
                 "correct data.columns (column names are case-sensitive)",
             )
     no_header = not any(re.search("[a-z]", key) for key in keys.values())
-    header_fix = "the file seems to have no header line; add 'timestamp,open,high,low,close,volume'"
+
+    def missing(role: str, accepted: str, fix: str) -> BarFileError:
+        problem = f"missing required column (columns found: {found}; accepted names, any case: "
+        fix = _NO_HEADER_FIX if no_header else fix
+        return BarFileError(path, f"{problem}{accepted})", fix, column=role)
+
     prices: dict[str, str] = {}
     for role, aliases in COLUMN_ALIASES.items():
         if role in user:
@@ -92,27 +98,13 @@ def map_columns(
         if matches:
             prices[role] = matches[0]
         elif role != "volume":
-            raise BarFileError(
-                path,
-                f"missing required column (columns found: {found}; "
-                f"accepted names, any case: {', '.join(aliases)})",
-                header_fix
-                if no_header
-                else f"rename the {role} price column to '{role}' or set data.columns={role}:NAME",
-                column=role,
-            )
+            fix = f"rename the {role} price column to '{role}' or set data.columns={role}:NAME"
+            raise missing(role, ", ".join(aliases), fix)
     timestamp, utc = _timestamp_columns(keys, user)
     if timestamp is None:
-        raise BarFileError(
-            path,
-            f"missing required column (columns found: {found}; accepted names, any case: "
-            f"{', '.join(TIMESTAMP_ALIASES + EPOCH_ALIASES + UTC_ALIASES)}, time, date, "
-            "or a Date and a Time column)",
-            header_fix
-            if no_header
-            else "name the bar time column 'timestamp' or set data.columns=timestamp:NAME",
-            column="timestamp",
-        )
+        names = ", ".join(TIMESTAMP_ALIASES + EPOCH_ALIASES + UTC_ALIASES)
+        fix = "name the bar time column 'timestamp' or set data.columns=timestamp:NAME"
+        raise missing("timestamp", f"{names}, time, date, or a Date and a Time column", fix)
     return ColumnMap(prices=prices, timestamp=timestamp, utc=utc)
 
 

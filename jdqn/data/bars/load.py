@@ -45,16 +45,10 @@ def load_bars(
         mapped = map_columns(frame, path, columns)
         times = parse_bar_times(frame, mapped, path, timezone, exchange_timezone, timestamp_format)
         scale = fixed_point_scale(frame, mapped)
-        prices = {
-            name: numeric(frame[mapped.prices[name]], path, mapped.prices[name]) * scale
-            for name in PRICE_COLUMNS
-        }
+        column = {role: numeric(frame[name], path, name) for role, name in mapped.prices.items()}
+        prices = {name: column[name] * scale for name in PRICE_COLUMNS}
         has_volume = "volume" in mapped.prices
-        volume = (
-            numeric(frame[mapped.prices["volume"]], path, mapped.prices["volume"])
-            if has_volume
-            else np.zeros(len(frame), np.float64)
-        )
+        volume = column["volume"] if has_volume else np.zeros(len(frame), np.float64)
         check_values(prices, volume, mapped.prices, path)
     except BarFileError as error:
         raise error.at_line(first_line) from None

@@ -60,6 +60,11 @@ class BarTimes(NamedTuple):
     zone: str  # how the times were read, e.g. "UTC (data.timezone)"
 
 
+def as_text(raw: pd.Series) -> pd.Series:
+    """Each cell as stripped text, as messages quote it."""
+    return raw.astype("string").str.strip().astype(object).astype(str)
+
+
 def missing_mask(raw: pd.Series) -> np.ndarray:
     missing = raw.isna().to_numpy().copy()
     if not pd.api.types.is_numeric_dtype(raw) and not pd.api.types.is_datetime64_any_dtype(raw):
@@ -75,13 +80,9 @@ def parse_bar_times(
     exchange_timezone: str,
     timestamp_format: str | None = None,
 ) -> BarTimes:
-    """The bars' times (:class:`BarTimes`).
-
-    Aware timestamps (UTC offsets, epochs, aware Parquet columns) are converted to
-    ``exchange_timezone``. Naive ones are in ``timezone`` (``data.timezone``), in UTC when the
-    header says so (``Gmt time``), and otherwise already in exchange time. ``timestamp_format``
-    (``data.timestamp_format``, strftime codes) replaces the forms tried.
-    """
+    """The bars' times (:class:`BarTimes`), the arguments as :func:`~jdqn.data.load_bars`
+    takes them: aware timestamps (UTC offsets, epochs, aware Parquet columns) are converted to
+    ``exchange_timezone``; naive ones are in ``timezone``, in UTC where the header says so."""
     name = columns.timestamp_name
     if len(columns.timestamp) == 2:
         for part in columns.timestamp:
@@ -119,7 +120,7 @@ def _parse_with_format(
     raw: pd.Series, timestamp_format: str, path: str | os.PathLike[str], column: str
 ) -> pd.Series:
     """Timestamps in the user's strftime format (``%z`` in it: aware, converted to UTC)."""
-    text = raw.astype("string").str.strip().astype(object).astype(str).reset_index(drop=True)
+    text = as_text(raw).reset_index(drop=True)
     aware = "%z" in timestamp_format or "%Z" in timestamp_format
     parsed = pd.to_datetime(text, format=timestamp_format, errors="coerce", utc=aware)
     reject_rows(
@@ -162,11 +163,7 @@ def _as_date_text(raw: pd.Series) -> pd.Series:
 
 def _as_time_text(raw: pd.Series) -> pd.Series:
     """Time-of-day as text; digit-only times (HHMM, HHMMSS, leading zeros lost) get colons."""
-    text = (
-        raw.astype(np.int64).astype(str)
-        if pd.api.types.is_numeric_dtype(raw)
-        else raw.astype("string").str.strip().astype(object).astype(str)
-    )
+    text = raw.astype(np.int64).astype(str) if pd.api.types.is_numeric_dtype(raw) else as_text(raw)
     digits = text.str.fullmatch(r"\d{1,6}")
     if digits.all():
         width = 6 if text.astype(np.int64).max() > 2359 else 4
@@ -183,7 +180,7 @@ def _parse_timestamps(raw: pd.Series, path: str | os.PathLike[str], column: str)
         raise BarFileError(path, "timestamps are true/false values", _TIMESTAMP_FIX, 1, column)
     if pd.api.types.is_numeric_dtype(raw):
         return _parse_digits(raw.to_numpy(), path, column)
-    text = raw.astype("string").str.strip().astype(object).astype(str).reset_index(drop=True)
+    text = as_text(raw).reset_index(drop=True)
     if text.str.fullmatch(r"\d+").all():
         exact = bool(text.str.len().max() <= 18)  # int64 holds 18 digits
         numbers = text.astype(np.int64 if exact else np.float64).to_numpy()
