@@ -165,11 +165,16 @@ def test_the_yardstick_judges_the_baselines_without_training(monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU variant")
-def test_the_cpu_variant_scores_every_case_against_the_best_baseline(tmp_path):
-    """What ``jdqn bench --only learning`` runs on a CPU: every case scored on its evaluation
-    path with a best tuned baseline, the informed rule's bound on synthetic data, stored."""
+def test_the_cpu_variant_scores_every_case_against_the_best_baseline(tmp_path, monkeypatch):
+    """What ``jdqn bench --only learning`` runs on a CPU, on windows a quarter as long: every
+    case scored on its evaluation path with a best tuned baseline, the informed rule's bound on
+    synthetic data, stored. (Whether the agent learns at SMALL's windows is
+    tests/run/test_walkforward.py's learning tests' question.)"""
     from jdqn.config import apply_overrides
 
+    short = ["walkforward.train_bars=5000", "walkforward.test_bars=1500"]
+    short += ["data.synthetic_bars=10880"]  # 5,000 + 1,380 + 3 x 1,500, as SMALL's
+    monkeypatch.setattr(learning, "SMALL", learning.SMALL._replace(overrides=tuple(short)))
     cfg = apply_overrides(learning.SMALL.cfg, [f"output.out_dir={tmp_path}"])
     result = learning.section(quick=True, cfg=cfg)
     assert result["small"] and [r["case"] for r in result["rows"]] == list(learning.SMALL.cases)
