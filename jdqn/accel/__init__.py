@@ -22,7 +22,7 @@ the step as a static argument.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,9 +30,11 @@ import optax
 
 from jdqn.accel.pieces import Pieces
 from jdqn.agent import surgery
-from jdqn.agent.networks import ParamLayout, Params
 from jdqn.config import Config
 from pallas_kernels import flat_tail
+
+if TYPE_CHECKING:  # jdqn.agent.networks imports jdqn.accel.pieces, which runs this file first
+    from jdqn.agent.networks import ParamLayout, Params
 
 # From this many vmapped learners on, accel.kernels=auto uses the Pallas flat tail.
 FUSED_TAIL_MIN_LEARNERS = 16
