@@ -8,9 +8,7 @@ cd "$root"
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 set +e
-# Two worker processes, a test file each (the CI machine has two cores; a test compiles on one
-# core most of its time); extra arguments win, e.g. -n 0 for one process.
-.venv/bin/python -m pytest -n 2 --dist loadfile "$@"
+.venv/bin/python -m pytest "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then  # pytest: no tests collected
