@@ -8,7 +8,9 @@ cd "$root"
 .venv/bin/ruff format --check .
 .venv/bin/mypy
 set +e
-.venv/bin/python -m pytest "$@"
+# Two worker processes, a test file each: on a fresh machine (no compilation cache) most of the
+# suite is XLA compiling, one core per program; extra arguments win, e.g. -n 0 for one process.
+.venv/bin/python -m pytest -n 2 --dist loadfile "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then  # pytest: no tests collected
