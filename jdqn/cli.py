@@ -38,8 +38,9 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ct
 EXIT_TERMINATED = 143  # 128 + SIGTERM (jdqn.run.termination: the run stops as for a Ctrl-C)
 DEFAULT_PROFILE = "default"
 # The flags that choose a run's config; --resume refuses them (the run has its own).
-CONFIG_FLAGS: tuple[str, ...] = ("config", "profile", "data", "instrument", "out")
-CONFIG_FLAGS += ("folds", "epochs", "seeds", "seed")
+CONFIG_FLAGS = (
+    "config", "profile", "data", "instrument", "out", "folds", "epochs", "seeds", "seed",
+)  # fmt: skip
 SMOKETEST_ON_USER_BARS = (
     "jdqn: notice: --profile smoketest is the CI-sized learner (batch 64, buffer 256, 2 epochs): "
     "its numbers on your bars say little; for a real run use --profile default"

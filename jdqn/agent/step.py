@@ -264,9 +264,11 @@ def learner_step(
 
 def _sampled(state: LearnerState, keys: Any, beta: jax.Array, setup: Setup) -> Batch:
     """Steps 1-2 from the learner's buffer, with its bootstrap key, discounts and hold charge."""
-    hyper = state.hyper
-    values = (hyper.discounts, setup.cfg, setup.n_donors, hyper.hold_penalty)
-    return sample_batch(state.replay, keys, state.bootstrap_key, beta, *values)
+    hyper, cfg = state.hyper, setup.cfg
+    return sample_batch(
+        state.replay, keys, state.bootstrap_key, beta, hyper.discounts, cfg, setup.n_donors,
+        hold_penalty=hyper.hold_penalty,
+    )  # fmt: skip
 
 
 def _kept_state(
