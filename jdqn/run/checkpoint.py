@@ -112,11 +112,13 @@ class Checkpointer:
         self._wait()  # a save of this process may still be writing
         return max(self.all_steps(), default=None)
 
+    def writing(self) -> bool:
+        """Whether the last save is still being written."""
+        return self._writing is not None and self._writing.is_alive()
+
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         # The host copy is taken now: the next training chunk donates the state's device buffers.
         host = jax.device_get(_to_storable(state))
-        if not all_finite(host):  # the guard keeps them out of the state; this is the last defence
-            raise RuntimeError("refusing to checkpoint a state with non-finite values")
         self._wait()
         self._writing = threading.Thread(
             target=self._write, args=(step, host, meta), name="jdqn-checkpoint-write"
@@ -126,6 +128,8 @@ class Checkpointer:
     def _write(self, step: int, host: Any, meta: dict[str, Any]) -> None:
         """The manifest, then the step (so that every step on disk has one), then the pruning."""
         try:
+            if not all_finite(host):  # the guard keeps them out of the state: the last defence
+                raise RuntimeError("refusing to checkpoint a state with non-finite values")
             arrays = rundir.named_arrays(host)
             digests = {"state_sha256": state_digest(arrays), "meta_sha256": meta_digest(meta)}
             rundir.write_json(self.manifest_path(step), {"step": step, **digests})
@@ -308,12 +312,22 @@ class GroupCheckpoints:
         return self._place.learner_arrays(share), meta
 
     def save(
-        self, epochs_done: int, chunks_done: int, state: Any, halted_epoch: dict[int, int]
+        self,
+        epochs_done: int,
+        chunks_done: int,
+        state: Any,
+        halted_epoch: dict[int, int],
+        required: bool,
     ) -> None:
         """Checkpoint after ``epochs_done`` epochs and ``chunks_done`` chunks of the next one
         (numbered by chunks done, so a mid-epoch checkpoint sorts between epoch ends); every
-        process calls it."""
-        if self._store is None:
+        process calls it. Unless ``required`` (the run stops after it), it is skipped while any
+        process still writes the one before: training never waits on the disk (a sweep's
+        1,536 default learners are 22 GiB a save), and a resume from any epoch gives the same
+        numbers."""
+        if self._store is None or (
+            not required and self._processes.any_of(self._store.writing())
+        ):
             return
         # halted_epoch by the wave's run index g, as one process would record it.
         halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}

@@ -870,10 +870,11 @@ def _train_group(
                     # checkpoint gathers from all of them).
                     stop = processes.any_of(boundaries.requested)
                     if stop and chunk + 1 < program.chunks_per_epoch:
-                        checkpoints.save(epoch, chunk + 1, state, halted_epoch)
+                        checkpoints.save(epoch, chunk + 1, state, halted_epoch, required=True)
                         raise boundaries.interruption()
-                checkpoints.save(epoch + 1, 0, state, halted_epoch)
-                if processes.any_of(boundaries.requested):
+                stop = processes.any_of(boundaries.requested)
+                checkpoints.save(epoch + 1, 0, state, halted_epoch, required=stop)
+                if stop:
                     raise boundaries.interruption()
         completed = True
     finally:  # also on failure: no thread or file left open behind the one-line error

@@ -4,6 +4,7 @@ the newest intact one (corrupted files written by the test)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import jax
@@ -12,14 +13,17 @@ import numpy as np
 import pytest
 
 from jdqn.run import rundir
+from jdqn.run.binding import Seal
 from jdqn.run.checkpoint import (
     META,
     CheckpointCorruptError,
     Checkpointer,
+    GroupCheckpoints,
     NoIntactCheckpointError,
     meta_digest,
     state_digest,
 )
+from jdqn.run.processes import Processes
 
 
 def _state(step: int) -> dict:
@@ -202,3 +206,44 @@ def test_a_checkpoint_of_another_run_is_refused_and_the_run_s_own_restored(tmp_p
     anyone = Checkpointer(directory)  # a run from before bindings: not checked
     assert anyone.restore_intact(_state(0), log=lines.append)[2] == 1  # step 2 was deleted
     anyone.close()
+
+
+class _Unpadded:
+    """A placement whose state has no device padding."""
+
+    @staticmethod
+    def real(state):
+        return state
+
+
+def test_a_save_is_skipped_while_the_one_before_is_written_unless_required(tmp_path, monkeypatch):
+    """Training never waits on the disk: an epoch's save while the last one is still being
+    written is skipped; a save the run stops after is written once the one before is done."""
+    release = threading.Event()
+    write = rundir.write_arrays
+
+    def slow(path, arrays):
+        assert release.wait(30)
+        write(path, arrays)
+
+    monkeypatch.setattr(rundir, "write_arrays", slow)
+    group = GroupCheckpoints(
+        tmp_path / "group0",
+        enabled=True,
+        processes=Processes(),
+        seal=Seal("digest", frozenset({"digest"}), ()),
+        place=_Unpadded(),
+        runs=1,
+        chunks_per_epoch=1,
+        param_layout=[],
+    )
+    state = {"w": np.ones((1, 3), np.float32)}
+    group.save(1, 0, state, {}, required=False)  # written (slowly)
+    group.save(2, 0, state, {}, required=False)  # skipped: step 1 is still being written
+    threading.Timer(0.2, release.set).start()
+    group.save(3, 0, state, {}, required=True)  # waits for step 1, then is written
+    group.close()
+    assert sorted(p.name for p in (tmp_path / "group0").glob("*.npz")) == ["1.npz", "3.npz"]
+    group.save(4, 0, state, {}, required=False)  # nothing is being written: saved
+    group.close()
+    assert sorted(p.name for p in (tmp_path / "group0").glob("*.npz")) == ["3.npz", "4.npz"]

@@ -110,8 +110,8 @@ argv = sys.argv[1:]
 if "--process-id" in argv:
     save = checkpoint.GroupCheckpoints.save
 
-    def save_then_stop(self, *args):
-        save(self, *args)
+    def save_then_stop(self, *args, **kwargs):
+        save(self, *args, **kwargs)
         self.close()
         raise KeyboardInterrupt
 
