@@ -222,7 +222,7 @@ def learner_step(
             TailState(state.params, state.target_params, masks, state.opt_state),
             _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
             ~state.guard.halted & ~jnp.any(jnp.stack(list(before_update.values()))),
-            (schedule + 1) % cfg.optim.target_every == 0,
+            (schedule + 1) % state.hyper.target_every == 0,  # the learner's period
             state.hyper.learning_rate,
             checks,
         )

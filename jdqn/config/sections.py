@@ -346,7 +346,9 @@ class OptimConfig:
 
     learning_rate: float = 1e-3  # Adam step size (a learner's value: one sweep program)
     adam_eps: float = 1e-8  # Adam epsilon
-    target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
+    # hard target sync period in learner steps (when tau == 0; a learner's value: one sweep
+    # program)
+    target_every: int = 100
     tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
 
     def __post_init__(self) -> None:
