@@ -48,6 +48,7 @@ class Hyper(NamedTuple):
     # [] int32, optim.target_every: the hard target sync's period in learner steps (unread when
     # optim.tau > 0, a static choice of the program)
     target_every: jax.Array
+    train_cost_scale: jax.Array  # [] float32, env.train_cost_scale (the training reward's cost)
 
 
 # The config keys :class:`Hyper` carries, in its order: settings that differ only in these can
@@ -61,6 +62,7 @@ HYPER_KEYS = (
     "env.hold_penalty",
     "train.act_risk",
     "optim.target_every",
+    "env.train_cost_scale",
 )
 
 
@@ -79,6 +81,7 @@ def hyper_of(cfg: Config) -> Hyper:
         hold_penalty=jnp.float32(cfg.env.hold_penalty),
         act_risk=jnp.float32(cfg.train.act_risk),
         target_every=jnp.int32(cfg.optim.target_every),
+        train_cost_scale=jnp.float32(cfg.env.train_cost_scale),
     )
 
 

@@ -162,6 +162,10 @@ class EnvConfig:
     # are in train_volatility units and positions in {-1, 0, 1} (a learner's value: one sweep
     # program).
     hold_penalty: float = 0.0
+    # Training rewards only, never the judged PnL: the cost they charge is train_cost_scale x
+    # the real one (cost_points), e.g. above 1 to train against overtrading (a learner's value:
+    # one sweep program)
+    train_cost_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _require(bool(self.instrument.strip()), "env.instrument", "give a name, e.g. ES")
@@ -186,6 +190,11 @@ class EnvConfig:
             0 <= self.hold_penalty < float("inf"),
             "env.hold_penalty",
             "must be >= 0 and finite (0 = no charge)",
+        )
+        _require(
+            0 <= self.train_cost_scale < float("inf"),
+            "env.train_cost_scale",
+            "must be >= 0 and finite (1 = the real costs)",
         )
 
     @property
