@@ -41,12 +41,13 @@ def sample_batch(
     cfg: Config,
     n_donors: int,
     hold_penalty: jax.Array | float | None = None,
+    cost_scale: jax.Array | float | None = None,
 ) -> Batch:
     """Sample ``B`` transitions (stratified proportional PER, Schaul et al., ICLR 2016) and add
     ``n_donors`` hindsight donors (another action at the same bar with its recomputed reward;
     Andrychowicz et al., NeurIPS 2017); ``keys`` = (sample, donors, donors' head masks);
-    ``discounts [n_step + 1]``: gamma's powers, ``hold_penalty``: the donors' hold charge (the
-    learner's ``Hyper``; None: the config's).
+    ``discounts [n_step + 1]``: gamma's powers, ``hold_penalty`` and ``cost_scale``: the donors'
+    hold charge and cost multiplier (the learner's ``Hyper``; None: the config's).
 
     Bootstrap head masks (Osband et al., NeurIPS 2016): one per stored transition for its whole
     life (keyed on its insertion serial, so an overwritten slot gets a fresh draw), fresh for
@@ -81,6 +82,7 @@ def sample_batch(
                 cfg.env.hold_penalty if hold_penalty is None else hold_penalty,
                 cfg.loss.donor_mode,
                 n_donors,
+                cfg.env.train_cost_scale if cost_scale is None else cost_scale,
             )
             rows = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), sampled, donors)
             row_weights = jnp.concatenate([is_weights, jnp.ones((n_donors,), jnp.float32)])

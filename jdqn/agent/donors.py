@@ -47,15 +47,16 @@ def donor_rewards(
     cost_points: float,
     reward_scale: float,
     hold_penalty: float | jax.Array,
+    cost_scale: float | jax.Array = 1.0,
 ) -> jax.Array:
     """Reward of every action at each transition's bar, the environment's training reward with
-    its hold charge: ``[B, A]`` float32 (exact, no impact)."""
+    its hold charge and cost scale: ``[B, A]`` float32 (exact, no impact)."""
     positions = jnp.asarray(positions, jnp.float32)  # [A]
     price_change = jnp.asarray(batch.price_change, jnp.float32)[:, None]  # [B, 1]
     held = jnp.asarray(batch.position, jnp.float32)[:, None]  # [B, 1]
     pnl = positions[None, :] * price_change  # [B, A] index points
     cost = cost_points * jnp.abs(positions[None, :] - held)  # [B, A] index points
-    reward = training_reward(pnl, cost, positions[None, :], reward_scale, hold_penalty)
+    reward = training_reward(pnl, cost, positions[None, :], reward_scale, hold_penalty, cost_scale)
     return reward.astype(jnp.float32)
 
 
@@ -68,6 +69,7 @@ def make_donors(
     hold_penalty: float | jax.Array,
     mode: str,
     n_donors: int,
+    cost_scale: float | jax.Array = 1.0,
 ) -> Transition:
     """``n_donors`` (static, from :func:`n_donors_for`) hindsight donors from ``batch``
     (leaves ``[B, ...]``); only action and reward differ from the copied rows.
@@ -92,7 +94,8 @@ def make_donors(
     n_rows = n_donors // per_row
     rows = jax.random.permutation(key, batch_size)[:n_rows]  # [R] int32, distinct
     chosen = jax.tree.map(lambda leaf: leaf[rows], batch)  # leaves [R, ...]
-    rewards = donor_rewards(chosen, positions, cost_points, reward_scale, hold_penalty)  # [R, A]
+    charges = (cost_points, reward_scale, hold_penalty, cost_scale)
+    rewards = donor_rewards(chosen, positions, *charges)  # [R, A]
     taken = jnp.asarray(chosen.action, jnp.int32)  # [R]
 
     if mode == "best":

@@ -45,6 +45,10 @@ class Hyper(NamedTuple):
     label_smoothing: jax.Array  # [2] float32, (1 - eps, eps / N) (losses.smoothing_weights)
     hold_penalty: jax.Array  # [] float32, env.hold_penalty (the training reward's hold charge)
     act_risk: jax.Array  # [] float32, train.act_risk (acting's and the target's a*)
+    # [] int32, optim.target_every: the hard target sync's period in learner steps (unread when
+    # optim.tau > 0, a static choice of the program)
+    target_every: jax.Array
+    train_cost_scale: jax.Array  # [] float32, env.train_cost_scale (the training reward's cost)
 
 
 # The config keys :class:`Hyper` carries, in its order: settings that differ only in these can
@@ -57,6 +61,8 @@ HYPER_KEYS = (
     "loss.label_smoothing",
     "env.hold_penalty",
     "train.act_risk",
+    "optim.target_every",
+    "env.train_cost_scale",
 )
 
 
@@ -74,6 +80,8 @@ def hyper_of(cfg: Config) -> Hyper:
         ),
         hold_penalty=jnp.float32(cfg.env.hold_penalty),
         act_risk=jnp.float32(cfg.train.act_risk),
+        target_every=jnp.int32(cfg.optim.target_every),
+        train_cost_scale=jnp.float32(cfg.env.train_cost_scale),
     )
 
 

@@ -222,7 +222,7 @@ def learner_step(
             TailState(state.params, state.target_params, masks, state.opt_state),
             _surgery_inputs(state.phi_hat, schedule, alpha, loss_cfg),
             ~state.guard.halted & ~jnp.any(jnp.stack(list(before_update.values()))),
-            (schedule + 1) % cfg.optim.target_every == 0,
+            (schedule + 1) % state.hyper.target_every == 0,  # the learner's period
             state.hyper.learning_rate,
             checks,
         )
@@ -263,11 +263,12 @@ def learner_step(
 
 
 def _sampled(state: LearnerState, keys: Any, beta: jax.Array, setup: Setup) -> Batch:
-    """Steps 1-2 from the learner's buffer, with its bootstrap key, discounts and hold charge."""
+    """Steps 1-2 from the learner's buffer, with its bootstrap key, discounts, hold charge and
+    cost multiplier."""
     hyper, cfg = state.hyper, setup.cfg
     return sample_batch(
         state.replay, keys, state.bootstrap_key, beta, hyper.discounts, cfg, setup.n_donors,
-        hold_penalty=hyper.hold_penalty,
+        hold_penalty=hyper.hold_penalty, cost_scale=hyper.train_cost_scale,
     )  # fmt: skip
 
 

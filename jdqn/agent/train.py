@@ -98,10 +98,11 @@ class TrainProgram:
     ) -> tuple[TrainState, IterationMetrics]:
         """Run ``chunk_length`` iterations of ``epoch`` (traced ints); pure, vmappable."""
         cfg = self.cfg
-        # The learner's own hold charge and alpha schedule (jdqn.agent.state.Hyper).
-        hold_penalty = state.learner.hyper.hold_penalty
-        params = _slice_params(cfg, fold).replace(hold_penalty=hold_penalty)  # type: ignore[attr-defined]  # flax.struct adds .replace
-        alpha = state.learner.hyper.alpha_schedule[jnp.minimum(epoch, cfg.train.epochs - 1)]
+        # The learner's own hold charge, cost multiplier and alpha schedule (its Hyper).
+        hyper = state.learner.hyper
+        charges = dict(hold_penalty=hyper.hold_penalty, train_cost_scale=hyper.train_cost_scale)
+        params = _slice_params(cfg, fold).replace(**charges)  # type: ignore[attr-defined]  # flax.struct adds .replace
+        alpha = hyper.alpha_schedule[jnp.minimum(epoch, cfg.train.epochs - 1)]
         first_in_epoch = chunk * self.chunk_length
 
         def begin_epoch(state: TrainState) -> TrainState:

@@ -162,6 +162,10 @@ class EnvConfig:
     # are in train_volatility units and positions in {-1, 0, 1} (a learner's value: one sweep
     # program).
     hold_penalty: float = 0.0
+    # Training rewards only, never the judged PnL: the cost they charge is train_cost_scale x
+    # the real one (cost_points), e.g. above 1 to train against overtrading (a learner's value:
+    # one sweep program)
+    train_cost_scale: float = 1.0
 
     def __post_init__(self) -> None:
         _require(bool(self.instrument.strip()), "env.instrument", "give a name, e.g. ES")
@@ -186,6 +190,11 @@ class EnvConfig:
             0 <= self.hold_penalty < float("inf"),
             "env.hold_penalty",
             "must be >= 0 and finite (0 = no charge)",
+        )
+        _require(
+            0 <= self.train_cost_scale < float("inf"),
+            "env.train_cost_scale",
+            "must be >= 0 and finite (1 = the real costs)",
         )
 
     @property
@@ -346,7 +355,9 @@ class OptimConfig:
 
     learning_rate: float = 1e-3  # Adam step size (a learner's value: one sweep program)
     adam_eps: float = 1e-8  # Adam epsilon
-    target_every: int = 100  # hard target sync period in learner steps (when tau == 0)
+    # hard target sync period in learner steps (when tau == 0; a learner's value: one sweep
+    # program)
+    target_every: int = 100
     tau: float = 0.0  # Polyak rate; 0 = hard sync every target_every steps
 
     def __post_init__(self) -> None:

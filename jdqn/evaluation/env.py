@@ -5,7 +5,8 @@ settings in :class:`EnvParams`, pure ``reset``/``step`` that vmap over slices, f
 Actions index a grid of target positions (contracts); acting at bar ``t`` earns, in index points,
 
     reward_t = reward_scale * (pos_new * (close[t+1] - close[t])
-                               - cost_points * |pos_new - pos_old|) - hold_penalty * |pos_new|
+                               - train_cost_scale * cost_points * |pos_new - pos_old|)
+               - hold_penalty * |pos_new|
 
 with ``cost_points`` the per-unit, per-side cost of ``EnvConfig.cost_points`` (slippage and
 commission in ticks, a dollar commission, a fraction of notional at ``cost_reference_price``:
@@ -13,8 +14,9 @@ commission in ticks, a dollar commission, a fraction of notional at ``cost_refer
 and ``hold_penalty`` (``EnvConfig.hold_penalty``, reward units per bar and unit held) a risk
 charge in the training reward only: a mean-variance utility's variance term (Moody & Saffell,
 2001; Zhang, Zohren & Roberts, 2020), so that holding on a martingale loses in expectation
-instead of breaking even. ``info``'s ``pnl_points`` and ``cost_points``, which the judged PnL
-reads, never include it.
+instead of breaking even; ``train_cost_scale`` (``EnvConfig.train_cost_scale``, 1 by default)
+scales the cost the training reward charges. ``info``'s ``pnl_points`` and ``cost_points``, which
+the judged PnL reads, never include the charge or the scale.
 
 The observation at bar ``t`` is ``features[t]`` with the held position appended. Without
 market impact the environment is deterministic; ``key`` only keeps the gymnax signature.
@@ -47,6 +49,7 @@ class EnvParams:
     cost_points: jax.Array  # [] float32, cost per contract traded, index points
     reward_scale: jax.Array  # [] float32, reward = scale x net points - hold charge
     hold_penalty: jax.Array  # [] float32, reward units per bar and unit of |position| held
+    train_cost_scale: jax.Array  # [] float32, the training reward's cost multiplier
     start: jax.Array  # [] int32, first bar of the episode (numpy from make_params/slice_params)
     end: jax.Array  # [] int32, one past the last bar (last action at end-2 needs close[end-1])
 
@@ -95,6 +98,7 @@ def make_params(
         cost_points=jnp.asarray(env_cfg.cost_points, jnp.float32),
         reward_scale=jnp.asarray(env_cfg.reward_scale, jnp.float32),
         hold_penalty=jnp.asarray(env_cfg.hold_penalty, jnp.float32),
+        train_cost_scale=jnp.asarray(env_cfg.train_cost_scale, jnp.float32),
         # numpy, not jnp: built inside a trace they stay concrete, so slice_params still works
         start=cast(jax.Array, np.asarray(start, np.int32)),
         end=cast(jax.Array, np.asarray(end, np.int32)),
@@ -128,11 +132,14 @@ def training_reward(
     position_new: jax.Array,
     reward_scale: Any,
     hold_penalty: Any,
+    cost_scale: Any,
 ) -> jax.Array:
-    """The reward the learner trains on (module docstring): net points scaled, less the hold
-    charge, which the judged PnL never includes. The environment's step and the HER donors'
-    recomputed rewards (``jdqn.agent.donors``) both use it, so the two cannot drift apart."""
-    return reward_scale * (pnl_points - cost_points) - hold_penalty * jnp.abs(position_new)
+    """The reward the learner trains on (module docstring): points net of ``cost_scale`` x the
+    cost, scaled, less the hold charge; the judged PnL includes neither the scale nor the charge.
+    The environment's step and the HER donors' recomputed rewards (``jdqn.agent.donors``) both
+    use it, so the two cannot drift apart."""
+    net_points = pnl_points - cost_scale * cost_points  # exactly pnl - cost at a scale of 1
+    return reward_scale * net_points - hold_penalty * jnp.abs(position_new)
 
 
 def step(
@@ -151,9 +158,8 @@ def step(
     price_change = params.close[t_next] - params.close[state.t]  # [] float32
     pnl_points = position_new * price_change
     cost_points = params.cost_points * jnp.abs(position_new - state.position)
-    reward = training_reward(
-        pnl_points, cost_points, position_new, params.reward_scale, params.hold_penalty
-    )
+    charges = (params.reward_scale, params.hold_penalty, params.train_cost_scale)
+    reward = training_reward(pnl_points, cost_points, position_new, *charges)
     done = t_next >= params.end - 1
 
     transition = Transition(

@@ -75,8 +75,9 @@ def state_bytes(cfg: Any, n_features: int) -> int:
     slices += (cfg.loss.n_step - 1) * cfg.train.n_slices * (2 * n_features + 5) * F32
     scalars = 4 * 16  # step, keys, guard, phi_hat, Adam's count, tail bounds, iteration
     # the learner's values: lr, gamma's powers, epsilon_end, each epoch's alpha, label
-    # smoothing's 2 weights, hold penalty, act_risk
-    hyper = (cfg.loss.n_step + 7 + cfg.train.epochs) * F32
+    # smoothing's 2 weights, hold penalty, act_risk, the target sync's period (int32), the
+    # training cost's multiplier
+    hyper = (cfg.loss.n_step + 9 + cfg.train.epochs) * F32
     return replay + vectors + torso_u + slices + scalars + hyper
 
 

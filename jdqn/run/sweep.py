@@ -3,13 +3,13 @@ tail of its train window, never on its test window (issue 46).
 
 Settings that differ only in keys the learner carries as values (``jdqn.agent.state.HYPER_KEYS``:
 learning rate, gamma, exploration's end, the alpha schedule, label smoothing, the hold penalty,
-acting's risk) or in the seed of its keys (``train.seed``) train as learners of one program,
-settings x folds x seeds (in waves where memory demands); the others as programs of their own, one
-after another in this process. Each program runs twice: on the folds' inner train parts, judged on
-their validation tails (``jdqn.data.folds.validation_folds``), and on the whole train windows,
-judged on the test windows by ``run_walkforward`` itself, so that a setting's test numbers are
-those of its own walk-forward run. A stated rule picks each fold's setting from the validation
-results alone.
+acting's risk, the target sync's period, the training cost's multiplier) or in the seed of its
+keys (``train.seed``) train as learners of one program, settings x folds x seeds (in waves where
+memory demands); the others as programs of their own, one after another in this process. Each
+program runs twice: on the folds' inner train parts, judged on their validation tails
+(``jdqn.data.folds.validation_folds``), and on the whole train windows, judged on the test windows
+by ``run_walkforward`` itself, so that a setting's test numbers are those of its own walk-forward
+run. A stated rule picks each fold's setting from the validation results alone.
 The sweep writes ``sweep.csv`` (every setting x fold x seed), ``results.json`` (the selected
 settings' test results summarised as a walk-forward run's, the deflated Sharpe ratio counting
 settings x seeds, the probability of backtest overfitting over the settings) and the selected
@@ -60,7 +60,8 @@ _FIXED = {
     # train.seed may vary: settings that differ only in it are the null case of overfitting.
     "train.seeds": "the seeds are the sweep's other axis (use --seeds)",
 }
-_VARIABLE_ENV = ("env.reward_scale", "env.reward_unit", "env.hold_penalty")  # training rewards only
+# training rewards only
+_VARIABLE_ENV = ("env.reward_scale", "env.reward_unit", "env.hold_penalty", "env.train_cost_scale")
 
 Setting = tuple[tuple[str, str], ...]  # (key, value) overrides, in the order the grid gives them
 

@@ -74,13 +74,17 @@ def test_donor_rewards_hand_case():
     # A hold penalty of 0.5 charges short and long 0.5 each, flat nothing.
     got = donor_rewards(batch, jnp.asarray(POSITIONS), 0.3, 1.0, 0.5)
     np.testing.assert_allclose(got[0], [-2.5, -0.3, 2.0 - 0.6 - 0.5], rtol=1e-6)
+    # A training cost scale of 2 charges twice the cost: flat 0.6, long 1.2.
+    got = donor_rewards(batch, jnp.asarray(POSITIONS), 0.3, 1.0, 0.0, 2.0)
+    np.testing.assert_allclose(got[0], [-2.0, -0.6, 2.0 - 1.2], rtol=1e-6)
 
 
 @pytest.mark.slow
 def test_donor_rewards_equal_environment_rewards():
     env = pytest.importorskip("jdqn.evaluation.env", reason="jdqn.evaluation.env not written yet")
     rng = np.random.default_rng(2)
-    cfg = EnvConfig(positions=(-2.0, -1.0, 0.0, 1.0, 2.0), reward_scale=0.25, hold_penalty=0.1)
+    grid = (-2.0, -1.0, 0.0, 1.0, 2.0)
+    cfg = EnvConfig(positions=grid, reward_scale=0.25, hold_penalty=0.1, train_cost_scale=1.5)
     n_bars, n_features = 30, 4
     close = 4000.0 + np.cumsum(np.round(rng.normal(0, 1.5, size=n_bars) * 4) / 4)
     features = rng.normal(size=(n_bars, n_features)).astype(np.float32)
@@ -94,7 +98,8 @@ def test_donor_rewards_equal_environment_rewards():
         state = env.EnvState(t=jnp.int32(t), position=jnp.float32(held))
         _, _, _, _, info = step(key, state, jnp.int32(0), params)
         stored = jax.tree.map(lambda leaf: leaf[None], info["transition"])
-        all_rewards = np.asarray(donor_rewards(stored, positions, cfg.cost_points, 0.25, 0.1))[0]
+        charges = (cfg.cost_points, 0.25, 0.1, 1.5)
+        all_rewards = np.asarray(donor_rewards(stored, positions, *charges))[0]
         for a in range(cfg.n_actions):
             _, _, env_reward, _, _ = step(key, state, jnp.int32(a), params)
             assert all_rewards[a] == pytest.approx(float(env_reward), rel=1e-6, abs=1e-5)

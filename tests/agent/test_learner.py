@@ -488,6 +488,31 @@ def test_with_a_clock_the_causal_term_runs_only_when_due():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
+def test_each_learner_syncs_its_target_on_its_own_period(tail):
+    """Two vmapped learners stepped with a clock, carrying target sync periods 2 and 3
+    (``Hyper.target_every``, a value: the config's is 3): after each step a learner's target is
+    its new online net exactly where its own period is due, else its old target, in either
+    update (the kernels read the sync as each learner's coefficient)."""
+    learner = _learner(tail)
+
+    def filled(seed, period):
+        state = _filled(learner, seed)
+        return state.replace(hyper=state.hyper._replace(target_every=period))
+
+    state = jax.vmap(filled)(jnp.arange(2), jnp.int32([2, 3]))
+    step = jax.jit(jax.vmap(learner.step, in_axes=(0, None, None, None)))
+    for i in range(4):
+        old_target = state.target_params
+        state, _ = step(state, jnp.float32(0.2), jnp.float32(0.4), jnp.int32(i))
+        for run, period in enumerate((2, 3)):
+            want = jax.tree.leaves(state.params if (i + 1) % period == 0 else old_target)
+            for got, expected in zip(jax.tree.leaves(state.target_params), want, strict=True):
+                np.testing.assert_array_equal(np.asarray(got)[run], np.asarray(expected)[run])
+    assert not np.asarray(state.guard.halted).any()  # every step applied
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tail", [XLA_TAIL, FUSED])
 def test_without_pruning_the_step_equals_masks_of_ones(tail):
     """No pruning: the step skips the masks (never reads them) and gives what masks of ones give:
     pruning switched on but never due keeps its masks at ones through the same six steps. Equal

@@ -30,22 +30,24 @@ def _two_vmapped_runs(cfg):
 @pytest.mark.slow
 def test_learners_of_one_program_carry_their_own_settings():
     """Two learners of one program, each carrying a config's learning rate, gamma, end of
-    exploration, alpha schedule, label smoothing, hold penalty and acting risk as values
-    (``jdqn.agent.state.Hyper``), train as that config's own program does, to the bit (n-step
-    returns, targets, Adam, epsilon, the epoch's C51 blend, the rewards and donors' rewards,
-    acting and a* all read them). The program's act_risk is base's 0.25: a learner carrying 0
-    acts by the mean exactly as a program of act_risk 0, which skips the std."""
+    exploration, alpha schedule, label smoothing, hold penalty, acting risk, target sync period
+    and training cost scale as values (``jdqn.agent.state.Hyper``), train as that config's own
+    program does, to the bit (n-step returns, targets, Adam, epsilon, the epoch's C51 blend, the
+    rewards and donors' rewards, acting, a* and the target net's syncs all read them). The program's
+    act_risk is base's 0.25: a learner carrying 0 acts by the mean exactly as a program of
+    act_risk 0, which skips the std."""
     base = apply_overrides(
         SMOKETEST,
         [*TINY, "train.chunk_iterations=8", "train.n_slices=8", "train.batch_size=8"]
         + ["loss.n_step=3", "train.epsilon_decay_fraction=0.05", "train.epochs=3"]
-        + ["train.act_risk=0.25"],
+        + ["train.act_risk=0.25", "optim.target_every=3"],  # syncs after steps 3 and 6 of 8
     )
     other = apply_overrides(
         base,
         ["optim.learning_rate=3e-2", "loss.gamma=0.5", "train.epsilon_end=0.9"]
         + ["loss.alpha_schedule=[0.0, 0.5, 0.7, 0.9]"]  # longer than the epochs: cut to them
-        + ["loss.label_smoothing=0.2", "env.hold_penalty=0.3", "train.act_risk=0"],
+        + ["loss.label_smoothing=0.2", "env.hold_penalty=0.3", "train.act_risk=0"]
+        + ["optim.target_every=5", "env.train_cost_scale=1.5"],  # syncs after step 5
     )
     np.testing.assert_array_equal(hyper_of(base).alpha_schedule, np.float32([0.0, 0.2, 0.2]))
     program, folds, _, chunk = _two_vmapped_runs(base)

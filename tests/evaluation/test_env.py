@@ -101,6 +101,20 @@ def test_hold_penalty_charges_training_rewards_only():
         EnvConfig(hold_penalty=-0.1)
 
 
+def test_train_cost_scale_charges_training_rewards_only():
+    # Long, flat, short: each move trades one contract, 0.3 points charged twice as much.
+    close = np.array([100.0, 101.0, 99.5, 100.25], np.float32)
+    cfg = EnvConfig(reward_scale=0.5, train_cost_scale=2.0)
+    params = env.make_params(np.zeros((4, 1), np.float32), close, cfg)
+    _, (_, _, reward, _, info) = _run(params, jnp.array([2, 1, 0]))
+    # 0.5 x (1.0 - 0.6), 0.5 x (0 - 0.6), 0.5 x (-0.75 - 0.6)
+    np.testing.assert_allclose(reward, [0.2, -0.3, -0.675], rtol=1e-6)
+    np.testing.assert_array_equal(info["pnl_points"], [1.0, 0.0, -0.75])  # judged: real costs
+    np.testing.assert_allclose(info["cost_points"], [0.3, 0.3, 0.3], rtol=1e-6)
+    with pytest.raises(ValueError, match="env.train_cost_scale"):
+        EnvConfig(train_cost_scale=-0.5)
+
+
 def test_reward_scale_multiplies_net_points():
     close = np.array([100.0, 101.0, 99.5, 100.25], np.float32)
     params = env.make_params(np.zeros((4, 1), np.float32), close, EnvConfig(reward_scale=0.5))

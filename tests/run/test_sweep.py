@@ -293,6 +293,8 @@ def test_each_settings_numbers_in_one_program_are_its_own_walkforward_runs(swept
         "loss.label_smoothing=0.01,0.3",
         "env.hold_penalty=0,0.05",
         "train.act_risk=0,0.5",  # the program's 0.5; the learner of 0 acts by the mean
+        "optim.target_every=100,300",
+        "env.train_cost_scale=1,2",
     ],
 )
 def test_a_sweep_of_values_the_learners_carry_is_one_program_of_their_own_runs(grid, tmp_path):
