@@ -37,14 +37,15 @@ import pandas as pd
 
 from jdqn.config import Config, apply_overrides
 from jdqn.config.keys import config_keys
-from jdqn.data import WalkForwardData, load_source, prepare_walkforward, split_folds
+from jdqn.data import WalkForwardData, describe_source, prepare_walkforward, split_folds
 from jdqn.data.features import compute_features
 from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
 from jdqn.evaluation.policy_bundle import bundle_dir
 from jdqn.run import faults, memory, provenance, rundir, termination
-from jdqn.run.walkforward import SETTING_KEYS, UserError, policy_root, run_walkforward
+from jdqn.run.faults import UserError, as_user_error
+from jdqn.run.walkforward import SETTING_KEYS, policy_root, run_walkforward, source_bars
 
 RULES = ("median", "lcb")
 METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
@@ -213,17 +214,13 @@ def _describe(setting: Setting) -> str:
 def prepare_data(cfg: Config, validation_bars: int) -> tuple[WalkForwardData, WalkForwardData]:
     """The folds, and the same folds with each train window split into an inner train part
     (the train windows of the selection runs) and a validation tail (their test windows)."""
-    if cfg.data.path and not Path(cfg.data.path).exists():
-        raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
-    try:
-        bars = load_source(cfg.data)
-        data = prepare_walkforward(bars, cfg)
+    bars = source_bars(cfg)
+    with as_user_error(ValueError):
+        data = prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
         purge = data.walkforward.purge_bars  # resolved from the bars' interval
         folds = validation_folds(list(data.folds), validation_bars, purge)
         values = compute_features(bars, cfg.data).values
         train, test, normalisers = split_folds(values, bars.close, folds, cfg.data.feature_clip)
-    except ValueError as error:
-        raise UserError(str(error)) from None
     stamps = tuple(bars.timestamp[f.test_start : f.test_end] for f in folds)
     validation = dataclasses.replace(
         data,
@@ -267,26 +264,19 @@ def run_sweep(
             run, base, plan = _open_resumed(resume)
             unlocks.callback(rundir.unlock, run)
         assert base is not None and plan is not None
-        if name is not None:
-            try:
+        with as_user_error(ValueError):
+            if name is not None:
                 rundir.check_name(name)
-            except ValueError as error:
-                raise UserError(str(error)) from None
-        validation_bars = validation_length(base, plan)
-        try:
             configs = setting_configs(base, plan)
-        except ValueError as error:
-            raise UserError(str(error)) from None
+        validation_bars = validation_length(base, plan)
         data, validation = prepare_data(base, validation_bars)
         groups = program_groups(plan)
         group_configs = [group_config(base, plan, members) for members in groups]
         selection_configs = [validation_config(c, validation) for c in group_configs]
         features = data.train[0].features.shape[-1]
         for cfg in (*group_configs, *selection_configs):  # every program's, before any is run
-            try:
+            with as_user_error(ValueError):
                 memory.check_request(cfg, n_bars=None, features=features)
-            except ValueError as error:
-                raise UserError(str(error)) from None
         if run is None:
             run = _new_run(base, plan, name)
             unlocks.callback(rundir.unlock, run)
@@ -328,10 +318,8 @@ def run_sweep(
 
 
 def _open_resumed(path: str | os.PathLike[str]) -> tuple[rundir.RunDir, Config, SweepPlan]:
-    try:
+    with as_user_error(ValueError):
         run = rundir.open_incomplete_run_dir(path)
-    except ValueError as error:
-        raise UserError(str(error)) from None
     try:
         base = Config.from_json(run.config_path.read_text())
         plan = SweepPlan.from_record(json.loads((run.path / PLAN_FILE).read_text()))
@@ -346,20 +334,8 @@ def _open_resumed(path: str | os.PathLike[str]) -> tuple[rundir.RunDir, Config, 
 def _new_run(base: Config, plan: SweepPlan, name: str | None) -> rundir.RunDir:
     """The sweep's directory with its config and plan (removed again if they cannot be written)."""
     name = name or datetime.now(UTC).strftime("sweep-%Y%m%d-%H%M%S")
-    run = None
-    try:
-        with rundir.interrupts_deferred():
-            run = rundir.new_run_dir(base.output.out_dir, name)
-            run.config_path.write_text(base.to_json() + "\n")
-            rundir.write_json(run.path / PLAN_FILE, plan.record())
-    except BaseException as error:
-        if run is not None:
-            rundir.discard(run)
-        faults.raise_as_user_error(error, None)
-        if isinstance(error, OSError | ValueError):
-            raise UserError(str(error)) from None
-        raise
-    return run
+    write_plan = lambda run: rundir.write_json(run.path / PLAN_FILE, plan.record())  # noqa: E731
+    return rundir.create(base.output.out_dir, name, base.to_json(), write_plan)
 
 
 def _sub_run(

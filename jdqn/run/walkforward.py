@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -33,6 +33,7 @@ from jdqn.agent.train import FoldData, TrainProgram, TrainState, make_train
 from jdqn.config import Config, apply_overrides
 from jdqn.data import (
     CALENDARS,
+    Bars,
     FoldArrays,
     WalkForwardData,
     describe_source,
@@ -65,6 +66,7 @@ from jdqn.run.checkpoint import (
     NoIntactCheckpointError,
     host,
 )
+from jdqn.run.faults import UserError, as_user_error
 from jdqn.run.metrics_log import TENSORBOARD, MetricsLog
 from jdqn.run.processes import ProcessError, Processes
 
@@ -83,20 +85,6 @@ Settings = Sequence[Sequence[tuple[str, str]]]
 SETTING_KEYS = (*HYPER_KEYS, "train.seed")
 
 
-class UserError(ValueError):
-    """A problem with the user's input: reported as one line, exit status 2, no traceback (the
-    ``jdqn`` command reports every ``ValueError`` so)."""
-
-
-@contextlib.contextmanager
-def _as_user_error(*errors: type[Exception]) -> Iterator[None]:
-    """``errors`` raised inside become a ``UserError`` with the same one-line message."""
-    try:
-        yield
-    except errors as error:
-        raise UserError(str(error)) from None
-
-
 @dataclass(frozen=True)
 class WalkForwardOutcome:
     run_dir: Path
@@ -113,17 +101,23 @@ def enable_compilation_cache(cfg: Config) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def load_data(cfg: Config) -> WalkForwardData:
-    """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
+def source_bars(cfg: Config) -> Bars:
+    """``cfg.data``'s bars; every input problem becomes a one-line ``UserError``."""
     try:
         if cfg.data.path and not Path(cfg.data.path).exists():
             raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
-        with _as_user_error(ValueError):  # BarFileError included: one line naming file, row, fix
-            bars = load_source(cfg.data)
-            return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
+        with as_user_error(ValueError):  # BarFileError included: one line naming file, row, fix
+            return load_source(cfg.data)
     except OSError as error:  # a name over the file system's limit, a file it may not read
         problem = error.strerror or type(error).__name__
         raise UserError(f"--data {cfg.data.path}: {problem}; fix: check the path") from None
+
+
+def load_data(cfg: Config) -> WalkForwardData:
+    """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
+    bars = source_bars(cfg)
+    with as_user_error(ValueError):
+        return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
 
 
 def run_walkforward(
@@ -164,7 +158,7 @@ def run_walkforward(
             log, progress, plot_processes = (lambda _: None), False, False
             log_outcome = log
         if name is not None:
-            with _as_user_error(ValueError):
+            with as_user_error(ValueError):
                 rundir.check_name(name)
         if resume is not None:
             run, cfg = _open_resumed(resume, unlocks, processes)
@@ -299,7 +293,7 @@ def _seal(
         now["learners"]["settings"] = [dict(setting) for setting in settings]
     seal = binding.fresh(now)
     if run is not None:  # resumed: the same config, learners and data, or refused
-        with _as_user_error(binding.BindingError):
+        with as_user_error(binding.BindingError):
             seal = binding.check_resume(run.path, now, resume_changed, log) or seal
         if seal.changes:
             made_by["provenance"]["resumed_with_changes"] = list(seal.changes)
@@ -334,10 +328,10 @@ def _open_resumed(
     resume: str | os.PathLike[str], unlocks: contextlib.ExitStack, processes: Processes
 ) -> tuple[rundir.RunDir, Config]:
     """A killed run's directory (locked by process 0) and its config, for ``--resume``."""
-    with _as_user_error(ValueError):
+    with as_user_error(ValueError):
         run = rundir.open_incomplete_run_dir(resume, lock=processes.writer)
     unlocks.callback(rundir.unlock, run)
-    with _as_user_error(ProcessError):
+    with as_user_error(ProcessError):
         processes.check_resume(run.path)
     try:
         return run, Config.from_json(run.config_path.read_text())
@@ -358,21 +352,13 @@ def _new_run(
     count; the other processes are told its path."""
     run = None
     if processes.writer:
-        try:
-            # A Ctrl-C is held back until the directory is written, then removes it below.
-            with rundir.interrupts_deferred():
-                with _as_user_error(ValueError, OSError):
-                    run = rundir.new_run_dir(cfg.output.out_dir, name)
-                unlocks.callback(rundir.unlock, run)
-                run.config_path.write_text(cfg.to_json() + "\n")
-                layout.record(run)
-                processes.record(run.path)
-        except BaseException as error:
-            if run is not None:
-                with rundir.interrupts_deferred():
-                    rundir.discard(run)
-            faults.raise_as_user_error(error, None, where=cfg.output.out_dir)  # disk full: one line
-            raise
+
+        def fill(run: rundir.RunDir) -> None:
+            layout.record(run)
+            processes.record(run.path)
+
+        run = rundir.create(cfg.output.out_dir, name, cfg.to_json(), fill)
+        unlocks.callback(rundir.unlock, run)
     path = Path(processes.broadcast_text(str(run.path) if run is not None else ""))
     final = path.with_name(path.name.removesuffix(rundir.INCOMPLETE_SUFFIX))
     return run or rundir.RunDir(path=path, final_path=final)
@@ -426,7 +412,7 @@ def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
     and the notional commission's price set (``env.resolve_costs``) from the first fold's train
     window, which precedes every test window; costs that swamp the moves get a notice."""
     train_close = data.train[0].close
-    with _as_user_error(ValueError):
+    with as_user_error(ValueError):
         env = volatility_reward_scale(resolve_costs(cfg.env, train_close), train_close)
     for notice in cost_notices(env, train_close, [fold.close for fold in data.test]):
         _notice(notice)
@@ -482,7 +468,7 @@ def _setting_configs(cfg: Config, settings: Settings) -> tuple[Config, ...]:
             f"and divide train.seeds={cfg.train.seeds}"
         )
     seeds = f"train.seeds={cfg.train.seeds // len(settings)}"  # as its own run's
-    with _as_user_error(ValueError):
+    with as_user_error(ValueError):
         configs = [apply_overrides(cfg, [seeds, *(f"{k}={v}" for k, v in s)]) for s in settings]
     if cfg.train.act_risk == 0 and any(c.train.act_risk > 0 for c in configs):
         raise UserError(  # acting's std is compiled only then (jdqn.agent.acting)
@@ -519,7 +505,7 @@ def _layout(
     """Devices and waves of the run (a resumed run keeps the waves it started with); every
     process runs the smallest waves any of them can hold, so that their shares stay in step."""
     groups = _fold_groups(cfg, data)
-    with _as_user_error(placement.PlacementError):
+    with as_user_error(placement.PlacementError):
         layout = placement.run_layout(
             cfg, data, groups, devices, debug=debug, resumed=run, processes=processes.count
         )
