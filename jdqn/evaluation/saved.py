@@ -21,7 +21,6 @@ from jdqn.config import Config, DataConfig, apply_overrides
 from jdqn.data import Bars, read_bars
 from jdqn.data.calendars import CALENDARS
 from jdqn.data.intervals import describe_reading
-from jdqn.evaluation import stats
 from jdqn.evaluation.env import make_params
 from jdqn.evaluation.judging import judge_run
 from jdqn.evaluation.policy import Policy, PolicyError, load_policy, saved_policies
@@ -74,7 +73,6 @@ def evaluate_saved(
     close = bars.close[warmup:]
     timestamps = bars.timestamp[warmup:]
     cfg = first.cfg
-    dollars, show_random = cfg.env.point_value_usd, cfg.output.show_random  # plots and tables
     bars_per_year = float(first.meta["bars_per_year"])
     calendar = CALENDARS[cfg.data.calendar]  # its trading days, as the run judged them
     baselines = _baselines(first, features, close, bars_per_year)
@@ -87,36 +85,25 @@ def evaluate_saved(
             stamp = name or datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S")
             run = rundir.new_run_dir(parent, stamp)
         rows, series = [], []
-        for policy in policies:
-            judged = judge_run(
-                fold,
-                policy.seed,
-                policy.evaluate(features, close),
-                baselines,
-                timestamps,
-                halted=False,
-                point_value_usd=cfg.env.point_value_usd,
-                bars_per_year=bars_per_year,
-                calendar=calendar,
-            )
-            series.append(judged.series)
-            row = {"fold": fold, "seed": policy.seed, "status": "ok", "window": window}
-            rows.append(row | {"agent": judged.agent, "baselines": judged.baselines})
-            # The seed's equity CSV and plot, as a walk-forward run writes them.
-            stem = f"fold{fold}_seed{policy.seed}"
-            curves, held = judged.curves, judged.held
-            report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
-            if plots:
-                title = f"fold {fold} seed {policy.seed}: saved policy on new bars"
-                png = run.plots_dir / f"{stem}_equity.png"
-                report.plot_equity(png, timestamps, curves, title, dollars, show_random)
-        tried = cfg.output.settings_tried
-        summary = stats.summarise(rows, series, seed=cfg.train.seed, settings_tried=tried)
-        report.write_stitched(
-            run.path, series, plots, point_value_usd=dollars, show_random=show_random
-        )
-        if plots:
-            report.plot_summary(run.plots_dir / "summary.png", rows, summary, show_random)
+        with report.BackgroundWrites() as writes:  # as a walk-forward run writes them
+            for policy in policies:
+                judged = judge_run(
+                    fold,
+                    policy.seed,
+                    policy.evaluate(features, close),
+                    baselines,
+                    timestamps,
+                    halted=False,
+                    point_value_usd=cfg.env.point_value_usd,
+                    bars_per_year=bars_per_year,
+                    calendar=calendar,
+                )
+                series.append(judged.series)
+                row = {"fold": fold, "seed": policy.seed, "status": "ok", "window": window}
+                rows.append(row | {"agent": judged.agent, "baselines": judged.baselines})
+                what = "saved policy on new bars"
+                report.write_judged(writes, run.path, judged, timestamps, what, cfg, plots)
+            summary = report.write_summary(writes, run.path, rows, series, cfg, plots)
         results = {
             "run": str(Path(run_dir)),
             "source": str(data),
@@ -136,8 +123,8 @@ def evaluate_saved(
             with rundir.interrupts_deferred():
                 rundir.discard(run)
         raise
-    log(report.summary_table(rows, show_random))
-    log(report.summary_text(summary, show_random))
+    log(report.summary_table(rows, cfg.output.show_random))
+    log(report.summary_text(summary, cfg.output.show_random))
     log(f"jdqn: results in {final / 'results.json'}")
     return EvaluationOutcome(out_dir=final, results=results)
 

@@ -212,15 +212,9 @@ def run_walkforward(
                 )
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
-                    report.write_stitched(
-                        run.path,
-                        series,
-                        cfg.output.plots,
-                        writes,
-                        point_value_usd=cfg.env.point_value_usd,
-                        show_random=cfg.output.show_random,
+                    summary = report.write_summary(
+                        writes, run.path, fold_results, series, cfg, cfg.output.plots
                     )
-                    summary = _summarise(job, fold_results)
             if not processes.writer:
                 ended = json.loads(processes.broadcast_text(""))  # once process 0 renamed the run
                 return WalkForwardOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
@@ -240,19 +234,6 @@ def run_walkforward(
             resumable = _left_to_resume(run, log_outcome, say)
             faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
             raise
-
-
-def _summarise(job: _Job, fold_results: list[dict[str, Any]]) -> dict[str, Any]:
-    """results.json's summary (``stats.summarise``), its figure queued on the plot workers."""
-    cfg = job.cfg
-    tried = cfg.output.settings_tried
-    summary = stats.summarise(fold_results, job.series, seed=cfg.train.seed, settings_tried=tried)
-    if cfg.output.plots:
-        png = job.run.plots_dir / "summary.png"
-        job.writes.submit_plot(
-            report.plot_summary, png, fold_results, summary, cfg.output.show_random
-        )
-    return summary
 
 
 def _announce(
@@ -943,20 +924,8 @@ def _judge_group(
             calendar=calendar,
         )
         job.series.append(judged.series)
-        curves, held = judged.curves, judged.held
-        stem = f"fold{fold}_seed{seed}"
-        csv_path = run.curves_dir / f"{stem}_equity.csv"
-        writes.submit(report.write_equity_csv, csv_path, timestamps, curves, held)
-        if cfg.output.plots:
-            writes.submit_plot(
-                report.plot_equity,
-                run.plots_dir / f"{stem}_equity.png",
-                timestamps,
-                curves,
-                f"fold {fold} seed {seed}: out-of-sample equity ({status})",
-                cfg.env.point_value_usd,
-                cfg.output.show_random,
-            )
+        what = f"out-of-sample equity ({status})"
+        report.write_judged(writes, run.path, judged, timestamps, what, cfg, cfg.output.plots)
         rows.append(
             {
                 "fold": fold,
