@@ -295,6 +295,16 @@ def finalize(run: RunDir) -> Path:
     return run.final_path
 
 
+def left_to_resume(run: RunDir, resumes_from: tuple[str, ...]) -> bool:
+    """After a run stopped early: whether it holds a path matching one of ``resumes_from`` (glob
+    patterns) to resume from; when it does not, its directory is removed, leaving nothing."""
+    with interrupts_deferred():  # a second Ctrl-C must not stop the clean-up half-way
+        resumable = any(next(run.path.glob(pattern), None) for pattern in resumes_from)
+        if not resumable:
+            discard(run)
+    return resumable
+
+
 def discard(run: RunDir) -> None:
     """Remove a run directory that holds nothing worth resuming."""
     shutil.rmtree(run.path, ignore_errors=True)

@@ -1,19 +1,12 @@
 """Sweeps (``jdqn sweep``): many settings over folds x seeds, one chosen per fold on a validation
-tail of its train window, never on its test window (issue 46).
+tail of its train window, never on its test window (docs/design.md §19, issue 46).
 
-Settings that differ only in keys the learner carries as values (``jdqn.agent.state.HYPER_KEYS``:
-learning rate, gamma, exploration's end, the alpha schedule, label smoothing, the hold penalty,
-acting's risk) or in the seed of its keys (``train.seed``) train as learners of one program,
-settings x folds x seeds (in waves where memory demands); the others as programs of their own, one
-after another in this process. Each program runs twice: on the folds' inner train parts, judged on
-their validation tails (``jdqn.data.folds.validation_folds``), and on the whole train windows,
-judged on the test windows by ``run_walkforward`` itself, so that a setting's test numbers are
-those of its own walk-forward run. A stated rule picks each fold's setting from the validation
-results alone.
-The sweep writes ``sweep.csv`` (every setting x fold x seed), ``results.json`` (the selected
-settings' test results summarised as a walk-forward run's, the deflated Sharpe ratio counting
-settings x seeds, the probability of backtest overfitting over the settings) and the selected
-policies, which ``jdqn evaluate`` reads.
+Settings that differ only in the values a learner carries (``SETTING_KEYS``) train as learners of
+one program, the others as programs of their own. Each program runs twice, as walk-forward runs:
+on the folds' inner train parts, judged on their validation tails, and on the whole train windows,
+judged on the test windows. The sweep writes ``sweep.csv`` (every setting x fold x seed),
+``results.json`` (the selected settings' test results, the deflated Sharpe ratio counting settings
+x seeds, the probability of backtest overfitting) and the selected policies (``jdqn evaluate``).
 """
 
 from __future__ import annotations
@@ -50,6 +43,8 @@ from jdqn.run.walkforward import SETTING_KEYS, policy_root, run_walkforward, sou
 RULES = ("median", "lcb")
 METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
 PLAN_FILE = "sweep.json"
+# What an interrupted sweep resumes from: a sub-run that finished, or one checkpointed.
+RESUMES_FROM = ("settings/*/*/results.json", "settings/*/*.incomplete/checkpoints/group*/[0-9]*")
 # What a setting cannot vary, and why: the settings must be judged on the same bars, folds,
 # costs and number of seeds, and what a run writes or how it computes is no setting.
 _FIXED = {
@@ -304,15 +299,9 @@ def run_sweep(
                     tried[i] = (_one_setting(chosen_on, k, values), _one_setting(test, k, values))
             return _finish(run, base, plan, data, [tried[i] for i in sorted(tried)], log)
         except BaseException as error:
-            with rundir.interrupts_deferred():
-                settings = run.path / "settings"
-                resumable = any(settings.glob("*/*/results.json")) or any(
-                    settings.glob("*/*.incomplete/checkpoints/group*/[0-9]*")
-                )
-                if not resumable:
-                    rundir.discard(run)
-                elif faults.io_problem(error) is None:
-                    log(f"jdqn: sweep interrupted; resume with: jdqn sweep --resume {run.path}")
+            resumable = rundir.left_to_resume(run, RESUMES_FROM)
+            if resumable and faults.io_problem(error) is None:
+                log(f"jdqn: sweep interrupted; resume with: jdqn sweep --resume {run.path}")
             faults.raise_as_user_error(error, run.path if resumable else None)
             raise
 

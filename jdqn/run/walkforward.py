@@ -83,6 +83,8 @@ _notice = logging.getLogger("jdqn.run").info
 # The run's own summary pools them; its rows, curves and policies are each setting's.
 Settings = Sequence[Sequence[tuple[str, str]]]
 SETTING_KEYS = (*HYPER_KEYS, "train.seed")
+# A run's checkpoints (several processes': each its share), what an interrupted run resumes from.
+CHECKPOINTS = ("checkpoints/group*/[0-9]*", "checkpoints/group*/process-*/[0-9]*")
 
 
 @dataclass(frozen=True)
@@ -231,7 +233,10 @@ def run_walkforward(
                 raise  # no directory was made, or process 0 owns it
             # A storage failure's line, or a final name taken, says how to resume instead.
             say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
-            resumable = _left_to_resume(run, log_outcome, say)
+            resumable = rundir.left_to_resume(run, CHECKPOINTS)
+            if resumable and say:
+                command = f"jdqn walkforward --resume {run.path}"
+                log_outcome(f"jdqn: run interrupted; resume with: {command}")
             faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
             raise
 
@@ -288,21 +293,6 @@ def _absolute_paths(cfg: Config) -> Config:
         data = dataclasses.replace(data, path=os.path.abspath(data.path))
     output = dataclasses.replace(cfg.output, out_dir=os.path.abspath(cfg.output.out_dir))
     return dataclasses.replace(cfg, data=data, output=output)
-
-
-def _left_to_resume(run: rundir.RunDir, log: Callable[[str], None], say: bool = True) -> bool:
-    """After a run stopped early: whether a checkpoint lets it resume; its directory is removed
-    when none does, else (``say``) the command that resumes it is printed."""
-    # A second Ctrl-C must not stop the clean-up half-way.
-    with rundir.interrupts_deferred():
-        resumable = any(run.checkpoint_dir.glob("group*/[0-9]*")) or any(
-            run.checkpoint_dir.glob("group*/process-*/[0-9]*")  # several processes' shares
-        )
-        if not resumable:
-            rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
-        elif say:
-            log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
-    return resumable
 
 
 def _open_resumed(
