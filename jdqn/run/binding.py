@@ -78,7 +78,7 @@ def check_resume(
 ) -> Seal | None:
     """Refuse (:class:`BindingError`) a resume whose record differs from the run's, unless
     ``allow_changes`` and the learners are the same: then log the change and return the seal
-    that records it (:func:`record_changes` writes it). None for a run from before binding.json
+    that records it (:func:`write` writes it). None for a run from before binding.json
     (nothing to compare with; its checkpoints are not checked)."""
     try:
         state = json.loads((run_path / BINDING_FILE).read_text())

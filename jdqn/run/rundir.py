@@ -112,10 +112,6 @@ class RunDir:
         return self.path / "plots"
 
     @property
-    def curves_dir(self) -> Path:
-        return self.path / "curves"
-
-    @property
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
 
