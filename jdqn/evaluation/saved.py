@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,6 @@ from jdqn.run import report, rundir, termination
 READING_KEYS = ("data.columns", "data.timezone", "data.timestamp_format")
 
 
-@dataclass(frozen=True)
-class EvaluationOutcome:
-    """Where :func:`evaluate_saved` wrote its outputs, and its results.json."""
-
-    out_dir: Path
-    results: dict[str, Any]
-
-
 @termination.sigterm_raises()  # SIGTERM ends it as Ctrl-C does: its directory is removed
 def evaluate_saved(
     run_dir: str | os.PathLike[str],
@@ -50,7 +41,7 @@ def evaluate_saved(
     plots: bool = True,
     log: Callable[[str], None] = print,
     data_overrides: Sequence[str] = (),
-) -> EvaluationOutcome:
+) -> rundir.RunOutcome:
     """Judge each seed's saved policy of ``fold`` (None: the run's last) on the bars of ``data``
     after the feature warm-up, from flat, writing what a walk-forward run writes to
     ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). The bars are read as
@@ -126,7 +117,7 @@ def evaluate_saved(
     log(report.summary_table(rows, cfg.output.show_random))
     log(report.summary_text(summary, cfg.output.show_random))
     log(f"jdqn: results in {final / 'results.json'}")
-    return EvaluationOutcome(out_dir=final, results=results)
+    return rundir.RunOutcome(final, results)
 
 
 def _refuse_unfinished(run_dir: str | os.PathLike[str]) -> None:

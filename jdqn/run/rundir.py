@@ -116,6 +116,16 @@ class RunDir:
         return self.path / "tensorboard"
 
 
+@dataclass(frozen=True)
+class RunOutcome:
+    """A finished walk-forward run, sweep or evaluation: its directory, its results.json, and
+    whether a run it reports halted."""
+
+    run_dir: Path
+    results: dict[str, Any]
+    halted: bool = False
+
+
 def check_name(name: str) -> None:
     """A run name is one path component of its own: no separator, no control character, at most
     200 bytes, no leading dot (nor ``.`` or ``..``), no ``.incomplete`` suffix (which marks an

@@ -79,13 +79,6 @@ class SweepPlan:
         return cls(**{**raw, "settings": settings})
 
 
-@dataclass(frozen=True)
-class SweepOutcome:
-    run_dir: Path
-    results: dict[str, Any]
-    halted: bool  # a selected run halted
-
-
 def grid_settings(
     base: Config, grid: Sequence[str], samples: int | None = None, seed: int = 0
 ) -> tuple[Setting, ...]:
@@ -249,7 +242,7 @@ def run_sweep(
     name: str | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
-) -> SweepOutcome:
+) -> rundir.RunOutcome:
     """Run every setting's selection and test runs (or those a killed sweep, ``resume``, had not
     finished), choose each fold's setting, write the results; returns the finished directory.
     Bad input raises ``UserError`` (one line) before anything is written."""
@@ -459,7 +452,7 @@ def _finish(
     data: WalkForwardData,
     tried: list[tuple[dict[str, Any], dict[str, Any]]],
     log: Callable[[str], None],
-) -> SweepOutcome:
+) -> rundir.RunOutcome:
     """Choose each fold's setting, write sweep.csv, the selected policies and results.json, and
     rename the sweep into place."""
     n_folds, n_seeds = len(data.folds), base.train.seeds
@@ -522,7 +515,7 @@ def _finish(
     log(f"jdqn: probability of backtest overfitting: {'n/a' if pbo is None else f'{pbo:.2f}'}")
     log(f"jdqn: results in {final / 'results.json'}; every run in {final / 'sweep.csv'}")
     halted = any(row["status"] != "ok" for row in selected_rows)
-    return SweepOutcome(run_dir=final, results=results, halted=halted)
+    return rundir.RunOutcome(run_dir=final, results=results, halted=halted)
 
 
 _TABLE_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", "turnover")

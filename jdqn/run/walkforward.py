@@ -87,13 +87,6 @@ SETTING_KEYS = (*HYPER_KEYS, "train.seed")
 CHECKPOINTS = ("checkpoints/group*/[0-9]*", "checkpoints/group*/process-*/[0-9]*")
 
 
-@dataclass(frozen=True)
-class WalkForwardOutcome:
-    run_dir: Path
-    results: dict[str, Any]
-    halted: bool
-
-
 def enable_compilation_cache(cfg: Config) -> None:
     """Persist XLA executables across runs (warm starts skip compilation)."""
     if not cfg.output.compilation_cache or refuse_untrusted(cache_root(), "compilation cache"):
@@ -137,7 +130,7 @@ def run_walkforward(
     resume_changed: bool = False,
     data: WalkForwardData | None = None,
     settings: Settings = ((),),
-) -> WalkForwardOutcome:
+) -> rundir.RunOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
     ``plot_processes``: draw the plots in spawned worker processes where cores are spare
@@ -219,7 +212,7 @@ def run_walkforward(
                     )
             if not processes.writer:
                 ended = json.loads(processes.broadcast_text(""))  # once process 0 renamed the run
-                return WalkForwardOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
+                return rundir.RunOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
             # In this block: a signal before the rename leaves the run resumable (it judges again).
             return _finish(job, fold_results, summary, made_by)
         except debug_mode.DebugCheckFailed as failure:
@@ -337,7 +330,7 @@ def _new_run(
 
 def _finish(
     job: _Job, fold_results: list[dict[str, Any]], summary: dict[str, Any], made_by: dict[str, Any]
-) -> WalkForwardOutcome:
+) -> rundir.RunOutcome:
     """Process 0 writes results.json, renames the run into place and reports it."""
     cfg, run, log = job.cfg, job.run, job.log
     results = {
@@ -375,7 +368,7 @@ def _finish(
         job.log_outcome(
             f"jdqn: {signal.Signals(signum).name} arrived as the run completed; it is complete"
         )
-    return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
+    return rundir.RunOutcome(run_dir=final, results=results, halted=bool(halted))
 
 
 def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
