@@ -59,13 +59,11 @@ class BackgroundWrites:
     """Plots and CSVs written off the main thread, so that they overlap device work.
 
     CSVs (and, without plot processes, plots) go to one worker thread, in submission order. With
-    ``plot_processes`` > 0 plots go to that many worker processes instead: rendering is Python
-    that holds the GIL, so processes draw side by side on cores of their own (:func:`plot_processes`
-    says how many a machine can spare). A plot is a pure function of its arguments, so where it
-    is drawn does not change the file. Spawn imports the caller's main module again in each
-    process, so ``jdqn.run.walkforward.run_walkforward`` asks for them only when told to (the
-    ``jdqn``
-    command does; an unguarded script would run itself again).
+    ``plot_processes`` > 0 plots go to that many worker processes instead: rendering holds the
+    GIL, so processes draw side by side on cores of their own. A plot is a pure function of its
+    arguments, so where it is drawn does not change the file. Spawn imports the caller's main
+    module again in each process, so ``run_walkforward`` asks for them only when told to (the
+    ``jdqn`` command does; an unguarded script would run itself again).
 
     Leaving the ``with`` block waits for every write, also when the block raised, so nothing
     writes into a run directory after it is renamed or discarded; a failed write is re-raised
