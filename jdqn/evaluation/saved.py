@@ -6,14 +6,12 @@ back the run's numbers.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from jdqn.config import Config, DataConfig, apply_overrides
@@ -95,18 +93,9 @@ def evaluate_saved(
                 what = "saved policy on new bars"
                 report.write_judged(writes, run.path, judged, timestamps, what, cfg, plots)
             summary = report.write_summary(writes, run.path, rows, series, cfg, plots)
-        results = {
-            "run": str(Path(run_dir)),
-            "source": str(data),
-            "bars": describe_reading(bars, settings, cfg.env.instrument),
-            "fold": fold,
-            "config": json.loads(cfg.to_json()),
-            "bars_per_year": bars_per_year,
-            "folds": rows,
-            "summary": summary,
-            "jax_version": jax.__version__,
-            "backend": jax.default_backend(),
-        }
+        reading = describe_reading(bars, settings, cfg.env.instrument)
+        origin = {"run": str(Path(run_dir)), "fold": fold, "bars": reading}
+        results = report.results_record(cfg, str(data), bars_per_year, rows, summary, **origin)
         rundir.write_json(run.results_path, results)
         final = rundir.finalize(run)
     except BaseException:

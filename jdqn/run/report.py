@@ -4,6 +4,7 @@ write the files (:class:`BackgroundWrites`)."""
 from __future__ import annotations
 
 import importlib
+import json
 import multiprocessing
 import os
 import signal
@@ -597,3 +598,22 @@ def write_summary(
         png = run_path / "plots" / "summary.png"
         writes.submit_plot(plot_summary, png, rows, summary, show_random)
     return summary
+
+
+def results_record(
+    cfg: Config, source: str, bars_per_year: float, rows: list[Any], summary: Any, **more: Any
+) -> dict[str, Any]:
+    """results.json of a walk-forward run, a sweep or an evaluation: the config, the bars' source
+    and bars per year, the result rows and their summary, the JAX version and backend; ``more``."""
+    import jax  # here: the plot processes import this module
+
+    return {
+        "config": json.loads(cfg.to_json()),  # lists, as read back from results.json
+        "source": source,
+        "bars_per_year": bars_per_year,
+        "folds": rows,
+        "summary": summary,
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        **more,
+    }

@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 import pandas as pd
 
@@ -36,7 +35,7 @@ from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
 from jdqn.evaluation.policy_bundle import bundle_dir
-from jdqn.run import faults, memory, provenance, rundir, termination
+from jdqn.run import faults, memory, provenance, report, rundir, termination
 from jdqn.run.faults import UserError, as_user_error
 from jdqn.run.walkforward import SETTING_KEYS, policy_root, run_walkforward, source_bars
 
@@ -478,18 +477,20 @@ def _finish(
     def finite(x: float) -> float | None:
         return float(x) if np.isfinite(x) else None
 
-    results = {
-        "config": json.loads(base.to_json()),
-        "source": data.source,
-        "bars_per_year": data.bars_per_year,
-        "sweep": plan.record(),
-        "selection": {
+    results = report.results_record(
+        base,
+        data.source,
+        data.bars_per_year,
+        selected_rows,
+        summary,
+        sweep=plan.record(),
+        selection={
             "rule": plan.rule,
             "metric": METRIC,
             "validation_bars": validation_length(base, plan),
             "chosen": [int(s) for s in chosen],  # by fold
         },
-        "settings": [
+        settings=[
             {
                 "overrides": dict(setting),
                 "runs": str(Path(tests[i]["run_dir"]).parent.relative_to(run.path)),
@@ -499,14 +500,10 @@ def _finish(
             }
             for i, setting in enumerate(plan.settings)
         ],
-        "n_trials": len(tried) * n_seeds,  # settings x seeds, as the deflated Sharpe counts
-        "folds": selected_rows,
-        "summary": summary,
-        "overfitting": overfitting(tests, plan.cscv_blocks),
-        "jax_version": jax.__version__,
-        "backend": jax.default_backend(),
+        n_trials=len(tried) * n_seeds,  # settings x seeds, as the deflated Sharpe counts
+        overfitting=overfitting(tests, plan.cscv_blocks),
         **provenance.run_record(base.data.path, data.n_bars),
-    }
+    )
     rundir.write_json(run.results_path, results)
     final = rundir.finalize(run)
     for fold, setting in enumerate(chosen):

@@ -333,17 +333,10 @@ def _finish(
 ) -> rundir.RunOutcome:
     """Process 0 writes results.json, renames the run into place and reports it."""
     cfg, run, log = job.cfg, job.run, job.log
-    results = {
-        "config": json.loads(cfg.to_json()),  # lists, as in results.json
-        "source": job.data.source,
-        "bars_per_year": job.data.bars_per_year,
-        "bars": job.data.reading,  # how the bars were read
-        "folds": fold_results,
-        "summary": summary,
-        "jax_version": jax.__version__,
-        "backend": jax.default_backend(),
-        **made_by,
-    }
+    data = job.data  # "bars": how the bars were read
+    results = report.results_record(
+        cfg, data.source, data.bars_per_year, fold_results, summary, bars=data.reading, **made_by
+    )
     show_random = cfg.output.show_random
     try:
         rundir.write_json(run.results_path, results)
