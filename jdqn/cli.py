@@ -1,14 +1,9 @@
 """Command line: ``jdqn walkforward | sweep | evaluate | data synth | data check | config keys |
 bench``; parses only.
 
-User errors (bad flags, impossible config, malformed bar file, missing path) print one line
-``jdqn: error: ...`` naming the problem and the fix and exit with status 2, with no traceback:
-a command raises ``ValueError`` (or ``OSError``) and :func:`main` alone prints it.
-A run whose folds the guard halted exits with status 3. A ``--debug`` run whose check failed
-prints one line naming component, tensor, fold, seed, epoch and step and exits with status 4
-(its ``.incomplete`` run directory holds ``debug_failure.json``). Ctrl-C exits 130, SIGTERM
-143 (``jdqn.run.termination``); a full disk or another storage failure is a one-line error, status
-2.
+A command raises ``ValueError`` (or ``OSError``) for bad input and :func:`main` alone prints it:
+one line ``jdqn: error: ...`` naming the problem and the fix, exit 2, no traceback. The exit
+statuses (the ``EXIT_*`` constants) are the README's table "Exit codes".
 """
 
 from __future__ import annotations

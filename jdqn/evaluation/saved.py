@@ -6,22 +6,18 @@ back the run's numbers.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 
 from jdqn.config import Config, DataConfig, apply_overrides
 from jdqn.data import Bars, read_bars
 from jdqn.data.calendars import CALENDARS
 from jdqn.data.intervals import describe_reading
-from jdqn.evaluation import stats
 from jdqn.evaluation.env import make_params
 from jdqn.evaluation.judging import judge_run
 from jdqn.evaluation.policy import Policy, PolicyError, load_policy, saved_policies
@@ -30,14 +26,6 @@ from jdqn.run import report, rundir, termination
 
 # The data keys that say how a bar file is read (``jdqn evaluate --set``).
 READING_KEYS = ("data.columns", "data.timezone", "data.timestamp_format")
-
-
-@dataclass(frozen=True)
-class EvaluationOutcome:
-    """Where :func:`evaluate_saved` wrote its outputs, and its results.json."""
-
-    out_dir: Path
-    results: dict[str, Any]
 
 
 @termination.sigterm_raises()  # SIGTERM ends it as Ctrl-C does: its directory is removed
@@ -51,7 +39,7 @@ def evaluate_saved(
     plots: bool = True,
     log: Callable[[str], None] = print,
     data_overrides: Sequence[str] = (),
-) -> EvaluationOutcome:
+) -> rundir.RunOutcome:
     """Judge each seed's saved policy of ``fold`` (None: the run's last) on the bars of ``data``
     after the feature warm-up, from flat, writing what a walk-forward run writes to
     ``<out>/<name>`` (default ``<run_dir>/evaluations/eval-<UTC time>``). The bars are read as
@@ -74,7 +62,6 @@ def evaluate_saved(
     close = bars.close[warmup:]
     timestamps = bars.timestamp[warmup:]
     cfg = first.cfg
-    dollars, show_random = cfg.env.point_value_usd, cfg.output.show_random  # plots and tables
     bars_per_year = float(first.meta["bars_per_year"])
     calendar = CALENDARS[cfg.data.calendar]  # its trading days, as the run judged them
     baselines = _baselines(first, features, close, bars_per_year)
@@ -87,48 +74,28 @@ def evaluate_saved(
             stamp = name or datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S")
             run = rundir.new_run_dir(parent, stamp)
         rows, series = [], []
-        for policy in policies:
-            judged = judge_run(
-                fold,
-                policy.seed,
-                policy.evaluate(features, close),
-                baselines,
-                timestamps,
-                halted=False,
-                point_value_usd=cfg.env.point_value_usd,
-                bars_per_year=bars_per_year,
-                calendar=calendar,
-            )
-            series.append(judged.series)
-            row = {"fold": fold, "seed": policy.seed, "status": "ok", "window": window}
-            rows.append(row | {"agent": judged.agent, "baselines": judged.baselines})
-            # The seed's equity CSV and plot, as a walk-forward run writes them.
-            stem = f"fold{fold}_seed{policy.seed}"
-            curves, held = judged.curves, judged.held
-            report.write_equity_csv(run.curves_dir / f"{stem}_equity.csv", timestamps, curves, held)
-            if plots:
-                title = f"fold {fold} seed {policy.seed}: saved policy on new bars"
-                png = run.plots_dir / f"{stem}_equity.png"
-                report.plot_equity(png, timestamps, curves, title, dollars, show_random)
-        tried = cfg.output.settings_tried
-        summary = stats.summarise(rows, series, seed=cfg.train.seed, settings_tried=tried)
-        report.write_stitched(
-            run.path, series, plots, point_value_usd=dollars, show_random=show_random
-        )
-        if plots:
-            report.plot_summary(run.plots_dir / "summary.png", rows, summary, show_random)
-        results = {
-            "run": str(Path(run_dir)),
-            "source": str(data),
-            "bars": describe_reading(bars, settings, cfg.env.instrument),
-            "fold": fold,
-            "config": json.loads(cfg.to_json()),
-            "bars_per_year": bars_per_year,
-            "folds": rows,
-            "summary": summary,
-            "jax_version": jax.__version__,
-            "backend": jax.default_backend(),
-        }
+        with report.BackgroundWrites() as writes:  # as a walk-forward run writes them
+            for policy in policies:
+                judged = judge_run(
+                    fold,
+                    policy.seed,
+                    policy.evaluate(features, close),
+                    baselines,
+                    timestamps,
+                    halted=False,
+                    point_value_usd=cfg.env.point_value_usd,
+                    bars_per_year=bars_per_year,
+                    calendar=calendar,
+                )
+                series.append(judged.series)
+                row = {"fold": fold, "seed": policy.seed, "status": "ok", "window": window}
+                rows.append(row | {"agent": judged.agent, "baselines": judged.baselines})
+                what = "saved policy on new bars"
+                report.write_judged(writes, run.path, judged, timestamps, what, cfg, plots)
+            summary = report.write_summary(writes, run.path, rows, series, cfg, plots)
+        reading = describe_reading(bars, settings, cfg.env.instrument)
+        origin = {"run": str(Path(run_dir)), "fold": fold, "bars": reading}
+        results = report.results_record(cfg, str(data), bars_per_year, rows, summary, **origin)
         rundir.write_json(run.results_path, results)
         final = rundir.finalize(run)
     except BaseException:
@@ -136,10 +103,10 @@ def evaluate_saved(
             with rundir.interrupts_deferred():
                 rundir.discard(run)
         raise
-    log(report.summary_table(rows, show_random))
-    log(report.summary_text(summary, show_random))
+    log(report.summary_table(rows, cfg.output.show_random))
+    log(report.summary_text(summary, cfg.output.show_random))
     log(f"jdqn: results in {final / 'results.json'}")
-    return EvaluationOutcome(out_dir=final, results=results)
+    return rundir.RunOutcome(final, results)
 
 
 def _refuse_unfinished(run_dir: str | os.PathLike[str]) -> None:

@@ -1,12 +1,7 @@
-"""What a run's checkpoints belong to: its resolved config, its learners and its data file.
-
-A new run writes ``binding.json`` (that record, its SHA-256, and the digests a resume may accept)
-and every checkpoint's metadata carries the digest. ``--resume`` compares the run as it would
-restart (config.json, the bar file, the process count) with the record and refuses a difference
-in one line naming it; ``--resume-changed`` continues with a changed config or data file, which
-``results.json`` then lists under ``provenance.resumed_with_changes``. The learners (folds, seeds,
-base seed, processes) never change in a resume. A checkpoint whose digest the run does not accept
-(one copied in from another run) is refused as a damaged one is (jdqn.run.checkpoint).
+"""What a run's checkpoints belong to: its resolved config, its learners and its data file
+(docs/design.md §18). ``binding.json`` holds that record, its SHA-256 and the digests a resume
+accepts; every checkpoint's metadata carries the digest, and ``--resume`` refuses a difference in
+one line unless ``--resume-changed`` takes a config or data change (never other learners).
 """
 
 from __future__ import annotations
@@ -83,7 +78,7 @@ def check_resume(
 ) -> Seal | None:
     """Refuse (:class:`BindingError`) a resume whose record differs from the run's, unless
     ``allow_changes`` and the learners are the same: then log the change and return the seal
-    that records it (:func:`record_changes` writes it). None for a run from before binding.json
+    that records it (:func:`write` writes it). None for a run from before binding.json
     (nothing to compare with; its checkpoints are not checked)."""
     try:
         state = json.loads((run_path / BINDING_FILE).read_text())

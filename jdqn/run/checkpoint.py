@@ -1,13 +1,7 @@
-"""Epoch-end checkpoints that resume a killed run with bit-identical numbers.
-
-Each step is one ``<step>.npz`` (:func:`jdqn.run.rundir.write_arrays`: the state's leaves by tree
-path, typed PRNG keys as their raw data, and the metadata as JSON) beside a manifest
-``sha256/<step>.json`` with the SHA-256 of the state's arrays (path, dtype, shape and bytes of every
-leaf) and of its metadata, taken from the host copy that is saved. A restore recomputes both and
-refuses a checkpoint that cannot be read, has no manifest or whose digests differ, or that carries
-another run's binding (jdqn.run.binding); :meth:`Checkpointer.restore_intact` falls back to the
-newest one that verifies. A run of one process and each process of a run of several save alike,
-the latter its own share of the learners in its own folder.
+"""Epoch-end checkpoints that resume a killed run with bit-identical numbers (docs/design.md §7,
+§18): each step is one ``<step>.npz`` (``rundir.write_arrays``; typed PRNG keys as their raw data,
+the metadata as JSON) beside a SHA-256 manifest ``sha256/<step>.json``, verified on restore; each
+process of a run of several saves its own share of the learners in its own folder.
 """
 
 from __future__ import annotations

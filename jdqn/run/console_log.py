@@ -76,9 +76,7 @@ def memory_record(cfg: Config, data: WalkForwardData, layout: RunLayout) -> str:
     """The memory plan, for ``-v``: the estimate by part and the waves."""
     from jdqn.run import memory
 
-    need = memory.estimate(
-        cfg, n_learners=memory.learners(cfg), n_bars=data.n_bars, features=data.n_features
-    )
+    need = memory.request_estimate(cfg, data.n_bars, data.n_features, cpu=False)
 
     def mib(parts: dict[str, int]) -> str:
         return ", ".join(f"{name} {size / 2**20:,.1f} MiB" for name, size in parts.items())

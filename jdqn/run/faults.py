@@ -8,9 +8,11 @@ says how to go on: resume the run (jdqn.run.checkpoint verifies its checkpoints)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 # errno values that mean "the storage failed", not "the program is wrong".
@@ -26,6 +28,20 @@ STORAGE_ERRNOS = {
 # How wrappers quote an errno in their messages.
 _QUOTED = re.compile(r"(?:\[Errno (\d+)\]|errno[ =:]+(\d+))", re.IGNORECASE)
 _STRERRORS = {os.strerror(number).lower(): number for number in STORAGE_ERRNOS}
+
+
+class UserError(ValueError):
+    """A problem with the user's input: reported as one line, exit status 2, no traceback (the
+    ``jdqn`` command reports every ``ValueError`` so)."""
+
+
+@contextlib.contextmanager
+def as_user_error(*errors: type[Exception]) -> Iterator[None]:
+    """``errors`` raised inside become a ``UserError`` with the same one-line message."""
+    try:
+        yield
+    except errors as error:
+        raise UserError(str(error)) from None
 
 
 class IOFault(ValueError):

@@ -139,11 +139,6 @@ def bar_file_shape(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     return max(int(size / row_bytes), 1), lines[0].count(b",") + 1
 
 
-def loader_bytes(n_bars: int, n_columns: int) -> int:
-    """Host bytes the bar loader holds at its peak beyond the series (raw and parsed columns)."""
-    return n_bars * n_columns * LOADER_BYTES_PER_COLUMN_BAR
-
-
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes a run needs, by part (each name says where it lives)."""
@@ -289,8 +284,7 @@ def check_fits(need: MemoryEstimate, have: MemoryLimits) -> None:
 
 
 def check_request(cfg: Any, *, n_bars: int | None, features: int | None = None) -> None:
-    """:func:`check_fits` for a walk-forward of ``cfg`` on this machine (what the CLI runs); with
-    ``n_bars`` None and a bar file, its rows and columns as :func:`bar_file_shape` tells them."""
+    """:func:`check_fits` of :func:`request_estimate` on this machine."""
     have = limits()
     check_fits(request_estimate(cfg, n_bars, features, cpu=have.device_bytes is None), have)
 
@@ -305,5 +299,6 @@ def request_estimate(
         n_bars = shape[0]
     need = estimate(cfg, n_learners=learners(cfg), n_bars=n_bars, features=features, cpu=cpu)
     if shape is not None:
-        need.host["bar file being read"] = loader_bytes(*shape)
+        # what the bar loader holds at its peak beyond the series: raw and parsed columns
+        need.host["bar file being read"] = shape[0] * shape[1] * LOADER_BYTES_PER_COLUMN_BAR
     return need

@@ -1,14 +1,6 @@
-"""Where the learners run: the learner axis (folds x seeds) over a one-axis device mesh, in
-waves when they do not fit (docs/design.md, §11 and §17).
-
-The learners never talk to each other, so scaling out is placement: the learner axis is padded to a
-multiple of the device count (copies of the last learner, results dropped) and sharded over a
-one-axis :class:`jax.sharding.Mesh`; each program is the vmapped function inside
-:func:`jax.shard_map`, so the Pallas kernels see the local learner count. The fold data are
-replicated; one device keeps the plain ``jit(vmap(f))``. :func:`plan_waves` compares
-``jdqn.run.memory.learner_bytes`` with the devices' free memory before anything compiles: learners
-that
-do not fit run in equal waves; one that cannot run at all is a :class:`PlacementError`.
+"""Where the learners run: the learner axis (folds x seeds) padded to a multiple of the device
+count and sharded over a one-axis device mesh, each program the vmapped function inside
+``jax.shard_map``; in equal waves when the learners do not fit at once (docs/design.md §11, §17).
 """
 
 from __future__ import annotations

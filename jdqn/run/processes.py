@@ -1,13 +1,7 @@
 """Several processes (hosts) sharing one walk-forward run through ``jax.distributed``
-(docs/design.md, §11).
-
-Processes split the learners as one process's devices do (``jdqn.run.placement``): each wave is
-padded
-to a multiple of the process count and process ``i`` trains the ``i``-th contiguous share. A
-learner's keys come from its (fold, seed index), so it trains the same wherever it runs. Process 0
-gathers what judging needs and writes the run directory, except the checkpoints: each process
-writes and resumes its own share (``jdqn.run.checkpoint.GroupCheckpoints``). On CPU the collectives
-are gloo's, jax 0.11's default: nothing to set.
+(docs/design.md §11): each wave is padded to a multiple of the process count and process ``i``
+trains the ``i``-th contiguous share; process 0 gathers what judging needs and writes the run
+directory, except the checkpoints, which each process writes for its own share.
 """
 
 from __future__ import annotations

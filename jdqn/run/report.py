@@ -4,6 +4,7 @@ write the files (:class:`BackgroundWrites`)."""
 from __future__ import annotations
 
 import importlib
+import json
 import multiprocessing
 import os
 import signal
@@ -22,6 +23,8 @@ import pyarrow.csv as pa_csv
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from jdqn.config import Config
+    from jdqn.evaluation.judging import JudgedRun
     from jdqn.evaluation.stats import RunSeries
 
 # matplotlib's object API, not pyplot: no global figure state, no GUI backend, each figure freed
@@ -57,13 +60,11 @@ class BackgroundWrites:
     """Plots and CSVs written off the main thread, so that they overlap device work.
 
     CSVs (and, without plot processes, plots) go to one worker thread, in submission order. With
-    ``plot_processes`` > 0 plots go to that many worker processes instead: rendering is Python
-    that holds the GIL, so processes draw side by side on cores of their own (:func:`plot_processes`
-    says how many a machine can spare). A plot is a pure function of its arguments, so where it
-    is drawn does not change the file. Spawn imports the caller's main module again in each
-    process, so ``jdqn.run.walkforward.run_walkforward`` asks for them only when told to (the
-    ``jdqn``
-    command does; an unguarded script would run itself again).
+    ``plot_processes`` > 0 plots go to that many worker processes instead: rendering holds the
+    GIL, so processes draw side by side on cores of their own. A plot is a pure function of its
+    arguments, so where it is drawn does not change the file. Spawn imports the caller's main
+    module again in each process, so ``run_walkforward`` asks for them only when told to (the
+    ``jdqn`` command does; an unguarded script would run itself again).
 
     Leaving the ``with`` block waits for every write, also when the block raised, so nothing
     writes into a run directory after it is renamed or discarded; a failed write is re-raised
@@ -522,19 +523,15 @@ def write_stitched(
     run_path: Path,
     series: Sequence[RunSeries],
     plots: bool,
-    writes: BackgroundWrites | None = None,
+    writes: BackgroundWrites,
     *,
     point_value_usd: float,
     show_random: bool = False,
 ) -> None:
     """The folds' test windows end to end (``curves/stitched_equity.csv`` in points, its plot in
-    $): the seeds' median equity with their 10-90 % band, each seed's and each baseline's, for
-    the seeds that trained every fold to its end (none: nothing is written). With ``writes`` the
-    files are queued there, else written now."""
-    from jdqn.evaluation.stats import (  # here: the plot processes import this module
-        equity_band,
-        stitch,
-    )
+    $), queued on ``writes``: the seeds' median equity with their 10-90 % band, each seed's and
+    each baseline's, for the seeds that trained every fold to its end (none: nothing is written)."""
+    from jdqn.evaluation.stats import equity_band, stitch  # here: plot processes import report
 
     folds = sorted({s.fold for s in series})
     stitched = stitch(series, folds)
@@ -543,10 +540,8 @@ def write_stitched(
     band = equity_band(stitched.agent)
     baselines = {name: np.cumsum(net) for name, net in stitched.baselines.items()}
     seeds = dict(zip(stitched.seeds, np.cumsum(stitched.agent, axis=-1), strict=True))
-    now = lambda write, *args: write(*args)
-    submit, submit_plot = (now, now) if writes is None else (writes.submit, writes.submit_plot)
     at = stitched.realised_at
-    submit(
+    writes.submit(
         write_stitched_csv, run_path / "curves" / "stitched_equity.csv", at, band, seeds, baselines
     )
     if plots:
@@ -556,4 +551,69 @@ def write_stitched(
         drawn = {n: baselines[n] * point_value_usd for n in shown(baselines, show_random)}
         title = f"out-of-sample equity, {len(stitched.seeds)} seed(s), test windows end to end"
         path = run_path / "plots" / "stitched_equity.png"
-        submit_plot(plot_stitched, path, at, dollars, drawn, starts, title)
+        writes.submit_plot(plot_stitched, path, at, dollars, drawn, starts, title)
+
+
+def write_judged(
+    writes: BackgroundWrites,
+    run_path: Path,
+    judged: JudgedRun,
+    timestamps: np.ndarray,
+    what: str,
+    cfg: Config,
+    plots: bool,
+) -> None:
+    """A judged run's equity CSV (``curves/fold<f>_seed<s>_equity.csv``) and, with ``plots``,
+    its plot titled ``fold <f> seed <s>: <what>``, queued on ``writes``."""
+    fold, seed = judged.series.fold, judged.series.seed
+    stem = f"fold{fold}_seed{seed}"
+    csv_path = run_path / "curves" / f"{stem}_equity.csv"
+    writes.submit(write_equity_csv, csv_path, timestamps, judged.curves, judged.held)
+    if plots:
+        title = f"fold {fold} seed {seed}: {what}"
+        png = run_path / "plots" / f"{stem}_equity.png"
+        dollars, show_random = cfg.env.point_value_usd, cfg.output.show_random
+        writes.submit_plot(plot_equity, png, timestamps, judged.curves, title, dollars, show_random)
+
+
+def write_summary(
+    writes: BackgroundWrites,
+    run_path: Path,
+    rows: Sequence[Mapping[str, Any]],
+    series: Sequence[RunSeries],
+    cfg: Config,
+    plots: bool,
+) -> dict[str, Any]:
+    """results.json's summary of the judged ``rows`` (``stats.summarise``), with the stitched
+    equity (:func:`write_stitched`) and, with ``plots``, the summary figure queued on ``writes``."""
+    from jdqn.evaluation.stats import summarise  # here: the plot processes import this module
+
+    tried = cfg.output.settings_tried
+    summary = summarise(rows, series, seed=cfg.train.seed, settings_tried=tried)
+    show_random, dollars = cfg.output.show_random, cfg.env.point_value_usd
+    write_stitched(
+        run_path, series, plots, writes, point_value_usd=dollars, show_random=show_random
+    )
+    if plots:
+        png = run_path / "plots" / "summary.png"
+        writes.submit_plot(plot_summary, png, rows, summary, show_random)
+    return summary
+
+
+def results_record(
+    cfg: Config, source: str, bars_per_year: float, rows: list[Any], summary: Any, **more: Any
+) -> dict[str, Any]:
+    """results.json of a walk-forward run, a sweep or an evaluation: the config, the bars' source
+    and bars per year, the result rows and their summary, the JAX version and backend; ``more``."""
+    import jax  # here: the plot processes import this module
+
+    return {
+        "config": json.loads(cfg.to_json()),  # lists, as read back from results.json
+        "source": source,
+        "bars_per_year": bars_per_year,
+        "folds": rows,
+        "summary": summary,
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+        **more,
+    }

@@ -27,6 +27,8 @@ from typing import IO, Any
 import jax
 import numpy as np
 
+from jdqn.run.faults import UserError, raise_as_user_error
+
 INCOMPLETE_SUFFIX = ".incomplete"
 COMPLETE_MARKER = "results.json"
 LOCK_FILE = ".lock"
@@ -110,12 +112,18 @@ class RunDir:
         return self.path / "plots"
 
     @property
-    def curves_dir(self) -> Path:
-        return self.path / "curves"
-
-    @property
     def tensorboard_dir(self) -> Path:
         return self.path / "tensorboard"
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """A finished walk-forward run, sweep or evaluation: its directory, its results.json, and
+    whether a run it reports halted."""
+
+    run_dir: Path
+    results: dict[str, Any]
+    halted: bool = False
 
 
 def check_name(name: str) -> None:
@@ -171,6 +179,29 @@ def new_run_dir(out_dir: str | os.PathLike[str], name: str | None = None) -> Run
             shutil.rmtree(path, ignore_errors=True)
             raise
     raise ValueError(f"--out {out}: no free run name from {stamp}; fix: choose another --name")
+
+
+def create(
+    out_dir: str, name: str | None, config_json: str, fill: Callable[[RunDir], None]
+) -> RunDir:
+    """A new run directory (:func:`new_run_dir`) with ``config.json`` and what ``fill`` writes;
+    removed again, and a one-line ``UserError`` raised, when they cannot be written. A Ctrl-C
+    is held back until they are, then removes it."""
+    run = None
+    try:
+        with interrupts_deferred():
+            run = new_run_dir(out_dir, name)
+            run.config_path.write_text(config_json + "\n")
+            fill(run)
+    except BaseException as error:
+        if run is not None:
+            with interrupts_deferred():
+                discard(run)
+        raise_as_user_error(error, None, where=out_dir)  # a full disk: one line
+        if isinstance(error, OSError | ValueError):
+            raise UserError(str(error)) from None
+        raise
+    return run
 
 
 def open_incomplete_run_dir(path: str | os.PathLike[str], lock: bool = True) -> RunDir:
@@ -268,6 +299,16 @@ def finalize(run: RunDir) -> Path:
     (run.final_path / LOCK_FILE).unlink(missing_ok=True)
     unlock(run)
     return run.final_path
+
+
+def left_to_resume(run: RunDir, resumes_from: tuple[str, ...]) -> bool:
+    """After a run stopped early: whether it holds a path matching one of ``resumes_from`` (glob
+    patterns) to resume from; when it does not, its directory is removed, leaving nothing."""
+    with interrupts_deferred():  # a second Ctrl-C must not stop the clean-up half-way
+        resumable = any(next(run.path.glob(pattern), None) for pattern in resumes_from)
+        if not resumable:
+            discard(run)
+    return resumable
 
 
 def discard(run: RunDir) -> None:

@@ -1,19 +1,12 @@
 """Sweeps (``jdqn sweep``): many settings over folds x seeds, one chosen per fold on a validation
-tail of its train window, never on its test window (issue 46).
+tail of its train window, never on its test window (docs/design.md §19, issue 46).
 
-Settings that differ only in keys the learner carries as values (``jdqn.agent.state.HYPER_KEYS``:
-learning rate, gamma, exploration's end, the alpha schedule, label smoothing, the hold penalty,
-acting's risk, the target sync's period, the training cost's multiplier) or in the seed of its
-keys (``train.seed``) train as learners of one program, settings x folds x seeds (in waves where
-memory demands); the others as programs of their own, one after another in this process. Each
-program runs twice: on the folds' inner train parts, judged on their validation tails
-(``jdqn.data.folds.validation_folds``), and on the whole train windows, judged on the test windows
-by ``run_walkforward`` itself, so that a setting's test numbers are those of its own walk-forward
-run. A stated rule picks each fold's setting from the validation results alone.
-The sweep writes ``sweep.csv`` (every setting x fold x seed), ``results.json`` (the selected
-settings' test results summarised as a walk-forward run's, the deflated Sharpe ratio counting
-settings x seeds, the probability of backtest overfitting over the settings) and the selected
-policies, which ``jdqn evaluate`` reads.
+Settings that differ only in the values a learner carries (``SETTING_KEYS``) train as learners of
+one program, the others as programs of their own. Each program runs twice, as walk-forward runs:
+on the folds' inner train parts, judged on their validation tails, and on the whole train windows,
+judged on the test windows. The sweep writes ``sweep.csv`` (every setting x fold x seed),
+``results.json`` (the selected settings' test results, the deflated Sharpe ratio counting settings
+x seeds, the probability of backtest overfitting) and the selected policies (``jdqn evaluate``).
 """
 
 from __future__ import annotations
@@ -31,24 +24,26 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import jax
 import numpy as np
 import pandas as pd
 
 from jdqn.config import Config, apply_overrides
 from jdqn.config.keys import config_keys
-from jdqn.data import WalkForwardData, load_source, prepare_walkforward, split_folds
+from jdqn.data import WalkForwardData, describe_source, prepare_walkforward, split_folds
 from jdqn.data.features import compute_features
 from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
 from jdqn.evaluation.policy_bundle import bundle_dir
-from jdqn.run import faults, memory, provenance, rundir, termination
-from jdqn.run.walkforward import SETTING_KEYS, UserError, policy_root, run_walkforward
+from jdqn.run import faults, memory, provenance, report, rundir, termination
+from jdqn.run.faults import UserError, as_user_error
+from jdqn.run.walkforward import SETTING_KEYS, policy_root, run_walkforward, source_bars
 
 RULES = ("median", "lcb")
 METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
 PLAN_FILE = "sweep.json"
+# What an interrupted sweep resumes from: a sub-run that finished, or one checkpointed.
+RESUMES_FROM = ("settings/*/*/results.json", "settings/*/*.incomplete/checkpoints/group*/[0-9]*")
 # What a setting cannot vary, and why: the settings must be judged on the same bars, folds,
 # costs and number of seeds, and what a run writes or how it computes is no setting.
 _FIXED = {
@@ -82,13 +77,6 @@ class SweepPlan:
     def from_record(cls, raw: dict[str, Any]) -> SweepPlan:
         settings = tuple(tuple(s.items()) for s in raw["settings"])
         return cls(**{**raw, "settings": settings})
-
-
-@dataclass(frozen=True)
-class SweepOutcome:
-    run_dir: Path
-    results: dict[str, Any]
-    halted: bool  # a selected run halted
 
 
 def grid_settings(
@@ -214,17 +202,13 @@ def _describe(setting: Setting) -> str:
 def prepare_data(cfg: Config, validation_bars: int) -> tuple[WalkForwardData, WalkForwardData]:
     """The folds, and the same folds with each train window split into an inner train part
     (the train windows of the selection runs) and a validation tail (their test windows)."""
-    if cfg.data.path and not Path(cfg.data.path).exists():
-        raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
-    try:
-        bars = load_source(cfg.data)
-        data = prepare_walkforward(bars, cfg)
+    bars = source_bars(cfg)
+    with as_user_error(ValueError):
+        data = prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
         purge = data.walkforward.purge_bars  # resolved from the bars' interval
         folds = validation_folds(list(data.folds), validation_bars, purge)
         values = compute_features(bars, cfg.data).values
         train, test, normalisers = split_folds(values, bars.close, folds, cfg.data.feature_clip)
-    except ValueError as error:
-        raise UserError(str(error)) from None
     stamps = tuple(bars.timestamp[f.test_start : f.test_end] for f in folds)
     validation = dataclasses.replace(
         data,
@@ -258,7 +242,7 @@ def run_sweep(
     name: str | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
-) -> SweepOutcome:
+) -> rundir.RunOutcome:
     """Run every setting's selection and test runs (or those a killed sweep, ``resume``, had not
     finished), choose each fold's setting, write the results; returns the finished directory.
     Bad input raises ``UserError`` (one line) before anything is written."""
@@ -268,26 +252,19 @@ def run_sweep(
             run, base, plan = _open_resumed(resume)
             unlocks.callback(rundir.unlock, run)
         assert base is not None and plan is not None
-        if name is not None:
-            try:
+        with as_user_error(ValueError):
+            if name is not None:
                 rundir.check_name(name)
-            except ValueError as error:
-                raise UserError(str(error)) from None
-        validation_bars = validation_length(base, plan)
-        try:
             configs = setting_configs(base, plan)
-        except ValueError as error:
-            raise UserError(str(error)) from None
+        validation_bars = validation_length(base, plan)
         data, validation = prepare_data(base, validation_bars)
         groups = program_groups(plan)
         group_configs = [group_config(base, plan, members) for members in groups]
         selection_configs = [validation_config(c, validation) for c in group_configs]
         features = data.train[0].features.shape[-1]
         for cfg in (*group_configs, *selection_configs):  # every program's, before any is run
-            try:
+            with as_user_error(ValueError):
                 memory.check_request(cfg, n_bars=None, features=features)
-            except ValueError as error:
-                raise UserError(str(error)) from None
         if run is None:
             run = _new_run(base, plan, name)
             unlocks.callback(rundir.unlock, run)
@@ -315,24 +292,16 @@ def run_sweep(
                     tried[i] = (_one_setting(chosen_on, k, values), _one_setting(test, k, values))
             return _finish(run, base, plan, data, [tried[i] for i in sorted(tried)], log)
         except BaseException as error:
-            with rundir.interrupts_deferred():
-                settings = run.path / "settings"
-                resumable = any(settings.glob("*/*/results.json")) or any(
-                    settings.glob("*/*.incomplete/checkpoints/group*/[0-9]*")
-                )
-                if not resumable:
-                    rundir.discard(run)
-                elif faults.io_problem(error) is None:
-                    log(f"jdqn: sweep interrupted; resume with: jdqn sweep --resume {run.path}")
+            resumable = rundir.left_to_resume(run, RESUMES_FROM)
+            if resumable and faults.io_problem(error) is None:
+                log(f"jdqn: sweep interrupted; resume with: jdqn sweep --resume {run.path}")
             faults.raise_as_user_error(error, run.path if resumable else None)
             raise
 
 
 def _open_resumed(path: str | os.PathLike[str]) -> tuple[rundir.RunDir, Config, SweepPlan]:
-    try:
+    with as_user_error(ValueError):
         run = rundir.open_incomplete_run_dir(path)
-    except ValueError as error:
-        raise UserError(str(error)) from None
     try:
         base = Config.from_json(run.config_path.read_text())
         plan = SweepPlan.from_record(json.loads((run.path / PLAN_FILE).read_text()))
@@ -347,20 +316,8 @@ def _open_resumed(path: str | os.PathLike[str]) -> tuple[rundir.RunDir, Config, 
 def _new_run(base: Config, plan: SweepPlan, name: str | None) -> rundir.RunDir:
     """The sweep's directory with its config and plan (removed again if they cannot be written)."""
     name = name or datetime.now(UTC).strftime("sweep-%Y%m%d-%H%M%S")
-    run = None
-    try:
-        with rundir.interrupts_deferred():
-            run = rundir.new_run_dir(base.output.out_dir, name)
-            run.config_path.write_text(base.to_json() + "\n")
-            rundir.write_json(run.path / PLAN_FILE, plan.record())
-    except BaseException as error:
-        if run is not None:
-            rundir.discard(run)
-        faults.raise_as_user_error(error, None)
-        if isinstance(error, OSError | ValueError):
-            raise UserError(str(error)) from None
-        raise
-    return run
+    write_plan = lambda run: rundir.write_json(run.path / PLAN_FILE, plan.record())  # noqa: E731
+    return rundir.create(base.output.out_dir, name, base.to_json(), write_plan)
 
 
 def _sub_run(
@@ -495,7 +452,7 @@ def _finish(
     data: WalkForwardData,
     tried: list[tuple[dict[str, Any], dict[str, Any]]],
     log: Callable[[str], None],
-) -> SweepOutcome:
+) -> rundir.RunOutcome:
     """Choose each fold's setting, write sweep.csv, the selected policies and results.json, and
     rename the sweep into place."""
     n_folds, n_seeds = len(data.folds), base.train.seeds
@@ -521,18 +478,20 @@ def _finish(
     def finite(x: float) -> float | None:
         return float(x) if np.isfinite(x) else None
 
-    results = {
-        "config": json.loads(base.to_json()),
-        "source": data.source,
-        "bars_per_year": data.bars_per_year,
-        "sweep": plan.record(),
-        "selection": {
+    results = report.results_record(
+        base,
+        data.source,
+        data.bars_per_year,
+        selected_rows,
+        summary,
+        sweep=plan.record(),
+        selection={
             "rule": plan.rule,
             "metric": METRIC,
             "validation_bars": validation_length(base, plan),
             "chosen": [int(s) for s in chosen],  # by fold
         },
-        "settings": [
+        settings=[
             {
                 "overrides": dict(setting),
                 "runs": str(Path(tests[i]["run_dir"]).parent.relative_to(run.path)),
@@ -542,14 +501,10 @@ def _finish(
             }
             for i, setting in enumerate(plan.settings)
         ],
-        "n_trials": len(tried) * n_seeds,  # settings x seeds, as the deflated Sharpe counts
-        "folds": selected_rows,
-        "summary": summary,
-        "overfitting": overfitting(tests, plan.cscv_blocks),
-        "jax_version": jax.__version__,
-        "backend": jax.default_backend(),
+        n_trials=len(tried) * n_seeds,  # settings x seeds, as the deflated Sharpe counts
+        overfitting=overfitting(tests, plan.cscv_blocks),
         **provenance.run_record(base.data.path, data.n_bars),
-    }
+    )
     rundir.write_json(run.results_path, results)
     final = rundir.finalize(run)
     for fold, setting in enumerate(chosen):
@@ -558,7 +513,7 @@ def _finish(
     log(f"jdqn: probability of backtest overfitting: {'n/a' if pbo is None else f'{pbo:.2f}'}")
     log(f"jdqn: results in {final / 'results.json'}; every run in {final / 'sweep.csv'}")
     halted = any(row["status"] != "ok" for row in selected_rows)
-    return SweepOutcome(run_dir=final, results=results, halted=halted)
+    return rundir.RunOutcome(run_dir=final, results=results, halted=halted)
 
 
 _TABLE_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", "turnover")

@@ -1,11 +1,6 @@
 """SIGTERM (what a cluster scheduler sends before it kills a job) and Ctrl-C (SIGINT) end a run
-at a chunk boundary, with the state checkpointed there.
-
-:func:`sigterm_raises` makes SIGTERM raise :class:`Terminated`, a ``KeyboardInterrupt``, so every
-Ctrl-C clean-up runs for it. Inside :class:`ChunkBoundaries` (the training loop) either signal only
-sets a flag: the loop checkpoints the chunk's state and raises the signal's exception itself. The
-CLI exits 143 (128 + SIGTERM) or 130 (128 + SIGINT), as a shell would. Only the main thread's
-signals are changed.
+at a chunk boundary, with the state checkpointed there (docs/design.md §18). Only the main
+thread's signals are changed.
 
 Python cannot propagate an exception raised inside a garbage-collector callback (JAX registers
 one) or a finaliser: it hands it to ``sys.unraisablehook`` and goes on. A SIGTERM or Ctrl-C

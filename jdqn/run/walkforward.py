@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -33,6 +33,7 @@ from jdqn.agent.train import FoldData, TrainProgram, TrainState, make_train
 from jdqn.config import Config, apply_overrides
 from jdqn.data import (
     CALENDARS,
+    Bars,
     FoldArrays,
     WalkForwardData,
     describe_source,
@@ -65,6 +66,7 @@ from jdqn.run.checkpoint import (
     NoIntactCheckpointError,
     host,
 )
+from jdqn.run.faults import UserError, as_user_error
 from jdqn.run.metrics_log import TENSORBOARD, MetricsLog
 from jdqn.run.processes import ProcessError, Processes
 
@@ -81,27 +83,8 @@ _notice = logging.getLogger("jdqn.run").info
 # The run's own summary pools them; its rows, curves and policies are each setting's.
 Settings = Sequence[Sequence[tuple[str, str]]]
 SETTING_KEYS = (*HYPER_KEYS, "train.seed")
-
-
-class UserError(ValueError):
-    """A problem with the user's input: reported as one line, exit status 2, no traceback (the
-    ``jdqn`` command reports every ``ValueError`` so)."""
-
-
-@contextlib.contextmanager
-def _as_user_error(*errors: type[Exception]) -> Iterator[None]:
-    """``errors`` raised inside become a ``UserError`` with the same one-line message."""
-    try:
-        yield
-    except errors as error:
-        raise UserError(str(error)) from None
-
-
-@dataclass(frozen=True)
-class WalkForwardOutcome:
-    run_dir: Path
-    results: dict[str, Any]
-    halted: bool
+# A run's checkpoints (several processes': each its share), what an interrupted run resumes from.
+CHECKPOINTS = ("checkpoints/group*/[0-9]*", "checkpoints/group*/process-*/[0-9]*")
 
 
 def enable_compilation_cache(cfg: Config) -> None:
@@ -113,17 +96,23 @@ def enable_compilation_cache(cfg: Config) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
-def load_data(cfg: Config) -> WalkForwardData:
-    """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
+def source_bars(cfg: Config) -> Bars:
+    """``cfg.data``'s bars; every input problem becomes a one-line ``UserError``."""
     try:
         if cfg.data.path and not Path(cfg.data.path).exists():
             raise UserError(f"--data {cfg.data.path}: no such file; fix: check the path")
-        with _as_user_error(ValueError):  # BarFileError included: one line naming file, row, fix
-            bars = load_source(cfg.data)
-            return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
+        with as_user_error(ValueError):  # BarFileError included: one line naming file, row, fix
+            return load_source(cfg.data)
     except OSError as error:  # a name over the file system's limit, a file it may not read
         problem = error.strerror or type(error).__name__
         raise UserError(f"--data {cfg.data.path}: {problem}; fix: check the path") from None
+
+
+def load_data(cfg: Config) -> WalkForwardData:
+    """Bars -> features -> folds; every input problem becomes a one-line ``UserError``."""
+    bars = source_bars(cfg)
+    with as_user_error(ValueError):
+        return prepare_walkforward(bars, cfg, source=describe_source(cfg.data))
 
 
 def run_walkforward(
@@ -141,7 +130,7 @@ def run_walkforward(
     resume_changed: bool = False,
     data: WalkForwardData | None = None,
     settings: Settings = ((),),
-) -> WalkForwardOutcome:
+) -> rundir.RunOutcome:
     """Train and judge every fold; returns the finished run directory and its results.
 
     ``plot_processes``: draw the plots in spawned worker processes where cores are spare
@@ -164,7 +153,7 @@ def run_walkforward(
             log, progress, plot_processes = (lambda _: None), False, False
             log_outcome = log
         if name is not None:
-            with _as_user_error(ValueError):
+            with as_user_error(ValueError):
                 rundir.check_name(name)
         if resume is not None:
             run, cfg = _open_resumed(resume, unlocks, processes)
@@ -218,18 +207,12 @@ def run_walkforward(
                 )
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
-                    report.write_stitched(
-                        run.path,
-                        series,
-                        cfg.output.plots,
-                        writes,
-                        point_value_usd=cfg.env.point_value_usd,
-                        show_random=cfg.output.show_random,
+                    summary = report.write_summary(
+                        writes, run.path, fold_results, series, cfg, cfg.output.plots
                     )
-                    summary = _summarise(job, fold_results)
             if not processes.writer:
                 ended = json.loads(processes.broadcast_text(""))  # once process 0 renamed the run
-                return WalkForwardOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
+                return rundir.RunOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
             # In this block: a signal before the rename leaves the run resumable (it judges again).
             return _finish(job, fold_results, summary, made_by)
         except debug_mode.DebugCheckFailed as failure:
@@ -243,22 +226,12 @@ def run_walkforward(
                 raise  # no directory was made, or process 0 owns it
             # A storage failure's line, or a final name taken, says how to resume instead.
             say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
-            resumable = _left_to_resume(run, log_outcome, say)
+            resumable = rundir.left_to_resume(run, CHECKPOINTS)
+            if resumable and say:
+                command = f"jdqn walkforward --resume {run.path}"
+                log_outcome(f"jdqn: run interrupted; resume with: {command}")
             faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
             raise
-
-
-def _summarise(job: _Job, fold_results: list[dict[str, Any]]) -> dict[str, Any]:
-    """results.json's summary (``stats.summarise``), its figure queued on the plot workers."""
-    cfg = job.cfg
-    tried = cfg.output.settings_tried
-    summary = stats.summarise(fold_results, job.series, seed=cfg.train.seed, settings_tried=tried)
-    if cfg.output.plots:
-        png = job.run.plots_dir / "summary.png"
-        job.writes.submit_plot(
-            report.plot_summary, png, fold_results, summary, cfg.output.show_random
-        )
-    return summary
 
 
 def _announce(
@@ -299,7 +272,7 @@ def _seal(
         now["learners"]["settings"] = [dict(setting) for setting in settings]
     seal = binding.fresh(now)
     if run is not None:  # resumed: the same config, learners and data, or refused
-        with _as_user_error(binding.BindingError):
+        with as_user_error(binding.BindingError):
             seal = binding.check_resume(run.path, now, resume_changed, log) or seal
         if seal.changes:
             made_by["provenance"]["resumed_with_changes"] = list(seal.changes)
@@ -315,29 +288,14 @@ def _absolute_paths(cfg: Config) -> Config:
     return dataclasses.replace(cfg, data=data, output=output)
 
 
-def _left_to_resume(run: rundir.RunDir, log: Callable[[str], None], say: bool = True) -> bool:
-    """After a run stopped early: whether a checkpoint lets it resume; its directory is removed
-    when none does, else (``say``) the command that resumes it is printed."""
-    # A second Ctrl-C must not stop the clean-up half-way.
-    with rundir.interrupts_deferred():
-        resumable = any(run.checkpoint_dir.glob("group*/[0-9]*")) or any(
-            run.checkpoint_dir.glob("group*/process-*/[0-9]*")  # several processes' shares
-        )
-        if not resumable:
-            rundir.discard(run)  # no epoch checkpointed, nothing to resume: leave nothing
-        elif say:
-            log(f"jdqn: run interrupted; resume with: jdqn walkforward --resume {run.path}")
-    return resumable
-
-
 def _open_resumed(
     resume: str | os.PathLike[str], unlocks: contextlib.ExitStack, processes: Processes
 ) -> tuple[rundir.RunDir, Config]:
     """A killed run's directory (locked by process 0) and its config, for ``--resume``."""
-    with _as_user_error(ValueError):
+    with as_user_error(ValueError):
         run = rundir.open_incomplete_run_dir(resume, lock=processes.writer)
     unlocks.callback(rundir.unlock, run)
-    with _as_user_error(ProcessError):
+    with as_user_error(ProcessError):
         processes.check_resume(run.path)
     try:
         return run, Config.from_json(run.config_path.read_text())
@@ -358,21 +316,13 @@ def _new_run(
     count; the other processes are told its path."""
     run = None
     if processes.writer:
-        try:
-            # A Ctrl-C is held back until the directory is written, then removes it below.
-            with rundir.interrupts_deferred():
-                with _as_user_error(ValueError, OSError):
-                    run = rundir.new_run_dir(cfg.output.out_dir, name)
-                unlocks.callback(rundir.unlock, run)
-                run.config_path.write_text(cfg.to_json() + "\n")
-                layout.record(run)
-                processes.record(run.path)
-        except BaseException as error:
-            if run is not None:
-                with rundir.interrupts_deferred():
-                    rundir.discard(run)
-            faults.raise_as_user_error(error, None, where=cfg.output.out_dir)  # disk full: one line
-            raise
+
+        def fill(run: rundir.RunDir) -> None:
+            layout.record(run)
+            processes.record(run.path)
+
+        run = rundir.create(cfg.output.out_dir, name, cfg.to_json(), fill)
+        unlocks.callback(rundir.unlock, run)
     path = Path(processes.broadcast_text(str(run.path) if run is not None else ""))
     final = path.with_name(path.name.removesuffix(rundir.INCOMPLETE_SUFFIX))
     return run or rundir.RunDir(path=path, final_path=final)
@@ -380,20 +330,13 @@ def _new_run(
 
 def _finish(
     job: _Job, fold_results: list[dict[str, Any]], summary: dict[str, Any], made_by: dict[str, Any]
-) -> WalkForwardOutcome:
+) -> rundir.RunOutcome:
     """Process 0 writes results.json, renames the run into place and reports it."""
     cfg, run, log = job.cfg, job.run, job.log
-    results = {
-        "config": json.loads(cfg.to_json()),  # lists, as in results.json
-        "source": job.data.source,
-        "bars_per_year": job.data.bars_per_year,
-        "bars": job.data.reading,  # how the bars were read
-        "folds": fold_results,
-        "summary": summary,
-        "jax_version": jax.__version__,
-        "backend": jax.default_backend(),
-        **made_by,
-    }
+    data = job.data  # "bars": how the bars were read
+    results = report.results_record(
+        cfg, data.source, data.bars_per_year, fold_results, summary, bars=data.reading, **made_by
+    )
     show_random = cfg.output.show_random
     try:
         rundir.write_json(run.results_path, results)
@@ -418,7 +361,7 @@ def _finish(
         job.log_outcome(
             f"jdqn: {signal.Signals(signum).name} arrived as the run completed; it is complete"
         )
-    return WalkForwardOutcome(run_dir=final, results=results, halted=bool(halted))
+    return rundir.RunOutcome(run_dir=final, results=results, halted=bool(halted))
 
 
 def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
@@ -426,7 +369,7 @@ def resolve_reward_unit(cfg: Config, data: WalkForwardData) -> Config:
     and the notional commission's price set (``env.resolve_costs``) from the first fold's train
     window, which precedes every test window; costs that swamp the moves get a notice."""
     train_close = data.train[0].close
-    with _as_user_error(ValueError):
+    with as_user_error(ValueError):
         env = volatility_reward_scale(resolve_costs(cfg.env, train_close), train_close)
     for notice in cost_notices(env, train_close, [fold.close for fold in data.test]):
         _notice(notice)
@@ -482,7 +425,7 @@ def _setting_configs(cfg: Config, settings: Settings) -> tuple[Config, ...]:
             f"and divide train.seeds={cfg.train.seeds}"
         )
     seeds = f"train.seeds={cfg.train.seeds // len(settings)}"  # as its own run's
-    with _as_user_error(ValueError):
+    with as_user_error(ValueError):
         configs = [apply_overrides(cfg, [seeds, *(f"{k}={v}" for k, v in s)]) for s in settings]
     if cfg.train.act_risk == 0 and any(c.train.act_risk > 0 for c in configs):
         raise UserError(  # acting's std is compiled only then (jdqn.agent.acting)
@@ -519,7 +462,7 @@ def _layout(
     """Devices and waves of the run (a resumed run keeps the waves it started with); every
     process runs the smallest waves any of them can hold, so that their shares stay in step."""
     groups = _fold_groups(cfg, data)
-    with _as_user_error(placement.PlacementError):
+    with as_user_error(placement.PlacementError):
         layout = placement.run_layout(
             cfg, data, groups, devices, debug=debug, resumed=run, processes=processes.count
         )
@@ -958,20 +901,8 @@ def _judge_group(
             calendar=calendar,
         )
         job.series.append(judged.series)
-        curves, held = judged.curves, judged.held
-        stem = f"fold{fold}_seed{seed}"
-        csv_path = run.curves_dir / f"{stem}_equity.csv"
-        writes.submit(report.write_equity_csv, csv_path, timestamps, curves, held)
-        if cfg.output.plots:
-            writes.submit_plot(
-                report.plot_equity,
-                run.plots_dir / f"{stem}_equity.png",
-                timestamps,
-                curves,
-                f"fold {fold} seed {seed}: out-of-sample equity ({status})",
-                cfg.env.point_value_usd,
-                cfg.output.show_random,
-            )
+        what = f"out-of-sample equity ({status})"
+        report.write_judged(writes, run.path, judged, timestamps, what, cfg, cfg.output.plots)
         rows.append(
             {
                 "fold": fold,

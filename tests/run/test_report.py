@@ -308,7 +308,8 @@ def test_the_stitched_plot_in_dollars_with_fold_lines_and_a_band_only_from_5_see
     tmp_path, monkeypatch, seeds, band
 ):
     drawn = _figures(monkeypatch)
-    report.write_stitched(tmp_path, _series(seeds), True, point_value_usd=50.0)
+    with report.BackgroundWrites() as writes:
+        report.write_stitched(tmp_path, _series(seeds), True, writes, point_value_usd=50.0)
     ((ax,),) = [fig.axes for fig in drawn]
     assert ax.get_ylabel() == "net PnL ($, after costs)" and ax.get_xlabel()
     assert ax.yaxis.get_major_formatter()(-12345.0, 0) == "-12,345"

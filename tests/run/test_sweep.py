@@ -243,7 +243,7 @@ def _config(tmp_path: Path, data: Path = ES_SAMPLE) -> sweep.Config:
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory) -> sweep.SweepOutcome:
+def swept(tmp_path_factory) -> rundir.RunOutcome:
     """Two learning rates x 2 folds x 2 seeds, one epoch each."""
     out = tmp_path_factory.mktemp("sweep")
     plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
