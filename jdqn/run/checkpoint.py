@@ -319,9 +319,7 @@ class GroupCheckpoints:
         process still writes the one before: training never waits on the disk (a sweep's
         1,536 default learners are 22 GiB a save), and a resume from any epoch gives the same
         numbers."""
-        if self._store is None or (
-            not required and self._processes.any_of(self._store.writing())
-        ):
+        if self._store is None or (not required and self._processes.any_of(self._store.writing())):
             return
         # halted_epoch by the wave's run index g, as one process would record it.
         halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}
