@@ -340,8 +340,14 @@ def _sub_run(
     if incomplete.is_dir():
         outcome = run_walkforward(None, resume=incomplete, **kwargs)
     else:
-        cfg = dataclasses.replace(cfg, output=dataclasses.replace(cfg.output, out_dir=str(parent)))
+        # No plot or TensorBoard log for each of a sweep's runs: thousands of them cost more
+        # than the training (docs/performance.md, "Sweeps"); the sweep's table and plot stand.
+        output = dataclasses.replace(cfg.output, out_dir=str(parent), plots=False)
+        cfg = dataclasses.replace(cfg, output=dataclasses.replace(output, tensorboard=False))
         outcome = run_walkforward(cfg, name=name, **kwargs)
+    # Finished, it resumes from its results.json: its checkpoints (22 GiB a save at the issue's
+    # 1,536 default learners) would only fill the disk.
+    shutil.rmtree(outcome.run_dir / "checkpoints", ignore_errors=True)
     return {**outcome.results, "run_dir": str(outcome.run_dir)}
 
 

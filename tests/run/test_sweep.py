@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,7 +24,7 @@ from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.policy import load_policy
 from jdqn.evaluation.policy_bundle import bundle_dir
-from jdqn.run import memory, placement, rundir, sweep
+from jdqn.run import memory, placement, rundir, sweep, walkforward
 from jdqn.run.walkforward import UserError, load_data, policy_root, run_walkforward
 
 SMALL_SEEDS = 2
@@ -455,26 +454,39 @@ def test_a_folds_selection_never_sees_its_test_window(swept, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_a_sweep_killed_between_runs_resumes_to_the_same_results(swept, tmp_path) -> None:
-    """The state a kill leaves: the settings' test run killed after its last checkpoint, before
-    its results. The resumed sweep resumes it (it judges again) and writes the uninterrupted
-    results."""
+def test_a_sweep_killed_between_runs_resumes_to_the_same_results(
+    swept, tmp_path, monkeypatch
+) -> None:
+    """A kill as the settings' test run ends, after its last checkpoint and before its results:
+    the resumed sweep resumes that run (it judges again) and writes the uninterrupted results.
+    A finished run of the sweep keeps no checkpoints (it resumes from its results)."""
+    finish = walkforward._finish
+
+    def killed_as_the_test_run_ends(job, *args):
+        if job.run.path.name.startswith("test"):
+            raise KeyboardInterrupt
+        return finish(job, *args)
+
+    monkeypatch.setattr(walkforward, "_finish", killed_as_the_test_run_ends)
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(_config(tmp_path), plan, name="sweep", progress=False, log=lambda _: None)
+    monkeypatch.undo()
     killed = tmp_path / f"sweep{rundir.INCOMPLETE_SUFFIX}"
-    shutil.copytree(swept.run_dir, killed)
-    for leftover in ("results.json", "sweep.csv", "policies"):
-        path = killed / leftover
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    cut_short = killed / "settings/s000/test"
-    (cut_short / "results.json").unlink()
-    assert list(cut_short.glob("checkpoints/group0/[0-9]*"))
-    cut_short.rename(cut_short.with_name(f"test{rundir.INCOMPLETE_SUFFIX}"))
+    assert (killed / "settings/s000/validation/results.json").is_file()
+    assert not (killed / "settings/s000/validation/checkpoints").exists()
+    alone = killed / f"settings/s000/test{rundir.INCOMPLETE_SUFFIX}"
+    assert list(alone.glob("checkpoints/group0/[0-9]*"))
     # Its learners are bound to their settings: resumed without them, refused (one line).
-    alone = cut_short.with_name(f"test{rundir.INCOMPLETE_SUFFIX}")
     with pytest.raises(UserError, match="the learners changed since the run started"):
         run_walkforward(None, resume=alone, progress=False, log=lambda _: None)
     outcome = sweep.run_sweep(None, None, resume=killed, progress=False, log=lambda _: None)
     assert outcome.run_dir == tmp_path / "sweep"
-    assert outcome.results == swept.results
+
+    def elsewhere(results: dict) -> dict:  # where the run was written aside
+        return {**results, "config": {**results["config"], "output": None}}
+
+    assert elsewhere(outcome.results) == elsewhere(swept.results)
     assert (outcome.run_dir / "sweep.csv").read_text() == (swept.run_dir / "sweep.csv").read_text()
     plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
     assert sweep.SweepPlan.from_record(swept.results["sweep"]) == plan
