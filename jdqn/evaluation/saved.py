@@ -97,7 +97,7 @@ def evaluate_saved(
         origin = {"run": str(Path(run_dir)), "fold": fold, "bars": reading}
         results = report.results_record(cfg, str(data), bars_per_year, rows, summary, **origin)
         rundir.write_json(run.results_path, results)
-        final = rundir.finalize(run)
+        final = rundir.finalize(run, None)  # an evaluation is not resumed: run again
     except BaseException:
         if run is not None:
             with rundir.interrupts_deferred():

@@ -97,11 +97,14 @@ def raise_as_user_error(
     error: BaseException,
     resume_dir: os.PathLike[str] | None,
     where: str | os.PathLike[str] | None = None,
+    command: str = "jdqn walkforward",
 ) -> None:
-    """Raise :class:`IOFault` for a storage failure (else return): one line with the fix, the
-    ``--resume`` command when ``resume_dir`` holds checkpoints to resume from. ``where``: the
-    directory the user named (the run's): a failure a library reports inside it is named by it
-    and the part written (``checkpoints/group0/4``), not by the library's internal file."""
+    """Raise :class:`IOFault` for a storage failure (else return): one line with the fix,
+    ``command --resume resume_dir`` when ``resume_dir`` holds something to resume from (a
+    sweep's own command, also for a failure one of its walk-forward runs already said).
+    ``where``: the directory the user named (the run's): a failure a library reports inside it
+    is named by it and the part written (``checkpoints/group0/4``), not by the library's internal
+    file."""
     found = _locate(error)
     if found is None:
         return
@@ -114,5 +117,5 @@ def raise_as_user_error(
         named = f"{where}: {problem}" + (f" (writing {inside})" if inside else "")
     then = "then run it again"
     if resume_dir is not None:
-        then = f"then resume with: jdqn walkforward --resume {resume_dir}"
+        then = f"then resume with: {command} --resume {resume_dir}"
     raise IOFault(f"{named}; fix: free space or fix the file system, {then}") from None

@@ -283,8 +283,9 @@ def interrupts_deferred() -> Iterator[None]:
             signal.raise_signal(number)  # to the handler that was there before
 
 
-def finalize(run: RunDir) -> Path:
-    """Rename the finished run into place; the last step of every successful run."""
+def finalize(run: RunDir, command: str | None = "jdqn walkforward") -> Path:
+    """Rename the finished run into place; the last step of every successful run. ``command``:
+    the one that resumes it, named when the final name is taken (None: it is run again)."""
     if run.path == run.final_path:
         return run.final_path
     try:
@@ -294,7 +295,8 @@ def finalize(run: RunDir) -> Path:
             raise
         raise FinalNameTaken(
             f"{run.final_path}: made by something else while the run ran, so the finished run "
-            f"cannot take its name; fix: move it away, then: jdqn walkforward --resume {run.path}"
+            "cannot take its name; fix: move it away, then"
+            + (f": {command} --resume {run.path}" if command else " run it again")
         ) from None
     (run.final_path / LOCK_FILE).unlink(missing_ok=True)
     unlock(run)

@@ -295,7 +295,8 @@ def run_sweep(
             resumable = rundir.left_to_resume(run, RESUMES_FROM)
             if resumable and faults.io_problem(error) is None:
                 log(f"jdqn: sweep interrupted; resume with: jdqn sweep --resume {run.path}")
-            faults.raise_as_user_error(error, run.path if resumable else None)
+            resume_dir = run.path if resumable else None
+            faults.raise_as_user_error(error, resume_dir, where=run.path, command="jdqn sweep")
             raise
 
 
@@ -512,7 +513,7 @@ def _finish(
         **provenance.run_record(base.data.path, data.n_bars),
     )
     rundir.write_json(run.results_path, results)
-    final = rundir.finalize(run)
+    final = rundir.finalize(run, "jdqn sweep")
     for fold, setting in enumerate(chosen):
         log(f"jdqn: fold {fold}: setting {setting} ({_describe(plan.settings[setting])})")
     pbo = results["overfitting"]["pbo"]

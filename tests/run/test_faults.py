@@ -54,6 +54,8 @@ def test_a_storage_failure_is_found_in_the_error_or_behind_it():
     assert faults.io_problem(OSError(errno.ENOENT, "No such file or directory")) is None
     with pytest.raises(faults.IOFault, match=r"then resume with: jdqn walkforward --resume /r"):
         faults.raise_as_user_error(named, Path("/r"))
+    with pytest.raises(faults.IOFault, match=r"then resume with: jdqn sweep --resume /r$"):
+        faults.raise_as_user_error(named, Path("/r"), command="jdqn sweep")
     faults.raise_as_user_error(KeyboardInterrupt(), Path("/r"))  # not a storage failure: returns
 
 

@@ -6,7 +6,9 @@ its test window, a sweep killed between runs resumes."""
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,7 +26,7 @@ from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.policy import load_policy
 from jdqn.evaluation.policy_bundle import bundle_dir
-from jdqn.run import memory, placement, rundir, sweep, walkforward
+from jdqn.run import faults, memory, placement, rundir, sweep, walkforward
 from jdqn.run.walkforward import UserError, load_data, policy_root, run_walkforward
 
 SMALL_SEEDS = 2
@@ -451,6 +453,31 @@ def test_a_folds_selection_never_sees_its_test_window(swept, tmp_path) -> None:
     assert [r for r in altered["folds"] if r["fold"] == 0] == [
         r for r in kept["folds"] if r["fold"] == 0
     ]
+
+
+@pytest.mark.slow
+def test_a_full_disk_in_a_sweeps_run_says_resume_the_sweep(tmp_path, monkeypatch, capsys) -> None:
+    """A storage failure inside one of the sweep's walk-forward runs (which says it its own
+    way, for its own directory) reaches the user as the sweep's line: resume the sweep, not the
+    run (resumed alone, its learners would be refused)."""
+    finish = walkforward._finish
+
+    def full_as_the_test_run_ends(job, *args):
+        if job.run.path.name.startswith("test"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(job.run.results_path))
+        return finish(job, *args)
+
+    monkeypatch.setattr(walkforward, "_finish", full_as_the_test_run_ends)
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    with pytest.raises(faults.IOFault) as raised:
+        sweep.run_sweep(_config(tmp_path), plan, name="sweep", progress=False, log=print)
+    killed = tmp_path / f"sweep{rundir.INCOMPLETE_SUFFIX}"
+    assert str(raised.value).endswith(
+        f"no space left on the device; fix: free space or fix the file system, then resume "
+        f"with: jdqn sweep --resume {killed}"
+    )
+    assert str(killed / "settings/s000/test.incomplete/results.json") in str(raised.value)
+    assert "jdqn walkforward" not in capsys.readouterr().out
 
 
 @pytest.mark.slow
