@@ -307,6 +307,8 @@ def td_target(
         risk = cfg.train.act_risk if act_risk is None else act_risk
         choice = acting.mean_minus_std(probs_next, q_next, support, risk)
     if cfg.network.post_trade_values:
+        if next_position is None:
+            raise ValueError("td_target: network.post_trade_values needs next_position [R]")
         costs_next = acting.trade_costs(next_position[:, None], cfg)  # [R, 1, A]
         choice = choice - costs_next
     a_star, probs_star, q_star = double_dqn_target(choice, target_logits_next, support)

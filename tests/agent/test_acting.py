@@ -196,6 +196,8 @@ def test_post_trade_targets_pay_a_stars_trade_from_the_next_position_against_flo
     np.testing.assert_allclose(np.asarray(out.y), y, rtol=0, atol=2e-5)
     projected = _project64(probs_star.reshape(18, -1), moved.reshape(-1), np.full(18, 0.85))
     np.testing.assert_allclose(np.asarray(out.projected).reshape(18, -1), projected, atol=2e-6)
+    with pytest.raises(ValueError, match="post_trade_values needs next_position"):
+        losses.td_target(online, target, reward, discount, cfg)
 
 
 def _softmax64(logits: np.ndarray) -> np.ndarray:
