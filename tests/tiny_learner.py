@@ -11,5 +11,9 @@ TINY = [
     "network.v_max=10",
     "accel.kernels=off",
     "loss.causal_every=1",
+    # one-step plain values: the references these tests compare with are the environment's
+    # one-step rewards (n-step returns: test_nstep; post-trade values: test_acting)
+    "loss.n_step=1",
+    "network.post_trade_values=false",
 ]
 N_FEATURES = 4  # feature columns of the tests' made-up data

@@ -29,6 +29,8 @@ def action_scores(
     if cfg.train.act_risk > 0:
         mixture = jnp.mean(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-3)
         q = mean_minus_std(mixture, q, support, cfg.train.act_risk if risk is None else risk)
+    if cfg.network.post_trade_values:
+        q = q - trade_costs(position, cfg)
     if cfg.train.act_band_costs > 0:
         # Two sides of the cost per contract: the band is in round trips.
         band = cfg.train.act_band_costs * 2.0 * cfg.env.cost_points * cfg.env.reward_scale
@@ -44,3 +46,11 @@ def mean_minus_std(
     means are ``mean [...]`` (Dabney et al., ICML 2018, a risk-averse distortion)."""
     variance = jnp.sum(probs * (support - mean[..., None]) ** 2, axis=-1)  # [...]
     return mean - risk * jnp.sqrt(variance)
+
+
+def trade_costs(position: jax.Array, cfg: Config) -> jax.Array:
+    """``[..., A]`` reward units each action's trade costs from ``position [...]``: what
+    ``network.post_trade_values`` adds to the heads' values of the position after the trade."""
+    positions = jnp.asarray(cfg.env.positions, jnp.float32)  # [A]
+    moved = jnp.abs(positions - jnp.asarray(position, jnp.float32)[..., None])  # [..., A]
+    return cfg.env.cost_points * cfg.env.reward_scale * moved

@@ -8,8 +8,9 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jdqn.agent import networks
+from jdqn.agent import acting, networks
 from jdqn.agent.donors import make_donors
+from jdqn.agent.losses import select_action
 from jdqn.agent.replay import ReplayState, replay_sample, replay_serials
 from jdqn.agent.transition import Transition, observation
 from jdqn.config import Config
@@ -93,6 +94,8 @@ def sample_batch(
                 [next_obs, observation(donors.next_features, positions[donors.action])]
             )
             discount = jnp.concatenate([discount, discounts[1] * (1.0 - donors.done)])
+    if net.post_trade_values:  # the heads learn the value after the row's own trade
+        reward = reward + select_action(acting.trade_costs(rows.position, cfg), rows.action)
     n_rows = batch_size + n_donors
     if net.n_heads > 1 and net.bootstrap_prob < 1:
         head_masks = jnp.concatenate(

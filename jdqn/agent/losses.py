@@ -285,13 +285,17 @@ def td_target(
     pieces: Pieces = PLAIN,
     smoothing: jax.Array | None = None,
     act_risk: jax.Array | None = None,
+    next_position: jax.Array | None = None,
 ) -> TdTarget:
     """Double-DQN target (van Hasselt et al., AAAI 2016) projected onto the support
     (Bellemare et al., 2017) and label-smoothed: ``logits [R, K, A, N]`` of the online and target
     nets at s', ``reward, discount [R]``; ``pieces.projection`` runs the projection. With
     ``train.act_risk`` the online net picks a* as acting does, by mean minus a multiple of the
     standard deviation (``jdqn.agent.acting``). ``smoothing`` (:func:`smoothing_weights`) and
-    ``act_risk``: the learner's values (None: the config's)."""
+    ``act_risk``: the learner's values (None: the config's). With
+    ``network.post_trade_values`` a* also pays its trade from ``next_position [R]`` (the
+    position held at s'), and its value at s' is that of the position after the trade, less
+    the trade's cost; ``reward`` is then the reward before the row's own trade's cost."""
     net = cfg.network
     if smoothing is None:
         smoothing = jnp.asarray(smoothing_weights(cfg.loss.label_smoothing, net.n_atoms))
@@ -302,9 +306,16 @@ def td_target(
         probs_next = jax.nn.softmax(online_logits_next.astype(jnp.float32), axis=-1)
         risk = cfg.train.act_risk if act_risk is None else act_risk
         choice = acting.mean_minus_std(probs_next, q_next, support, risk)
-    _, probs_star, q_star = double_dqn_target(choice, target_logits_next, support)
+    if cfg.network.post_trade_values:
+        if next_position is None:
+            raise ValueError("td_target: network.post_trade_values needs next_position [R]")
+        costs_next = acting.trade_costs(next_position[:, None], cfg)  # [R, 1, A]
+        choice = choice - costs_next
+    a_star, probs_star, q_star = double_dqn_target(choice, target_logits_next, support)
     rows, heads = q_star.shape
     rewards = jnp.broadcast_to(reward[:, None], (rows, heads))  # [R, K]
+    if cfg.network.post_trade_values:  # a*'s cost at s', discounted like its value
+        rewards = rewards - discount[:, None] * select_action(costs_next, a_star)
     discounts = jnp.broadcast_to(discount[:, None], (rows, heads))  # [R, K]
     with jax.named_scope("projection"):
         projected = c51_project(

@@ -172,8 +172,8 @@ def learner_step(
     # The online and the target net's logits at s'.
     next_logits = _logits_next(setup, state, eff, masks, new_u, batch.next_obs, checks)
 
-    # 4. Double-DQN target, projection, label smoothing (stop-gradient).
-    values = (state.hyper.label_smoothing, state.hyper.act_risk)  # the learner's own
+    # 4. Double-DQN target, projection, label smoothing (stop-gradient): the learner's values
+    values = (state.hyper.label_smoothing, state.hyper.act_risk, batch.next_obs[:, -1])  # s' held
     target = losses.td_target(*next_logits, batch.reward, batch.discount, cfg, pieces, *values)
     check_target(checks, target, net)
 

@@ -234,6 +234,10 @@ class NetworkConfig:
     # append |held position| to the network's input: going flat costs |p| x cost, which the
     # position alone (-1, 0, 1) gives the first layer only as a V shape
     position_magnitude: bool = False
+    # the heads learn each action's value after its trade (the post-decision state; Powell,
+    # Approximate Dynamic Programming, 2011, ch. 4) and the trade's cost, known exactly, is added
+    # to it, so that no fit of the held position can misprice a trade (jdqn.agent.acting)
+    post_trade_values: bool = False
 
     def __post_init__(self) -> None:
         _require(

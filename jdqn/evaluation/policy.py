@@ -122,7 +122,9 @@ class Policy:
     def q(self, bars: BarsLike, start: int | None = None) -> np.ndarray:
         """Return distributions [T, A, N] float32 over :attr:`atoms` at each bar, for the
         position :meth:`act` held before it (head-mean probabilities); NaN before ``start``.
-        ``q(bars) @ atoms`` is the expected return of each action."""
+        ``q(bars) @ atoms`` is the expected return of each action (with
+        ``network.post_trade_values``: of the position after its trade, less the trade's cost
+        from the held position, ``jdqn.agent.acting.trade_costs``)."""
         loaded = self.bars(bars)
         positions, features, first = self._act(loaded, start)
         held = np.concatenate([[0.0], positions[first:-1]]).astype(np.float32)

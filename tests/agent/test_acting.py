@@ -1,5 +1,6 @@
 """Action selection (jdqn.agent.acting) against float64 numpy: the heads' mixture mean and
-standard deviation, the risk penalty and the no-trade band in cost units."""
+standard deviation, the risk penalty, the no-trade band in cost units, and the known trade costs
+of post-trade values (network.post_trade_values) in scores, targets and batches."""
 
 import dataclasses
 
@@ -15,15 +16,25 @@ from jdqn.config import DEFAULT, apply_overrides
 CFG = apply_overrides(DEFAULT, ["env.reward_scale=2.0"])  # positions (-1, 0, 1), +-10, 51 atoms
 
 
-def _with(risk: float = 0.0, band: float = 0.0):
+def _with(risk: float = 0.0, band: float = 0.0, post_trade: bool = False):
     return dataclasses.replace(
-        CFG, train=dataclasses.replace(CFG.train, act_risk=risk, act_band_costs=band)
+        CFG,
+        train=dataclasses.replace(CFG.train, act_risk=risk, act_band_costs=band),
+        network=dataclasses.replace(CFG.network, post_trade_values=post_trade),
     )
 
 
-def _reference(logits: np.ndarray, position: np.ndarray, risk: float, band: float) -> np.ndarray:
-    """mean - risk x std of the heads' equal-weight mixture, + band round trips on the held
-    action."""
+def _costs64(position: np.ndarray) -> np.ndarray:
+    """[..., A] each action's trade cost from ``position [...]``, reward units (float64)."""
+    moved = np.abs(np.asarray(CFG.env.positions) - np.asarray(position, np.float64)[..., None])
+    return CFG.env.cost_points * CFG.env.reward_scale * moved
+
+
+def _reference(
+    logits: np.ndarray, position: np.ndarray, risk: float, band: float, post_trade: bool = False
+) -> np.ndarray:
+    """mean - risk x std of the heads' equal-weight mixture, less each trade's cost when the
+    heads give post-trade values, + band round trips on the held action."""
     logits = logits.astype(np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
@@ -33,16 +44,22 @@ def _reference(logits: np.ndarray, position: np.ndarray, risk: float, band: floa
     std = np.sqrt((mixture * z**2).sum(-1) - mean**2)
     held = np.asarray(CFG.env.positions)[None, :] == position[:, None]
     cost_reward_units = 2 * CFG.env.cost_points * CFG.env.reward_scale  # one round trip
-    return mean - risk * std + band * cost_reward_units * held
+    costs = _costs64(position) if post_trade else 0.0
+    return mean - risk * std - costs + band * cost_reward_units * held
 
 
-@pytest.mark.parametrize(("risk", "band"), [(0.0, 0.0), (0.5, 0.0), (0.0, 1.5), (1.0, 2.0)])
-def test_scores_match_a_float64_mixture(risk, band):
+@pytest.mark.parametrize(
+    ("risk", "band", "post_trade"),
+    [(0.0, 0.0, False), (0.5, 0.0, False), (0.0, 1.5, False), (1.0, 2.0, False)]
+    + [(0.0, 0.0, True), (0.5, 1.5, True)],
+)
+def test_scores_match_a_float64_mixture(risk, band, post_trade):
     rng = np.random.default_rng(3)
     logits = rng.normal(0.0, 2.0, (7, 5, 3, 51)).astype(np.float32)  # [B, K, A, N]
     position = rng.choice([-1.0, 0.0, 1.0], 7).astype(np.float32)
-    scores = jax.jit(lambda x, p: action_scores(x, p, _with(risk, band)))(logits, position)
-    expected = _reference(logits, position, risk, band)
+    cfg = _with(risk, band, post_trade)
+    scores = jax.jit(lambda x, p: action_scores(x, p, cfg))(logits, position)
+    expected = _reference(logits, position, risk, band, post_trade)
     np.testing.assert_allclose(np.asarray(scores), expected, rtol=0, atol=2e-5)
 
 
@@ -134,3 +151,91 @@ def test_position_magnitude_is_the_plain_network_on_obs_with_abs_position_append
         np.asarray(networks.apply(params, obs, on)),
         np.asarray(networks.apply(params, with_abs, CFG)),
     )
+
+
+def _project64(probs: np.ndarray, reward: np.ndarray, discount: np.ndarray) -> np.ndarray:
+    """C51 projection of ``probs [R, N]`` moved to ``reward + discount z`` (Bellemare et al.,
+    2017, algorithm 1), a float64 loop over the source atoms."""
+    z = np.linspace(CFG.network.v_min, CFG.network.v_max, CFG.network.n_atoms)
+    out = np.zeros_like(probs)
+    for row in range(len(probs)):
+        for j in range(len(z)):
+            moved = np.clip(reward[row] + discount[row] * z[j], z[0], z[-1])
+            place = (moved - z[0]) / (z[1] - z[0])
+            low = int(np.floor(place))
+            high = min(low + 1, len(z) - 1)
+            out[row, low] += probs[row, j] * (1 - (place - low))
+            out[row, high] += probs[row, j] * (place - low)
+    return out
+
+
+def test_post_trade_targets_pay_a_stars_trade_from_the_next_position_against_float64():
+    """With post-trade values a* at s' maximises the online value less its trade's cost from
+    the position held at s', and the target is the target net's distribution at a*, moved by
+    the reward less a*'s discounted cost: y and the projection against float64 numpy."""
+    from jdqn.agent import losses
+
+    cfg = _with(post_trade=True)
+    rng = np.random.default_rng(7)
+    online = rng.normal(0.0, 1.0, (9, 2, 3, 51)).astype(np.float32)  # [R, K, A, N]
+    target = rng.normal(0.0, 1.0, online.shape).astype(np.float32)
+    reward = rng.normal(0.0, 1.0, 9).astype(np.float32)
+    discount = np.full(9, 0.85, np.float32)
+    next_position = rng.choice([-1.0, 0.0, 1.0], 9).astype(np.float32)
+    out = jax.jit(lambda o, t, r, d, p: losses.td_target(o, t, r, d, cfg, next_position=p))(
+        online, target, reward, discount, next_position
+    )
+
+    z = np.linspace(CFG.network.v_min, CFG.network.v_max, CFG.network.n_atoms)
+    costs = _costs64(next_position)[:, None, :]  # [R, 1, A]
+    a_star = ((_softmax64(online) * z).sum(-1) - costs).argmax(-1)  # [R, K]
+    assert len(np.unique(a_star)) == 3  # the case reaches every action
+    probs_star = np.take_along_axis(_softmax64(target), a_star[..., None, None], axis=-2)[..., 0, :]
+    moved = reward[:, None] - discount[:, None] * np.take_along_axis(costs[:, 0], a_star, -1)
+    y = np.clip(moved + discount[:, None] * (probs_star * z).sum(-1), z[0], z[-1])
+    np.testing.assert_allclose(np.asarray(out.y), y, rtol=0, atol=2e-5)
+    projected = _project64(probs_star.reshape(18, -1), moved.reshape(-1), np.full(18, 0.85))
+    np.testing.assert_allclose(np.asarray(out.projected).reshape(18, -1), projected, atol=2e-6)
+    with pytest.raises(ValueError, match="post_trade_values needs next_position"):
+        losses.td_target(online, target, reward, discount, cfg)
+
+
+def _softmax64(logits: np.ndarray) -> np.ndarray:
+    logits = np.asarray(logits, np.float64)
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_post_trade_batches_add_back_each_rows_own_trade_cost():
+    """The rows a step trains on (sampled and donors) carry the reward before their own trade's
+    cost: the same sample with and without post-trade values differs by exactly that cost."""
+    from jdqn.agent.batch import sample_batch
+    from jdqn.agent.replay import replay_add, replay_init
+    from jdqn.agent.transition import example_transition
+
+    rng = np.random.default_rng(2)
+    rows, n_features = 32, 4
+    stored = example_transition(n_features)._replace(
+        features=rng.normal(size=(rows, n_features)).astype(np.float32),
+        position=rng.choice([-1.0, 0.0, 1.0], rows).astype(np.float32),
+        action=rng.integers(0, 3, rows).astype(np.int32),
+        reward=rng.normal(size=rows).astype(np.float32),
+        next_features=rng.normal(size=(rows, n_features)).astype(np.float32),
+        price_change=rng.normal(size=rows).astype(np.float32),
+        done=np.zeros(rows, np.float32),
+    )
+    replay = replay_add(replay_init(rows, example_transition(n_features)), stored)
+    keys = tuple(jax.random.split(jax.random.PRNGKey(0), 3))
+    discounts = jnp.asarray([1.0, 0.85])
+    sample = jax.jit(sample_batch, static_argnums=(5, 6))
+    base = apply_overrides(CFG, ["train.batch_size=16", "network.bootstrap_prob=1.0"])
+    plain, post = (
+        sample(replay, keys, jax.random.PRNGKey(1), 0.5, discounts, cfg, 32)
+        for cfg in (base, apply_overrides(base, ["network.post_trade_values=true"]))
+    )
+    taken = np.asarray(CFG.env.positions)[np.asarray(post.transitions.action)]
+    own_cost = _costs64(np.asarray(post.transitions.position))
+    own_cost = np.take_along_axis(own_cost, np.asarray(post.transitions.action)[:, None], -1)
+    assert np.any(taken != np.asarray(post.transitions.position))  # some rows trade
+    np.testing.assert_allclose(post.reward - plain.reward, own_cost[:, 0], rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(post.next_obs, plain.next_obs)

@@ -38,6 +38,10 @@ SMALL = (
     "loss.causal_every=2",
     "optim.target_every=3",
     "loss.grad_budget=1e-3",  # small enough to bind (Adam is scale-free, training still moves)
+    # one-step transitions and plain values, as the references here are built (n-step returns:
+    # test_nstep; post-trade values: test_acting and the learner pin)
+    "loss.n_step=1",
+    "network.post_trade_values=false",
 )
 # Pieces forced through accel.pieces ("kernels:" extras, joined into its one value): the real
 # kernels on a GPU, interpret mode on CPU.
@@ -590,6 +594,7 @@ def test_old_failure_mse_phase_then_c51_with_rewards_beyond_support_stays_bounde
             # be a third of the targets.
             "loss.donor_mode=best",
             "loss.donor_fraction=0.25",
+            "loss.n_step=1",  # the seed's one-step transitions
         ],
     )
     assert cfg.optim.learning_rate == 1e-3 and cfg.network.v_max == 240.0

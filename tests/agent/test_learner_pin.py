@@ -53,6 +53,7 @@ EVERYTHING = (
     "loss.donor_fraction=0.25",
     "loss.budget_split=fixed",
     "loss.edge_mass_limit=1.0",
+    "loss.n_step=1",  # the fixture's transitions are one-step
 )
 XLA = ("accel.pieces=tail=xla",)
 # One head, no diversity: the causal term is a loss part of its own; kernels in interpret mode.

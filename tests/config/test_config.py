@@ -11,12 +11,13 @@ def test_profiles_have_the_documented_smoketest_shape():
     cfg = profile("smoketest")
     assert cfg.network.hidden == (64, 64)
     assert cfg.train.batch_size == 64 and cfg.replay.capacity == 256
-    assert cfg.train.n_slices == 64 and cfg.train.epochs == 2
+    assert cfg.train.n_slices == 64 and cfg.train.epochs == 4
     assert cfg.walkforward.n_folds == 3
     assert cfg.loss.alpha_schedule == (0.0, 0.2)
     assert (cfg.network.n_atoms, cfg.network.v_min, cfg.network.v_max) == (51, -10.0, 10.0)
     assert cfg.env.reward_unit == "train_volatility" and cfg.train.bootstrap_slice_ends
     assert (cfg.loss.donor_mode, cfg.loss.donor_fraction) == ("all", 2.0)
+    assert cfg.network.post_trade_values and cfg.loss.n_step == 3
 
 
 def test_volatility_units_resolve_from_the_train_window():

@@ -39,6 +39,9 @@ TINY = [
     "output.checkpoints=false",
     "output.plots=false",
     "output.compilation_cache=false",
+    # plain values: the comparison below needs an agent that trades, and a one-epoch agent
+    # with post-trade values sits these bars out
+    "network.post_trade_values=false",
 ]
 UNTUNED = ("flat", "buy_and_hold", "random")
 

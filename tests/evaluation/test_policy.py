@@ -159,6 +159,10 @@ def test_q_gives_the_distributions_act_chose_from(tiny_run):
     assert np.all(np.isnan(probs[:warm]))
     np.testing.assert_allclose(probs[warm:].sum(-1), 1.0, atol=1e-5)
     expected = probs[warm:] @ policy.atoms  # [T, A]
+    if policy.cfg.network.post_trade_values:  # less each trade's cost from the held position
+        held = np.concatenate([[0.0], positions[warm:-1]])
+        cost = policy.cfg.env.cost_points * policy.cfg.env.reward_scale
+        expected = expected - cost * np.abs(policy.positions[None, :] - held[:, None])
     picked = policy.positions[np.argmax(expected, axis=-1)]
     margin = np.sort(expected, -1)[:, -1] - np.sort(expected, -1)[:, -2]
     clear = margin > 1e-5  # away from float32 ties
