@@ -12,7 +12,11 @@ from jdqn.config import Config
 
 
 def action_scores(
-    logits: jax.Array, position: jax.Array, cfg: Config, risk: jax.Array | None = None
+    logits: jax.Array,
+    position: jax.Array,
+    cfg: Config,
+    risk: jax.Array | None = None,
+    cost_scale: jax.Array | None = None,
 ) -> jax.Array:
     """What acting takes the argmax of, ``[..., A]``, from the heads' ``logits [..., K, A, N]``
     with ``position [...]`` held: the heads' mean Q, minus ``train.act_risk`` x the standard
@@ -23,14 +27,15 @@ def action_scores(
     the distributions learned are those of the policy that acts. ``risk``: the learner's value of
     act_risk (None: the config's); the std is computed only where the config's is above 0 (a
     program whose learners carry several values is built with one of those above 0, and a
-    learner's 0 then gives the mean exactly)."""
+    learner's 0 then gives the mean exactly). ``cost_scale``: the learner's
+    ``env.train_cost_scale``, which post-trade values' costs carry (None: the config's)."""
     support = networks.atoms(cfg.network)  # [N]
     q = jnp.mean(networks.q_values(logits, support), axis=-2)  # [..., A]
     if cfg.train.act_risk > 0:
         mixture = jnp.mean(jax.nn.softmax(logits.astype(jnp.float32), axis=-1), axis=-3)
         q = mean_minus_std(mixture, q, support, cfg.train.act_risk if risk is None else risk)
     if cfg.network.post_trade_values:
-        q = q - trade_costs(position, cfg)
+        q = q - trade_costs(position, cfg, cost_scale)
     if cfg.train.act_band_costs > 0:
         # Two sides of the cost per contract: the band is in round trips.
         band = cfg.train.act_band_costs * 2.0 * cfg.env.cost_points * cfg.env.reward_scale
@@ -48,9 +53,14 @@ def mean_minus_std(
     return mean - risk * jnp.sqrt(variance)
 
 
-def trade_costs(position: jax.Array, cfg: Config) -> jax.Array:
-    """``[..., A]`` reward units each action's trade costs from ``position [...]``: what
-    ``network.post_trade_values`` adds to the heads' values of the position after the trade."""
+def trade_costs(
+    position: jax.Array, cfg: Config, cost_scale: jax.Array | float | None = None
+) -> jax.Array:
+    """``[..., A]`` reward units each action's trade costs from ``position [...]``, as the
+    training reward charges them (``cost_scale``: the learner's ``env.train_cost_scale``; None:
+    the config's): what ``network.post_trade_values`` adds to the heads' values of the position
+    after the trade."""
     positions = jnp.asarray(cfg.env.positions, jnp.float32)  # [A]
     moved = jnp.abs(positions - jnp.asarray(position, jnp.float32)[..., None])  # [..., A]
-    return cfg.env.cost_points * cfg.env.reward_scale * moved
+    scale = cfg.env.train_cost_scale if cost_scale is None else cost_scale
+    return cfg.env.cost_points * cfg.env.reward_scale * moved * scale  # exact at a scale of 1

@@ -48,7 +48,8 @@ def sample_batch(
     ``n_donors`` hindsight donors (another action at the same bar with its recomputed reward;
     Andrychowicz et al., NeurIPS 2017); ``keys`` = (sample, donors, donors' head masks);
     ``discounts [n_step + 1]``: gamma's powers, ``hold_penalty`` and ``cost_scale``: the donors'
-    hold charge and cost multiplier (the learner's ``Hyper``; None: the config's).
+    hold charge and the cost multiplier of their rewards and of the trade costs post-trade values
+    add back (the learner's ``Hyper``; None: the config's).
 
     Bootstrap head masks (Osband et al., NeurIPS 2016): one per stored transition for its whole
     life (keyed on its insertion serial, so an overwritten slot gets a fresh draw), fresh for
@@ -95,7 +96,8 @@ def sample_batch(
             )
             discount = jnp.concatenate([discount, discounts[1] * (1.0 - donors.done)])
     if net.post_trade_values:  # the heads learn the value after the row's own trade
-        reward = reward + select_action(acting.trade_costs(rows.position, cfg), rows.action)
+        costs = acting.trade_costs(rows.position, cfg, cost_scale)  # [rows, A]
+        reward = reward + select_action(costs, rows.action)
     n_rows = batch_size + n_donors
     if net.n_heads > 1 and net.bootstrap_prob < 1:
         head_masks = jnp.concatenate(

@@ -286,6 +286,7 @@ def td_target(
     smoothing: jax.Array | None = None,
     act_risk: jax.Array | None = None,
     next_position: jax.Array | None = None,
+    cost_scale: jax.Array | None = None,
 ) -> TdTarget:
     """Double-DQN target (van Hasselt et al., AAAI 2016) projected onto the support
     (Bellemare et al., 2017) and label-smoothed: ``logits [R, K, A, N]`` of the online and target
@@ -295,7 +296,8 @@ def td_target(
     ``act_risk``: the learner's values (None: the config's). With
     ``network.post_trade_values`` a* also pays its trade from ``next_position [R]`` (the
     position held at s'), and its value at s' is that of the position after the trade, less
-    the trade's cost; ``reward`` is then the reward before the row's own trade's cost."""
+    the trade's cost (times ``cost_scale``, the learner's ``env.train_cost_scale``; None: the
+    config's); ``reward`` is then the reward before the row's own trade's cost."""
     net = cfg.network
     if smoothing is None:
         smoothing = jnp.asarray(smoothing_weights(cfg.loss.label_smoothing, net.n_atoms))
@@ -309,7 +311,7 @@ def td_target(
     if cfg.network.post_trade_values:
         if next_position is None:
             raise ValueError("td_target: network.post_trade_values needs next_position [R]")
-        costs_next = acting.trade_costs(next_position[:, None], cfg)  # [R, 1, A]
+        costs_next = acting.trade_costs(next_position[:, None], cfg, cost_scale)  # [R, 1, A]
         choice = choice - costs_next
     a_star, probs_star, q_star = double_dqn_target(choice, target_logits_next, support)
     rows, heads = q_star.shape

@@ -134,7 +134,10 @@ def make_learner(
         masks = state.masks if net.target_sparsity > 0 else None
         eff, _, _ = networks.effective_params(state.params, masks, state.sn_u, net, False)
         logits = networks.apply(eff, obs, cfg, pieces)
-        return acting.action_scores(logits, obs[..., -1], cfg, state.hyper.act_risk)
+        hyper = state.hyper
+        return acting.action_scores(
+            logits, obs[..., -1], cfg, hyper.act_risk, hyper.train_cost_scale
+        )
 
     step = functools.partial(learner_step, setup)
     return Learner(init=init, insert=insert, step=step, act_q=act_q, layout=layout)
@@ -173,7 +176,8 @@ def learner_step(
     next_logits = _logits_next(setup, state, eff, masks, new_u, batch.next_obs, checks)
 
     # 4. Double-DQN target, projection, label smoothing (stop-gradient): the learner's values
-    values = (state.hyper.label_smoothing, state.hyper.act_risk, batch.next_obs[:, -1])  # s' held
+    hyper = state.hyper
+    values = (hyper.label_smoothing, hyper.act_risk, batch.next_obs[:, -1], hyper.train_cost_scale)
     target = losses.td_target(*next_logits, batch.reward, batch.discount, cfg, pieces, *values)
     check_target(checks, target, net)
 

@@ -33,14 +33,16 @@ def test_learners_of_one_program_carry_their_own_settings():
     exploration, alpha schedule, label smoothing, hold penalty, acting risk, target sync period
     and training cost scale as values (``jdqn.agent.state.Hyper``), train as that config's own
     program does, to the bit (n-step returns, targets, Adam, epsilon, the epoch's C51 blend, the
-    rewards and donors' rewards, acting, a* and the target net's syncs all read them). The program's
+    rewards and donors' rewards, post-trade values' costs, acting, a* and the target net's syncs
+    all read them). The program's
     act_risk is base's 0.25: a learner carrying 0 acts by the mean exactly as a program of
     act_risk 0, which skips the std."""
     base = apply_overrides(
         SMOKETEST,
         [*TINY, "train.chunk_iterations=8", "train.n_slices=8", "train.batch_size=8"]
         + ["loss.n_step=3", "train.epsilon_decay_fraction=0.05", "train.epochs=3"]
-        + ["train.act_risk=0.25", "optim.target_every=3"],  # syncs after steps 3 and 6 of 8
+        + ["train.act_risk=0.25", "optim.target_every=3"]  # syncs after steps 3 and 6 of 8
+        + ["network.post_trade_values=true"],  # whose trade costs carry the cost scale
     )
     other = apply_overrides(
         base,
