@@ -176,8 +176,7 @@ def learner_step(
     next_logits = _logits_next(setup, state, eff, masks, new_u, batch.next_obs, checks)
 
     # 4. Double-DQN target, projection, label smoothing (stop-gradient): the learner's values
-    hyper = state.hyper
-    values = (hyper.label_smoothing, hyper.act_risk, batch.next_obs[:, -1], hyper.train_cost_scale)
+    values = _target_values(state, batch)
     target = losses.td_target(*next_logits, batch.reward, batch.discount, cfg, pieces, *values)
     check_target(checks, target, net)
 
@@ -264,6 +263,13 @@ def learner_step(
         }
         metrics = _metrics(loss_values, update, online, target, extras, alpha, guard, setup)
     return new_state, metrics
+
+
+def _target_values(state: LearnerState, batch: Batch) -> tuple[jax.Array, ...]:
+    """``td_target``'s per-learner arguments: label smoothing's weights, acting's risk, the
+    position held at s' (post-trade values) and the training cost's scale."""
+    hyper = state.hyper
+    return (hyper.label_smoothing, hyper.act_risk, batch.next_obs[:, -1], hyper.train_cost_scale)
 
 
 def _sampled(state: LearnerState, keys: Any, beta: jax.Array, setup: Setup) -> Batch:
