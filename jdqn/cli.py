@@ -37,7 +37,7 @@ CONFIG_FLAGS = (
     "config", "profile", "data", "instrument", "out", "folds", "epochs", "seeds", "seed",
 )  # fmt: skip
 SMOKETEST_ON_USER_BARS = (
-    "jdqn: notice: --profile smoketest is the CI-sized learner (batch 64, buffer 256, 2 epochs): "
+    "jdqn: notice: --profile smoketest is the CI-sized learner (batch 64, buffer 256, 4 epochs): "
     "its numbers on your bars say little; for a real run use --profile default"
 )
 

@@ -1,6 +1,6 @@
 """The README main command's work, timed cold and warm in fresh processes.
 
-``jdqn walkforward`` on the smoketest profile (3 folds x 2 epochs, 60,000 synthetic bars) is run
+``jdqn walkforward`` on the smoketest profile (3 folds x 4 epochs, 60,000 synthetic bars) is run
 twice, each time in a new Python process so nothing is shared but the persistent XLA compilation
 cache (``JDQN_CACHE_DIR``, see ``jdqn.run.walkforward.enable_compilation_cache``):
 
