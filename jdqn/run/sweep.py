@@ -523,7 +523,8 @@ def _finish(
     return rundir.RunOutcome(run_dir=final, results=results, halted=halted)
 
 
-_TABLE_METRICS = ("net_pnl_usd", "sharpe", "sharpe_daily", "max_drawdown_usd", "turnover")
+# exposure and position changes (n_trades of n_bars) tell sitting out from holding one direction
+_TABLE_METRICS = (*stats.SUMMARY_METRICS, "n_trades", "n_bars")
 
 
 def _write_table(

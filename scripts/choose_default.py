@@ -1,0 +1,132 @@
+"""Choose the ``default`` profile's settings by sweeps on development data only.
+
+    python scripts/choose_default.py --out runs/choice [--seeds 8] [--path 1]
+
+Runs one ``jdqn sweep`` of the same grid on each development case (a planted edge and a
+martingale on development path ``--path``, and the ES sample), then ranks the settings on their
+validation tails (the last ``walkforward.test_bars`` of each fold's train window; no test window
+is read): a setting is eligible where the martingale's median exposure is at most 10 % (the
+scorecard's sitting-out goal), or, if none is, those with the lowest median exposure; among
+them the highest median planted net wins. Evaluation paths (``jdqn.bench.learning``'s
+``EVALUATION_PATHS``) are refused: they judge the choice and never make it. Writes
+``choice.json`` in ``--out`` and prints every setting's row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from jdqn.bench.learning import (
+    CASES,
+    DEVELOPMENT_PATHS,
+    ES_SAMPLE,
+    EVALUATION_PATHS,
+    FLAT_BAND_BARS,
+    FLAT_BAND_USD,
+    SITTING_OUT_EXPOSURE,
+)
+
+GRID = (
+    "network.post_trade_values=false,true",
+    "env.train_cost_scale=1,2,4",
+    "train.act_risk=0,0.5",
+)
+KEYS = [g.partition("=")[0] for g in GRID]
+
+
+def case_flags(path: int) -> dict[str, list[str]]:
+    """Each development case's ``jdqn sweep`` flags."""
+    es = [o for o in CASES["es_sample"] if not o.startswith("data.path=")]
+    return {
+        "planted_0.3": [f"--set={o}" for o in CASES["planted_0.3"]]
+        + [f"--set=data.synthetic_seed={path}"],
+        "martingale": [f"--set={o}" for o in CASES["martingale"]]
+        + [f"--set=data.synthetic_seed={path}"],
+        "es_sample": ["--data", str(ES_SAMPLE), *(f"--set={o}" for o in es)],
+    }
+
+
+def read_rows(sweep_dir: Path) -> dict[tuple[str, ...], list[dict[str, str]]]:
+    """sweep.csv's rows grouped by setting (the grid keys' values)."""
+    rows: dict[tuple[str, ...], list[dict[str, str]]] = {}
+    with (sweep_dir / "sweep.csv").open() as handle:
+        for row in csv.DictReader(handle):
+            rows.setdefault(tuple(row[k] for k in KEYS), []).append(row)
+    return rows
+
+
+def summarise(rows: list[dict[str, str]]) -> dict[str, Any]:
+    """Validation medians over a setting's seed-folds; a halted run fails every share."""
+    ok = [r for r in rows if r["validation_status"] == "ok"]
+    net = [float(r["validation_net_pnl_usd"]) for r in ok]
+    bars = [float(r["validation_n_bars"]) for r in ok]
+    band = [abs(n) * FLAT_BAND_BARS / b <= FLAT_BAND_USD for n, b in zip(net, bars, strict=True)]
+    return {
+        "runs": len(rows),
+        "net_usd": statistics.median(net) if net else None,
+        "exposure": statistics.median(float(r["validation_exposure"]) for r in ok) if ok else None,
+        "changes_per_bar": statistics.median(
+            float(r["validation_n_trades"]) / float(r["validation_n_bars"]) for r in ok
+        )
+        if ok
+        else None,
+        "share_within_flat_band": sum(band) / len(rows),
+    }
+
+
+def choose(table: dict[tuple[str, ...], dict[str, dict[str, Any]]]) -> tuple[str, ...]:
+    """The rule in the module docstring."""
+    exposure = {s: table[s]["martingale"]["exposure"] for s in table}
+    known = {s: e for s, e in exposure.items() if e is not None}
+    eligible = [s for s, e in known.items() if e <= SITTING_OUT_EXPOSURE]
+    if not eligible:
+        lowest = min(known.values())
+        eligible = [s for s, e in known.items() if e == lowest]
+    return max(eligible, key=lambda s: table[s]["planted_0.3"]["net_usd"] or float("-inf"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, default=8)
+    parser.add_argument("--path", type=int, default=DEVELOPMENT_PATHS[1])
+    parser.add_argument("--profile", default="default")
+    parser.add_argument(
+        "--set", action="append", default=[], help="passed to every sweep before its case's own"
+    )
+    args = parser.parse_args()
+    if args.path in EVALUATION_PATHS:
+        print(f"--path {args.path} is an evaluation path; fix: use a development path, e.g. 1")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    table: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}
+    for case, flags in case_flags(args.path).items():
+        if not (args.out / case / "sweep.csv").is_file():
+            command = [sys.executable, "-m", "jdqn", "sweep", "--profile", args.profile]
+            command += ["--seeds", str(args.seeds), "--out", str(args.out), "--name", case]
+            command += ["--no-progress", *(f"--set={o}" for o in args.set), *flags]
+            command += [f"--grid={g}" for g in GRID]
+            subprocess.run(command, check=True)
+        for setting, rows in read_rows(args.out / case).items():
+            table.setdefault(setting, {})[case] = summarise(rows)
+    chosen = choose(table)
+    for setting, cases in table.items():
+        mark = "*" if setting == chosen else " "
+        print(mark, dict(zip(KEYS, setting, strict=True)), json.dumps(cases))
+    rows = [{"setting": dict(zip(KEYS, s, strict=True)), **c} for s, c in table.items()]
+    record = {"grid": GRID, "path": args.path, "seeds": args.seeds,
+              "chosen": dict(zip(KEYS, chosen, strict=True)), "table": rows}  # fmt: skip
+    (args.out / "choice.json").write_text(json.dumps(record, indent=1) + "\n")
+    print("chosen:", record["chosen"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
