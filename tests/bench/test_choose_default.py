@@ -1,0 +1,47 @@
+"""scripts/choose_default.py: its rule on hand-made sweep rows (the sweeps themselves are
+``jdqn sweep``'s, tested in tests/run/test_sweep.py)."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[2] / "scripts" / "choose_default.py"
+_SPEC = importlib.util.spec_from_file_location("choose_default", _PATH)
+assert _SPEC is not None and _SPEC.loader is not None
+choose_default = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(choose_default)
+
+
+def _row(net: float, exposure: float, trades: int, status: str = "ok") -> dict[str, str]:
+    return {"validation_status": status, "validation_net_pnl_usd": str(net),
+            "validation_exposure": str(exposure), "validation_n_trades": str(trades),
+            "validation_n_bars": "6000"}  # fmt: skip
+
+
+def test_summarise_counts_halted_runs_as_failures() -> None:
+    rows = [_row(100.0, 0.0, 0), _row(-2_000.0, 0.5, 30), _row(0.0, 0.0, 0, status="halted")]
+    summary = choose_default.summarise(rows)
+    assert summary["runs"] == 3
+    assert summary["net_usd"] == pytest.approx(-950.0)
+    assert summary["exposure"] == pytest.approx(0.25)
+    assert summary["changes_per_bar"] == pytest.approx(15 / 6000)
+    # -2,000 over 6,000 bars is -4,000 per 12,000: outside the band; the halted run fails it
+    assert summary["share_within_flat_band"] == pytest.approx(1 / 3)
+
+
+def _case(net: float, exposure: float) -> dict[str, float]:
+    return {"net_usd": net, "exposure": exposure}
+
+
+def test_choose_takes_the_best_planted_net_among_settings_that_sit_out() -> None:
+    table = {
+        ("a",): {"planted_0.3": _case(9_000.0, 0.9), "martingale": _case(0.0, 0.60)},
+        ("b",): {"planted_0.3": _case(5_000.0, 0.5), "martingale": _case(0.0, 0.08)},
+        ("c",): {"planted_0.3": _case(4_000.0, 0.5), "martingale": _case(0.0, 0.00)},
+    }
+    assert choose_default.choose(table) == ("b",)
+    # none sits out: the lowest martingale exposure decides which settings are eligible
+    for cases in table.values():
+        cases["martingale"]["exposure"] += 0.5
+    assert choose_default.choose(table) == ("c",)
