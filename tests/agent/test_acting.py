@@ -228,7 +228,10 @@ def test_post_trade_batches_add_back_each_rows_own_trade_cost():
     keys = tuple(jax.random.split(jax.random.PRNGKey(0), 3))
     discounts = jnp.asarray([1.0, 0.85])
     sample = jax.jit(sample_batch, static_argnums=(5, 6))
-    base = apply_overrides(CFG, ["train.batch_size=16", "network.bootstrap_prob=1.0"])
+    base = apply_overrides(
+        CFG,
+        ["train.batch_size=16", "network.bootstrap_prob=1.0", "network.post_trade_values=false"],
+    )
     plain, post = (
         sample(replay, keys, jax.random.PRNGKey(1), 0.5, discounts, cfg, 32)
         for cfg in (base, apply_overrides(base, ["network.post_trade_values=true"]))
