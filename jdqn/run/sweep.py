@@ -181,10 +181,9 @@ def group_config(base: Config, plan: SweepPlan, members: list[int]) -> Config:
     risks = [v for i in members for k, v in plan.settings[i] if k == "train.act_risk"]
     try:
         # Acting's std is compiled only where the program's act_risk is above 0
-        # (jdqn.agent.acting): then the largest of its settings' (each learner carries its own).
-        risk = max(map(float, risks), default=0.0)
-        if risk > 0:
-            shared.append(f"train.act_risk={risk}")
+        # (jdqn.agent.acting): the largest of its settings' (each learner carries its own).
+        if risks:
+            shared.append(f"train.act_risk={max(map(float, risks))}")
         return apply_overrides(base, [*shared, seeds])
     except ValueError as error:
         raise UserError(f"setting {_describe(plan.settings[members[0]])}: {error}") from None
