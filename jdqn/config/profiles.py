@@ -28,7 +28,10 @@ _V_MIN, _V_MAX = -10.0, 10.0
 # The smoketest's heads give post-trade values (the trade's known cost added, so a martingale
 # is sat out), with 3-step returns and 4 epochs so that a planted edge still clears the cost:
 # on development paths 0-4 (learning-test windows, 36 seed-folds a case) every martingale
-# seed-fold stayed within $1,250 of flat and every planted-0.3 one netted more.
+# seed-fold stayed within $1,250 of flat and every planted-0.3 one netted more. Acting on the
+# mean minus a quarter of the C51 std (act_risk 0.25) was then chosen among 0, 0.25 and 0.5 on
+# development paths 5-9 (2 seeds x 3 folds each), the only one with every seed-fold in the bands
+# there (0: a martingale seed-fold outside; 0.5: two planted ones below); 0-4 passed it too.
 SMOKETEST = Config(
     env=_VOLATILITY_UNITS,
     network=NetworkConfig(
@@ -36,7 +39,9 @@ SMOKETEST = Config(
     ),
     loss=LossConfig(alpha_schedule=(0.0, 0.2), n_step=3, donor_mode="all", donor_fraction=2.0),
     replay=ReplayConfig(capacity=256),
-    train=TrainConfig(n_slices=64, batch_size=64, epochs=4, bootstrap_slice_ends=True),
+    train=TrainConfig(
+        n_slices=64, batch_size=64, epochs=4, bootstrap_slice_ends=True, act_risk=0.25
+    ),
     walkforward=WalkForwardConfig(n_folds=3),
 )
 

@@ -38,10 +38,11 @@ SMALL = (
     "loss.causal_every=2",
     "optim.target_every=3",
     "loss.grad_budget=1e-3",  # small enough to bind (Adam is scale-free, training still moves)
-    # one-step transitions and plain values, as the references here are built (n-step returns:
-    # test_nstep; post-trade values: test_acting and the learner pin)
+    # one-step transitions, plain values acted on by their mean, as the references here are
+    # built (n-step returns: test_nstep; post-trade values and act_risk: test_acting, test_train)
     "loss.n_step=1",
     "network.post_trade_values=false",
+    "train.act_risk=0",
 )
 # Pieces forced through accel.pieces ("kernels:" extras, joined into its one value): the real
 # kernels on a GPU, interpret mode on CPU.

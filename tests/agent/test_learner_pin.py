@@ -54,6 +54,7 @@ EVERYTHING = (
     "loss.budget_split=fixed",
     "loss.edge_mass_limit=1.0",
     "loss.n_step=1",  # the fixture's transitions are one-step
+    "train.act_risk=0",
 )
 XLA = ("accel.pieces=tail=xla",)
 # One head, no diversity: the causal term is a loss part of its own; kernels in interpret mode.

@@ -41,6 +41,7 @@ SMALL = [
     # agent's numbers, and a one-epoch agent with post-trade values and 3-step returns sits
     # the ES sample out (every setting nets 0)
     "network.post_trade_values=false",
+    "train.act_risk=0",
     "loss.n_step=1",
 ]
 GRID = ("optim.learning_rate=1e-3,3e-4",)

@@ -484,10 +484,10 @@ def test_agent_takes_a_planted_edge_on_an_evaluation_path(learned):
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,
-    reason="issue 45: with post-trade values the agent sits out most of a martingale but not "
-    "all (measured on the CPU, path 100, 3 seeds x 3 folds: median exposure 0 %, 6 of 9 "
-    "seed-folds within the band; one fold's 3 seeds lose $1,777 at 58 % exposure); strict: the "
-    "test reports XPASS, a failure, once the agent sits out and this marker must go",
+    reason="issue 45: the smoketest agent sits out most of a martingale but not all (CPU, path "
+    "100, 3 seeds x 3 folds, act_risk 0.25: median exposure 0 %, 8 of 9 seed-folds within the "
+    "band; 6 of 9 at act_risk 0); strict: the test reports XPASS, a failure, once the agent "
+    "sits out and this marker must go",
 )
 def test_agent_sits_out_a_martingale(learned):
     """No edge: median exposure at most 10 % and every seed-fold within the flat band."""
