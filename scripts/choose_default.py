@@ -108,12 +108,22 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     table: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}
     for case, flags in case_flags(args.path).items():
+        killed = args.out / f"{case}.incomplete"  # a sweep cut short resumes where it stopped
+        command = [sys.executable, "-m", "jdqn", "sweep", "--no-progress"]
+        if killed.is_dir():
+            command += ["--resume", str(killed)]
+        else:
+            command += ["--profile", args.profile, "--seeds", str(args.seeds)]
+            command += ["--out", str(args.out), "--name", case]
+            command += [*(f"--set={o}" for o in args.set), *flags, *(f"--grid={g}" for g in GRID)]
         if not (args.out / case / "sweep.csv").is_file():
-            command = [sys.executable, "-m", "jdqn", "sweep", "--profile", args.profile]
-            command += ["--seeds", str(args.seeds), "--out", str(args.out), "--name", case]
-            command += ["--no-progress", *(f"--set={o}" for o in args.set), *flags]
-            command += [f"--grid={g}" for g in GRID]
-            subprocess.run(command, check=True)
+            try:
+                status = subprocess.run(command).returncode
+            except KeyboardInterrupt:
+                status = 130
+            if status != 0:  # jdqn sweep has said why in one line
+                print(f"choose_default: the {case} sweep stopped; run the same command to resume")
+                return status
         for setting, rows in read_rows(args.out / case).items():
             table.setdefault(setting, {})[case] = summarise(rows)
     chosen = choose(table)
