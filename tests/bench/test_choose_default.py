@@ -41,6 +41,13 @@ def test_choose_takes_the_best_planted_net_among_settings_that_sit_out() -> None
         ("c",): {"planted_0.3": _case(4_000.0, 0.5), "martingale": _case(0.0, 0.00)},
     }
     assert choose_default.choose(table) == ("b",)
+    table[("b",)]["planted_0.3"]["net_usd"] = 0.0  # a net of 0 still beats a loss
+    table[("c",)]["planted_0.3"]["net_usd"] = -500.0
+    table[("c",)]["martingale"]["exposure"] = 0.08
+    assert choose_default.choose(table) == ("b",)
+    table[("b",)]["planted_0.3"]["net_usd"] = None  # every run halted
+    assert choose_default.choose(table) == ("c",)
+    table[("c",)]["martingale"]["exposure"] = 0.0
     # none sits out: the lowest martingale exposure decides which settings are eligible
     for cases in table.values():
         cases["martingale"]["exposure"] += 0.5
