@@ -89,6 +89,7 @@ def choose(table: dict[tuple[str, ...], dict[str, dict[str, Any]]]) -> tuple[str
     if not eligible:
         lowest = min(known.values())
         eligible = [s for s, e in known.items() if e == lowest]
+
     def planted(s: tuple[str, ...]) -> float:
         net = table[s]["planted_0.3"]["net_usd"]
         return float("-inf") if net is None else net  # every run halted: last

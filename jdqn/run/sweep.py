@@ -437,10 +437,13 @@ def overfitting(tests: Sequence[dict[str, Any]], blocks: int) -> dict[str, Any]:
 
 
 def _cscv(matrix: np.ndarray, blocks: int) -> dict[str, Any]:
-    """PBO of a [T, settings] matrix with at most ``blocks`` blocks; None for a lone setting."""
+    """PBO of a [T, settings] matrix with at most ``blocks`` blocks; None for a lone setting, or
+    where every setting's returns are the same (all sat out, say): there was no choice to make."""
     blocks = min(blocks, len(matrix) - len(matrix) % 2)
     if matrix.shape[1] < 2 or blocks < 2:
         return {"pbo": None, "why_none": "CSCV needs at least 2 settings and 2 bars"}
+    if np.all(matrix == matrix[:, :1]):
+        return {"pbo": None, "why_none": "every setting's test returns are the same"}
     result = probability_of_overfitting(matrix, blocks)
     return {
         "pbo": result.pbo,

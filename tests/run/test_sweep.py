@@ -24,6 +24,7 @@ from jdqn.config.keys import config_keys
 from jdqn.data import make_folds
 from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
+from jdqn.evaluation.overfitting import probability_of_overfitting
 from jdqn.evaluation.policy import load_policy
 from jdqn.evaluation.policy_bundle import bundle_dir
 from jdqn.run import faults, memory, placement, rundir, sweep, walkforward
@@ -173,6 +174,11 @@ def test_cscv_blocks_shrink_to_the_bars_and_need_two_settings() -> None:
     noise = np.random.default_rng(0).normal(size=(9, 3))
     assert sweep._cscv(noise, 16)["blocks"] == 8 and sweep._cscv(noise, 4)["splits"] == 6
     assert sweep._cscv(noise[:, :1], 16)["pbo"] is None
+    # settings that all sat out tie everywhere: nothing was chosen, so no probability (the
+    # first of equals would rank worst out of sample and read as PBO 1)
+    flat = np.zeros((64, 4))
+    assert sweep._cscv(flat, 16)["pbo"] is None
+    assert probability_of_overfitting(flat, 16).pbo == 1.0
 
 
 def test_ranks_and_their_plot(tmp_path) -> None:
