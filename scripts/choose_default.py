@@ -28,9 +28,8 @@ from jdqn.bench.learning import (
     DEVELOPMENT_PATHS,
     ES_SAMPLE,
     EVALUATION_PATHS,
-    FLAT_BAND_BARS,
-    FLAT_BAND_USD,
     SITTING_OUT_EXPOSURE,
+    sitting_out,
 )
 
 GRID = (
@@ -64,20 +63,20 @@ def read_rows(sweep_dir: Path) -> dict[tuple[str, ...], list[dict[str, str]]]:
 
 def summarise(rows: list[dict[str, str]]) -> dict[str, Any]:
     """Validation medians over a setting's seed-folds; a halted run fails every share."""
-    ok = [r for r in rows if r["validation_status"] == "ok"]
-    net = [float(r["validation_net_pnl_usd"]) for r in ok]
-    bars = [float(r["validation_n_bars"]) for r in ok]
-    band = [abs(n) * FLAT_BAND_BARS / b <= FLAT_BAND_USD for n, b in zip(net, bars, strict=True)]
+    metrics = ("net_pnl_usd", "exposure", "n_trades", "n_bars")
+    agent = [
+        {m: float(r[f"validation_{m}"]) for m in metrics}
+        for r in rows
+        if r["validation_status"] == "ok"
+    ]
+    shares = sitting_out(agent, len(rows))
+    changes = shares["changes_per_1000_bars"]
     return {
         "runs": len(rows),
-        "net_usd": statistics.median(net) if net else None,
-        "exposure": statistics.median(float(r["validation_exposure"]) for r in ok) if ok else None,
-        "changes_per_bar": statistics.median(
-            float(r["validation_n_trades"]) / float(r["validation_n_bars"]) for r in ok
-        )
-        if ok
-        else None,
-        "share_within_flat_band": sum(band) / len(rows),
+        "net_usd": statistics.median(a["net_pnl_usd"] for a in agent) if agent else None,
+        "exposure": shares["exposure"],
+        "changes_per_bar": None if changes is None else changes / 1_000,
+        "share_within_flat_band": shares["share_within_flat_band"],
     }
 
 

@@ -133,6 +133,20 @@ COVERS = (
 )
 
 
+def sitting_out(agent: Sequence[dict[str, Any]], runs: int) -> dict[str, float | None]:
+    """What tells sitting out from holding one direction, over ``agent`` (each run's metrics:
+    ``net_pnl_usd``, ``exposure``, ``n_trades``, ``n_bars``) of ``runs`` (halted runs count in
+    ``runs`` only, so they fail every share)."""
+    net = np.array([a["net_pnl_usd"] for a in agent], np.float64)
+    band = np.array([FLAT_BAND_USD * a["n_bars"] / FLAT_BAND_BARS for a in agent], np.float64)
+    return {
+        "share_within_flat_band": _share(np.abs(net) <= band, runs),
+        "exposure": _median([a["exposure"] for a in agent]),
+        "share_sitting_out": _share([a["exposure"] <= SITTING_OUT_EXPOSURE for a in agent], runs),
+        "changes_per_1000_bars": _median([1_000 * a["n_trades"] / a["n_bars"] for a in agent]),
+    }
+
+
 def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The scorecard of one case from its walk-forward result rows (``results["folds"]``, each
     with its synthetic ``path`` or none). Halted runs fail every share; estimates use the rest."""
@@ -149,7 +163,6 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     tuned = [n for n in TUNED_BASELINES if n in names]
     best = max(tuned, key=baseline_median.__getitem__) if tuned else None
     daily = [a["sharpe_daily"] for a in agent]
-    band = [FLAT_BAND_USD * a["n_bars"] / FLAT_BAND_BARS for a in agent]
     minus = {n: stats.clustered_aggregate(_clusters(ok, net - v)) for n, v in baseline_net.items()}
     result: dict[str, Any] = {
         "runs": runs,
@@ -160,10 +173,7 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "interval_covers": COVERS,
         "share_positive": _share(net > 0, runs),
         "share_above": {n: _share(net > v, runs) for n, v in baseline_net.items()},
-        "share_within_flat_band": _share(np.abs(net) <= np.array(band), runs),
-        "exposure": _median([a["exposure"] for a in agent]),
-        "share_sitting_out": _share([a["exposure"] <= SITTING_OUT_EXPOSURE for a in agent], runs),
-        "changes_per_1000_bars": _median([1_000 * a["n_trades"] / a["n_bars"] for a in agent]),
+        **sitting_out(agent, runs),
         "net_usd": stats.clustered_aggregate(_clusters(ok, list(net))),
         "sharpe_daily": stats.clustered_aggregate(_clusters(ok, daily)),
         "sharpe_per_bar_annualised": _median([a["sharpe"] for a in agent]),
