@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     from jdqn.run.processes import Processes
 
 META = "__meta__"  # the metadata's entry (JSON text) in a step's .npz
+# The most of the training time the checkpoints' host copies may take: after a copy of at least
+# SLOW_COPY_S (a sweep wave's 11 GiB), a save is skipped until the training since took 1 /
+# COPY_SHARE times as long. Quicker copies never skip one.
+COPY_SHARE = 0.1
+SLOW_COPY_S = 1.0
 
 
 def _is_typed_key(leaf: Any) -> bool:
@@ -265,6 +271,8 @@ class GroupCheckpoints:
         self._indices = processes.share(list(range(runs)))  # its runs in the wave
         self._chunks_per_epoch = chunks_per_epoch
         self._param_layout = param_layout
+        self._last_save = time.perf_counter()  # when the last save's host copy ended
+        self._last_copy_s = 0.0  # how long it took
 
     def resume(self, state: Any, log: Callable[[str], None]) -> tuple[Any, dict[str, Any]] | None:
         """The newest intact checkpoint's share of the state, placed as ``state`` is, and its
@@ -318,8 +326,14 @@ class GroupCheckpoints:
         process calls it. Unless ``required`` (the run stops after it), it is skipped while any
         process still writes the one before: training never waits on the disk (a sweep's
         1,536 default learners are 22 GiB a save), and a resume from any epoch gives the same
-        numbers."""
-        if self._store is None or (not required and self._processes.any_of(self._store.writing())):
+        numbers. Nor is one taken before training has gone on ten times as long as the last
+        save's host copy, where that took seconds (:data:`COPY_SHARE`)."""
+        if self._store is None:
+            return
+        since = time.perf_counter() - self._last_save
+        slow = self._last_copy_s >= SLOW_COPY_S and since * COPY_SHARE < self._last_copy_s
+        skip = self._store.writing() or slow
+        if not required and self._processes.any_of(skip):
             return
         # halted_epoch by the wave's run index g, as one process would record it.
         halted = {str(self._indices[r]): int(e) for r, e in sorted(halted_epoch.items())}
@@ -330,7 +344,11 @@ class GroupCheckpoints:
         if chunks_done:
             meta["chunks_done"] = chunks_done
         step = epochs_done * self._chunks_per_epoch + chunks_done
-        self._store.save(step, self._share(state), meta)
+        started = time.perf_counter()
+        share = self._share(state)  # the copy to the host, which training waits for
+        self._last_copy_s = time.perf_counter() - started
+        self._store.save(step, share, meta)
+        self._last_save = time.perf_counter()
 
     def close(self) -> None:
         if self._store is not None:

@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -646,9 +646,11 @@ def _group_programs(
 def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
     """Train this process's share of a group's runs as one vmapped program, sharded over its
     placement's devices, and evaluate them; process 0 judges the whole wave
-    (``jdqn.run.processes``) and returns its result rows, the others none."""
+    (``jdqn.run.processes``) and returns its result rows, the others none. The last checkpoint's
+    write goes on while the runs are evaluated and judged (a sweep wave's is 11 GiB)."""
     processes, wave = job.processes, programs.wave
-    with background.Overlap() as overlap:
+    started = time.perf_counter()
+    with background.Overlap() as overlap, _group_checkpoints(job, programs) as checkpoints:
         # The training program compiles on a worker thread meanwhile (docs/design.md §13).
         compiling_chunk = overlap.submit(programs.compile_chunk)
         keys = programs.place.learner_arrays(run_keys(*job.key_seeds(programs.run_ids)))
@@ -659,12 +661,27 @@ def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
         compiling_evaluate = overlap.submit(
             programs.compile_evaluate, _abstract(state), keys.evaluation
         )
-        state, halted_epoch = _train_group(job, programs, state, compiling_chunk.result())
+        chunk_all = compiling_chunk.result()
+        state, halted_epoch = _train_group(job, programs, checkpoints, state, chunk_all)
+        trained = time.perf_counter()
         outputs = _evaluate_group(programs, compiling_evaluate.result(), state, keys, halted_epoch)
         by_fold = None if baselines is None else baselines()
-    outputs = processes.gather(outputs, len(wave))
-    if by_fold is None:  # not process 0, which judges the whole wave
-        return []
+        evaluated = time.perf_counter()
+        outputs = processes.gather(outputs, len(wave))
+        rows = [] if by_fold is None else _judge_and_keep(job, programs, outputs, by_fold)
+        judged = time.perf_counter()
+    message = "jdqn: group %d of %d runs: trained in %.1f s, evaluated %.1f s, judged %.1f s, "
+    message += "the checkpoint written %.1f s after"
+    waits = (trained - started, evaluated - trained, judged - evaluated)
+    _debug(message, programs.index, len(wave), *waits, time.perf_counter() - judged)
+    return rows
+
+
+def _judge_and_keep(
+    job: _Job, programs: GroupPrograms, outputs: RunOutputs, by_fold: dict[int, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Process 0: the wave's result rows, and its policies saved by setting."""
+    wave = programs.wave
     rows = _judge_group(job, outputs, wave, by_fold)
     for k, setting_cfg in enumerate(job.settings):  # each policy with its setting's config
         runs = [r for r, (_, seed) in enumerate(wave) if job.setting_of(seed) == k]
@@ -735,8 +752,31 @@ def _abstract(tree: Any) -> Any:
     )
 
 
+@contextlib.contextmanager
+def _group_checkpoints(job: _Job, programs: GroupPrograms) -> Iterator[GroupCheckpoints]:
+    """The group's checkpoints; on leaving, the last write is waited for (and its error raised)."""
+    checkpoints = GroupCheckpoints(
+        job.run.checkpoint_dir / f"group{programs.index}",
+        enabled=job.cfg.output.checkpoints,
+        processes=job.processes,
+        seal=job.seal,
+        place=programs.place,
+        runs=len(programs.wave),
+        chunks_per_epoch=programs.program.chunks_per_epoch,
+        param_layout=programs.program.learner.layout.record(),
+    )
+    try:
+        yield checkpoints
+    finally:  # also on failure: no thread or file left open behind the one-line error
+        checkpoints.close()
+
+
 def _train_group(
-    job: _Job, programs: GroupPrograms, state: TrainState, chunk_all: Callable[..., Any]
+    job: _Job,
+    programs: GroupPrograms,
+    checkpoints: GroupCheckpoints,
+    state: TrainState,
+    chunk_all: Callable[..., Any],
 ) -> tuple[TrainState, dict[int, int]]:
     """Every epoch of this process's share of a group, from its initial (or last checkpointed)
     state; returns the trained state and the epoch in which each halted run halted (by this
@@ -744,16 +784,6 @@ def _train_group(
     cfg, run, writes, processes, log = job.cfg, job.run, job.writes, job.processes, job.log
     program, local_fold, train = programs.program, programs.local_fold, programs.train
     group_index, run_ids, wave = programs.index, programs.run_ids, programs.wave
-    checkpoints = GroupCheckpoints(
-        job.run.checkpoint_dir / f"group{programs.index}",
-        enabled=job.cfg.output.checkpoints,
-        processes=processes,
-        seal=job.seal,
-        place=programs.place,
-        runs=len(wave),
-        chunks_per_epoch=program.chunks_per_epoch,
-        param_layout=program.learner.layout.record(),
-    )
     start_epoch, start_chunk, halted_epoch = 0, 0, {}
     resumed = checkpoints.resume(state, log)
     if resumed is not None:
@@ -825,7 +855,6 @@ def _train_group(
             bar.close()
         if metrics_log is not None:
             metrics_log.close(write_plots=completed)
-        checkpoints.close()
     return state, halted_epoch
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jdqn.run import rundir
+from jdqn.run import checkpoint, rundir
 from jdqn.run.binding import Seal
 from jdqn.run.checkpoint import (
     META,
@@ -247,3 +247,45 @@ def test_a_save_is_skipped_while_the_one_before_is_written_unless_required(tmp_p
     group.save(4, 0, state, {}, required=False)  # nothing is being written: saved
     group.close()
     assert sorted(p.name for p in (tmp_path / "group0").glob("*.npz")) == ["3.npz", "4.npz"]
+
+
+def test_a_save_is_skipped_until_training_took_ten_times_its_host_copy(tmp_path, monkeypatch):
+    """A large state's host copy holds training up (a sweep wave's 11 GiB take seconds): the
+    next save waits until training has gone on 1 / COPY_SHARE times as long; a save the run
+    stops after is taken regardless, and copies quicker than SLOW_COPY_S never skip one."""
+    clock = [0.0]
+    monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: clock[0])
+
+    def saved_steps(directory: Path, copy_s: float, epoch_s: float) -> list[int]:
+        group = GroupCheckpoints(
+            directory,
+            enabled=True,
+            processes=Processes(),
+            seal=Seal("digest", frozenset({"digest"}), ()),
+            place=_Unpadded(),
+            runs=1,
+            chunks_per_epoch=1,
+            param_layout=[],
+        )
+        share = group._share
+
+        def slow_copy(state):
+            clock[0] += copy_s
+            return share(state)
+
+        monkeypatch.setattr(group, "_share", slow_copy)
+        state = {"w": np.ones((1, 3), np.float32)}
+        saved = []
+        for step in range(1, 8):
+            clock[0] += epoch_s  # an epoch of training
+            before = set(directory.glob("*.npz"))
+            group.save(step, 0, state, {}, required=step == 7)
+            group.close()  # the write is done: only the copy's time decides
+            saved += [step] if set(directory.glob("*.npz")) != before else []
+        return saved
+
+    assert (checkpoint.COPY_SHARE, checkpoint.SLOW_COPY_S) == (0.1, 1.0)
+    # Copies of 2 s: the next save once 20 s of training have passed (steps 1 and 5), and step 7,
+    # where the run stops.
+    assert saved_steps(tmp_path / "slow", copy_s=2.0, epoch_s=6.0) == [1, 5, 7]
+    assert saved_steps(tmp_path / "quick", copy_s=0.9, epoch_s=1.0) == [1, 2, 3, 4, 5, 6, 7]
