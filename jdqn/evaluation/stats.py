@@ -140,18 +140,48 @@ def per_bar_sharpe(net: np.ndarray) -> float:
     return float(net.mean()) / std if std > 0 else 0.0
 
 
-def daily_sharpe(
-    net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0, day_open: int = 17 * 60
-) -> float | None:
-    """Sharpe ratio of the daily net PnL (per-bar PnL summed per trading day, days with a bar;
-    a bar from ``day_open``, minutes after local midnight, belongs to the next day's session:
-    17:00 CT for CME's Globex, midnight for crypto), annualised by sqrt(days_per_year); 0
-    without spread, None for fewer than two trading days."""
+def daily_sums(net: np.ndarray, realised_at: np.ndarray, day_open: int = 17 * 60) -> np.ndarray:
+    """Per-bar PnL summed per trading day, [..., days] over the days with a bar (a bar from
+    ``day_open``, minutes after local midnight, belongs to the next day's session: 17:00 CT for
+    CME's Globex, midnight for crypto); ``net`` [..., n] shares ``realised_at`` [n]."""
     shift = np.timedelta64((24 * 60 - day_open) % (24 * 60), "m")  # the day open -> midnight
     sessions = (np.asarray(realised_at, "datetime64[ns]") + shift).astype("datetime64[D]")
     _, day = np.unique(sessions, return_inverse=True)
-    daily = np.bincount(day, weights=np.asarray(net, np.float64))
+    net = np.asarray(net, np.float64)
+    days = int(day.max()) + 1 if day.size else 0
+    rows = [np.bincount(day, weights=row, minlength=days) for row in net.reshape(-1, day.size)]
+    return np.reshape(rows, (*net.shape[:-1], days))
+
+
+def daily_sharpe(
+    net: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0, day_open: int = 17 * 60
+) -> float | None:
+    """Sharpe ratio of the daily net PnL (:func:`daily_sums`), annualised by
+    sqrt(days_per_year); 0 without spread, None for fewer than two trading days."""
+    daily = daily_sums(net, realised_at, day_open)
     return per_bar_sharpe(daily) * math.sqrt(days_per_year) if daily.size >= 2 else None
+
+
+def window_interval(
+    nets: np.ndarray,
+    realised_at: np.ndarray,
+    *,
+    day_open: int = 17 * 60,
+    reps: int = BOOTSTRAP_REPS,
+    seed: int = 0,
+    confidence: float = CONFIDENCE,
+) -> tuple[float, float]:
+    """The percentile interval of the median over seeds of a window's net, from the seeds' per-bar
+    nets [seeds, n] on one window: each replicate draws the window's trading days with replacement
+    (the same days for every seed, as the seeds traded the same bars), then the seeds with
+    replacement. So it covers the price noise between windows of the window's length as well as
+    the seeds' spread, which an interval over seeds alone, inside a fixed window, does not."""
+    daily = daily_sums(nets, realised_at, day_open)  # [seeds, days]
+    rng = np.random.default_rng(seed)
+    days = rng.integers(0, daily.shape[1], size=(reps, daily.shape[1]))
+    seeds = rng.integers(0, daily.shape[0], size=(reps, daily.shape[0]))
+    totals = daily[:, days].sum(axis=-1)  # [seeds, reps]: each seed's net over the drawn days
+    return percentile_interval(median(np.take_along_axis(totals.T, seeds, axis=1)), confidence)
 
 
 def expected_max_sharpe(n_trials: int, variance: float) -> float:

@@ -16,8 +16,10 @@ import csv
 import dataclasses
 import itertools
 import json
+import logging
 import os
 import shutil
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -30,6 +32,7 @@ import pandas as pd
 from jdqn.config import Config, apply_overrides
 from jdqn.config.keys import config_keys
 from jdqn.data import WalkForwardData, describe_source, prepare_walkforward, split_folds
+from jdqn.data.calendars import CALENDARS
 from jdqn.data.features import compute_features
 from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
@@ -38,6 +41,8 @@ from jdqn.evaluation.policy_bundle import bundle_dir
 from jdqn.run import faults, memory, provenance, report, rundir, termination
 from jdqn.run.faults import UserError, as_user_error
 from jdqn.run.walkforward import SETTING_KEYS, policy_root, run_walkforward, source_bars
+
+_debug = logging.getLogger("jdqn.run").debug
 
 RULES = ("median", "lcb")
 METRIC = "net_pnl_usd"  # what the rules rank, per run, on its validation tail
@@ -334,6 +339,7 @@ def _sub_run(
     finished = parent / name / rundir.COMPLETE_MARKER
     if finished.is_file():
         return {**json.loads(finished.read_text()), "run_dir": str(finished.parent)}
+    started = time.perf_counter()
     quiet: Callable[[str], None] = lambda _: None  # noqa: E731  # the sweep reports instead
     kwargs: dict[str, Any] = dict(progress=progress, log=quiet, data=data, settings=settings)
     incomplete = parent / f"{name}{rundir.INCOMPLETE_SUFFIX}"
@@ -348,6 +354,7 @@ def _sub_run(
     # Finished, it resumes from its results.json: its checkpoints (22 GiB a save at the issue's
     # 1,536 default learners) would only fill the disk.
     shutil.rmtree(outcome.run_dir / "checkpoints", ignore_errors=True)
+    _debug("jdqn: %s/%s finished in %.1f s", parent.name, name, time.perf_counter() - started)
     return {**outcome.results, "run_dir": str(outcome.run_dir)}
 
 
@@ -480,6 +487,7 @@ def _finish(
             if bundle.is_dir():
                 shutil.copytree(bundle, bundle_dir(run.path, fold, row["seed"]), dirs_exist_ok=True)
     _write_table(run.path / "sweep.csv", plan, tried, chosen)
+    held_up = [_held_up(tried[setting], fold, base) for fold, setting in enumerate(chosen)]
     summary = stats.summarise(
         selected_rows, selected_series, seed=base.train.seed, settings_tried=len(tried)
     )
@@ -499,6 +507,7 @@ def _finish(
             "metric": METRIC,
             "validation_bars": validation_length(base, plan),
             "chosen": [int(s) for s in chosen],  # by fold
+            "held_up": held_up,  # by fold: the chosen setting's validation net against its test
         },
         settings=[
             {
@@ -517,12 +526,54 @@ def _finish(
     rundir.write_json(run.results_path, results)
     final = rundir.finalize(run, "jdqn sweep")
     for fold, setting in enumerate(chosen):
-        log(f"jdqn: fold {fold}: setting {setting} ({_describe(plan.settings[setting])})")
+        chosen_line = f"jdqn: fold {fold}: setting {setting} ({_describe(plan.settings[setting])})"
+        log(f"{chosen_line}; {_held_up_line(held_up[fold])}")
     pbo = results["overfitting"]["pbo"]
     log(f"jdqn: probability of backtest overfitting: {'n/a' if pbo is None else f'{pbo:.2f}'}")
     log(f"jdqn: results in {final / 'results.json'}; every run in {final / 'sweep.csv'}")
     halted = any(row["status"] != "ok" for row in selected_rows)
     return rundir.RunOutcome(run_dir=final, results=results, halted=halted)
+
+
+def _held_up(
+    tried: tuple[dict[str, Any], dict[str, Any]], fold: int, base: Config
+) -> dict[str, Any]:
+    """Whether a fold's chosen setting held up on its test window: its validation net (median
+    over seeds) with the interval of ``stats.window_interval`` (trading days of the validation
+    tail, then seeds: the price noise between windows is in it), and its test net."""
+    chosen_on, test = tried
+    nets = [_series(chosen_on, r).agent for r in chosen_on["folds"] if r["fold"] == fold]
+    kept = [net * base.env.point_value_usd for net in nets if net is not None]  # not halted
+    tests = [r["agent"][METRIC] for r in test["folds"] if r["fold"] == fold and r["agent"]]
+    if not kept or not tests:
+        return {"validation_net_usd": None, "why_none": "every run of the setting halted"}
+    rows = [r for r in chosen_on["folds"] if r["fold"] == fold]
+    realised_at = _series(chosen_on, rows[0]).realised_at
+    day_open = CALENDARS[base.data.calendar].day_open
+    low, high = stats.window_interval(
+        np.stack(kept), realised_at, day_open=day_open, seed=base.train.seed
+    )
+    validation, tested = float(np.median(np.sum(kept, axis=1))), float(np.median(tests))
+    return {
+        "validation_net_usd": validation,
+        "validation_ci": [low, high],
+        "ci_covers": "the validation tail's trading days, then the seeds, with replacement",
+        "few_seeds": len(kept) < stats.MIN_SEEDS_FOR_CI,
+        "test_net_usd": tested,
+        "test_within_ci": low <= tested <= high,
+    }
+
+
+def _held_up_line(held: dict[str, Any]) -> str:
+    if held["validation_net_usd"] is None:
+        return f"validation net n/a ({held['why_none']})"
+    low, high = held["validation_ci"]
+    where = "within" if held["test_within_ci"] else "outside"
+    flag = " (fewer than 5 seeds)" if held["few_seeds"] else ""
+    return (
+        f"validation net {held['validation_net_usd']:+,.0f} $ [{low:+,.0f}, {high:+,.0f}]{flag}, "
+        f"test {held['test_net_usd']:+,.0f} $: {where} the interval"
+    )
 
 
 # exposure and position changes (n_trades of n_bars) tell sitting out from holding one direction

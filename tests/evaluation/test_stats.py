@@ -287,3 +287,45 @@ def test_the_clustered_interval_of_single_runs_is_the_exact_bootstrap_one():
     assert (low, high) == (1.5, 8.0)
     result = stats.clustered_aggregate([np.array([v]) for v in values], reps=10_000)
     assert result["median_ci"] == [low, high] and result["median"] == 4.0
+
+
+def _one_bar_a_day(days: int) -> np.ndarray:
+    return np.datetime64("2020-01-06T10:00", "ns") + np.arange(days) * np.timedelta64(1, "D")
+
+
+def test_window_interval_of_identical_seeds_is_the_normal_interval_of_a_sum_of_days():
+    """Seeds that traded alike leave only the days' noise: the bootstrap interval of a sum of D
+    iid days is the normal one, sum +- 1.96 sd sqrt(D) (sd with ddof 0, the bootstrap's)."""
+    rng = np.random.default_rng(3)
+    days = 400
+    daily = rng.normal(0.2, 5.0, days)
+    nets = np.tile(daily, (4, 1))
+    low, high = stats.window_interval(nets, _one_bar_a_day(days), reps=20_000, seed=1)
+    half = scipy.stats.norm.ppf(0.975) * daily.std() * math.sqrt(days)
+    assert low == pytest.approx(daily.sum() - half, abs=0.05 * half)
+    assert high == pytest.approx(daily.sum() + half, abs=0.05 * half)
+
+
+def test_window_interval_without_day_noise_is_the_seeds_bootstrap_of_their_median():
+    """Each seed earns a constant a day: resampling days changes nothing, so the interval is the
+    seeds-only bootstrap interval of the median of their totals (exact enumeration of the
+    resamples of 3 seeds)."""
+    per_day = np.array([1.0, 2.0, 7.0])
+    days = 10
+    nets = np.repeat(per_day[:, None], days, axis=1)
+    low, high = stats.window_interval(nets, _one_bar_a_day(days), reps=50_000, seed=2)
+    totals = per_day * days
+    medians = [np.median(totals[list(c)]) for c in itertools.product(range(3), repeat=3)]
+    assert (low, high) == stats.percentile_interval(np.array(medians))
+
+
+def test_window_interval_sums_bars_into_their_trading_days():
+    """Bars of one session are one unit of the resample: two bars of +1 and -1 in one CME
+    session (the 18:00 bar opens the next day's) sum to a flat day, so the interval is a point."""
+    stamps = np.array(
+        ["2020-01-06T18:00", "2020-01-07T09:00", "2020-01-07T18:00", "2020-01-08T09:00"],
+        "datetime64[ns]",
+    )
+    nets = np.array([[1.0, -1.0, 2.0, -2.0]] * 2)
+    assert stats.window_interval(nets, stamps) == (0.0, 0.0)
+    assert stats.daily_sums(nets[0], stamps).tolist() == [0.0, 0.0]

@@ -433,6 +433,26 @@ def test_the_sweeps_outputs(swept, tmp_path) -> None:
     assert main(["evaluate", str(run), "--data", str(ES_SAMPLE), "--fold", "1"]) == 0
 
 
+def test_each_folds_choice_is_checked_against_its_test_window(swept) -> None:
+    """results.json says, per fold, the chosen setting's validation net (median over its seeds'
+    runs) with an interval over trading days and seeds, its test net (the median of its test
+    runs) and whether that lies within the interval."""
+    run, results = swept.run_dir, swept.results
+    for fold, setting in enumerate(results["selection"]["chosen"]):
+        held = results["selection"]["held_up"][fold]
+        validation, test = (
+            [r["agent"]["net_pnl_usd"] for r in _setting_rows(run, setting, phase)
+             if r["fold"] == fold and r["agent"]]
+            for phase in ("validation", "test")
+        )  # fmt: skip
+        assert held["validation_net_usd"] == pytest.approx(np.median(validation), abs=1e-6)
+        assert held["test_net_usd"] == np.median(test)
+        low, high = held["validation_ci"]
+        assert low <= held["validation_net_usd"] <= high
+        assert held["test_within_ci"] == (low <= held["test_net_usd"] <= high)
+        assert held["few_seeds"] and "trading days" in held["ci_covers"]  # 2 seeds
+
+
 @pytest.mark.slow
 def test_a_folds_selection_never_sees_its_test_window(swept, tmp_path) -> None:
     """The bars from fold 0's test window on are replaced by another price path: fold 0's
