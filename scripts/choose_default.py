@@ -1,6 +1,6 @@
 """Choose the ``default`` profile's settings by sweeps on development data only.
 
-    python scripts/choose_default.py --out runs/choice [--seeds 8] [--path 1]
+    python scripts/choose_default.py --out runs/choice [--seeds 8] [--path 1] [--grid KEY=V1,V2 ...]
 
 Runs one ``jdqn sweep`` of the same grid on each development case (a planted edge and a
 martingale on development path ``--path``, and the ES sample), then ranks the settings on their
@@ -9,7 +9,8 @@ is read): a setting is eligible where the martingale's median exposure is at mos
 scorecard's sitting-out goal), or, if none is, those with the lowest median exposure; among
 them the highest median planted net wins. Evaluation paths (``jdqn.bench.learning``'s
 ``EVALUATION_PATHS``) are refused: they judge the choice and never make it. Writes
-``choice.json`` in ``--out`` and prints every setting's row.
+``choice.json`` in ``--out`` and prints every setting's row. ``--grid`` (repeated) replaces
+:data:`GRID`, e.g. for a later choice among fewer keys on top of the current profile.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ GRID = (
     "env.train_cost_scale=1,2,4",
     "train.act_risk=0,0.5",
 )
-KEYS = [g.partition("=")[0] for g in GRID]
 
 
 def case_flags(path: int) -> dict[str, list[str]]:
@@ -52,12 +52,12 @@ def case_flags(path: int) -> dict[str, list[str]]:
     }
 
 
-def read_rows(sweep_dir: Path) -> dict[tuple[str, ...], list[dict[str, str]]]:
+def read_rows(sweep_dir: Path, keys: list[str]) -> dict[tuple[str, ...], list[dict[str, str]]]:
     """sweep.csv's rows grouped by setting (the grid keys' values)."""
     rows: dict[tuple[str, ...], list[dict[str, str]]] = {}
     with (sweep_dir / "sweep.csv").open() as handle:
         for row in csv.DictReader(handle):
-            rows.setdefault(tuple(row[k] for k in KEYS), []).append(row)
+            rows.setdefault(tuple(row[k] for k in keys), []).append(row)
     return rows
 
 
@@ -105,7 +105,10 @@ def main() -> int:
     parser.add_argument(
         "--set", action="append", default=[], help="passed to every sweep before its case's own"
     )
+    parser.add_argument("--grid", action="append", help=f"KEY=V1,V2 (default {' '.join(GRID)})")
     args = parser.parse_args()
+    grid = tuple(args.grid or GRID)
+    keys = [g.partition("=")[0] for g in grid]
     if args.path in EVALUATION_PATHS:
         print(f"--path {args.path} is an evaluation path; fix: use a development path, e.g. 1")
         return 2
@@ -119,7 +122,7 @@ def main() -> int:
         else:
             command += ["--profile", args.profile, "--seeds", str(args.seeds)]
             command += ["--out", str(args.out), "--name", case]
-            command += [*(f"--set={o}" for o in args.set), *flags, *(f"--grid={g}" for g in GRID)]
+            command += [*(f"--set={o}" for o in args.set), *flags, *(f"--grid={g}" for g in grid)]
         if not (args.out / case / "sweep.csv").is_file():
             try:
                 status = subprocess.run(command).returncode
@@ -128,15 +131,15 @@ def main() -> int:
             if status != 0:  # jdqn sweep has said why in one line
                 print(f"choose_default: the {case} sweep stopped; run the same command to resume")
                 return status
-        for setting, rows in read_rows(args.out / case).items():
+        for setting, rows in read_rows(args.out / case, keys).items():
             table.setdefault(setting, {})[case] = summarise(rows)
     chosen = choose(table)
     for setting, cases in table.items():
         mark = "*" if setting == chosen else " "
-        print(mark, dict(zip(KEYS, setting, strict=True)), json.dumps(cases))
-    rows = [{"setting": dict(zip(KEYS, s, strict=True)), **c} for s, c in table.items()]
-    record = {"grid": GRID, "path": args.path, "seeds": args.seeds,
-              "chosen": dict(zip(KEYS, chosen, strict=True)), "table": rows}  # fmt: skip
+        print(mark, dict(zip(keys, setting, strict=True)), json.dumps(cases))
+    rows = [{"setting": dict(zip(keys, s, strict=True)), **c} for s, c in table.items()]
+    record = {"grid": grid, "path": args.path, "seeds": args.seeds,
+              "chosen": dict(zip(keys, chosen, strict=True)), "table": rows}  # fmt: skip
     (args.out / "choice.json").write_text(json.dumps(record, indent=1) + "\n")
     print("chosen:", record["chosen"])
     return 0

@@ -89,6 +89,8 @@ class DataConfig:
     signal_kind: Literal["momentum", "reversion", "rth_momentum"] = "momentum"
     signal_lookback: int = 15  # bars of past return the planted drift follows
     return_horizons: tuple[int, ...] = (1, 5, 15, 60)  # log-return lookbacks, in bars
+    # also each return over realized_vol * sqrt(h): the move in units of its expected spread
+    scaled_returns: bool = False
     volume_window: int = 60  # bars in the trailing volume z-score window
     feature_clip: float = 5.0  # normalised features are clipped to +-feature_clip
     # role:column pairs for headers the built-in names miss, e.g. time:ts,close:last (roles:

@@ -8,6 +8,9 @@ yet, like the volume z-score at bar 0, is 0), so no row is NaN.
 Groups, in this order on the feature axis:
 
 * ``returns``: ``ret_<h>`` = ``log(close_t / close_{t-h})`` for each ``h`` in ``return_horizons``;
+  with ``scaled_returns`` also ``ret_<h>_scaled`` = ``ret_<h> / (realized_vol_t sqrt(h))``, the
+  move in units of its expected spread (0 while ``realized_vol`` is 0), the volatility-scaled
+  state time-series momentum trades on (Moskowitz, Ooi & Pedersen, 2012);
 * ``range``: ``log_range`` = ``log(high_t / low_t)``; ``close_location`` = ``2 (close - low) /
   (high - low) - 1`` (0 for a flat bar); ``range_ratio`` = ``log_range`` over its trailing mean
   (0 while that is 0); ``realized_vol``, the trailing RMS of 1-bar log returns (both trailing
@@ -80,6 +83,14 @@ def compute_features(bars: Bars, cfg: DataConfig) -> FeatureSet:
     window = cfg.volume_window
     log_close = np.log(bars.close)
     returns = {f"ret_{h}": _lagged_log_return(log_close, h) for h in cfg.return_horizons}
+    return_1 = _lagged_log_return(log_close, 1)
+    realized_vol = np.sqrt(np.maximum(_trailing_mean(return_1 * return_1, window), 0.0))
+    if cfg.scaled_returns:
+        moving = realized_vol > 0
+        spread = np.where(moving, realized_vol, 1.0)
+        for h in cfg.return_horizons:
+            scaled = np.where(moving, returns[f"ret_{h}"] / spread, 0.0) / np.sqrt(h)
+            returns[f"ret_{h}_scaled"] = scaled
 
     log_range = np.log(bars.high / bars.low)
     spread = bars.high - bars.low
@@ -87,14 +98,13 @@ def compute_features(bars: Bars, cfg: DataConfig) -> FeatureSet:
         spread > 0, 2.0 * (bars.close - bars.low) / np.where(spread > 0, spread, 1.0) - 1.0, 0.0
     )
     range_mean = _trailing_mean(log_range, window)
-    return_1 = _lagged_log_return(log_close, 1)
     range_group = {
         "log_range": log_range,
         "close_location": location,
         "range_ratio": np.where(
             range_mean > 0, log_range / np.where(range_mean > 0, range_mean, 1.0), 0.0
         ),
-        "realized_vol": np.sqrt(np.maximum(_trailing_mean(return_1 * return_1, window), 0.0)),
+        "realized_vol": realized_vol,
     }
     volume_z = (
         _trailing_zscore(np.log1p(bars.volume), window)

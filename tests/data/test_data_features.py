@@ -35,14 +35,18 @@ def _reference_features(bars: Bars, cfg: DataConfig) -> np.ndarray:
     for t in range(len(bars)):
         past = range(max(0, t - window + 1), t + 1)
         row = [math.log(c[t] / c[max(0, t - k)]) for k in cfg.return_horizons]
+        squared = [math.log(c[i] / c[max(0, i - 1)]) ** 2 for i in past]
+        vol = math.sqrt(sum(squared) / len(squared))
+        if cfg.scaled_returns:
+            row += [r / (vol * math.sqrt(k)) if vol > 0 else 0.0
+                    for r, k in zip(row, cfg.return_horizons, strict=True)]  # fmt: skip
         log_ranges = [math.log(h[i] / lo[i]) for i in past]
         row.append(log_ranges[-1])
         spread = h[t] - lo[t]
         row.append(2 * (c[t] - lo[t]) / spread - 1 if spread > 0 else 0.0)
         mean_range = sum(log_ranges) / len(log_ranges)
         row.append(log_ranges[-1] / mean_range if mean_range > 0 else 0.0)
-        squared = [math.log(c[i] / c[max(0, i - 1)]) ** 2 for i in past]
-        row.append(math.sqrt(sum(squared) / len(squared)))
+        row.append(vol)
         if bars.has_volume:
             log_volume = np.array([math.log1p(v[i]) for i in past])
             std = log_volume.std()
@@ -82,14 +86,26 @@ def test_layout_and_groups():
     assert features.values.shape == (len(BASE), 15) and features.values.dtype == np.float32
 
 
-@pytest.mark.parametrize("source", ["synthetic", "es_sample", "no_volume"])
+def test_scaled_returns_follow_the_raw_ones_in_their_group():
+    features = compute_features(BASE, DataConfig(scaled_returns=True))
+    assert features.names[:8] == (
+        "ret_1", "ret_5", "ret_15", "ret_60",
+        "ret_1_scaled", "ret_5_scaled", "ret_15_scaled", "ret_60_scaled",
+    )  # fmt: skip
+    assert features.groups["returns"] == tuple(range(8))
+    assert features.groups["calendar"] == tuple(range(13, 19))
+
+
+@pytest.mark.parametrize("source", ["synthetic", "es_sample", "no_volume", "scaled"])
 def test_matches_float64_loop_reference(source):
     if source == "es_sample":
-        bars, cfg = load_bars(ES_SAMPLE), DataConfig()
+        bars, cfg = load_bars(ES_SAMPLE), DataConfig(scaled_returns=True)
     else:
         bars, cfg = BASE, SMALL_CFG
         if source == "no_volume":
             bars = dataclasses.replace(bars, volume=np.zeros(len(bars)), has_volume=False)
+        if source == "scaled":
+            cfg = dataclasses.replace(cfg, scaled_returns=True)
     got = compute_features(bars, cfg).values
     want = _reference_features(bars, cfg)
     assert np.isfinite(got).all()
@@ -165,7 +181,7 @@ def test_no_look_ahead(cut, seed, shift_minutes):
     timestamp = BASE.timestamp.copy()
     timestamp[later] += np.timedelta64(shift_minutes, "m")
     altered = Bars(timestamp=timestamp, volume=volume, **changed)
-    cfg = DataConfig()
+    cfg = DataConfig(scaled_returns=True)
     before = compute_features(BASE, cfg).values
     after = compute_features(altered, cfg).values
     np.testing.assert_array_equal(after[: cut + 1], before[: cut + 1])
