@@ -49,8 +49,10 @@ USABLE_FRACTION = 0.8
 
 
 def n_features(cfg: Any) -> int:
-    """Feature columns of ``cfg.data`` (a ``DataConfig``): one return per horizon, plus the rest."""
-    return len(cfg.return_horizons) + NON_RETURN_FEATURES
+    """Feature columns of ``cfg.data`` (a ``DataConfig``): one return per horizon (two with
+    ``scaled_returns``), plus the rest."""
+    returns = len(cfg.return_horizons) * (2 if cfg.scaled_returns else 1)
+    return returns + NON_RETURN_FEATURES
 
 
 def param_count(cfg: Any, n_features: int) -> int:

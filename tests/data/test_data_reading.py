@@ -39,9 +39,11 @@ TINY = [
     "output.checkpoints=false",
     "output.plots=false",
     "output.compilation_cache=false",
-    # plain values: the comparison below needs an agent that trades, and a one-epoch agent
-    # with post-trade values sits these bars out
+    # plain values, gamma 0.9 and raw returns only: the comparison below needs an agent that
+    # trades, and a one-epoch agent of the profile sits these bars out
     "network.post_trade_values=false",
+    "loss.gamma=0.9",
+    "data.scaled_returns=false",
 ]
 UNTUNED = ("flat", "buy_and_hold", "random")
 

@@ -159,6 +159,9 @@ def test_q_gives_the_distributions_act_chose_from(tiny_run):
     assert np.all(np.isnan(probs[:warm]))
     np.testing.assert_allclose(probs[warm:].sum(-1), 1.0, atol=1e-5)
     expected = probs[warm:] @ policy.atoms  # [T, A]
+    if policy.cfg.train.act_risk > 0:  # less act_risk standard deviations of each distribution
+        spread = probs[warm:] * (policy.atoms - expected[..., None]) ** 2
+        expected = expected - policy.cfg.train.act_risk * np.sqrt(spread.sum(-1))
     if policy.cfg.network.post_trade_values:  # less each trade's cost from the held position
         held = np.concatenate([[0.0], positions[warm:-1]])
         cost = policy.cfg.env.cost_points * policy.cfg.env.reward_scale

@@ -22,9 +22,11 @@ from jdqn.run import memory
 GIB = 2**30
 
 
+@pytest.mark.parametrize("scaled", ["true", "false"])
 @pytest.mark.parametrize("horizons", ["[1, 5, 15, 60]", "[1, 2]"])
-def test_the_feature_count_is_the_features_module_s(horizons):
-    cfg = apply_overrides(SMOKETEST, [f"data.return_horizons={horizons}"])
+def test_the_feature_count_is_the_features_module_s(horizons, scaled):
+    overrides = [f"data.return_horizons={horizons}", f"data.scaled_returns={scaled}"]
+    cfg = apply_overrides(SMOKETEST, overrides)
     features = compute_features(synthetic_bars(2_000, seed=0), cfg.data)
     assert memory.n_features(cfg.data) == features.values.shape[1]
 
@@ -83,7 +85,7 @@ def test_the_estimate_grows_with_what_the_request_asks_for():
     assert memory.learners(apply_overrides(SMOKETEST, ["train.seeds=7"])) == 21
     expanding = apply_overrides(SMOKETEST, ["train.seeds=7", "walkforward.mode=expanding"])
     assert memory.learners(expanding) == 7
-    assert base.host["bar series and features"] == 60_000 * (144 + 12 * 15)
+    assert base.host["bar series and features"] == 60_000 * (144 + 12 * 19)  # 19 features
     assert np.isfinite(float(base.host_bytes))
 
 
