@@ -108,8 +108,8 @@ def test_dqn_trains_on_the_real_es_sample(tmp_path):
 
 # Seeds are told apart by the agent's numbers, so these runs need an agent that trades: the
 # smoketest's learner these checks were written on (on the ES sample a short run of today's,
-# with post-trade values and 3-step returns, sits out: every seed nets 0).
-# Settings under which the smoketest agent trades the ES sample (the profile's sit it out).
+# with post-trade values, 3-step returns, gamma 0.95 and scaled returns, sits out: every seed
+# nets 0).
 TRADES = [
     "network.post_trade_values=false",
     "loss.n_step=1",
