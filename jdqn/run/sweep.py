@@ -542,16 +542,14 @@ def _held_up(
     over seeds) with the interval of ``stats.window_interval`` (trading days of the validation
     tail, then seeds: the price noise between windows is in it), and its test net."""
     chosen_on, test = tried
-    nets = [_series(chosen_on, r).agent for r in chosen_on["folds"] if r["fold"] == fold]
-    kept = [net * base.env.point_value_usd for net in nets if net is not None]  # not halted
+    series = [_series(chosen_on, r) for r in chosen_on["folds"] if r["fold"] == fold]
+    kept = [s.agent * base.env.point_value_usd for s in series if s.agent is not None]  # not halted
     tests = [r["agent"][METRIC] for r in test["folds"] if r["fold"] == fold and r["agent"]]
     if not kept or not tests:
         return {"validation_net_usd": None, "why_none": "every run of the setting halted"}
-    rows = [r for r in chosen_on["folds"] if r["fold"] == fold]
-    realised_at = _series(chosen_on, rows[0]).realised_at
     day_open = CALENDARS[base.data.calendar].day_open
     low, high = stats.window_interval(
-        np.stack(kept), realised_at, day_open=day_open, seed=base.train.seed
+        np.stack(kept), series[0].realised_at, day_open=day_open, seed=base.train.seed
     )
     validation, tested = float(np.median(np.sum(kept, axis=1))), float(np.median(tests))
     return {

@@ -216,6 +216,20 @@ class _Unpadded:
         return state
 
 
+def _one_learner_group(directory: Path) -> GroupCheckpoints:
+    """One process's checkpoints of a one-learner group, one chunk an epoch."""
+    return GroupCheckpoints(
+        directory,
+        enabled=True,
+        processes=Processes(),
+        seal=Seal("digest", frozenset({"digest"}), ()),
+        place=_Unpadded(),
+        runs=1,
+        chunks_per_epoch=1,
+        param_layout=[],
+    )
+
+
 def test_a_save_is_skipped_while_the_one_before_is_written_unless_required(tmp_path, monkeypatch):
     """Training never waits on the disk: an epoch's save while the last one is still being
     written is skipped; a save the run stops after is written once the one before is done."""
@@ -227,16 +241,7 @@ def test_a_save_is_skipped_while_the_one_before_is_written_unless_required(tmp_p
         write(path, arrays)
 
     monkeypatch.setattr(rundir, "write_arrays", slow)
-    group = GroupCheckpoints(
-        tmp_path / "group0",
-        enabled=True,
-        processes=Processes(),
-        seal=Seal("digest", frozenset({"digest"}), ()),
-        place=_Unpadded(),
-        runs=1,
-        chunks_per_epoch=1,
-        param_layout=[],
-    )
+    group = _one_learner_group(tmp_path / "group0")
     state = {"w": np.ones((1, 3), np.float32)}
     group.save(1, 0, state, {}, required=False)  # written (slowly)
     group.save(2, 0, state, {}, required=False)  # skipped: step 1 is still being written
@@ -257,16 +262,7 @@ def test_a_save_is_skipped_until_training_took_ten_times_its_host_copy(tmp_path,
     monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: clock[0])
 
     def saved_steps(directory: Path, copy_s: float, epoch_s: float) -> list[int]:
-        group = GroupCheckpoints(
-            directory,
-            enabled=True,
-            processes=Processes(),
-            seal=Seal("digest", frozenset({"digest"}), ()),
-            place=_Unpadded(),
-            runs=1,
-            chunks_per_epoch=1,
-            param_layout=[],
-        )
+        group = _one_learner_group(directory)
         share = group._share
 
         def slow_copy(state):
