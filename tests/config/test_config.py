@@ -84,3 +84,9 @@ def test_impossible_values_name_the_field(override, message):
 def test_unknown_profile_lists_valid_ones():
     with pytest.raises(ValueError, match="smoketest"):
         profile("huge")
+
+
+def test_scaled_returns_is_a_boolean_named_in_its_error():
+    assert apply_overrides(SMOKETEST, ["data.scaled_returns=false"]).data.scaled_returns is False
+    with pytest.raises(ValueError, match=r"data\.scaled_returns: expected true/false; got 'maybe'"):
+        apply_overrides(SMOKETEST, ["data.scaled_returns=maybe"])
