@@ -92,6 +92,17 @@ class MetricsLog:
         active = np.asarray(host.active)  # [R, L]; padding of the epoch's last chunk is False
         used = np.asarray(host.trained) & active
         learner = {name: np.asarray(values) for name, values in host.learner._asdict().items()}
+        # Whole-wave arrays, not a loop over runs: a sweep's wave has hundreds of them.
+        last_active = active.shape[1] - 1 - np.argmax(active[:, ::-1], axis=1)
+        epsilon = np.asarray(host.epsilon)[np.arange(len(active)), last_active]
+        columns = {"reward_mean": _masked_means(np.asarray(host.reward_mean), active)}
+        for name, values in learner.items():
+            columns[name] = _masked_means(values, _measured(learner, name, used))
+        points = None
+        if self._cfg.output.plots:  # a sweep's runs draw no training curves
+            points = _plot_points(
+                learner, used, learner_steps, self._cfg.train.updates_per_iteration
+            )
         lines = []
         for r, (fold, seed) in enumerate(self._run_ids):
             row: dict[str, Any] = {
@@ -103,18 +114,13 @@ class MetricsLog:
                 "chunk": chunk,
                 "step": int(learner_steps[r]),
                 # The last chunk of an epoch ends in padding iterations (not run): skip them.
-                "epsilon": float(np.asarray(host.epsilon)[r][active[r]][-1]),
-                "reward_mean": float(np.mean(np.asarray(host.reward_mean)[r][active[r]])),
+                "epsilon": float(epsilon[r]),
             }
-            for name, values in learner.items():
-                mask = used[r]
-                if name in MEASURED_WHEN:
-                    mask = mask & (learner[MEASURED_WHEN[name]][r] > 0)
-                row[name] = float(np.mean(values[r][mask])) if mask.any() else None
+            row.update((name, column[r]) for name, column in columns.items())
             lines.append(json.dumps(row, allow_nan=True))
             self._rows[r].append(row)
-            updates = self._cfg.train.updates_per_iteration
-            self._points[r] += _plot_points(learner, r, used[r], row["step"], updates)
+            if points is not None:
+                self._points[r] += points[r]
             if self._writer is not None:
                 for name, value in row.items():
                     if isinstance(value, float) and name != "epsilon":
@@ -139,24 +145,48 @@ class MetricsLog:
                 )
 
 
+def _measured(learner: dict[str, np.ndarray], name: str, used: np.ndarray) -> np.ndarray:
+    """Where metric ``name`` was measured: the trained iterations, and for a metric of
+    :data:`MEASURED_WHEN` only those its flag marks."""
+    return used & (learner[MEASURED_WHEN[name]] > 0) if name in MEASURED_WHEN else used
+
+
+def _masked_means(values: np.ndarray, mask: np.ndarray) -> list[float | None]:
+    """Each row's mean over its masked entries (None where it has none; a non-finite value
+    among them shows as itself)."""
+    counts = mask.sum(axis=-1)
+    with np.errstate(invalid="ignore"):  # inf and -inf among them: NaN, as np.mean gives
+        means = np.where(mask, values, 0.0).sum(axis=-1, dtype=np.float64) / np.maximum(counts, 1)
+    return [float(m) if c else None for m, c in zip(means, counts, strict=True)]
+
+
 def _plot_points(
-    learner: dict[str, np.ndarray], r: int, used: np.ndarray, last_step: int, updates: int
-) -> list[dict[str, Any]]:
-    """Run ``r``'s training-curve points of one chunk: each metric's mean over each of up to
-    :data:`PLOT_POINTS_PER_CHUNK` equal stretches of the trained iterations (``used`` [L]), at
-    the learner step where the stretch ends (the chunk ends at ``last_step``)."""
-    trained = np.flatnonzero(used)
-    n = len(trained)
-    points = []
-    for part in np.array_split(np.arange(n), min(PLOT_POINTS_PER_CHUNK, n)) if n else []:
-        iterations = trained[part]
-        point: dict[str, Any] = {"step": last_step - (n - 1 - int(part[-1])) * updates}
-        for name, values in learner.items():
-            kept = values[r][iterations]
-            if name in MEASURED_WHEN:
-                kept = kept[learner[MEASURED_WHEN[name]][r][iterations] > 0]
-            point[name] = float(np.mean(kept)) if kept.size else None
-        points.append(point)
+    learner: dict[str, np.ndarray], used: np.ndarray, last_steps: np.ndarray, updates: int
+) -> list[list[dict[str, Any]]]:
+    """Each run's training-curve points of one chunk: each metric's mean over each of up to
+    :data:`PLOT_POINTS_PER_CHUNK` equal stretches of the run's trained iterations (``used``
+    [R, L]), at the learner step where the stretch ends (run r's chunk ends at
+    ``last_steps[r]``). The runs that trained in the same iterations (as a rule, all of
+    them) share one pass over the stretches."""
+    points: list[list[dict[str, Any]]] = [[] for _ in range(len(used))]
+    patterns, which = np.unique(used, axis=0, return_inverse=True)
+    for pattern, trained_row in enumerate(patterns):
+        runs = np.flatnonzero(which.reshape(-1) == pattern)
+        trained = np.flatnonzero(trained_row)
+        n = len(trained)
+        for part in np.array_split(np.arange(n), min(PLOT_POINTS_PER_CHUNK, n)) if n else []:
+            iterations = trained[part]
+            back = (n - 1 - int(part[-1])) * updates
+            means = {
+                name: _masked_means(
+                    values[runs][:, iterations], _measured(learner, name, used)[runs][:, iterations]
+                )
+                for name, values in learner.items()
+            }
+            for i, r in enumerate(runs):
+                point: dict[str, Any] = {"step": int(last_steps[r]) - back}
+                point.update((name, column[i]) for name, column in means.items())
+                points[r].append(point)
     return points
 
 
