@@ -489,14 +489,6 @@ def test_agent_takes_a_planted_edge_on_an_evaluation_path(learned):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 45: the smoketest agent sits out most of a martingale but not all (CPU, path "
-    "100, 3 seeds x 3 folds: median exposure 0 %, 7 of 9 seed-folds within the band, fold 1's "
-    "two others -$1,777 at 58 % exposure; 8 of 9 before volatility-scaled returns and gamma "
-    "0.95, 6 of 9 at act_risk 0); strict: the test reports XPASS, a failure, once the agent "
-    "sits out and this marker must go",
-)
 def test_agent_sits_out_a_martingale(learned):
     """No edge: median exposure at most 10 % and every seed-fold within the flat band."""
     _, martingale = learned
