@@ -596,6 +596,7 @@ def test_old_failure_mse_phase_then_c51_with_rewards_beyond_support_stays_bounde
             "loss.donor_mode=best",
             "loss.donor_fraction=0.25",
             "loss.n_step=1",  # the seed's one-step transitions
+            "optim.learning_rate=1e-3",  # the seed's
         ],
     )
     assert cfg.optim.learning_rate == 1e-3 and cfg.network.v_max == 240.0

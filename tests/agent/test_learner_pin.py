@@ -56,6 +56,7 @@ EVERYTHING = (
     "loss.n_step=1",  # the fixture's transitions are one-step
     "train.act_risk=0",
     "loss.gamma=0.9",
+    "optim.learning_rate=1e-3",
 )
 XLA = ("accel.pieces=tail=xla",)
 # One head, no diversity: the causal term is a loss part of its own; kernels in interpret mode.
