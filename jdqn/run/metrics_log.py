@@ -96,13 +96,13 @@ class MetricsLog:
         last_active = active.shape[1] - 1 - np.argmax(active[:, ::-1], axis=1)
         epsilon = np.asarray(host.epsilon)[np.arange(len(active)), last_active]
         columns = {"reward_mean": _masked_means(np.asarray(host.reward_mean), active)}
+        measured = {name: _measured(learner, name, used) for name in learner}
         for name, values in learner.items():
-            columns[name] = _masked_means(values, _measured(learner, name, used))
+            columns[name] = _masked_means(values, measured[name])
         points = None
         if self._cfg.output.plots:  # a sweep's runs draw no training curves
-            points = _plot_points(
-                learner, used, learner_steps, self._cfg.train.updates_per_iteration
-            )
+            updates = self._cfg.train.updates_per_iteration
+            points = _plot_points(learner, used, learner_steps, updates, measured)
         lines = []
         for r, (fold, seed) in enumerate(self._run_ids):
             row: dict[str, Any] = {
@@ -161,13 +161,20 @@ def _masked_means(values: np.ndarray, mask: np.ndarray) -> list[float | None]:
 
 
 def _plot_points(
-    learner: dict[str, np.ndarray], used: np.ndarray, last_steps: np.ndarray, updates: int
+    learner: dict[str, np.ndarray],
+    used: np.ndarray,
+    last_steps: np.ndarray,
+    updates: int,
+    measured: dict[str, np.ndarray] | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Each run's training-curve points of one chunk: each metric's mean over each of up to
     :data:`PLOT_POINTS_PER_CHUNK` equal stretches of the run's trained iterations (``used``
     [R, L]), at the learner step where the stretch ends (run r's chunk ends at
     ``last_steps[r]``). The runs that trained in the same iterations (as a rule, all of
-    them) share one pass over the stretches."""
+    them) share one pass over the stretches. ``measured``: :func:`_measured` of each metric, where
+    the caller has it already."""
+    if measured is None:
+        measured = {name: _measured(learner, name, used) for name in learner}
     points: list[list[dict[str, Any]]] = [[] for _ in range(len(used))]
     patterns, which = np.unique(used, axis=0, return_inverse=True)
     for pattern, trained_row in enumerate(patterns):
@@ -179,7 +186,7 @@ def _plot_points(
             back = (n - 1 - int(part[-1])) * updates
             means = {
                 name: _masked_means(
-                    values[runs][:, iterations], _measured(learner, name, used)[runs][:, iterations]
+                    values[runs][:, iterations], measured[name][runs][:, iterations]
                 )
                 for name, values in learner.items()
             }
