@@ -66,10 +66,10 @@ class Overlap:
     exception cancels tasks not yet started and does not wait for running ones (an XLA compile
     cannot be interrupted; the interpreter joins its thread before the process exits)."""
 
-    def __init__(self, threads: bool | None = None) -> None:
+    def __init__(self, threads: bool | None = None, workers: int = WORKERS) -> None:
         threads = usable_cores() >= MIN_CORES if threads is None else threads
         self.executor: Executor = (
-            ThreadPoolExecutor(WORKERS, thread_name_prefix="jdqn-overlap")
+            ThreadPoolExecutor(workers, thread_name_prefix="jdqn-overlap")
             if threads
             else InlineExecutor()
         )

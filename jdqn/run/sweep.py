@@ -21,13 +21,13 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from jdqn.config import Config, apply_overrides
 from jdqn.config.keys import config_keys
@@ -38,7 +38,7 @@ from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import DEFAULT_BLOCKS, probability_of_overfitting
 from jdqn.evaluation.policy_bundle import bundle_dir
-from jdqn.run import faults, memory, provenance, report, rundir, termination
+from jdqn.run import background, faults, memory, provenance, report, rundir, termination
 from jdqn.run.faults import UserError, as_user_error
 from jdqn.run.walkforward import SETTING_KEYS, policy_root, run_walkforward, source_bars
 
@@ -410,15 +410,12 @@ def _scores(results: dict[str, Any], n_folds: int, n_seeds: int) -> np.ndarray:
 def _series(results: dict[str, Any], row: dict[str, Any]) -> stats.RunSeries:
     """A test run's per-bar net PnL, read back from its equity CSV (the cumulative sums)."""
     stem = f"fold{row['fold']}_seed{row['seed'] + results['seed_offset']}"
-    table = pd.read_csv(Path(results["run_dir"]) / "curves" / f"{stem}_equity.csv")
-    nets = {
-        column.removesuffix("_equity_points"): np.diff(table[column].to_numpy(), prepend=0.0)
-        for column in table.columns
-        if column.endswith("_equity_points")
-    }
+    realised_at, curves = report.read_equity_csv(
+        Path(results["run_dir"]) / "curves" / f"{stem}_equity.csv"
+    )
+    nets = {name: np.diff(curve, prepend=0.0) for name, curve in curves.items()}
     agent = nets.pop("agent") if row["agent"] is not None else None
     nets.pop("agent", None)
-    realised_at = pd.to_datetime(table["timestamp"]).to_numpy("datetime64[ns]")
     return stats.RunSeries(row["fold"], row["seed"], agent, nets, realised_at)
 
 
@@ -427,9 +424,11 @@ def overfitting(tests: Sequence[dict[str, Any]], blocks: int) -> dict[str, Any]:
     on their test windows stitched in time, and on each fold's alone; each bar the mean over
     seeds (a halted run: flat)."""
     by_fold: dict[int, list[list[np.ndarray]]] = {}  # fold -> setting -> [n] per seed
-    for i, results in enumerate(tests):
-        for row in results["folds"]:
-            net = _series(results, row).agent
+    runs_of = [(i, results, row) for i, results in enumerate(tests) for row in results["folds"]]
+    # Thousands of CSVs: read on threads (pyarrow parses off the GIL), taken in order.
+    with ThreadPoolExecutor(background.usable_cores()) as pool:
+        agents = pool.map(lambda run: _series(run[1], run[2]).agent, runs_of)
+        for (i, _, row), net in zip(runs_of, agents, strict=True):
             length = row["window"]["test"][1] - row["window"]["test"][0] - 1
             runs = by_fold.setdefault(row["fold"], [[] for _ in tests])[i]
             runs.append(np.zeros(length) if net is None else net)

@@ -15,6 +15,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -438,10 +439,14 @@ def _setting_configs(cfg: Config, settings: Settings) -> tuple[Config, ...]:
 def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any]]:
     """Every group's result rows (process 0's; the others train their share and return none).
     A group whose learners do not fit at once runs in waves, each a group of its own."""
-    rows: list[dict[str, Any]] = []
-    for index, (fold_ids, wave) in enumerate(layout.groups(_fold_groups(job.cfg, job.data))):
-        rows += _run_group(job, _group_programs(job, index, fold_ids, wave, layout.devices))
-    return rows
+    # One group's runs are judged on the host while the next group trains (one thread: the
+    # rows and test-window series keep their order).
+    with background.Overlap(workers=1) as judging:
+        judged = [
+            _run_group(job, _group_programs(job, index, fold_ids, wave, layout.devices), judging)
+            for index, (fold_ids, wave) in enumerate(layout.groups(_fold_groups(job.cfg, job.data)))
+        ]
+        return [row for rows in judged for row in rows.result()]
 
 
 def _fold_groups(cfg: Config, data: WalkForwardData) -> list[list[int]]:
@@ -643,11 +648,13 @@ def _group_programs(
     )
 
 
-def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
+def _run_group(
+    job: _Job, programs: GroupPrograms, judging: Executor
+) -> Future[list[dict[str, Any]]]:
     """Train this process's share of a group's runs as one vmapped program, sharded over its
-    placement's devices, and evaluate them; process 0 judges the whole wave
-    (``jdqn.run.processes``) and returns its result rows, the others none. The last checkpoint's
-    write goes on while the runs are evaluated and judged (a sweep wave's is 11 GiB)."""
+    placement's devices, and evaluate them; process 0 judges the whole wave on ``judging``
+    (``jdqn.run.processes``): its result rows, the others none. The last checkpoint's write goes
+    on while the runs are evaluated and judged (a sweep wave's is 11 GiB)."""
     processes, wave = job.processes, programs.wave
     started = time.perf_counter()
     with background.Overlap() as overlap, _group_checkpoints(job, programs) as checkpoints:
@@ -668,20 +675,26 @@ def _run_group(job: _Job, programs: GroupPrograms) -> list[dict[str, Any]]:
         by_fold = None if baselines is None else baselines()
         evaluated = time.perf_counter()
         outputs = processes.gather(outputs, len(wave))
-        rows = [] if by_fold is None else _judge_and_keep(job, programs, outputs, by_fold)
-        judged = time.perf_counter()
-    message = "jdqn: group %d of %d runs: trained in %.1f s, evaluated %.1f s, judged %.1f s, "
+        rows = judging.submit(_judge_and_keep, job, programs, outputs, by_fold)
+        gathered = time.perf_counter()
+    message = "jdqn: group %d of %d runs: trained in %.1f s, evaluated %.1f s, "
     message += "the checkpoint written %.1f s after"
-    waits = (trained - started, evaluated - trained, judged - evaluated)
-    _debug(message, programs.index, len(wave), *waits, time.perf_counter() - judged)
+    waits = (trained - started, evaluated - trained, time.perf_counter() - gathered)
+    _debug(message, programs.index, len(wave), *waits)
     return rows
 
 
 def _judge_and_keep(
-    job: _Job, programs: GroupPrograms, outputs: RunOutputs, by_fold: dict[int, dict[str, Any]]
+    job: _Job,
+    programs: GroupPrograms,
+    outputs: RunOutputs,
+    by_fold: dict[int, dict[str, Any]] | None,
 ) -> list[dict[str, Any]]:
-    """Process 0: the wave's result rows, and its policies saved by setting."""
-    wave = programs.wave
+    """Process 0: the wave's result rows, and its policies saved by setting; the other processes
+    (no baselines ``by_fold``): none."""
+    if by_fold is None:
+        return []
+    started, wave = time.perf_counter(), programs.wave
     rows = _judge_group(job, outputs, wave, by_fold)
     for k, setting_cfg in enumerate(job.settings):  # each policy with its setting's config
         runs = [r for r, (_, seed) in enumerate(wave) if job.setting_of(seed) == k]
@@ -695,6 +708,7 @@ def _judge_and_keep(
             [rows[r] for r in runs],
             job.writes.submit,
         )
+    _debug("jdqn: group %d judged in %.1f s", programs.index, time.perf_counter() - started)
     return rows
 
 

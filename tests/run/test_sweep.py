@@ -9,6 +9,7 @@ import csv
 import errno
 import json
 import os
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -27,7 +28,7 @@ from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import probability_of_overfitting
 from jdqn.evaluation.policy import load_policy
 from jdqn.evaluation.policy_bundle import bundle_dir
-from jdqn.run import faults, memory, placement, rundir, sweep, walkforward
+from jdqn.run import background, faults, memory, placement, rundir, sweep, walkforward
 from jdqn.run.walkforward import UserError, load_data, policy_root, run_walkforward
 
 SMALL_SEEDS = 2
@@ -376,7 +377,18 @@ def test_settings_of_other_config_seeds_in_one_program_are_their_own_runs(tmp_pa
 def test_a_program_of_settings_runs_in_waves_where_memory_demands(swept, tmp_path, monkeypatch):
     """With room for 3 learners, the 8 of the two learning rates (settings x folds x seeds) run
     in waves of their one program, with the numbers of all at once (the baselines too: a
-    fold's are seeded by its seed-0 key in whatever wave its first run falls)."""
+    fold's are seeded by its seed-0 key in whatever wave its first run falls). Each wave is
+    judged on a worker thread (as where cores are spare) while the next one trains; the rows
+    keep their order."""
+    monkeypatch.setattr(background, "MIN_CORES", 1)
+    judged_on: list[str] = []
+    judge_group = walkforward._judge_group
+
+    def recorded(*args):
+        judged_on.append(threading.current_thread().name)
+        return judge_group(*args)
+
+    monkeypatch.setattr(walkforward, "_judge_group", recorded)
     plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
     cfg = sweep.group_config(_config(tmp_path), plan, [0, 1])
     data = load_data(cfg)
@@ -388,6 +400,7 @@ def test_a_program_of_settings_runs_in_waves_where_memory_demands(swept, tmp_pat
     settings = [list(setting) for setting in plan.settings]
     waves = run_walkforward(cfg, progress=False, log=notices.append, name="w", settings=settings)
     assert any("waves of 3" in line for line in notices), notices
+    assert len(judged_on) == 3 and all(t.startswith("jdqn-overlap") for t in judged_on)
     kept = json.loads((swept.run_dir / "settings/s000/test/results.json").read_text())
     assert waves.results["folds"] == kept["folds"]
 
