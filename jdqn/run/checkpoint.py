@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -24,11 +25,13 @@ if TYPE_CHECKING:
     from jdqn.run.binding import Seal
     from jdqn.run.processes import Processes
 
+_debug = logging.getLogger("jdqn.run").debug
+
 META = "__meta__"  # the metadata's entry (JSON text) in a step's .npz
 # The most of the training time the checkpoints' host copies may take: after a copy of at least
 # SLOW_COPY_S (a sweep wave's 11 GiB), a save is skipped until the training since took 1 /
 # COPY_SHARE times as long. Quicker copies never skip one.
-COPY_SHARE = 0.1
+COPY_SHARE = 0.04
 SLOW_COPY_S = 1.0
 
 
@@ -326,7 +329,7 @@ class GroupCheckpoints:
         process calls it. Unless ``required`` (the run stops after it), it is skipped while any
         process still writes the one before: training never waits on the disk (a sweep's
         1,536 default learners are 22 GiB a save), and a resume from any epoch gives the same
-        numbers. Nor is one taken before training has gone on ten times as long as the last
+        numbers. Nor is one taken before training has gone on 25 times as long as the last
         save's host copy, where that took seconds (:data:`COPY_SHARE`)."""
         if self._store is None:
             return
@@ -347,6 +350,7 @@ class GroupCheckpoints:
         started = time.perf_counter()
         share = self._share(state)  # the copy to the host, which training waits for
         self._last_copy_s = time.perf_counter() - started
+        _debug("jdqn: checkpoint step %d: host copy %.2f s", step, self._last_copy_s)
         self._store.save(step, share, meta)
         self._last_save = time.perf_counter()
 
