@@ -187,13 +187,15 @@ def causal_bound_points(drift_points: np.ndarray, cost_points: float) -> float:
     by dynamic programming over the position. A causal policy's expected net is
     E[sum_t p_t d_t - costs] (p_t known at t, E[close_{t+1} - close_t | bars <= t] = d_t), at
     most this maximum's expectation; one path's value estimates that bound."""
-    best = {-1: -math.inf, 0: 0.0, 1: -math.inf}  # best net so far ending in each position
+    short, flat, long = -math.inf, 0.0, -math.inf  # best net so far ending in each position
+    one, two = cost_points, 2.0 * cost_points  # the cost of moving one or two units
     for d in np.asarray(drift_points, np.float64).tolist():
-        best = {
-            p: max(best[q] - cost_points * abs(p - q) for q in (-1, 0, 1)) + p * d
-            for p in (-1, 0, 1)
-        }
-    return max(best.values())
+        short, flat, long = (
+            max(short, flat - one, long - two) - d,
+            max(short - one, flat, long - one),
+            max(short - two, flat - one, long) + d,
+        )
+    return max(short, flat, long)
 
 
 @functools.lru_cache(maxsize=4)
