@@ -245,6 +245,23 @@ def host(tree: Any, learners: int) -> Any:
     return jax.tree.map(lambda x: np.asarray(x)[:learners], jax.device_get(tree))
 
 
+class SaveCadence:
+    """When a run's next checkpoint may be taken, across its groups: after a host copy of
+    SLOW_COPY_S or more, not before 1 / COPY_SHARE times as long has passed since it (a sweep's
+    waves each copy 7.5 GiB; a wave after the first takes none of its own sooner)."""
+
+    def __init__(self) -> None:
+        self._last_save = time.perf_counter()  # when the last save's host copy ended
+        self._last_copy_s = 0.0  # how long it took
+
+    def due(self) -> bool:
+        since = time.perf_counter() - self._last_save
+        return self._last_copy_s < SLOW_COPY_S or since * COPY_SHARE >= self._last_copy_s
+
+    def copied(self, seconds: float) -> None:
+        self._last_copy_s, self._last_save = seconds, time.perf_counter()
+
+
 class GroupCheckpoints:
     """A group's checkpoints (:class:`Checkpointer`) in ``checkpoints/group<g>/``, or each
     process's own share in ``process-<i>/`` below it (docs/design.md §11)."""
@@ -260,10 +277,11 @@ class GroupCheckpoints:
         runs: int,
         chunks_per_epoch: int,
         param_layout: list[list[Any]],
+        cadence: SaveCadence | None = None,
     ) -> None:
         """``directory``: the group's; ``place``: how the wave's state is placed
         (``placement.Placement``); ``runs``: the wave's runs; ``param_layout``: saved with each
-        checkpoint (``ParamLayout.record``)."""
+        checkpoint (``ParamLayout.record``); ``cadence``: the run's (default: the group's own)."""
         self.enabled = enabled
         self._directory = directory
         if processes.count > 1:
@@ -274,8 +292,7 @@ class GroupCheckpoints:
         self._indices = processes.share(list(range(runs)))  # its runs in the wave
         self._chunks_per_epoch = chunks_per_epoch
         self._param_layout = param_layout
-        self._last_save = time.perf_counter()  # when the last save's host copy ended
-        self._last_copy_s = 0.0  # how long it took
+        self._cadence = cadence or SaveCadence()
 
     def resume(self, state: Any, log: Callable[[str], None]) -> tuple[Any, dict[str, Any]] | None:
         """The newest intact checkpoint's share of the state, placed as ``state`` is, and its
@@ -329,13 +346,11 @@ class GroupCheckpoints:
         process calls it. Unless ``required`` (the run stops after it), it is skipped while any
         process still writes the one before: training never waits on the disk (a sweep's
         1,536 default learners are 22 GiB a save), and a resume from any epoch gives the same
-        numbers. Nor is one taken before training has gone on 25 times as long as the last
-        save's host copy, where that took seconds (:data:`COPY_SHARE`)."""
+        numbers. Nor is one taken before 25 times as long as the run's last host copy has passed
+        since it, where that copy took seconds (:class:`SaveCadence`)."""
         if self._store is None:
             return
-        since = time.perf_counter() - self._last_save
-        slow = self._last_copy_s >= SLOW_COPY_S and since * COPY_SHARE < self._last_copy_s
-        skip = self._store.writing() or slow
+        skip = self._store.writing() or not self._cadence.due()
         if not required and self._processes.any_of(skip):
             return
         # halted_epoch by the wave's run index g, as one process would record it.
@@ -349,10 +364,10 @@ class GroupCheckpoints:
         step = epochs_done * self._chunks_per_epoch + chunks_done
         started = time.perf_counter()
         share = self._share(state)  # the copy to the host, which training waits for
-        self._last_copy_s = time.perf_counter() - started
-        _debug("jdqn: checkpoint step %d: host copy %.2f s", step, self._last_copy_s)
+        copy_s = time.perf_counter() - started
+        _debug("jdqn: checkpoint step %d: host copy %.2f s", step, copy_s)
         self._store.save(step, share, meta)
-        self._last_save = time.perf_counter()
+        self._cadence.copied(copy_s)
 
     def close(self) -> None:
         if self._store is not None:

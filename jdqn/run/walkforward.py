@@ -65,6 +65,7 @@ from jdqn.run.checkpoint import (
     CheckpointLayoutError,
     GroupCheckpoints,
     NoIntactCheckpointError,
+    SaveCadence,
     host,
 )
 from jdqn.run.faults import UserError, as_user_error
@@ -205,6 +206,7 @@ def run_walkforward(
                     seal,
                     log_outcome,
                     _setting_configs(cfg, settings),
+                    SaveCadence(),
                 )
                 fold_results = _run_all_folds(job, layout)
                 if processes.writer:
@@ -394,6 +396,7 @@ class _Job:
     seal: binding.Seal  # what its checkpoints carry and accept (jdqn.run.binding)
     log_outcome: Callable[[str], None]  # lines a quiet console keeps (results path, halts)
     settings: tuple[Config, ...]  # the configs of the settings the learners carry as values
+    save_cadence: SaveCadence  # when the next checkpoint may be taken, over all groups
 
     def setting_of(self, seed_index: int) -> int:
         """Which setting a run's seed index trains (``run_walkforward``'s ``settings``)."""
@@ -778,6 +781,7 @@ def _group_checkpoints(job: _Job, programs: GroupPrograms) -> Iterator[GroupChec
         runs=len(programs.wave),
         chunks_per_epoch=programs.program.chunks_per_epoch,
         param_layout=programs.program.learner.layout.record(),
+        cadence=job.save_cadence,
     )
     try:
         yield checkpoints

@@ -20,6 +20,7 @@ from jdqn.run.checkpoint import (
     Checkpointer,
     GroupCheckpoints,
     NoIntactCheckpointError,
+    SaveCadence,
     meta_digest,
     state_digest,
 )
@@ -216,7 +217,7 @@ class _Unpadded:
         return state
 
 
-def _one_learner_group(directory: Path) -> GroupCheckpoints:
+def _one_learner_group(directory: Path, cadence: SaveCadence | None = None) -> GroupCheckpoints:
     """One process's checkpoints of a one-learner group, one chunk an epoch."""
     return GroupCheckpoints(
         directory,
@@ -227,6 +228,7 @@ def _one_learner_group(directory: Path) -> GroupCheckpoints:
         runs=1,
         chunks_per_epoch=1,
         param_layout=[],
+        cadence=cadence,
     )
 
 
@@ -257,12 +259,15 @@ def test_a_save_is_skipped_while_the_one_before_is_written_unless_required(tmp_p
 def test_a_save_is_skipped_until_training_took_25_times_its_host_copy(tmp_path, monkeypatch):
     """A large state's host copy holds training up (a sweep wave's 11 GiB take seconds): the
     next save waits until training has gone on 1 / COPY_SHARE times as long; a save the run
-    stops after is taken regardless, and copies quicker than SLOW_COPY_S never skip one."""
+    stops after is taken regardless, and copies quicker than SLOW_COPY_S never skip one. The
+    cadence is the run's: a group after a slow copy in the group before waits as well."""
     clock = [0.0]
     monkeypatch.setattr(checkpoint.time, "perf_counter", lambda: clock[0])
 
-    def saved_steps(directory: Path, copy_s: float, epoch_s: float) -> list[int]:
-        group = _one_learner_group(directory)
+    def saved_steps(
+        directory: Path, copy_s: float, epoch_s: float, cadence: SaveCadence | None = None
+    ) -> list[int]:
+        group = _one_learner_group(directory, cadence)
         share = group._share
 
         def slow_copy(state):
@@ -285,3 +290,9 @@ def test_a_save_is_skipped_until_training_took_25_times_its_host_copy(tmp_path, 
     # where the run stops.
     assert saved_steps(tmp_path / "slow", copy_s=2.0, epoch_s=15.0) == [1, 5, 7]
     assert saved_steps(tmp_path / "quick", copy_s=0.9, epoch_s=1.0) == [1, 2, 3, 4, 5, 6, 7]
+    # Two groups of one run: the first saves as above, the last time where it stops; the
+    # second's first three epochs (45 s) follow that copy too closely, its fourth (60 s) does
+    # not. On a cadence of its own it would save after its first epoch.
+    run = SaveCadence()
+    assert saved_steps(tmp_path / "group0", copy_s=2.0, epoch_s=15.0, cadence=run) == [1, 5, 7]
+    assert saved_steps(tmp_path / "group1", copy_s=2.0, epoch_s=15.0, cadence=run) == [4, 7]
