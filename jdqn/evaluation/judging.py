@@ -42,17 +42,18 @@ def judge_run(
     run's ``calendar``. Interval t's PnL lands at bar t+1."""
     net = np.asarray(record.net_points)
     realised_at = timestamps[1 : len(net) + 1]
-    agent = None
-    if not halted:
-        agent = record_metrics(record, point_value_usd=point_value_usd, bars_per_year=bars_per_year)
-        agent = stats.with_daily_sharpe(agent, net, realised_at, calendar)
     nets = {name: np.asarray(b["rollout"].net_points) for name, b in baselines.items()}
+    judged = [b["metrics"] for b in baselines.values()]
+    if not halted:
+        judged.append(
+            record_metrics(record, point_value_usd=point_value_usd, bars_per_year=bars_per_year)
+        )
+    # One pass over the trading days for all of them (the equity CSV holds them side by side).
+    rows = np.reshape([*nets.values(), *([] if halted else [net])], (len(judged), len(net)))
+    judged = stats.with_daily_sharpe(judged, rows, realised_at, calendar)
     return JudgedRun(
-        agent=agent,
-        baselines={
-            name: stats.with_daily_sharpe(b["metrics"], nets[name], realised_at, calendar)
-            for name, b in baselines.items()
-        },
+        agent=None if halted else judged[-1],
+        baselines=dict(zip(nets, judged[: len(nets)], strict=True)),
         series=stats.RunSeries(fold, seed, None if halted else net, nets, realised_at),
         curves={"agent": equity_curve(net)} | {k: equity_curve(v) for k, v in nets.items()},
         held={"agent": np.asarray(record.positions)}

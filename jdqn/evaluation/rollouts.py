@@ -137,13 +137,16 @@ def _closed_trade_pnls(net: np.ndarray, positions: np.ndarray, cost: np.ndarray 
         )
     trade_pnls = []
     open_pnl: float | None = None
-    for i in range(net.size):
-        p_old, p_new, carry = previous[i], positions[i], net[i]
-        if open_pnl is not None and (p_new == 0.0 or flips[i]):
+    # Python floats (float64, the same arithmetic): a bar's loop body reads no numpy scalars.
+    previous, flips = previous[: net.size], flips[: net.size]  # [0.0] for no bars at all
+    bars = zip(previous.tolist(), positions.tolist(), net.tolist(), flips.tolist(), strict=True)
+    costs = [None] * net.size if cost is None else cost.tolist()
+    for (p_old, p_new, carry, flip), bar_cost in zip(bars, costs, strict=True):
+        if open_pnl is not None and (p_new == 0.0 or flip):
             # Linear costs: the share of this bar's cost for closing |p_old| contracts.
-            exit_cost = -net[i] if cost is None else cost[i] * abs(p_old) / abs(p_new - p_old)
+            exit_cost = -carry if bar_cost is None else bar_cost * abs(p_old) / abs(p_new - p_old)
             trade_pnls.append(open_pnl - exit_cost)
-            open_pnl, carry = None, net[i] + exit_cost
+            open_pnl, carry = None, carry + exit_cost
         if p_new != 0.0:
             open_pnl = carry if open_pnl is None else open_pnl + carry
     return trade_pnls

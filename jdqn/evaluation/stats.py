@@ -158,8 +158,17 @@ def daily_sharpe(
 ) -> float | None:
     """Sharpe ratio of the daily net PnL (:func:`daily_sums`), annualised by
     sqrt(days_per_year); 0 without spread, None for fewer than two trading days."""
-    daily = daily_sums(net, realised_at, day_open)
-    return per_bar_sharpe(daily) * math.sqrt(days_per_year) if daily.size >= 2 else None
+    return daily_sharpes(np.asarray(net)[None], realised_at, days_per_year, day_open)[0]
+
+
+def daily_sharpes(
+    nets: np.ndarray, realised_at: np.ndarray, days_per_year: float = 252.0, day_open: int = 17 * 60
+) -> list[float | None]:
+    """:func:`daily_sharpe` of each row of ``nets`` [k, n], the trading days found once."""
+    daily = daily_sums(nets, realised_at, day_open)  # [k, days]
+    if daily.shape[-1] < 2:
+        return [None] * len(daily)
+    return [per_bar_sharpe(row) * math.sqrt(days_per_year) for row in daily]
 
 
 def window_interval(
@@ -251,12 +260,13 @@ def deflated_sharpe(
 
 
 def with_daily_sharpe(
-    metrics: Mapping[str, Any], net: np.ndarray, realised_at: np.ndarray, calendar: Any
-) -> dict[str, Any]:
-    """``metrics`` with ``sharpe_daily`` (:func:`daily_sharpe`) added, by the trading days of
-    ``calendar`` (a ``jdqn.data.calendars.TradingCalendar``)."""
-    days = daily_sharpe(net, realised_at, calendar.trading_days_per_year, calendar.day_open)
-    return {**metrics, "sharpe_daily": days}
+    metrics: Sequence[Mapping[str, Any]], nets: np.ndarray, realised_at: np.ndarray, calendar: Any
+) -> list[dict[str, Any]]:
+    """Each of ``metrics`` with ``sharpe_daily`` (:func:`daily_sharpe`) of its row of ``nets``
+    [k, n] added, by the trading days of ``calendar`` (a
+    ``jdqn.data.calendars.TradingCalendar``)."""
+    days = daily_sharpes(nets, realised_at, calendar.trading_days_per_year, calendar.day_open)
+    return [{**m, "sharpe_daily": d} for m, d in zip(metrics, days, strict=True)]
 
 
 def summarise(

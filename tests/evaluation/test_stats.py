@@ -95,8 +95,13 @@ def test_daily_sharpe_starts_each_day_at_the_calendars_open():
     cme = np.array([1.0, 2.0 + 3.0, 4.0])
     expected = cme.mean() / cme.std(ddof=1) * math.sqrt(252)
     assert stats.daily_sharpe(net, stamps) == pytest.approx(expected, rel=1e-12)
-    with_calendar = stats.with_daily_sharpe({}, net, stamps, CALENDARS["crypto_24x7"])
-    assert with_calendar["sharpe_daily"] == stats.daily_sharpe(net, stamps, 365, day_open=0)
+    # Several series at once (a run's agent and baselines): each row as on its own.
+    rows = np.stack([net, net[::-1]])
+    with_calendar = stats.with_daily_sharpe([{}, {"a": 1}], rows, stamps, CALENDARS["crypto_24x7"])
+    assert with_calendar[0]["sharpe_daily"] == stats.daily_sharpe(net, stamps, 365, day_open=0)
+    reverse = stats.daily_sharpe(net[::-1], stamps, 365, day_open=0)
+    assert with_calendar[1] == {"a": 1, "sharpe_daily": reverse}
+    assert stats.daily_sharpes(rows[:, :1], stamps[:1]) == [None, None]  # one trading day
 
 
 def test_deflated_sharpe_reproduces_the_papers_worked_example():
