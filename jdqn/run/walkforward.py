@@ -444,11 +444,14 @@ def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any
     A group whose learners do not fit at once runs in waves, each a group of its own."""
     # One group's runs are judged on the host while the next group trains (one thread: the
     # rows and test-window series keep their order).
+    judged: list[Future[list[dict[str, Any]]]] = []
     with background.Overlap(workers=1) as judging:
-        judged = [
-            _run_group(job, _group_programs(job, index, fold_ids, wave, layout.devices), judging)
-            for index, (fold_ids, wave) in enumerate(layout.groups(_fold_groups(job.cfg, job.data)))
-        ]
+        for index, (fold_ids, wave) in enumerate(layout.groups(_fold_groups(job.cfg, job.data))):
+            for rows in judged:  # a group whose judging failed stops the run before the next
+                if rows.done() and rows.exception() is not None:
+                    rows.result()
+            programs = _group_programs(job, index, fold_ids, wave, layout.devices)
+            judged.append(_run_group(job, programs, judging))
         return [row for rows in judged for row in rows.result()]
 
 

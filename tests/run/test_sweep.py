@@ -406,6 +406,36 @@ def test_a_program_of_settings_runs_in_waves_where_memory_demands(swept, tmp_pat
 
 
 @pytest.mark.slow
+def test_a_waves_judging_error_stops_the_run_before_the_next_wave_trains(tmp_path, monkeypatch):
+    """Judged inline (a 2-core machine), the first wave's error is raised before the second
+    wave trains, not after every wave has."""
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    cfg = sweep.group_config(_config(tmp_path), plan, [0, 1])
+    data = load_data(cfg)
+    each = memory.learner_bytes(cfg, data.n_features)
+    shared = sum(a.features.nbytes + a.close.nbytes for a in (*data.train, *data.test))
+    room = int((3.5 * each + shared) / placement.MEMORY_FRACTION)
+    monkeypatch.setattr(placement, "free_bytes", lambda _: room)
+    monkeypatch.setattr(background, "MIN_CORES", 10**6)
+    trained: list[int] = []
+    train_group = walkforward._train_group
+
+    def counted(job, programs, *args):
+        trained.append(programs.index)
+        return train_group(job, programs, *args)
+
+    def failing(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(walkforward, "_train_group", counted)
+    monkeypatch.setattr(walkforward, "_judge_group", failing)
+    settings = [list(setting) for setting in plan.settings]
+    with pytest.raises(faults.IOFault, match="no space left"):
+        run_walkforward(cfg, progress=False, log=lambda _: None, name="w", settings=settings)
+    assert trained == [0]
+
+
+@pytest.mark.slow
 def test_the_sweeps_outputs(swept, tmp_path) -> None:
     run, results = swept.run_dir, swept.results
     assert not run.name.endswith(rundir.INCOMPLETE_SUFFIX)
