@@ -353,8 +353,11 @@ def _sub_run(
         outcome = run_walkforward(cfg, name=name, **kwargs)
     # Finished, it resumes from its results.json: its checkpoints (22 GiB a save at the issue's
     # 1,536 default learners) would only fill the disk.
+    removing = time.perf_counter()
     shutil.rmtree(outcome.run_dir / "checkpoints", ignore_errors=True)
-    _debug("jdqn: %s/%s finished in %.1f s", parent.name, name, time.perf_counter() - started)
+    removed = time.perf_counter() - removing
+    message = "jdqn: %s/%s finished in %.1f s (its checkpoints removed in %.1f s)"
+    _debug(message, parent.name, name, time.perf_counter() - started, removed)
     return {**outcome.results, "run_dir": str(outcome.run_dir)}
 
 
@@ -470,7 +473,7 @@ def _finish(
 ) -> rundir.RunOutcome:
     """Choose each fold's setting, write sweep.csv, the selected policies and results.json, and
     rename the sweep into place."""
-    n_folds, n_seeds = len(data.folds), base.train.seeds
+    t0, n_folds, n_seeds = time.perf_counter(), len(data.folds), base.train.seeds
     scores = np.stack([_scores(chosen_on, n_folds, n_seeds) for chosen_on, _ in tried])
     chosen, value = select(scores, plan.rule, base.train.seed)
     tests = [test for _, test in tried]
@@ -523,6 +526,7 @@ def _finish(
         **provenance.run_record(base.data.path, data.n_bars),
     )
     rundir.write_json(run.results_path, results)
+    _debug("jdqn: choice, table, policies and results written in %.1f s", time.perf_counter() - t0)
     final = rundir.finalize(run, "jdqn sweep")
     for fold, setting in enumerate(chosen):
         chosen_line = f"jdqn: fold {fold}: setting {setting} ({_describe(plan.settings[setting])})"

@@ -146,6 +146,7 @@ def run_walkforward(
     others return its path, no results and whether a run halted. ``resume_changed``: resume
     although config.json or the data file changed (jdqn.run.binding)."""
     configure()  # jdqn's XLA flags, where no JAX backend has started yet
+    started = time.perf_counter()
     processes = processes or Processes(jax.process_count(), jax.process_index())
     log_outcome = log_outcome or log
     # SIGTERM stops the run as Ctrl-C does; the run directory this call locks is unlocked at exit.
@@ -208,11 +209,14 @@ def run_walkforward(
                     _setting_configs(cfg, settings),
                     SaveCadence(),
                 )
+                _debug("jdqn: set up in %.1f s", time.perf_counter() - started)
                 fold_results = _run_all_folds(job, layout)
+                ran = time.perf_counter()
                 if processes.writer:
                     summary = report.write_summary(
                         writes, run.path, fold_results, series, cfg, cfg.output.plots
                     )
+            _debug("jdqn: summary and every file written in %.1f s", time.perf_counter() - ran)
             if not processes.writer:
                 ended = json.loads(processes.broadcast_text(""))  # once process 0 renamed the run
                 return rundir.RunOutcome(Path(ended["run_dir"]), {}, halted=ended["halted"])
@@ -450,7 +454,9 @@ def _run_all_folds(job: _Job, layout: placement.RunLayout) -> list[dict[str, Any
             for rows in judged:  # a group whose judging failed stops the run before the next
                 if rows.done() and rows.exception() is not None:
                     rows.result()
+            preparing = time.perf_counter()
             programs = _group_programs(job, index, fold_ids, wave, layout.devices)
+            _debug("jdqn: group %d prepared in %.1f s", index, time.perf_counter() - preparing)
             judged.append(_run_group(job, programs, judging))
         return [row for rows in judged for row in rows.result()]
 
