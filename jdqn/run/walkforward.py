@@ -169,10 +169,8 @@ def run_walkforward(
         # leaves nothing behind (the second check, with the data's own feature count).
         memory.check_request(cfg, n_bars=None if cfg.data.path else cfg.data.synthetic_bars)
         data = load_data(cfg) if data is None else data
-        purge = data.walkforward.purge_bars  # resolved from the bars' interval
-        cfg = dataclasses.replace(
-            cfg, walkforward=dataclasses.replace(cfg.walkforward, purge_bars=purge)
-        )
+        windows = dataclasses.replace(cfg.walkforward, purge_bars=data.walkforward.purge_bars)
+        cfg = dataclasses.replace(cfg, walkforward=windows)  # purge: from the bars' interval
         memory.check_request(cfg, n_bars=None, features=data.train[0].features.shape[-1])
         cfg = resolve_reward_unit(cfg, data)
         _debug(console_log.reading_record(cfg, data))
