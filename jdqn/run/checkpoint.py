@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 _debug = logging.getLogger("jdqn.run").debug
 
 META = "__meta__"  # the metadata's entry (JSON text) in a step's .npz
-# The most of the training time the checkpoints' host copies may take: after a copy of at least
-# SLOW_COPY_S (a sweep wave's 11 GiB), a save is skipped until the training since took 1 /
-# COPY_SHARE times as long. Quicker copies never skip one.
+# The most of a run's time the checkpoints' host copies may take: after a copy of at least
+# SLOW_COPY_S (a sweep wave's 11 GiB), a save is skipped until 1 / COPY_SHARE times as long has
+# passed since it (SaveCadence). Quicker copies never skip one.
 COPY_SHARE = 0.04
 SLOW_COPY_S = 1.0
 

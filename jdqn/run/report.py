@@ -90,8 +90,9 @@ class BackgroundWrites:
             self.submit(_import, module)
 
     def submit(self, write: Callable[..., None], *args: Any) -> None:
-        """Queues ``write(*args)`` on the writer thread (from the thread that owns this object);
-        the arguments must not change afterwards."""
+        """Queues ``write(*args)`` on the writer thread (from any thread: a wave is judged on a
+        worker while the next one trains and logs its metrics); the arguments must not change
+        afterwards."""
         self._pending.append(self._pool.submit(write, *args))
 
     def submit_plot(self, plot: Callable[..., None], *args: Any) -> None:
