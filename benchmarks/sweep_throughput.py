@@ -16,6 +16,7 @@ Each process's wall time is measured here, around the command; ``-v`` logs go un
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -84,7 +85,8 @@ def run(
         )
         every = settings(profile, grid)
         processes = []
-        for k, setting in enumerate(every[:walkforwards]):
+        # The grid's first settings (again from the first where it has fewer).
+        for k, setting in enumerate(itertools.islice(itertools.cycle(every), walkforwards)):
             values = [arg for item in setting for arg in ("--set", item)]
             command = [*jdqn, "walkforward", *common, *values, "--out", str(root / "runs")]
             processes.append(timed(command, logs / f"walkforward{k}.log", root / "wf-cache"))
