@@ -127,6 +127,33 @@ def test_ab_times_each_side_with_its_own_config(monkeypatch) -> None:
     assert rows[0]["b_over_a"] == 2.0
 
 
+def test_sweep_throughput_times_the_sweep_then_walkforwards_of_its_settings(
+    monkeypatch, tmp_path
+) -> None:
+    """The sweep of the grid first, then walk-forwards of its settings in the sweep's order (from
+    the first again where the grid has fewer); the first walk-forward, which compiles, is left
+    out of the warm mean."""
+    from benchmarks import sweep_throughput
+
+    commands, seconds = [], iter([100.0, 30.0, 10.0, 20.0])
+
+    def timed(command, log, cache):
+        commands.append(command)
+        return next(seconds)
+
+    monkeypatch.setattr(sweep_throughput, "timed", timed)
+    grid = ("optim.learning_rate=1e-3,3e-4", "loss.gamma=0.9")
+    result = sweep_throughput.run("smoketest", 2, 3, tmp_path, grid, ("train.epochs=1",))
+    sweep, *walkforwards = commands
+    assert sweep[3] == "sweep" and sweep.count("--grid") == 2 and "train.epochs=1" in sweep
+    rates = [c[c.index("--set", c.index("train.epochs=1")) + 1] for c in walkforwards]
+    assert rates == [f"optim.learning_rate={r}" for r in ("1e-3", "3e-4", "1e-3")]
+    assert all(c[3] == "walkforward" and "loss.gamma=0.9" in c for c in walkforwards)
+    assert result["walkforward_s"] == [30.0, 10.0, 20.0]
+    assert result["separate_warm_s"] == 15.0 * 2  # the mean after the first, x 2 settings
+    assert result["throughput_x"] == 30.0 / 100.0
+
+
 def test_the_product_never_imports_the_research_probes_nor_the_cli_from_bench() -> None:
     """jdqn/ and pallas_kernels/ import nothing from benchmarks/, and jdqn.bench (which the CLI
     imports) imports nothing from jdqn.cli: no import circle."""
