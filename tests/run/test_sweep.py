@@ -373,6 +373,19 @@ def test_settings_of_other_config_seeds_in_one_program_are_their_own_runs(tmp_pa
     assert any(not np.array_equal(first[n], second[n]) for n in first.files)
 
 
+def _two_rates_in_waves_of_three(tmp_path, monkeypatch) -> tuple[sweep.Config, list]:
+    """The program of the two learning rates and its settings, with device room for 3 of its 8
+    learners (so they run in waves)."""
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    cfg = sweep.group_config(_config(tmp_path), plan, [0, 1])
+    data = load_data(cfg)
+    each = memory.learner_bytes(cfg, data.n_features)
+    shared = sum(a.features.nbytes + a.close.nbytes for a in (*data.train, *data.test))
+    room = int((3.5 * each + shared) / placement.MEMORY_FRACTION)
+    monkeypatch.setattr(placement, "free_bytes", lambda _: room)
+    return cfg, [list(setting) for setting in plan.settings]
+
+
 @pytest.mark.slow
 def test_a_program_of_settings_runs_in_waves_where_memory_demands(swept, tmp_path, monkeypatch):
     """With room for 3 learners, the 8 of the two learning rates (settings x folds x seeds) run
@@ -389,15 +402,8 @@ def test_a_program_of_settings_runs_in_waves_where_memory_demands(swept, tmp_pat
         return judge_group(*args)
 
     monkeypatch.setattr(walkforward, "_judge_group", recorded)
-    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
-    cfg = sweep.group_config(_config(tmp_path), plan, [0, 1])
-    data = load_data(cfg)
-    each = memory.learner_bytes(cfg, data.n_features)
-    shared = sum(a.features.nbytes + a.close.nbytes for a in (*data.train, *data.test))
-    room = int((3.5 * each + shared) / placement.MEMORY_FRACTION)
-    monkeypatch.setattr(placement, "free_bytes", lambda _: room)
+    cfg, settings = _two_rates_in_waves_of_three(tmp_path, monkeypatch)
     notices: list[str] = []
-    settings = [list(setting) for setting in plan.settings]
     waves = run_walkforward(cfg, progress=False, log=notices.append, name="w", settings=settings)
     assert any("waves of 3" in line for line in notices), notices
     assert len(judged_on) == 3 and all(t.startswith("jdqn-overlap") for t in judged_on)
@@ -409,13 +415,7 @@ def test_a_program_of_settings_runs_in_waves_where_memory_demands(swept, tmp_pat
 def test_a_waves_judging_error_stops_the_run_before_the_next_wave_trains(tmp_path, monkeypatch):
     """Judged inline (a 2-core machine), the first wave's error is raised before the second
     wave trains, not after every wave has."""
-    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
-    cfg = sweep.group_config(_config(tmp_path), plan, [0, 1])
-    data = load_data(cfg)
-    each = memory.learner_bytes(cfg, data.n_features)
-    shared = sum(a.features.nbytes + a.close.nbytes for a in (*data.train, *data.test))
-    room = int((3.5 * each + shared) / placement.MEMORY_FRACTION)
-    monkeypatch.setattr(placement, "free_bytes", lambda _: room)
+    cfg, settings = _two_rates_in_waves_of_three(tmp_path, monkeypatch)
     monkeypatch.setattr(background, "MIN_CORES", 10**6)
     trained: list[int] = []
     train_group = walkforward._train_group
@@ -429,7 +429,6 @@ def test_a_waves_judging_error_stops_the_run_before_the_next_wave_trains(tmp_pat
 
     monkeypatch.setattr(walkforward, "_train_group", counted)
     monkeypatch.setattr(walkforward, "_judge_group", failing)
-    settings = [list(setting) for setting in plan.settings]
     with pytest.raises(faults.IOFault, match="no space left"):
         run_walkforward(cfg, progress=False, log=lambda _: None, name="w", settings=settings)
     assert trained == [0]
