@@ -180,6 +180,11 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "agent_minus_baseline_net_usd": minus,
         "net_usd_by_run": [float(x) for x in net],
         "run_ids": [[row.get("path"), int(row["fold"]), int(row["seed"])] for row in ok],
+        "halted_runs": [  # why each halted run stopped: the guard's reason
+            [row.get("path"), int(row["fold"]), int(row["seed"]), row.get("status")]
+            for row in rows
+            if row["agent"] is None
+        ],
     }
     if "informed" in names:
         bound = _median([r["baselines"]["informed"].get("causal_bound_usd") for r in ok])

@@ -35,6 +35,7 @@ def test_score_picks_the_best_tuned_baseline_and_counts_halted_runs_as_failures(
         _row(3000.0, 10, 1, 0, momentum=3500.0, ridge=1000.0, buy_and_hold=9e9, exposure=0.9),
         _row(None, 0, 1, 1, momentum=3500.0, ridge=1000.0, buy_and_hold=9e9),  # halted
     ]
+    rows[-1]["status"] = "halted: non-finite loss"
     card = learning.score(rows)
     assert (card["runs"], card["halted"]) == (4, 1)
     # Medians over every seed-fold: momentum 2,150 (800, 800, 3500, 3500), ridge 950; buy & hold
@@ -52,6 +53,7 @@ def test_score_picks_the_best_tuned_baseline_and_counts_halted_runs_as_failures(
     assert card["changes_per_1000_bars"] == pytest.approx(4 / 6)
     assert card["net_usd"]["median"] == 1000.0 and card["sharpe_daily"]["median"] == 0.25
     assert card["run_ids"] == [[100, 0, 0], [100, 0, 1], [100, 1, 0]]
+    assert card["halted_runs"] == [[100, 1, 1, "halted: non-finite loss"]]
     table = learning.format_table([{"case": "c", "data": "evaluation", "wall_s": 1.0, **card}])
     assert "| momentum: +2,150 |" in table and "-500 [" in table and "]* |" in table
     assert "| c | momentum (best) | +2,150 |" in learning.format_baselines([{"case": "c", **card}])
