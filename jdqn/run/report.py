@@ -8,6 +8,7 @@ import json
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
@@ -143,6 +144,7 @@ def _plot_pool(processes: int, preload: tuple[str, ...]) -> ProcessPoolExecutor:
     with _PLOT_POOLS_LOCK:
         pool = _PLOT_POOLS.get((processes, preload))
         if pool is None:
+            _start_resource_tracker_quietly()
             # spawn, not fork: the caller runs JAX's threads, which a fork would copy mid-state.
             pool = ProcessPoolExecutor(
                 processes,
@@ -154,6 +156,25 @@ def _plot_pool(processes: int, preload: tuple[str, ...]) -> ProcessPoolExecutor:
                 pool.submit(_ready)
             _PLOT_POOLS[(processes, preload)] = pool
         return pool
+
+
+# The -W option multiprocessing's resource tracker is started with (see below).
+_TRACKER_QUIET = "ignore:resource_tracker:UserWarning"
+
+
+def _start_resource_tracker_quietly() -> None:
+    """Starts multiprocessing's resource tracker, unless running, without its leak warning. A
+    plot pool's queues hold named semaphores; the `jdqn` command ends with ``os._exit``, which
+    runs no finalizer, so the tracker unlinks them when the process has gone (its job) and
+    would print "There appear to be 5 leaked semaphore objects" under the command's last line.
+    Its command line copies ``sys.warnoptions``; the option is removed again at once."""
+    from multiprocessing import resource_tracker
+
+    sys.warnoptions.append(_TRACKER_QUIET)
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        sys.warnoptions.remove(_TRACKER_QUIET)
 
 
 def _discard_plot_pool(pool: ProcessPoolExecutor) -> None:
