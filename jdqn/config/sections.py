@@ -460,6 +460,7 @@ class OutputConfig:
     checkpoints: bool = True  # checkpoints each epoch (for --resume)
     tensorboard: bool = True  # TensorBoard event files
     plots: bool = True  # PNG plots
+    policies: bool = True  # each run's policy bundle (a sweep's selection runs save none)
     # the random baseline in plots and console tables too (results.json and CSVs always hold it)
     show_random: bool = False
     compilation_cache: bool = True  # persist XLA executables across runs

@@ -226,14 +226,16 @@ def prepare_data(cfg: Config, validation_bars: int) -> tuple[WalkForwardData, Wa
 
 
 def validation_config(cfg: Config, validation: WalkForwardData) -> Config:
-    """``cfg`` for the selection runs, with their windows' lengths. (A reward unit of the train
-    volatility is resolved by the run from the first fold's inner train part, which precedes
-    every validation tail.)"""
+    """``cfg`` for the selection runs, with their windows' lengths and no policy bundles (the
+    sweep keeps the test runs' policies only). (A reward unit of the train volatility is
+    resolved by the run from the first fold's inner train part, which precedes every validation
+    tail.)"""
     first = validation.folds[0]
     train_bars, test_bars = first.train_end - first.train_start, first.test_end - first.test_start
+    output = dataclasses.replace(cfg.output, policies=False)
     try:
         windows = dataclasses.replace(cfg.walkforward, train_bars=train_bars, test_bars=test_bars)
-        return dataclasses.replace(cfg, walkforward=windows)
+        return dataclasses.replace(cfg, walkforward=windows, output=output)
     except ValueError as error:
         raise UserError(f"the validation runs' {train_bars}-bar train windows: {error}") from None
 

@@ -27,7 +27,7 @@ from jdqn.data.folds import validation_folds
 from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import probability_of_overfitting
 from jdqn.evaluation.policy import load_policy
-from jdqn.evaluation.policy_bundle import bundle_dir
+from jdqn.evaluation.policy_bundle import POLICIES, bundle_dir
 from jdqn.run import background, faults, memory, placement, rundir, sweep, walkforward
 from jdqn.run.walkforward import UserError, load_data, policy_root, run_walkforward
 
@@ -468,7 +468,10 @@ def test_the_sweeps_outputs(swept, tmp_path) -> None:
     assert 0.0 <= overfit["pbo"] <= 1.0 and overfit["splits"] == 12870  # C(16, 8)
     assert overfit["bars_used"] == 2 * 299 - 2 * 299 % 16  # two test windows of 299 intervals
     assert sorted(overfit["folds"]) == ["0", "1"] and overfit["folds"]["1"]["bars_used"] == 288
-    # The selected policies are bundles that jdqn.load_policy and jdqn evaluate read.
+    # The selected policies are bundles that jdqn.load_policy and jdqn evaluate read; they are
+    # the test runs' (whole train windows): the selection runs save none.
+    assert bundle_dir(policy_root(run / "settings/s000/test", chosen[1], 2), 1, 0).is_dir()
+    assert not list((run / "settings/s000/validation").glob(f"**/{POLICIES}"))
     policy = load_policy(run, fold=1, seed=0)
     lr = dict(sweep.grid_settings(SMOKETEST, list(GRID))[chosen[1]])["optim.learning_rate"]
     assert policy.cfg.optim.learning_rate == float(lr)
