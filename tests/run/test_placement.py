@@ -17,11 +17,15 @@ from tiny_learner import TINY
 
 from jdqn.agent.train import FoldData, make_train
 from jdqn.cli import EXIT_USER_ERROR, main
-from jdqn.config import DEFAULT, SMOKETEST, apply_overrides
+from jdqn.config import SMOKETEST, apply_overrides
 from jdqn.run import memory, placement, rundir
 from jdqn.run.checkpoint import META
 
 CPU = SimpleNamespace(platform="cpu")  # a stand-in device: the plan reads only its platform
+
+# The shape of the larger learner `default` had until 2026-12-06: 5 heads, batch 256, a big buffer.
+LARGE = ["network.n_heads=5", "network.bootstrap_prob=0.8", "train.batch_size=256",
+         "replay.capacity=100000"]  # fmt: skip
 
 
 def test_padding_repeats_the_last_learner_and_is_dropped_again():
@@ -40,7 +44,7 @@ def test_padding_repeats_the_last_learner_and_is_dropped_again():
     [
         apply_overrides(SMOKETEST, TINY),
         SMOKETEST,
-        DEFAULT,
+        apply_overrides(SMOKETEST, LARGE),
         apply_overrides(SMOKETEST, ["network.n_heads=3", "network.hidden=[32, 16, 8]"]),
     ],
 )
@@ -82,7 +86,7 @@ def test_learners_that_fit_run_at_once_and_others_in_equal_waves():
 
 def test_a_learner_too_big_for_a_device_is_one_line_naming_the_fix():
     with pytest.raises(placement.PlacementError) as error:
-        _plan(1, 10**6, cfg=DEFAULT)
+        _plan(1, 10**6, cfg=apply_overrides(SMOKETEST, LARGE))
     message = str(error.value)
     assert "one learner needs about" in message and "fix: lower replay.capacity" in message
     assert "\n" not in message
