@@ -1,16 +1,22 @@
 """Choose the ``default`` profile's settings by sweeps on development data only.
 
     python scripts/choose_default.py --out runs/choice [--seeds 8] [--path 1] [--grid KEY=V1,V2 ...]
+        [--measure validation|test]
 
 Runs one ``jdqn sweep`` of the same grid on each development case (a planted edge and a
 martingale on development path ``--path``, and the ES sample), then ranks the settings on their
-validation tails (the last ``walkforward.test_bars`` of each fold's train window; no test window
-is read): a setting is eligible where the martingale's median exposure is at most 10 % (the
-scorecard's sitting-out goal), or, if none is, those with the lowest median exposure; among
-them the highest median planted net wins. Evaluation paths (``jdqn.bench.learning``'s
-``EVALUATION_PATHS``) are refused: they judge the choice and never make it. Writes
-``choice.json`` in ``--out`` and prints every setting's row. ``--grid`` (repeated) replaces
-:data:`GRID`, e.g. for a later choice among fewer keys on top of the current profile.
+validation tails (the last ``walkforward.test_bars`` of each fold's train window), or with
+``--measure test`` on the development path's test windows. The validation runs train on the
+train window less its tail (a third of the default windows' bars), so a setting that interacts
+with the amount of training (epochs, buffer, learning rate) is better judged on the test windows,
+where it trained on the whole train windows as a walk-forward does; with a development path,
+those are development data too. A setting is eligible where the martingale's median exposure
+is at most 10 % (the scorecard's sitting-out goal), or, if none is, those with the lowest median
+exposure; among them the highest median planted net wins. Evaluation paths
+(``jdqn.bench.learning``'s ``EVALUATION_PATHS``) are refused: they judge the choice and never
+make it. Writes ``choice.json`` in ``--out`` and prints every setting's row. ``--grid``
+(repeated) replaces :data:`GRID`, e.g. for a later choice among fewer keys on top of the current
+profile.
 """
 
 from __future__ import annotations
@@ -61,13 +67,14 @@ def read_rows(sweep_dir: Path, keys: list[str]) -> dict[tuple[str, ...], list[di
     return rows
 
 
-def summarise(rows: list[dict[str, str]]) -> dict[str, Any]:
-    """Validation medians over a setting's seed-folds; a halted run fails every share."""
+def summarise(rows: list[dict[str, str]], measure: str = "validation") -> dict[str, Any]:
+    """Medians over a setting's seed-folds of its ``measure`` runs (``validation`` or ``test``,
+    sweep.csv's column prefixes); a halted run fails every share."""
     metrics = ("net_pnl_usd", "exposure", "n_trades", "n_bars")
     agent = [
-        {m: float(r[f"validation_{m}"]) for m in metrics}
+        {m: float(r[f"{measure}_{m}"]) for m in metrics}
         for r in rows
-        if r["validation_status"] == "ok"
+        if r[f"{measure}_status"] == "ok"
     ]
     shares = sitting_out(agent, len(rows))
     changes = shares["changes_per_1000_bars"]
@@ -106,6 +113,10 @@ def main() -> int:
         "--set", action="append", default=[], help="passed to every sweep before its case's own"
     )
     parser.add_argument("--grid", action="append", help=f"KEY=V1,V2 (default {' '.join(GRID)})")
+    parser.add_argument(
+        "--measure", choices=("validation", "test"), default="validation",
+        help="rank on the validation tails (default) or on the development path's test windows",
+    )  # fmt: skip
     args = parser.parse_args()
     grid = tuple(args.grid or GRID)
     keys = [g.partition("=")[0] for g in grid]
@@ -132,13 +143,13 @@ def main() -> int:
                 print(f"choose_default: the {case} sweep stopped; run the same command to resume")
                 return status
         for setting, rows in read_rows(args.out / case, keys).items():
-            table.setdefault(setting, {})[case] = summarise(rows)
+            table.setdefault(setting, {})[case] = summarise(rows, args.measure)
     chosen = choose(table)
     for setting, cases in table.items():
         mark = "*" if setting == chosen else " "
         print(mark, dict(zip(keys, setting, strict=True)), json.dumps(cases))
     rows = [{"setting": dict(zip(keys, s, strict=True)), **c} for s, c in table.items()]
-    record = {"grid": grid, "path": args.path, "seeds": args.seeds,
+    record = {"grid": grid, "path": args.path, "seeds": args.seeds, "measure": args.measure,
               "chosen": dict(zip(keys, chosen, strict=True)), "table": rows}  # fmt: skip
     (args.out / "choice.json").write_text(json.dumps(record, indent=1) + "\n")
     print("chosen:", record["chosen"])

@@ -30,6 +30,14 @@ def test_summarise_counts_halted_runs_as_failures() -> None:
     assert summary["share_within_flat_band"] == pytest.approx(1 / 3)
 
 
+def test_summarise_reads_the_test_windows_when_asked() -> None:
+    rows = [{k.replace("validation_", "test_"): v for k, v in _row(300.0, 0.1, 2).items()}]
+    rows[0] |= _row(-1.0, 0.9, 50)  # the validation columns of the same runs
+    assert choose_default.summarise(rows, "test")["net_usd"] == pytest.approx(300.0)
+    assert choose_default.summarise(rows, "test")["exposure"] == pytest.approx(0.1)
+    assert choose_default.summarise(rows)["net_usd"] == pytest.approx(-1.0)
+
+
 def _case(net: float, exposure: float) -> dict[str, float]:
     return {"net_usd": net, "exposure": exposure}
 
