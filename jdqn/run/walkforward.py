@@ -706,7 +706,8 @@ def _judge_and_keep(
         return []
     started, wave = time.perf_counter(), programs.wave
     rows = _judge_group(job, outputs, wave, by_fold)
-    for k, setting_cfg in enumerate(job.settings if job.cfg.output.policies else ()):
+    kept = job.settings if job.cfg.output.policies else ()  # a sweep's selection runs: none
+    for k, setting_cfg in enumerate(kept):  # each policy with its setting's config
         runs = [r for r, (_, seed) in enumerate(wave) if job.setting_of(seed) == k]
         policy_bundle.save_run_policies(
             policy_root(job.run.path, k, len(job.settings)),
