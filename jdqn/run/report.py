@@ -67,15 +67,21 @@ class BackgroundWrites:
     module again in each process, so ``run_walkforward`` asks for them only when told to (the
     ``jdqn`` command does; an unguarded script would run itself again).
 
+    Files that no other write touches (each run's equity CSV) go to ``file_threads`` threads of
+    their own, in any order: pyarrow formats a CSV off the GIL, and a sweep writes thousands.
+
     Leaving the ``with`` block waits for every write, also when the block raised, so nothing
     writes into a run directory after it is renamed or discarded; a failed write is re-raised
     there unless the block raised (its own exception takes precedence).
     """
 
-    def __init__(self, preload: Sequence[str] = (), plot_processes: int = 0) -> None:
+    def __init__(
+        self, preload: Sequence[str] = (), plot_processes: int = 0, file_threads: int = 1
+    ) -> None:
         """``preload``: modules the writes will need, imported by the workers while the caller
         still compiles and trains (mostly waiting on XLA, off the GIL)."""
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jdqn-writes")
+        self._files = ThreadPoolExecutor(file_threads, thread_name_prefix="jdqn-files")
         self._pending: list[Future[None]] = []
         self._plots = _plot_pool(plot_processes, tuple(preload)) if plot_processes > 0 else None
         if self._plots is None and preload:
@@ -96,6 +102,11 @@ class BackgroundWrites:
         afterwards."""
         self._pending.append(self._pool.submit(write, *args))
 
+    def submit_file(self, write: Callable[..., None], *args: Any) -> None:
+        """Queues ``write(*args)``, a write of a file no other write touches, on the file threads
+        (unordered); as :meth:`submit` otherwise."""
+        self._pending.append(self._files.submit(write, *args))
+
     def submit_plot(self, plot: Callable[..., None], *args: Any) -> None:
         """Queues ``plot(*args)``: in a plot process when there are any, else as :meth:`submit`.
         ``plot`` must be a module-level function and its arguments picklable."""
@@ -113,6 +124,7 @@ class BackgroundWrites:
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         self._pool.shutdown(wait=True)  # every queued write finishes, also when the block raised
+        self._files.shutdown(wait=True)
         wait(self._pending)  # the plot processes' share (they stay for the process's next run)
         if exc is None:  # the block's own error takes precedence over a write's
             for future in self._pending:
@@ -131,6 +143,19 @@ def plot_processes(cores: int) -> int:
 
 # Plot processes at most: the main command draws six plots (two per fold).
 PLOT_PROCESSES = 3
+
+
+def file_threads(cores: int) -> int:
+    """Threads for :meth:`BackgroundWrites.submit_file` on a machine with ``cores`` usable cores:
+    one below ``jdqn.run.background.MIN_CORES``, else up to :data:`FILE_THREADS` while two cores
+    stay for the caller and XLA."""
+    from jdqn.run.background import MIN_CORES
+
+    return 1 if cores < MIN_CORES else max(1, min(FILE_THREADS, cores - 2))
+
+
+# File threads at most: a sweep's pass writes an equity CSV per run (1,536 at issue 46's grid).
+FILE_THREADS = 8
 
 
 # Plot process pools by (processes, preload), started by the first run that asks and kept for the
@@ -605,7 +630,7 @@ def write_judged(
     fold, seed = judged.series.fold, judged.series.seed
     stem = f"fold{fold}_seed{seed}"
     csv_path = run_path / "curves" / f"{stem}_equity.csv"
-    writes.submit(write_equity_csv, csv_path, timestamps, judged.curves, judged.held)
+    writes.submit_file(write_equity_csv, csv_path, timestamps, judged.curves, judged.held)
     if plots:
         title = f"fold {fold} seed {seed}: {what}"
         png = run_path / "plots" / f"{stem}_equity.png"

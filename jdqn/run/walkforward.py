@@ -191,7 +191,8 @@ def run_walkforward(
             cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             summary: dict[str, Any] = {}
-            with report.BackgroundWrites(preload, plot_processes=cores) as writes:
+            files = report.file_threads(background.usable_cores())
+            with report.BackgroundWrites(preload, cores, files) as writes:
                 job = _Job(
                     cfg,
                     data,

@@ -40,6 +40,35 @@ def test_a_failed_write_is_raised_when_the_block_ends():
     assert done == ["after"]
 
 
+def test_file_writes_run_on_their_threads_all_finish_with_the_block_and_raise(tmp_path):
+    stamps = np.arange(np.datetime64("2024-01-02T14:30"), np.datetime64("2024-01-02T16:31"))
+    curves = {f"p{k}": np.cumsum(np.random.default_rng(k).normal(size=120)) for k in range(3)}
+    held = {name: np.sign(curve) for name, curve in curves.items()}
+    names: set[str] = set()
+    with BackgroundWrites(file_threads=4) as writes:
+        for k in range(24):  # as a sweep's runs' equity CSVs: each file its own
+            path = tmp_path / f"r{k}.csv"
+            writes.submit_file(report.write_equity_csv, path, stamps, curves, held)
+            writes.submit_file(lambda: names.add(threading.current_thread().name))
+    assert all(name.startswith("jdqn-files") for name in names)
+    one = tmp_path / "one.csv"
+    with BackgroundWrites() as writes:
+        writes.submit(report.write_equity_csv, one, stamps, curves, held)
+    assert all((tmp_path / f"r{k}.csv").read_bytes() == one.read_bytes() for k in range(24))
+
+    def fail():
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"), BackgroundWrites(file_threads=2) as writes:
+        writes.submit_file(fail)
+
+
+def test_file_threads_leave_two_cores_and_a_small_machine_one_thread():
+    assert report.file_threads(2) == 1
+    assert report.file_threads(4) == 2
+    assert report.file_threads(64) == report.FILE_THREADS
+
+
 def test_the_blocks_own_error_wins_and_queued_writes_still_finish():
     done = []
     started = threading.Event()
