@@ -187,12 +187,11 @@ def run_walkforward(
             _announce(cfg, data, layout, run, processes, log)
             # Plots and CSVs, done before results.json; the plotting library is imported meanwhile.
             preload = report.PLOT_MODULES if cfg.output.plots and processes.writer else ()
-            plot_elsewhere = cfg.output.plots and plot_processes
-            cores = report.plot_processes(background.usable_cores()) if plot_elsewhere else 0
+            usable = background.usable_cores()
+            cores = report.plot_processes(usable) if cfg.output.plots and plot_processes else 0
             series: list[stats.RunSeries] = []  # each run's test-window PnL, for the summary
             summary: dict[str, Any] = {}
-            files = report.file_threads(background.usable_cores())
-            with report.BackgroundWrites(preload, cores, files) as writes:
+            with report.BackgroundWrites(preload, cores, report.file_threads(usable)) as writes:
                 job = _Job(
                     cfg,
                     data,

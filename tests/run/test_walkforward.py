@@ -698,9 +698,9 @@ def test_the_command_draws_its_plots_in_processes_where_cores_are_spare(tmp_path
     asked: list[int] = []
     real = report.BackgroundWrites
 
-    def recording(preload=(), plot_processes=0):
+    def recording(preload=(), plot_processes=0, file_threads=1):
         asked.append(plot_processes)
-        return real(preload, plot_processes)
+        return real(preload, plot_processes, file_threads)
 
     monkeypatch.setattr(report, "BackgroundWrites", recording)
     monkeypatch.setattr(background, "usable_cores", lambda: 4)  # the fewest that spare some
