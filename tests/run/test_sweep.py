@@ -299,24 +299,27 @@ def test_each_settings_numbers_in_one_program_are_its_own_walkforward_runs(swept
         assert selected == own_selected
 
 
+# Two settings that differ in every key the learners carry as values, so one sweep checks them
+# all: a key the program did not carry would give setting 1 setting 0's value, and its rows
+# would then differ from its own run's.
+CARRIED = {
+    "loss.alpha_schedule": ("0,0.2", "0,0.5,0.5"),
+    "loss.label_smoothing": ("0.01", "0.3"),
+    "env.hold_penalty": ("0", "0.05"),
+    "train.act_risk": ("0", "0.5"),  # the program's 0.5; the learner of 0 acts by the mean
+    "optim.target_every": ("100", "300"),
+    "env.train_cost_scale": ("1", "2"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "grid",
-    [
-        "loss.alpha_schedule=0,0.2/0,0.5,0.5",
-        "loss.label_smoothing=0.01,0.3",
-        "env.hold_penalty=0,0.05",
-        "train.act_risk=0,0.5",  # the program's 0.5; the learner of 0 acts by the mean
-        "optim.target_every=100,300",
-        "env.train_cost_scale=1,2",
-    ],
-)
-def test_a_sweep_of_values_the_learners_carry_is_one_program_of_their_own_runs(grid, tmp_path):
-    """Two settings of a key the learners carry as values, swept over 2 epochs as one program:
-    each setting's rows, on the test windows and on the validation tails, are those of its own
-    walk-forward runs, bit for bit on CPU."""
+def test_a_sweep_of_values_the_learners_carry_is_one_program_of_their_own_runs(tmp_path):
+    """Two settings of the keys the learners carry as values (:data:`CARRIED`), swept over 2
+    epochs as one program: each setting's rows, on the test windows and on the validation tails,
+    are those of its own walk-forward runs, bit for bit on CPU."""
     cfg = apply_overrides(_config(tmp_path), ["train.seeds=1", "train.epochs=2"])
-    plan = sweep.SweepPlan(sweep.grid_settings(cfg, [grid]))
+    settings = tuple(tuple((k, v[i]) for k, v in CARRIED.items()) for i in (0, 1))
+    plan = sweep.SweepPlan(settings)
     assert sweep.program_groups(plan) == [[0, 1]]
     quiet = dict(progress=False, log=lambda _: None)
     swept = sweep.run_sweep(cfg, plan, name="sweep", **quiet).run_dir
