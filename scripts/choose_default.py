@@ -1,18 +1,20 @@
 """Choose the ``default`` profile's settings by sweeps on development data only.
 
     python scripts/choose_default.py --out runs/choice [--seeds 8] [--path 1] [--grid KEY=V1,V2 ...]
-        [--measure validation|test]
+        [--measure validation|test] [--martingale-paths 0,1,2,3,4]
 
-Runs one ``jdqn sweep`` of the same grid on each development case (a planted edge and a
-martingale on development path ``--path``, and the ES sample), then ranks the settings on their
-validation tails (the last ``walkforward.test_bars`` of each fold's train window), or with
-``--measure test`` on the development path's test windows. The validation runs train on the
-train window less its tail (a third of the default windows' bars), so a setting that interacts
-with the amount of training (epochs, buffer, learning rate) is better judged on the test windows,
-where it trained on the whole train windows as a walk-forward does; with a development path,
-those are development data too. A setting is eligible where the martingale's median exposure
-is at most 10 % (the scorecard's sitting-out goal), or, if none is, those with the lowest median
-exposure; among them the highest median planted net wins. Evaluation paths
+Runs one ``jdqn sweep`` of the same grid on each development case (a planted edge on development
+path ``--path``, a martingale on each of ``--martingale-paths`` (default: ``--path``), and the
+ES sample), then ranks the settings on their validation tails (the last
+``walkforward.test_bars`` of each fold's train window), or with ``--measure test`` on the
+development path's test windows. The validation runs train on the train window less its tail (a
+third of the default windows' bars), so a setting that interacts with the amount of training
+(epochs, buffer, learning rate) is better judged on the test windows, where it trained on the
+whole train windows as a walk-forward does; with a development path, those are development data
+too. A setting is eligible where the martingale's median exposure is at most 10 % (the
+scorecard's sitting-out goal) on every martingale path, or, if none is, those with the lowest
+such worst-path exposure; among them the highest median planted net wins. (One path can mislead:
+MSE only sat out path 1's martingale and held positions on path 0's.) Evaluation paths
 (``jdqn.bench.learning``'s ``EVALUATION_PATHS``) are refused: they judge the choice and never
 make it. Writes ``choice.json`` in ``--out`` and prints every setting's row. ``--grid``
 (repeated) replaces :data:`GRID`, e.g. for a later choice among fewer keys on top of the current
@@ -46,16 +48,19 @@ GRID = (
 )
 
 
-def case_flags(path: int) -> dict[str, list[str]]:
-    """Each development case's ``jdqn sweep`` flags."""
+def case_flags(path: int, martingale_paths: tuple[int, ...] = ()) -> dict[str, list[str]]:
+    """Each development case's ``jdqn sweep`` flags: ``martingale`` on ``path`` (its name in
+    earlier choices), ``martingale_<p>`` on each other of ``martingale_paths``."""
     es = [o for o in CASES["es_sample"] if not o.startswith("data.path=")]
-    return {
+    flags = {
         "planted_0.3": [f"--set={o}" for o in CASES["planted_0.3"]]
         + [f"--set=data.synthetic_seed={path}"],
-        "martingale": [f"--set={o}" for o in CASES["martingale"]]
-        + [f"--set=data.synthetic_seed={path}"],
-        "es_sample": ["--data", str(ES_SAMPLE), *(f"--set={o}" for o in es)],
     }
+    for p in (path, *(p for p in martingale_paths if p != path)):
+        name = "martingale" if p == path else f"martingale_{p}"
+        flags[name] = [f"--set={o}" for o in (*CASES["martingale"], f"data.synthetic_seed={p}")]
+    flags["es_sample"] = ["--data", str(ES_SAMPLE), *(f"--set={o}" for o in es)]
+    return flags
 
 
 def read_rows(sweep_dir: Path, keys: list[str]) -> dict[tuple[str, ...], list[dict[str, str]]]:
@@ -88,8 +93,13 @@ def summarise(rows: list[dict[str, str]], measure: str = "validation") -> dict[s
 
 
 def choose(table: dict[tuple[str, ...], dict[str, dict[str, Any]]]) -> tuple[str, ...]:
-    """The rule in the module docstring."""
-    exposure = {s: table[s]["martingale"]["exposure"] for s in table}
+    """The rule in the module docstring: a setting's exposure is its worst martingale path's."""
+
+    def worst(cases: dict[str, dict[str, Any]]) -> float | None:
+        paths = [c["exposure"] for name, c in cases.items() if name.startswith("martingale")]
+        return None if None in paths else max(paths)
+
+    exposure = {s: worst(table[s]) for s in table}
     known = {s: e for s, e in exposure.items() if e is not None}
     eligible = [s for s, e in known.items() if e <= SITTING_OUT_EXPOSURE]
     if not eligible:
@@ -114,18 +124,23 @@ def main() -> int:
     )
     parser.add_argument("--grid", action="append", help=f"KEY=V1,V2 (default {' '.join(GRID)})")
     parser.add_argument(
+        "--martingale-paths", default="", help="development paths of the martingale, e.g. 0,1,2"
+    )
+    parser.add_argument(
         "--measure", choices=("validation", "test"), default="validation",
         help="rank on the validation tails (default) or on the development path's test windows",
     )  # fmt: skip
     args = parser.parse_args()
     grid = tuple(args.grid or GRID)
     keys = [g.partition("=")[0] for g in grid]
-    if args.path in EVALUATION_PATHS:
-        print(f"--path {args.path} is an evaluation path; fix: use a development path, e.g. 1")
-        return 2
+    martingale_paths = tuple(int(p) for p in args.martingale_paths.split(",") if p.strip())
+    for path in (args.path, *martingale_paths):
+        if path in EVALUATION_PATHS:
+            print(f"path {path} is an evaluation path; fix: use development paths, e.g. 0,1,2")
+            return 2
     args.out.mkdir(parents=True, exist_ok=True)
     table: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}
-    for case, flags in case_flags(args.path).items():
+    for case, flags in case_flags(args.path, martingale_paths).items():
         killed = args.out / f"{case}.incomplete"  # a sweep cut short resumes where it stopped
         command = [sys.executable, "-m", "jdqn", "sweep", "--no-progress"]
         if killed.is_dir():
@@ -149,7 +164,8 @@ def main() -> int:
         mark = "*" if setting == chosen else " "
         print(mark, dict(zip(keys, setting, strict=True)), json.dumps(cases))
     rows = [{"setting": dict(zip(keys, s, strict=True)), **c} for s, c in table.items()]
-    record = {"grid": grid, "path": args.path, "seeds": args.seeds, "measure": args.measure,
+    record = {"grid": grid, "path": args.path, "martingale_paths": martingale_paths,
+              "seeds": args.seeds, "measure": args.measure,
               "chosen": dict(zip(keys, chosen, strict=True)), "table": rows}  # fmt: skip
     (args.out / "choice.json").write_text(json.dumps(record, indent=1) + "\n")
     print("chosen:", record["chosen"])

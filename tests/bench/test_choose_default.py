@@ -60,3 +60,28 @@ def test_choose_takes_the_best_planted_net_among_settings_that_sit_out() -> None
     for cases in table.values():
         cases["martingale"]["exposure"] += 0.5
     assert choose_default.choose(table) == ("c",)
+
+
+def test_choose_judges_each_setting_by_its_worst_martingale_path() -> None:
+    table = {
+        ("blend",): {
+            "planted_0.3": _case(23_940.0, 0.75),
+            "martingale": _case(0.0, 0.0),
+            "martingale_0": _case(0.0, 0.0),
+        },
+        ("mse",): {
+            "planted_0.3": _case(27_567.0, 0.95),
+            "martingale": _case(0.0, 0.0),
+            "martingale_0": _case(0.0, 0.18),  # sat out path 1, not path 0
+        },
+    }
+    assert choose_default.choose(table) == ("blend",)
+    del table[("blend",)]["martingale_0"], table[("mse",)]["martingale_0"]
+    assert choose_default.choose(table) == ("mse",)  # on path 1 alone both sit out
+
+
+def test_case_flags_name_one_martingale_a_path() -> None:
+    flags = choose_default.case_flags(1, (0, 1, 2))
+    assert list(flags) == ["planted_0.3", "martingale", "martingale_0", "martingale_2", "es_sample"]
+    assert flags["martingale_0"][-1] == "--set=data.synthetic_seed=0"
+    assert list(choose_default.case_flags(1)) == ["planted_0.3", "martingale", "es_sample"]
