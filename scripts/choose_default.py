@@ -113,6 +113,11 @@ def choose(table: dict[tuple[str, ...], dict[str, dict[str, Any]]]) -> tuple[str
     return max(eligible, key=planted)
 
 
+def paths(text: str) -> tuple[int, ...]:
+    """``--martingale-paths``: comma-separated path numbers (argparse reports a bad one)."""
+    return tuple(int(p) for p in text.split(",") if p.strip())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -124,7 +129,7 @@ def main() -> int:
     )
     parser.add_argument("--grid", action="append", help=f"KEY=V1,V2 (default {' '.join(GRID)})")
     parser.add_argument(
-        "--martingale-paths", default="", help="development paths of the martingale, e.g. 0,1,2"
+        "--martingale-paths", type=paths, default=(), help="development paths, e.g. 0,1,2,3,4"
     )
     parser.add_argument(
         "--measure", choices=("validation", "test"), default="validation",
@@ -133,7 +138,7 @@ def main() -> int:
     args = parser.parse_args()
     grid = tuple(args.grid or GRID)
     keys = [g.partition("=")[0] for g in grid]
-    martingale_paths = tuple(int(p) for p in args.martingale_paths.split(",") if p.strip())
+    martingale_paths: tuple[int, ...] = args.martingale_paths
     for path in (args.path, *martingale_paths):
         if path in EVALUATION_PATHS:
             print(f"path {path} is an evaluation path; fix: use development paths, e.g. 0,1,2")
