@@ -132,13 +132,18 @@ class BackgroundWrites:
                     raise error
 
 
-def plot_processes(cores: int) -> int:
-    """Plot processes for a machine with ``cores`` usable cores: none below
+def _spare(cores: int, most: int) -> int:
+    """Workers for a machine with ``cores`` usable cores: none below
     ``jdqn.run.background.MIN_CORES`` (they would compete with XLA's threads), else up to
-    :data:`PLOT_PROCESSES` while two cores stay for the caller and XLA."""
+    ``most`` while two cores stay for the caller and XLA."""
     from jdqn.run.background import MIN_CORES
 
-    return 0 if cores < MIN_CORES else max(1, min(PLOT_PROCESSES, cores - 2))
+    return 0 if cores < MIN_CORES else max(1, min(most, cores - 2))
+
+
+def plot_processes(cores: int) -> int:
+    """Plot processes for a machine with ``cores`` usable cores (:func:`_spare`)."""
+    return _spare(cores, PLOT_PROCESSES)
 
 
 # Plot processes at most: the main command draws six plots (two per fold).
@@ -146,12 +151,9 @@ PLOT_PROCESSES = 3
 
 
 def file_threads(cores: int) -> int:
-    """Threads for :meth:`BackgroundWrites.submit_file` on a machine with ``cores`` usable cores:
-    one below ``jdqn.run.background.MIN_CORES``, else up to :data:`FILE_THREADS` while two cores
-    stay for the caller and XLA."""
-    from jdqn.run.background import MIN_CORES
-
-    return 1 if cores < MIN_CORES else max(1, min(FILE_THREADS, cores - 2))
+    """Threads for :meth:`BackgroundWrites.submit_file` on a machine with ``cores`` usable cores
+    (:func:`_spare`, and at least the one)."""
+    return max(1, _spare(cores, FILE_THREADS))
 
 
 # File threads at most: a sweep's pass writes an equity CSV per run (1,536 at issue 46's grid).

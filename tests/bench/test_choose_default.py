@@ -85,3 +85,19 @@ def test_case_flags_name_one_martingale_a_path() -> None:
     assert list(flags) == ["planted_0.3", "martingale", "martingale_0", "martingale_2", "es_sample"]
     assert flags["martingale_0"][-1] == "--set=data.synthetic_seed=0"
     assert list(choose_default.case_flags(1)) == ["planted_0.3", "martingale", "es_sample"]
+
+
+def test_an_evaluation_or_unreadable_martingale_path_is_refused_before_anything_is_written(
+    tmp_path, monkeypatch, capsys
+) -> None:
+    out = tmp_path / "choice"
+    argv = ["choose_default.py", "--out", str(out), "--martingale-paths", "0,100"]
+    monkeypatch.setattr("sys.argv", argv)
+    assert choose_default.main() == 2
+    assert capsys.readouterr().out.startswith("path 100 is an evaluation path; fix:")
+    monkeypatch.setattr("sys.argv", [*argv[:-1], "0,a"])
+    with pytest.raises(SystemExit) as exited:
+        choose_default.main()
+    assert exited.value.code == 2
+    assert "--martingale-paths: invalid paths value: '0,a'" in capsys.readouterr().err
+    assert not out.exists()
