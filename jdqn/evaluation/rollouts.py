@@ -135,20 +135,29 @@ def _closed_trade_pnls(net: np.ndarray, positions: np.ndarray, cost: np.ndarray 
             "metrics: positions flip sign, so the flip's cost must be split between two trades; "
             "pass cost_points (or gross_points)"
         )
+    # Only the bars where the held sign changes open or close a trade; a trade's PnL is the
+    # running sum of its bars' nets, added in order (np.cumsum does so; np.sum would pair them).
     trade_pnls = []
-    open_pnl: float | None = None
-    # Python floats (float64, the same arithmetic): a bar's loop body reads no numpy scalars.
-    previous, flips = previous[: net.size], flips[: net.size]  # [0.0] for no bars at all
-    bars = zip(previous.tolist(), positions.tolist(), net.tolist(), flips.tolist(), strict=True)
-    costs = [None] * net.size if cost is None else cost.tolist()
-    for (p_old, p_new, carry, flip), bar_cost in zip(bars, costs, strict=True):
-        if open_pnl is not None and (p_new == 0.0 or flip):
+    changes = np.flatnonzero(np.sign(positions) != np.sign(previous))
+    bars = net.tolist()  # Python floats (float64, the same arithmetic), read without numpy calls
+    costs = [None] * changes.size if cost is None else cost[changes].tolist()
+    olds, news = previous[changes].tolist(), positions[changes].tolist()
+    opened: tuple[int, float] | None = None  # (bar, its net with a flip's exit share added)
+    for bar, p_old, p_new, bar_cost in zip(changes.tolist(), olds, news, costs, strict=True):
+        carry = bars[bar]
+        if opened is not None:  # p_new is 0 or of the other sign: the open trade closes here
             # Linear costs: the share of this bar's cost for closing |p_old| contracts.
             exit_cost = -carry if bar_cost is None else bar_cost * abs(p_old) / abs(p_new - p_old)
-            trade_pnls.append(open_pnl - exit_cost)
-            open_pnl, carry = None, carry + exit_cost
+            start, total = opened
+            if bar - start < 64:  # a short trade: a loop is cheaper than numpy's calls
+                for value in bars[start + 1 : bar]:
+                    total += value
+            else:
+                total = float(np.cumsum(np.concatenate([[total], net[start + 1 : bar]]))[-1])
+            trade_pnls.append(total - exit_cost)
+            opened, carry = None, carry + exit_cost
         if p_new != 0.0:
-            open_pnl = carry if open_pnl is None else open_pnl + carry
+            opened = (bar, carry)
     return trade_pnls
 
 

@@ -315,3 +315,34 @@ def test_equity_curve_is_cumulative_float64():
     curve = ev.equity_curve(np.array([1.0, -0.5, 0.25], np.float32))
     assert curve.dtype == np.float64
     np.testing.assert_array_equal(curve, [1.0, 0.5, 0.75])
+
+
+def _trades_bar_by_bar(net, positions, cost):
+    """Round trips' net PnL walked bar by bar (the definition in ``ev.metrics``)."""
+    trades, open_pnl, p_old = [], None, 0.0
+    for carry, p_new, bar_cost in zip(net.tolist(), positions.tolist(), cost.tolist()):
+        if open_pnl is not None and (p_new == 0.0 or p_old * p_new < 0):
+            exit_cost = bar_cost * abs(p_old) / abs(p_new - p_old)
+            trades.append(open_pnl - exit_cost)
+            open_pnl, carry = None, carry + exit_cost
+        if p_new != 0.0:
+            open_pnl = carry if open_pnl is None else open_pnl + carry
+        p_old = p_new
+    return trades
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([-2.0, -1.0, 0.0, 0.5, 1.0]), st.integers(1, 150)),
+        max_size=30,
+    ),
+    st.integers(0, 2**31 - 1),
+)
+def test_closed_trades_equal_the_bar_by_bar_walk_exactly(blocks, seed):
+    """Only the bars where the held sign changes are visited, and a long trade is summed by
+    numpy: every trade's PnL is the walk's to the last bit (the hit rate reads its sign)."""
+    positions = np.array([p for p, length in blocks for _ in range(length)])
+    rng = np.random.default_rng(seed)
+    net = rng.normal(size=positions.size) * 10.0 ** rng.integers(-3, 4)
+    cost = 0.3 * np.abs(np.diff(positions, prepend=0.0))
+    assert ev._closed_trade_pnls(net, positions, cost) == _trades_bar_by_bar(net, positions, cost)
