@@ -226,7 +226,7 @@ def _add_sweep(sweep: argparse.ArgumentParser) -> None:
     )
     sweep.add_argument("--samples", type=int, help="N random settings instead of the whole grid")
     sweep.add_argument("--rule", default="median", help="median (default) or lcb")
-    sweep.add_argument("--validation-bars", type=int, help="default: walkforward.test_bars")
+    sweep.add_argument("--validation-bars", type=int, help="default: 30 %% of the train window")
     sweep.add_argument("--resume", metavar="SWEEP_DIR", help="continue a killed sweep")
 
 

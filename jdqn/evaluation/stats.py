@@ -179,17 +179,20 @@ def window_interval(
     reps: int = BOOTSTRAP_REPS,
     seed: int = 0,
     confidence: float = CONFIDENCE,
+    days: int | None = None,
 ) -> tuple[float, float]:
     """The percentile interval of the median over seeds of a window's net, from the seeds' per-bar
     nets [seeds, n] on one window: each replicate draws the window's trading days with replacement
     (the same days for every seed, as the seeds traded the same bars), then the seeds with
     replacement. So it covers the price noise between windows of the window's length as well as
-    the seeds' spread, which an interval over seeds alone, inside a fixed window, does not."""
+    the seeds' spread, which an interval over seeds alone, inside a fixed window, does not.
+    ``days``: the net of a window of that many trading days instead (default: the window's own
+    count), e.g. a validation tail's estimate of a longer test window."""
     daily = daily_sums(nets, realised_at, day_open)  # [seeds, days]
     rng = np.random.default_rng(seed)
-    days = rng.integers(0, daily.shape[1], size=(reps, daily.shape[1]))
+    drawn = rng.integers(0, daily.shape[1], size=(reps, daily.shape[1] if days is None else days))
     seeds = rng.integers(0, daily.shape[0], size=(reps, daily.shape[0]))
-    totals = daily[:, days].sum(axis=-1)  # [seeds, reps]: each seed's net over the drawn days
+    totals = daily[:, drawn].sum(axis=-1)  # [seeds, reps]: each seed's net over the drawn days
     return percentile_interval(median(np.take_along_axis(totals.T, seeds, axis=1)), confidence)
 
 

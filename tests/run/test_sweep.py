@@ -28,7 +28,7 @@ from jdqn.evaluation import stats
 from jdqn.evaluation.overfitting import probability_of_overfitting
 from jdqn.evaluation.policy import load_policy
 from jdqn.evaluation.policy_bundle import POLICIES, bundle_dir
-from jdqn.run import background, faults, memory, placement, rundir, sweep, walkforward
+from jdqn.run import background, faults, memory, placement, report, rundir, sweep, walkforward
 from jdqn.run.walkforward import UserError, load_data, policy_root, run_walkforward
 
 SMALL_SEEDS = 2
@@ -499,6 +499,47 @@ def test_each_folds_choice_is_checked_against_its_test_window(swept) -> None:
         assert low <= held["validation_net_usd"] <= high
         assert held["test_within_ci"] == (low <= held["test_net_usd"] <= high)
         assert held["few_seeds"] and "trading days" in held["ci_covers"]  # 2 seeds
+
+
+def _equity_run(path: Path, days: int, nets: np.ndarray) -> dict:
+    """A stand-in sub-run of fold 0 in ``path``: one bar a day, each seed's agent ``nets`` [n]."""
+    stamps = np.datetime64("2020-01-06T10:00", "ns") + np.arange(days + 1) * np.timedelta64(1, "D")
+    rows = []
+    for seed, net in enumerate(nets):
+        curves = {"agent": np.cumsum(net)}
+        report.write_equity_csv(
+            path / "curves" / f"fold0_seed{seed}_equity.csv",
+            stamps,
+            curves,
+            {"agent": np.zeros(days)},
+        )
+        agent = {"net_pnl_usd": float(net.sum() * SMOKETEST.env.point_value_usd)}
+        rows.append({"fold": 0, "seed": seed, "agent": agent, "window": {"test": [0, days]}})
+    return {"run_dir": str(path), "seed_offset": 0, "folds": rows}
+
+
+def test_a_short_validation_tail_estimates_the_test_windows_length(tmp_path) -> None:
+    """A tail of D days judged against a test window of 2D: the estimate is twice the tail's
+    median net, and the interval that of a sum of 2D days drawn from the tail (seeds that traded
+    alike leave only the days' noise: the normal interval, 2D mean +- 1.96 sd sqrt(2D)); a tail
+    as long as the test window is its own median, unscaled."""
+    (tmp_path / "v" / "curves").mkdir(parents=True)
+    (tmp_path / "t" / "curves").mkdir(parents=True)
+    days = 300
+    daily = np.random.default_rng(4).normal(0.5, 4.0, days)
+    chosen_on = _equity_run(tmp_path / "v", days, np.tile(daily, (3, 1)))
+    test = _equity_run(tmp_path / "t", 2 * days, np.zeros((3, 2 * days)))
+    held = sweep._held_up((chosen_on, test), 0, SMOKETEST)
+    usd = SMOKETEST.env.point_value_usd
+    assert held["validation_net_usd"] == pytest.approx(2 * daily.sum() * usd)
+    half = 1.96 * daily.std() * np.sqrt(2 * days) * usd
+    low, high = held["validation_ci"]
+    assert low == pytest.approx(2 * daily.sum() * usd - half, abs=0.1 * half)
+    assert high == pytest.approx(2 * daily.sum() * usd + half, abs=0.1 * half)
+    assert f"{2 * days} of the validation tail's {days} trading days" in held["ci_covers"]
+    same = sweep._held_up((chosen_on, chosen_on), 0, SMOKETEST)
+    assert same["validation_net_usd"] == pytest.approx(daily.sum() * usd, rel=1e-9)
+    assert f"{days} of the validation tail's {days} trading days" in same["ci_covers"]
 
 
 @pytest.mark.slow
