@@ -4,21 +4,20 @@
         [--measure validation|test] [--martingale-paths 0,1,2,3,4]
 
 Runs one ``jdqn sweep`` of the same grid on each development case (a planted edge on development
-path ``--path``, a martingale on each of ``--martingale-paths`` (default: ``--path``), and the
-ES sample), then ranks the settings on their validation tails (the last 30 % of each fold's
-train window, ``jdqn sweep``'s default), or with ``--measure test`` on the development path's
-test windows. The validation runs train on the train window less its tail and a purge gap, so a
-setting that interacts with the amount of training (epochs, buffer, learning rate) is better
-judged on the test windows, where it trained on the whole train windows as a walk-forward does;
-with a development path, those are development data too. A setting is eligible where the
-martingale's median exposure is at most 10 % (the
-scorecard's sitting-out goal) on every martingale path, or, if none is, those with the lowest
-such worst-path exposure; among them the highest median planted net wins. (One path can mislead:
-MSE only sat out path 1's martingale and held positions on path 0's.) Evaluation paths
-(``jdqn.bench.learning``'s ``EVALUATION_PATHS``) are refused: they judge the choice and never
-make it. Writes ``choice.json`` in ``--out`` and prints every setting's row. ``--grid``
-(repeated) replaces :data:`GRID`, e.g. for a later choice among fewer keys on top of the current
-profile.
+path ``--path``, a martingale on each of ``--martingale-paths`` (default: ``--path``), and the ES
+sample), then ranks the settings on their validation tails (the last 30 % of each fold's train
+window, ``jdqn sweep``'s default), or with ``--measure test`` on the development path's test
+windows. The validation runs train on the train window less its tail and a purge gap, so a setting
+that interacts with the amount of training (epochs, buffer, learning rate) is better judged on the
+test windows, where it trained on the whole train windows as a walk-forward does; with a
+development path, those are development data too. A setting is eligible where the martingale's
+median exposure is at most 10 % (the scorecard's sitting-out goal) on every martingale path, or, if
+none is, those with the lowest such worst-path exposure; among them the highest median planted net
+wins. (One path can mislead: MSE only sat out path 1's martingale and held positions on path 0's.)
+Evaluation paths (``jdqn.bench.learning``'s ``EVALUATION_PATHS``) are refused: they judge the
+choice and never make it. Writes ``choice.json`` in ``--out`` and prints every setting's row.
+``--grid`` (repeated) replaces :data:`GRID`, e.g. for a later choice among fewer keys on top of the
+current profile.
 """
 
 from __future__ import annotations
