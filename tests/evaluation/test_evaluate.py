@@ -320,7 +320,7 @@ def test_equity_curve_is_cumulative_float64():
 def _trades_bar_by_bar(net, positions, cost):
     """Round trips' net PnL walked bar by bar (the definition in ``ev.metrics``)."""
     trades, open_pnl, p_old = [], None, 0.0
-    for carry, p_new, bar_cost in zip(net.tolist(), positions.tolist(), cost.tolist()):
+    for carry, p_new, bar_cost in zip(net.tolist(), positions.tolist(), cost.tolist(), strict=True):
         if open_pnl is not None and (p_new == 0.0 or p_old * p_new < 0):
             exit_cost = bar_cost * abs(p_old) / abs(p_new - p_old)
             trades.append(open_pnl - exit_cost)
