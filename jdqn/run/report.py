@@ -123,13 +123,25 @@ class BackgroundWrites:
         return self
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        self._pool.shutdown(wait=True)  # every queued write finishes, also when the block raised
-        self._files.shutdown(wait=True)
-        wait(self._pending)  # the plot processes' share (they stay for the process's next run)
+        stopped: KeyboardInterrupt | None = None
+        while True:  # every queued write finishes, also when the block raised
+            try:
+                self._wait()
+                break
+            except KeyboardInterrupt as raised:  # Ctrl-C or SIGTERM (a write's own) in the wait:
+                stopped = stopped or raised  # leaving it, writes would go on into a directory
+                # the caller then removes, so it waits again and raises the stop after
+        if exc is None and stopped is not None:
+            raise stopped
         if exc is None:  # the block's own error takes precedence over a write's
             for future in self._pending:
                 if (error := future.exception()) is not None:
                     raise error
+
+    def _wait(self) -> None:
+        self._pool.shutdown(wait=True)
+        self._files.shutdown(wait=True)
+        wait(self._pending)  # the plot processes' share (they stay for the process's next run)
 
 
 def _spare(cores: int, most: int) -> int:

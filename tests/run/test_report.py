@@ -3,6 +3,7 @@ plot processes draw the thread's files) and the equity CSV (exact round trip).""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ from child import run_child
 
 from jdqn.run import report
 from jdqn.run.report import BackgroundWrites
+from jdqn.run.termination import Terminated
 
 
 def test_writes_run_in_order_on_a_worker_and_finish_with_the_block():
@@ -86,6 +88,38 @@ def test_the_blocks_own_error_wins_and_queued_writes_still_finish():
         started.set()
         raise KeyboardInterrupt
     assert done == ["slow"]
+
+
+def test_a_signal_raised_while_the_block_ends_waits_for_every_write_then_is_raised():
+    """SIGTERM raised by a write (as in `jdqn evaluate`'s case EV-T) while the block's end waited
+    for the writer thread was handled after that wait and left ``__exit__`` before the file
+    threads' wait: a file went on being written into a directory the caller was removing (CI,
+    2026-12-06)."""
+    done = []
+    queued = threading.Event()
+
+    def terminated(_number, _frame):
+        raise Terminated
+
+    def slow_file():
+        time.sleep(0.5)
+        done.append("file")
+
+    def signalled():
+        queued.wait(5)
+        time.sleep(0.1)  # the caller is in the block's end by now
+        signal.raise_signal(signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with pytest.raises(Terminated), BackgroundWrites() as writes:
+            writes.submit_file(slow_file)
+            writes.submit(signalled)
+            writes.submit(done.append, "after")
+            queued.set()
+        assert done == ["after", "file"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _write_pid(path):  # module level, so that a plot process can unpickle it
