@@ -181,18 +181,25 @@ def window_interval(
     confidence: float = CONFIDENCE,
     days: int | None = None,
 ) -> tuple[float, float]:
-    """The percentile interval of the median over seeds of a window's net, from the seeds' per-bar
-    nets [seeds, n] on one window: each replicate draws the window's trading days with replacement
-    (the same days for every seed, as the seeds traded the same bars), then the seeds with
-    replacement. So it covers the price noise between windows of the window's length as well as
-    the seeds' spread, which an interval over seeds alone, inside a fixed window, does not.
-    ``days``: the net of a window of that many trading days instead (default: the window's own
-    count), e.g. a validation tail's estimate of a longer test window."""
-    daily = daily_sums(nets, realised_at, day_open)  # [seeds, days]
+    """The percentile interval in which another window's net, median over seeds, should fall
+    given the seeds' per-bar nets [seeds, n] on this window: a prediction interval. Each replicate
+    draws this window's trading days with replacement, as many as it holds, for the estimate of
+    each seed's mean day (its error); then ``days`` trading days more (default: the window's own
+    count) for the other window's own price noise, around that seed's observed mean day; the same
+    days for every seed, as the seeds traded the same bars; then the seeds with replacement. So it
+    covers the estimate's error, the price noise of a window of ``days`` trading days and the
+    seeds' spread: for iid days of spread s, about ``days x mean +- 1.96 s sqrt(days + days^2 /
+    D)`` from D days. ``days`` longer than the window: a validation tail's estimate of a longer
+    test window."""
+    daily = daily_sums(nets, realised_at, day_open)  # [seeds, D]
+    held = daily.shape[1]
+    ahead = held if days is None else days
     rng = np.random.default_rng(seed)
-    drawn = rng.integers(0, daily.shape[1], size=(reps, daily.shape[1] if days is None else days))
+    estimate = rng.integers(0, held, size=(reps, held))
+    noise = rng.integers(0, held, size=(reps, ahead))
     seeds = rng.integers(0, daily.shape[0], size=(reps, daily.shape[0]))
-    totals = daily[:, drawn].sum(axis=-1)  # [seeds, reps]: each seed's net over the drawn days
+    mean = daily.mean(axis=1, keepdims=True)  # [seeds, 1]
+    totals = ahead * daily[:, estimate].mean(axis=-1) + daily[:, noise].sum(axis=-1) - ahead * mean
     return percentile_interval(median(np.take_along_axis(totals.T, seeds, axis=1)), confidence)
 
 

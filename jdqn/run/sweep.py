@@ -554,9 +554,9 @@ def _held_up(
 ) -> dict[str, Any]:
     """Whether a fold's chosen setting held up on its test window: its validation estimate of
     the test net (median over seeds; a tail shorter than the test window scaled to its length)
-    with the interval of ``stats.window_interval`` (trading days of the validation tail, as many
-    as a window of the test window's length holds, then seeds: the price noise between windows
-    is in it), and its test net."""
+    with the prediction interval of ``stats.window_interval`` (the validation tail's trading days
+    resampled for the estimate's error, then as many as a window of the test window's length
+    holds for that window's own price noise, then seeds), and its test net."""
     chosen_on, test = tried
     series = [_series(chosen_on, r) for r in chosen_on["folds"] if r["fold"] == fold]
     kept = [s.agent * base.env.point_value_usd for s in series if s.agent is not None]  # not halted
@@ -575,8 +575,8 @@ def _held_up(
     return {
         "validation_net_usd": validation,
         "validation_ci": [low, high],
-        "ci_covers": f"{days} of the validation tail's {tail_days} trading days, then the seeds, "
-        "with replacement (a window of the test window's length)",
+        "ci_covers": f"the validation tail's {tail_days} trading days resampled (the estimate's "
+        f"error), then {days} of them (a test window's price noise), then the seeds",
         "few_seeds": len(kept) < stats.MIN_SEEDS_FOR_CI,
         "test_net_usd": tested,
         "test_within_ci": low <= tested <= high,

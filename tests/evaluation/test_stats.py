@@ -298,17 +298,21 @@ def _one_bar_a_day(days: int) -> np.ndarray:
     return np.datetime64("2020-01-06T10:00", "ns") + np.arange(days) * np.timedelta64(1, "D")
 
 
-def test_window_interval_of_identical_seeds_is_the_normal_interval_of_a_sum_of_days():
-    """Seeds that traded alike leave only the days' noise: the bootstrap interval of a sum of D
-    iid days is the normal one, sum +- 1.96 sd sqrt(D) (sd with ddof 0, the bootstrap's)."""
+@pytest.mark.parametrize("ahead", [None, 150, 800])
+def test_window_interval_of_identical_seeds_is_the_normal_prediction_interval(ahead):
+    """Seeds that traded alike leave only the days' noise: the interval in which the net of a
+    window of A iid days falls, from D observed days of mean m and spread sd (ddof 0, the
+    bootstrap's), is the normal prediction interval A m +- 1.96 sd sqrt(A + A^2 / D): the
+    estimate's error and the window's own noise (A = D when not given)."""
     rng = np.random.default_rng(3)
     days = 400
     daily = rng.normal(0.2, 5.0, days)
     nets = np.tile(daily, (4, 1))
-    low, high = stats.window_interval(nets, _one_bar_a_day(days), reps=20_000, seed=1)
-    half = scipy.stats.norm.ppf(0.975) * daily.std() * math.sqrt(days)
-    assert low == pytest.approx(daily.sum() - half, abs=0.05 * half)
-    assert high == pytest.approx(daily.sum() + half, abs=0.05 * half)
+    low, high = stats.window_interval(nets, _one_bar_a_day(days), reps=20_000, seed=1, days=ahead)
+    a = days if ahead is None else ahead
+    half = scipy.stats.norm.ppf(0.975) * daily.std() * math.sqrt(a + a * a / days)
+    assert low == pytest.approx(a * daily.mean() - half, abs=0.05 * half)
+    assert high == pytest.approx(a * daily.mean() + half, abs=0.05 * half)
 
 
 def test_window_interval_without_day_noise_is_the_seeds_bootstrap_of_their_median():

@@ -520,9 +520,10 @@ def _equity_run(path: Path, days: int, nets: np.ndarray) -> dict:
 
 def test_a_short_validation_tail_estimates_the_test_windows_length(tmp_path) -> None:
     """A tail of D days judged against a test window of 2D: the estimate is twice the tail's
-    median net, and the interval that of a sum of 2D days drawn from the tail (seeds that traded
-    alike leave only the days' noise: the normal interval, 2D mean +- 1.96 sd sqrt(2D)); a tail
-    as long as the test window is its own median, unscaled."""
+    median net, and the interval the prediction interval of a sum of 2D days from the tail's D
+    (seeds that traded alike leave only the days' noise: the normal one, 2D mean +- 1.96 sd
+    sqrt(2D + (2D)^2 / D), the estimate's error and the window's own noise); a tail as long as
+    the test window is its own median, unscaled."""
     (tmp_path / "v" / "curves").mkdir(parents=True)
     (tmp_path / "t" / "curves").mkdir(parents=True)
     days = 300
@@ -532,14 +533,15 @@ def test_a_short_validation_tail_estimates_the_test_windows_length(tmp_path) -> 
     held = sweep._held_up((chosen_on, test), 0, SMOKETEST)
     usd = SMOKETEST.env.point_value_usd
     assert held["validation_net_usd"] == pytest.approx(2 * daily.sum() * usd)
-    half = 1.96 * daily.std() * np.sqrt(2 * days) * usd
+    half = 1.96 * daily.std() * np.sqrt(2 * days + (2 * days) ** 2 / days) * usd
     low, high = held["validation_ci"]
     assert low == pytest.approx(2 * daily.sum() * usd - half, abs=0.1 * half)
     assert high == pytest.approx(2 * daily.sum() * usd + half, abs=0.1 * half)
-    assert f"{2 * days} of the validation tail's {days} trading days" in held["ci_covers"]
+    assert f"tail's {days} trading days resampled" in held["ci_covers"]
+    assert f"then {2 * days} of them" in held["ci_covers"]
     same = sweep._held_up((chosen_on, chosen_on), 0, SMOKETEST)
     assert same["validation_net_usd"] == pytest.approx(daily.sum() * usd, rel=1e-9)
-    assert f"{days} of the validation tail's {days} trading days" in same["ci_covers"]
+    assert f"then {days} of them" in same["ci_covers"]
 
 
 @pytest.mark.slow
