@@ -131,12 +131,13 @@ class BackgroundWrites:
             except KeyboardInterrupt as raised:  # Ctrl-C or SIGTERM (a write's own) in the wait:
                 stopped = stopped or raised  # leaving it, writes would go on into a directory
                 # the caller then removes, so it waits again and raises the stop after
-        if exc is None and stopped is not None:
+        if exc is not None:  # the block's own error takes precedence over a write's
+            return
+        if stopped is not None:
             raise stopped
-        if exc is None:  # the block's own error takes precedence over a write's
-            for future in self._pending:
-                if (error := future.exception()) is not None:
-                    raise error
+        for future in self._pending:
+            if (error := future.exception()) is not None:
+                raise error
 
     def _wait(self) -> None:
         self._pool.shutdown(wait=True)
