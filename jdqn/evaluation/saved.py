@@ -68,13 +68,14 @@ def evaluate_saved(
     window = {"test": [warmup, len(bars)], "test_time": [str(timestamps[0]), str(timestamps[-1])]}
 
     run: rundir.RunDir | None = None
+    writes = report.BackgroundWrites()  # as a walk-forward run writes them
     try:  # a signal held while the directory is made is raised in here, which removes it
         with rundir.interrupts_deferred():
             parent = Path(run_dir) / "evaluations" if out is None else out
             stamp = name or datetime.now(UTC).strftime("eval-%Y%m%d-%H%M%S")
             run = rundir.new_run_dir(parent, stamp)
         rows, series = [], []
-        with report.BackgroundWrites() as writes:  # as a walk-forward run writes them
+        with writes:
             for policy in policies:
                 judged = judge_run(
                     fold,
@@ -101,6 +102,7 @@ def evaluate_saved(
     except BaseException:
         if run is not None:
             with rundir.interrupts_deferred():
+                writes.finish()  # a signal on the block's last line left them running
                 rundir.discard(run)
         raise
     log(report.summary_table(rows, cfg.output.show_random))

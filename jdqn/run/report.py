@@ -123,14 +123,7 @@ class BackgroundWrites:
         return self
 
     def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
-        stopped: KeyboardInterrupt | None = None
-        while True:  # every queued write finishes, also when the block raised
-            try:
-                self._wait()
-                break
-            except KeyboardInterrupt as raised:  # Ctrl-C or SIGTERM (a write's own) in the wait:
-                stopped = stopped or raised  # leaving it, writes would go on into a directory
-                # the caller then removes, so it waits again and raises the stop after
+        stopped = self.finish()
         if exc is not None:  # the block's own error takes precedence over a write's
             return
         if stopped is not None:
@@ -138,6 +131,22 @@ class BackgroundWrites:
         for future in self._pending:
             if (error := future.exception()) is not None:
                 raise error
+
+    def finish(self) -> KeyboardInterrupt | None:
+        """Wait until every queued write has finished (again, if already waited for) and return
+        the Ctrl-C or SIGTERM that arrived meanwhile, if any: left early, writes would go on into
+        a directory the caller then removes (``write_atomic`` makes its parent again).
+
+        Leaving the ``with`` block calls it, but a signal handled on ``__exit__``'s first line
+        leaves before it, and Python cannot close that window: a caller that removes the
+        directory on an error calls it first."""
+        stopped: KeyboardInterrupt | None = None
+        while True:
+            try:
+                self._wait()
+                return stopped
+            except KeyboardInterrupt as raised:  # in the wait: wait again, report it after
+                stopped = stopped or raised
 
     def _wait(self) -> None:
         self._pool.shutdown(wait=True)

@@ -178,6 +178,7 @@ def run_walkforward(
         now, seal = _seal(cfg, data, processes, run, resume_changed, log, made_by, settings)
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
         _debug(console_log.memory_record(cfg, data, layout))
+        writes: report.BackgroundWrites | None = None
         try:
             if resume is None:
                 run = _new_run(cfg, name, layout, processes, unlocks)
@@ -231,6 +232,8 @@ def run_walkforward(
                 raise  # no directory was made, or process 0 owns it
             # A storage failure's line, or a final name taken, says how to resume instead.
             say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
+            if writes is not None:  # a signal on the block's last line left them running
+                writes.finish()
             resumable = rundir.left_to_resume(run, CHECKPOINTS)
             if resumable and say:
                 command = f"jdqn walkforward --resume {run.path}"

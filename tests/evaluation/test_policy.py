@@ -10,6 +10,8 @@ import math
 import re
 import shutil
 import signal
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -420,6 +422,36 @@ def test_a_sigterm_during_evaluate_ends_it_as_ctrl_c_and_leaves_nothing(
         evaluate_saved(tiny_run.run_dir, bars, out=out, log=lambda _: None)
     assert list(out.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+@pytest.mark.slow
+def test_a_stop_that_leaves_the_writes_block_before_its_wait_still_leaves_nothing(
+    tiny_run, tmp_path, monkeypatch
+):
+    """Case EV-T at its narrowest (CI, 2026-12-06): a SIGTERM handled on the first line of
+    ``BackgroundWrites.__exit__`` leaves it before its wait, and a plot written after the
+    directory's removal made it again (``write_atomic`` makes the parent)."""
+    bars = _test_window_file(tiny_run.run_dir, tiny_run.results, 1, tmp_path / "fold1.csv")
+    plot, drawn = report.plot_equity, threading.Event()
+
+    def slow_plot(*args, **kwargs):
+        time.sleep(0.3)  # still drawing when the stop reaches the clean-up
+        try:
+            return plot(*args, **kwargs)
+        finally:
+            drawn.set()
+
+    def stopped_on_entry(self, *exc_info):
+        raise termination.Terminated
+
+    monkeypatch.setattr(report, "plot_equity", slow_plot)
+    monkeypatch.setattr(report.BackgroundWrites, "__exit__", stopped_on_entry)
+    out = tmp_path / "ev"
+    with pytest.raises(termination.Terminated):
+        evaluate_saved(tiny_run.run_dir, bars, out=out, log=lambda _: None)
+    assert drawn.wait(60)  # a plot left running would have made the directory again by now
+    time.sleep(0.2)
+    assert list(out.iterdir()) == []
 
 
 def _forge(bundle: Path, arrays: dict[str, np.ndarray] | None = None, **meta) -> None:

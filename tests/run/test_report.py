@@ -122,6 +122,25 @@ def test_a_signal_raised_while_the_block_ends_waits_for_every_write_then_is_rais
         signal.signal(signal.SIGTERM, previous)
 
 
+def test_finish_waits_for_writes_a_stop_on_the_first_line_of_exit_left_running():
+    """A signal handled on ``__exit__``'s first line leaves it before any wait (CI, 2026-12-06:
+    an ``eval-*.incomplete`` made again by a plot written after its removal); the caller's
+    clean-up waits with ``finish``, which returns the stop that arrived meanwhile."""
+    done = []
+
+    def slow():
+        time.sleep(0.3)
+        done.append("slow")
+
+    writes = BackgroundWrites()
+    writes.submit(slow)
+    writes.submit_file(slow)
+    assert done == []  # the block was left without waiting
+    assert writes.finish() is None
+    assert done == ["slow", "slow"]
+    assert writes.finish() is None  # again: nothing left to wait for
+
+
 def _write_pid(path):  # module level, so that a plot process can unpickle it
     path.write_text(str(os.getpid()))
 
