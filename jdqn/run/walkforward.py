@@ -230,16 +230,28 @@ def run_walkforward(
         except BaseException as error:
             if run is None or not processes.writer:
                 raise  # no directory was made, or process 0 owns it
-            # A storage failure's line, or a final name taken, says how to resume instead.
-            say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
-            if writes is not None:  # a signal on the block's last line left them running
-                writes.finish()
-            resumable = rundir.left_to_resume(run, CHECKPOINTS)
-            if resumable and say:
-                command = f"jdqn walkforward --resume {run.path}"
-                log_outcome(f"jdqn: run interrupted; resume with: {command}")
-            faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
+            _stopped(error, run, writes, log_outcome)
             raise
+
+
+def _stopped(
+    error: BaseException,
+    run: rundir.RunDir,
+    writes: report.BackgroundWrites | None,
+    log_outcome: Callable[[str], None],
+) -> None:
+    """Process 0's clean-up of a run stopped by ``error``: its writes finished, its directory
+    kept when there is a checkpoint to resume from (and the command to resume said), else
+    removed; ``error`` raised as a user error when it is one (a storage failure)."""
+    if writes is not None:  # a signal on the writes block's last line left them running
+        writes.finish()
+    resumable = rundir.left_to_resume(run, CHECKPOINTS)
+    # A storage failure's line, or a final name taken, says how to resume instead.
+    say = faults.io_problem(error) is None and not isinstance(error, rundir.FinalNameTaken)
+    if resumable and say:
+        command = f"jdqn walkforward --resume {run.path}"
+        log_outcome(f"jdqn: run interrupted; resume with: {command}")
+    faults.raise_as_user_error(error, run.path if resumable else None, where=run.path)
 
 
 def _announce(
