@@ -135,7 +135,7 @@ class BackgroundWrites:
     def finish(self) -> KeyboardInterrupt | None:
         """Wait until every queued write has finished (again, if already waited for) and return
         the Ctrl-C or SIGTERM that arrived meanwhile, if any: left early, writes would go on into
-        a directory the caller then removes (``write_atomic`` makes its parent again).
+        a directory the caller then removes (a write makes its parent directory again).
 
         Leaving the ``with`` block calls it, but a signal handled on ``__exit__``'s first line
         leaves before it, and Python cannot close that window: a caller that removes the

@@ -430,7 +430,7 @@ def test_a_stop_that_leaves_the_writes_block_before_its_wait_still_leaves_nothin
 ):
     """Case EV-T at its narrowest (CI, 2026-12-06): a SIGTERM handled on the first line of
     ``BackgroundWrites.__exit__`` leaves it before its wait, and a plot written after the
-    directory's removal made it again (``write_atomic`` makes the parent)."""
+    directory's removal made it again (a plot makes its parent directory)."""
     bars = _test_window_file(tiny_run.run_dir, tiny_run.results, 1, tmp_path / "fold1.csv")
     plot, drawn = report.plot_equity, threading.Event()
 
