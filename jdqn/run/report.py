@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,24 +100,34 @@ class BackgroundWrites:
         """Queues ``write(*args)`` on the writer thread (from any thread: a wave is judged on a
         worker while the next one trains and logs its metrics); the arguments must not change
         afterwards."""
-        self._pending.append(self._pool.submit(write, *args))
+        self._record(self._pool, write, *args)
 
     def submit_file(self, write: Callable[..., None], *args: Any) -> None:
         """Queues ``write(*args)``, a write of a file no other write touches, on the file threads
         (unordered); as :meth:`submit` otherwise."""
-        self._pending.append(self._files.submit(write, *args))
+        self._record(self._files, write, *args)
 
     def submit_plot(self, plot: Callable[..., None], *args: Any) -> None:
         """Queues ``plot(*args)``: in a plot process when there are any, else as :meth:`submit`.
         ``plot`` must be a module-level function and its arguments picklable."""
         if self._plots is not None:
             try:
-                self._pending.append(self._plots.submit(plot, *args))
+                self._record(self._plots, plot, *args)
                 return
             except BrokenProcessPool:  # a plot process died (killed, out of memory): drop them
                 _discard_plot_pool(self._plots)
                 self._plots = None
         self.submit(plot, *args)
+
+    def _record(self, pool: Executor, write: Callable[..., None], *args: Any) -> None:
+        """Queue ``write(*args)`` on ``pool`` and record its future, with Ctrl-C and SIGTERM held
+        back until both are done: a stop handled inside the pool's start of a worker thread (CI
+        met one, raised by that thread's first write) leaves a thread the pool's shutdown does
+        not join, running a write whose future no wait sees."""
+        from jdqn.run.rundir import interrupts_deferred  # here: plot processes need no JAX
+
+        with interrupts_deferred():
+            self._pending.append(pool.submit(write, *args))
 
     def __enter__(self) -> BackgroundWrites:
         return self

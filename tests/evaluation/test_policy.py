@@ -454,6 +454,40 @@ def test_a_stop_that_leaves_the_writes_block_before_its_wait_still_leaves_nothin
     assert list(out.iterdir()) == []
 
 
+@pytest.mark.slow
+def test_a_stop_while_the_writer_thread_starts_still_waits_for_its_plot(
+    tiny_run, tmp_path, monkeypatch
+):
+    """Case EV-T as CI met it (2026-12-06, three runs): the first plot's SIGTERM was handled in
+    the main thread inside ``Thread.start`` of the writer thread, before the pool records the
+    thread, so the clean-up's wait did not join it and the plot made the directory again."""
+    bars = _test_window_file(tiny_run.run_dir, tiny_run.results, 1, tmp_path / "fold1.csv")
+    plot, drawn = report.plot_equity, threading.Event()
+
+    def slow_plot(*args, **kwargs):
+        time.sleep(0.3)  # still drawing when the stop reaches the clean-up
+        try:
+            return plot(*args, **kwargs)
+        finally:
+            drawn.set()
+
+    start = threading.Thread.start
+
+    def start_then_stop(thread):
+        start(thread)
+        if thread.name.startswith("jdqn-writes"):
+            signal.raise_signal(signal.SIGTERM)  # handled here, before start() returns
+
+    monkeypatch.setattr(report, "plot_equity", slow_plot)
+    monkeypatch.setattr(threading.Thread, "start", start_then_stop)
+    out = tmp_path / "ev"
+    with pytest.raises(termination.Terminated):
+        evaluate_saved(tiny_run.run_dir, bars, out=out, log=lambda _: None)
+    assert drawn.wait(60)  # a plot left running would have made the directory again by now
+    time.sleep(0.2)
+    assert list(out.iterdir()) == []
+
+
 def _forge(bundle: Path, arrays: dict[str, np.ndarray] | None = None, **meta) -> None:
     """Rewrite a bundle's arrays or policy.json and its manifest's digests to match, as a
     consistent but wrong bundle (the checks beyond the digests must catch it)."""
