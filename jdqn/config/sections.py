@@ -396,6 +396,11 @@ class TrainConfig:
     # no-trade band: another action must beat the held position's value by this many round-trip
     # costs (2 x env.cost_points, in reward units) to be taken; 0 = none
     act_band_costs: float = 0.0
+    # acting (training and test) subtracts this many standard deviations, over the ensemble
+    # heads, of each action's value gain over the flattest position: the heads' disagreement,
+    # what the data have not decided (bootstrapped heads, Osband et al., 2016), where act_risk
+    # charges the return's own spread; 0 = none; needs network.n_heads > 1
+    act_disagreement: float = 0.0
     seeds: int = 1  # seeds per fold (one vmapped program)
     seed: int = 0  # base seed of every PRNG key
     chunk_iterations: int = 256  # iterations per compiled chunk (progress bar granularity)
@@ -419,6 +424,7 @@ class TrainConfig:
         )
         _require(self.act_risk >= 0, "train.act_risk", "must be >= 0 (0 = the mean)")
         _require(self.act_band_costs >= 0, "train.act_band_costs", "must be >= 0 (0 = none)")
+        _require(self.act_disagreement >= 0, "train.act_disagreement", "must be >= 0 (0 = none)")
         _require(self.seeds >= 1, "train.seeds", "must be >= 1")
         _require(self.chunk_iterations >= 1, "train.chunk_iterations", "must be >= 1")
 
@@ -543,6 +549,12 @@ class Config:
             "walkforward.purge_bars",
             f"must be >= the feature lookback ({self.data.lookback_bars} bars) so no test "
             "feature shares a bar with the train window; raise it or shorten data.return_horizons",
+        )
+        _require(
+            self.train.act_disagreement == 0 or self.network.n_heads > 1,
+            "train.act_disagreement",
+            "needs ensemble heads to disagree: set network.n_heads above 1 (with "
+            "network.bootstrap_prob below 1), or act_disagreement 0",
         )
         _require(
             self.replay.capacity >= self.train.n_slices,

@@ -16,12 +16,13 @@ from jdqn.config import DEFAULT, apply_overrides
 CFG = apply_overrides(DEFAULT, ["env.reward_scale=2.0"])  # positions (-1, 0, 1), +-10, 51 atoms
 
 
-def _with(risk: float = 0.0, band: float = 0.0, post_trade: bool = False):
-    return dataclasses.replace(
-        CFG,
-        train=dataclasses.replace(CFG.train, act_risk=risk, act_band_costs=band),
-        network=dataclasses.replace(CFG.network, post_trade_values=post_trade),
+def _with(risk: float = 0.0, band: float = 0.0, post_trade: bool = False, doubt: float = 0.0):
+    train = dataclasses.replace(
+        CFG.train, act_risk=risk, act_band_costs=band, act_disagreement=doubt
     )
+    heads = 5 if doubt > 0 else CFG.network.n_heads  # the logits' K (disagreement needs K > 1)
+    network = dataclasses.replace(CFG.network, post_trade_values=post_trade, n_heads=heads)
+    return dataclasses.replace(CFG, train=train, network=network)
 
 
 def _costs64(position: np.ndarray) -> np.ndarray:
@@ -31,10 +32,16 @@ def _costs64(position: np.ndarray) -> np.ndarray:
 
 
 def _reference(
-    logits: np.ndarray, position: np.ndarray, risk: float, band: float, post_trade: bool = False
+    logits: np.ndarray,
+    position: np.ndarray,
+    risk: float,
+    band: float,
+    post_trade: bool = False,
+    doubt: float = 0.0,
 ) -> np.ndarray:
-    """mean - risk x std of the heads' equal-weight mixture, less each trade's cost when the
-    heads give post-trade values, + band round trips on the held action."""
+    """mean - risk x std of the heads' equal-weight mixture - doubt x the heads' spread of each
+    action's gain over flat, less each trade's cost when the heads give post-trade values, +
+    band round trips on the held action."""
     logits = logits.astype(np.float64)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
@@ -42,24 +49,29 @@ def _reference(
     z = np.linspace(CFG.network.v_min, CFG.network.v_max, CFG.network.n_atoms)
     mean = (mixture * z).sum(-1)
     std = np.sqrt((mixture * z**2).sum(-1) - mean**2)
+    head_means = (probs * z).sum(-1)  # [B, K, A]
+    flat = list(CFG.env.positions).index(0.0)
+    gains = head_means - head_means[:, :, flat : flat + 1]
+    spread = np.sqrt(((gains - gains.mean(axis=1, keepdims=True)) ** 2).mean(axis=1))
     held = np.asarray(CFG.env.positions)[None, :] == position[:, None]
     cost_reward_units = 2 * CFG.env.cost_points * CFG.env.reward_scale  # one round trip
     costs = _costs64(position) if post_trade else 0.0
-    return mean - risk * std - costs + band * cost_reward_units * held
+    return mean - risk * std - doubt * spread - costs + band * cost_reward_units * held
 
 
 @pytest.mark.parametrize(
-    ("risk", "band", "post_trade"),
-    [(0.0, 0.0, False), (0.5, 0.0, False), (0.0, 1.5, False), (1.0, 2.0, False)]
-    + [(0.0, 0.0, True), (0.5, 1.5, True)],
+    ("risk", "band", "post_trade", "doubt"),
+    [(0.0, 0.0, False, 0.0), (0.5, 0.0, False, 0.0), (0.0, 1.5, False, 0.0)]
+    + [(1.0, 2.0, False, 0.0), (0.0, 0.0, True, 0.0), (0.5, 1.5, True, 0.0)]
+    + [(0.0, 0.0, False, 1.0), (0.25, 1.5, True, 2.0)],
 )
-def test_scores_match_a_float64_mixture(risk, band, post_trade):
+def test_scores_match_a_float64_mixture(risk, band, post_trade, doubt):
     rng = np.random.default_rng(3)
     logits = rng.normal(0.0, 2.0, (7, 5, 3, 51)).astype(np.float32)  # [B, K, A, N]
     position = rng.choice([-1.0, 0.0, 1.0], 7).astype(np.float32)
-    cfg = _with(risk, band, post_trade)
+    cfg = _with(risk, band, post_trade, doubt)
     scores = jax.jit(lambda x, p: action_scores(x, p, cfg))(logits, position)
-    expected = _reference(logits, position, risk, band, post_trade)
+    expected = _reference(logits, position, risk, band, post_trade, doubt)
     np.testing.assert_allclose(np.asarray(scores), expected, rtol=0, atol=2e-5)
 
 
@@ -109,7 +121,28 @@ def test_the_band_keeps_the_held_position_until_another_beats_it_by_the_band():
     assert int(jnp.argmax(action_scores(logits, long, _with(band=above))[0])) == 2
 
 
-@pytest.mark.parametrize("field", ["act_risk", "act_band_costs"])
+def test_disagreement_sits_out_a_gain_the_heads_dispute_and_takes_one_they_agree_on():
+    # Long's gain over flat: +0.8 in every head, or +0.8 on average from heads at +2.4 and
+    # -0.8 (atoms 0.4 apart; short is worth an atom less than flat in every head). A doubt of
+    # 1 keeps flat only where the heads dispute long's gain.
+    def logits(gains):
+        short, flat = _two_atoms(-0.4, -0.4, 0.0), _two_atoms(0.0, 0.0, 0.0)
+        return np.stack([np.stack([short, flat, _two_atoms(g, g, 0.0)]) for g in gains])[None]
+
+    agreed = jnp.asarray(logits([0.8, 0.8, 0.8, 0.8]), jnp.float32)
+    disputed = jnp.asarray(logits([2.4, -0.8, 2.4, -0.8]), jnp.float32)
+    flat, cfg = jnp.zeros(1), _with(doubt=1.0)
+    assert int(jnp.argmax(action_scores(agreed, flat, cfg)[0])) == 2
+    assert int(jnp.argmax(action_scores(disputed, flat, cfg)[0])) == 1
+    assert int(jnp.argmax(action_scores(disputed, flat, _with())[0])) == 2  # without: long
+
+
+def test_disagreement_without_ensemble_heads_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="train.act_disagreement: needs ensemble heads"):
+        apply_overrides(DEFAULT, ["train.act_disagreement=1"])
+
+
+@pytest.mark.parametrize("field", ["act_risk", "act_band_costs", "act_disagreement"])
 def test_negative_settings_are_refused_naming_the_field(field):
     with pytest.raises(ValueError, match=f"train.{field}"):
         apply_overrides(DEFAULT, [f"train.{field}=-0.5"])
