@@ -432,14 +432,7 @@ def test_a_stop_that_leaves_the_writes_block_before_its_wait_still_leaves_nothin
     ``BackgroundWrites.__exit__`` leaves it before its wait, and a plot written after the
     directory's removal made it again (a plot makes its parent directory)."""
     bars = _test_window_file(tiny_run.run_dir, tiny_run.results, 1, tmp_path / "fold1.csv")
-    plot, drawn = report.plot_equity, threading.Event()
-
-    def slow_plot(*args, **kwargs):
-        time.sleep(0.3)  # still drawing when the stop reaches the clean-up
-        try:
-            return plot(*args, **kwargs)
-        finally:
-            drawn.set()
+    slow_plot, drawn = _slow_plot()
 
     def stopped_on_entry(self, *exc_info):
         raise termination.Terminated
@@ -462,14 +455,7 @@ def test_a_stop_while_the_writer_thread_starts_still_waits_for_its_plot(
     the main thread inside ``Thread.start`` of the writer thread, before the pool records the
     thread, so the clean-up's wait did not join it and the plot made the directory again."""
     bars = _test_window_file(tiny_run.run_dir, tiny_run.results, 1, tmp_path / "fold1.csv")
-    plot, drawn = report.plot_equity, threading.Event()
-
-    def slow_plot(*args, **kwargs):
-        time.sleep(0.3)  # still drawing when the stop reaches the clean-up
-        try:
-            return plot(*args, **kwargs)
-        finally:
-            drawn.set()
+    slow_plot, drawn = _slow_plot()
 
     start = threading.Thread.start
 
@@ -486,6 +472,21 @@ def test_a_stop_while_the_writer_thread_starts_still_waits_for_its_plot(
     assert drawn.wait(60)  # a plot left running would have made the directory again by now
     time.sleep(0.2)
     assert list(out.iterdir()) == []
+
+
+def _slow_plot():
+    """``report.plot_equity`` slowed so that it is still drawing when a stop reaches the
+    clean-up, and the event it sets when done."""
+    plot, drawn = report.plot_equity, threading.Event()
+
+    def slow_plot(*args, **kwargs):
+        time.sleep(0.3)
+        try:
+            return plot(*args, **kwargs)
+        finally:
+            drawn.set()
+
+    return slow_plot, drawn
 
 
 def _forge(bundle: Path, arrays: dict[str, np.ndarray] | None = None, **meta) -> None:
