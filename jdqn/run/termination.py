@@ -9,6 +9,12 @@ handled there would be lost and the run would finish as if never asked to stop, 
 profile function (``sys.setprofile``, this thread only) at the first event outside the hook: in
 the code the main thread runs next, with no thread and no timing involved. A signal handled
 while the hook itself runs is raised the same way.
+
+Nor is one raised inside importlib's own code (a lazy import on the main thread): raised right
+after importlib takes its global import lock, before the ``try`` that gives it back, it leaves the
+lock held for good. The next import on another thread (the writer thread's) then waits for ever,
+while the main thread waits for that thread. It is raised the same way, at the first event
+outside importlib: in the imported module's code, or back in its importer's.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ class Terminated(KeyboardInterrupt):
 
 def _raise(kind: type[KeyboardInterrupt], signum: int, frame: FrameType | None) -> None:
     del signum
-    if _in_hook(frame):  # raised here, it would be dropped for good
+    if _in_hook(frame) or _in_importlib(frame):  # dropped for good, or a lock left held
         _raise_after_hook(kind)
         return
     raise kind
@@ -47,9 +53,19 @@ def _in_hook(frame: FrameType | None) -> bool:
     return False
 
 
+# importlib's own modules (frozen or not), by their frames' ``__name__``.
+_IMPORTLIB = frozenset({"importlib._bootstrap", "importlib._bootstrap_external"})
+
+
+def _in_importlib(frame: FrameType | None) -> bool:
+    """Whether ``frame`` runs importlib's own code (not a module's that it imports)."""
+    return frame is not None and frame.f_globals.get("__name__") in _IMPORTLIB
+
+
 def _raise_after_hook(kind: type[KeyboardInterrupt]) -> None:
     """Raise ``kind`` on this thread at its first profiling event (a call or a return) outside
-    the unraisable hook; a profile function this replaces is put back first."""
+    the unraisable hook and importlib's own code; a profile function this replaces is put back
+    first."""
     previous = sys.getprofile()
     if isinstance(previous, functools.partial) and previous.func is _profile_raise:
         return  # already on its way
@@ -60,7 +76,7 @@ def _profile_raise(
     kind: type[KeyboardInterrupt], previous: Any, frame: FrameType, event: str, arg: Any
 ) -> None:
     del event, arg
-    if not _in_hook(frame):
+    if not _in_hook(frame) and not _in_importlib(frame):
         sys.setprofile(previous)
         raise kind
 

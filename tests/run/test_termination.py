@@ -3,13 +3,17 @@ damaged checkpoint is refused and the run resumes from the one before, to the sa
 
 from __future__ import annotations
 
+import _imp
 import gc
+import importlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
+from types import FrameType
 
 import pytest
 from es_sample import ES_FOLDS, ES_SAMPLE
@@ -79,6 +83,41 @@ def test_a_signal_handled_inside_the_unraisable_hook_is_raised_after_it(monkeypa
         Finalised()  # finalised at once: the hook runs, the SIGTERM is handled inside it
         after.append("finalised")
     assert after == [] and sys.getprofile() is None
+
+
+@pytest.mark.parametrize("route", ["handled there", "raised again after a gc callback"])
+def test_a_signal_inside_the_import_machinery_is_raised_outside_it(tmp_path, monkeypatch, route):
+    """A stop raised in importlib's own code right after it takes the global import lock leaves
+    that lock held: the writer thread's next import then waits for ever while the main thread
+    waits for the writer (CI's hung Ctrl-C). The stop comes from the first code outside
+    importlib instead, with the import lock free."""
+    (tmp_path / "jdqn_fresh_module.py").write_text("value = 1\n")
+    monkeypatch.syspath_prepend(tmp_path)
+    armed = [True]
+
+    def signal_after_the_lock(frame: FrameType, event: str, arg: object) -> None:
+        if event == "c_return" and arg is _imp.acquire_lock and armed:
+            armed.clear()  # frame: importlib's, the lock just taken
+            if route == "handled there":
+                termination._raise_interrupt(signal.SIGINT, frame)
+            else:
+                termination._raise_after_hook(KeyboardInterrupt)
+
+    module: list[object] = []
+    try:
+        with pytest.raises(KeyboardInterrupt) as stopped, termination.sigterm_raises():
+            sys.setprofile(signal_after_the_lock)
+            module.append(importlib.import_module("jdqn_fresh_module"))
+    finally:
+        sys.setprofile(None)
+        leaked = _imp.lock_held()
+        while _imp.lock_held():  # let the rest of the session import
+            _imp.release_lock()
+    assert not leaked and not armed and module == []
+    frames = traceback.extract_tb(stopped.value.__traceback__)
+    raised_in = [f.filename for f in frames if f.filename != termination.__file__][-1]
+    assert "importlib._bootstrap" not in raised_in  # in a finder's code here (pytest has one)
+    assert "jdqn_fresh_module" not in sys.modules
 
 
 @pytest.mark.parametrize(
