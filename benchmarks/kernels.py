@@ -40,6 +40,7 @@ from typing import Any
 
 import jax
 
+from jdqn import bench
 from jdqn.accel.xla_flags import configure
 from jdqn.agent.step import SCOPES
 from jdqn.bench.fixture import filled_learner, scan_steps_fn, time_repeated
@@ -258,10 +259,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.steps, args.seeds, args.repeats) < 1:
         parser.error("--steps, --seeds and --repeats must be >= 1")
-    for flag, path in (("--json", args.json), ("--hlo", args.hlo)):
-        if path is not None and not path.parent.is_dir():
-            # Checked before minutes of profiling, not after.
-            parser.error(f"{flag} {path}: no directory {path.parent}; fix: create it first")
+    # Checked before minutes of profiling, not after.
+    if args.json is not None and (problem := bench.json_problem(args.json)):
+        parser.error(problem)
+    if args.hlo is not None and not args.hlo.parent.is_dir():
+        parser.error(f"--hlo {args.hlo}: no directory {args.hlo.parent}; fix: create it first")
     if args.no_command_buffers:
         given = argv if argv is not None else sys.argv[1:]
         rest = [a for a in given if a != "--no-command-buffers"]
@@ -275,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(table(result, args.top))
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=1))
+        bench.write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from jdqn import bench
 from jdqn.config import PROFILES
 from jdqn.run.sweep import grid_settings
 
@@ -116,13 +117,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.walkforwards < 2:
         parser.error("--walkforwards: at least 2, the first of which compiles")
+    if args.json and (problem := bench.json_problem(args.json)):
+        parser.error(problem)
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     grid = tuple(args.grid) if args.grid else GRID
     result = run(args.profile, args.seeds, args.walkforwards, logs, grid, tuple(args.set))
     print(json.dumps(result, indent=2))
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        bench.write_json(args.json, result)
 
 
 if __name__ == "__main__":

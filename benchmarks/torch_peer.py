@@ -28,7 +28,6 @@ import importlib.util
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -503,21 +502,23 @@ def ratio_table(jdqn_rows: list[dict[str, Any]], peer_rows: list[dict[str, Any]]
 
 def main(argv: list[str] | None = None) -> None:
     import argparse
-    import json
 
+    from jdqn import bench
     from jdqn.bench import suite
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.json and (problem := bench.json_problem(args.json)):
+        parser.error(problem)
     if not available():
         raise SystemExit("benchmarks.torch_peer: torch is not importable here")
     jdqn_rows = suite.SECTIONS["learner_step"](args.quick, suite.BENCH_CONFIG)["rows"]
     peer_rows = run(args.quick, suite.BENCH_CONFIG)
     print(ratio_table(jdqn_rows, peer_rows))
     if args.json:
-        Path(args.json).write_text(json.dumps({"jdqn": jdqn_rows, "peer": peer_rows}, indent=2))
+        bench.write_json(args.json, {"jdqn": jdqn_rows, "peer": peer_rows})
 
 
 if __name__ == "__main__":

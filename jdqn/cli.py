@@ -368,8 +368,11 @@ def _data(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    from jdqn.bench import json_problem
     from jdqn.bench.suite import run_all
 
+    if args.json and (problem := json_problem(args.json)):
+        raise ValueError(problem)
     run_all(sections=args.only, json_path=args.json, quick=args.quick)
     return 0
 

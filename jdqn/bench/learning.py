@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from jdqn import bench
 from jdqn.accel.xla_flags import configure
 from jdqn.bench import markdown_table
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides
@@ -455,6 +456,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:
         print(f"learning scorecard: {error}; fix: see --help", file=sys.stderr)
         return 2
+    if args.json and (problem := bench.json_problem(args.json)):
+        print(f"learning scorecard: {problem}", file=sys.stderr)
+        return 2
 
     if args.yardstick:
         print(format_yardstick(yardstick(scale, args.set)))
@@ -470,7 +474,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for row in rows:
             row["label"], row["overrides"] = args.label, args.set
         if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1, default=float) + "\n")
+            bench.write_json(args.json, rows)
 
     try:
         rows = run(

@@ -19,16 +19,15 @@ repository's ``benchmarks/`` folder.
 from __future__ import annotations
 
 import datetime
-import json
 import platform
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
 
+from jdqn import bench
 from jdqn.bench import learning, markdown_table, scaling, seeds, walkforward_run
 from jdqn.config import SMOKETEST, Config, apply_overrides
 
@@ -105,11 +104,6 @@ def _meta(quick: bool) -> dict[str, Any]:
     return meta
 
 
-def _write_json(json_path: str, output: dict[str, Any]) -> None:
-    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(json_path).write_text(json.dumps(output, indent=2, default=float) + "\n")
-
-
 def run_all(
     sections: list[str],
     json_path: str | None,
@@ -155,8 +149,8 @@ def run_all(
         else:
             echo(result["table"] if "table" in result else _fmt_rows(result["rows"]))
         if json_path:  # after every section, so a run cut short keeps what it measured
-            _write_json(json_path, output)
+            bench.write_json(json_path, output)
     if json_path:
-        _write_json(json_path, output)
+        bench.write_json(json_path, output)
         echo(f"\njdqn bench: wrote {json_path}")
     return output

@@ -15,15 +15,34 @@ import numpy as np
 import pytest
 
 from benchmarks import breakdown, torch_peer
+from jdqn import bench
 from jdqn.agent.donors import n_donors_for
 from jdqn.agent.replay import replay_sample
 from jdqn.bench import suite, walkforward_run
+from jdqn.cli import EXIT_USER_ERROR, main
 from jdqn.config import SMOKETEST, apply_overrides
 
 TINY = apply_overrides(
     SMOKETEST,
     ["network.hidden=[16]", "network.n_atoms=11", "replay.capacity=64", "train.batch_size=16"],
 )
+
+
+def test_a_json_file_that_cannot_be_written_is_refused_before_measuring(
+    tmp_path, capsys, monkeypatch
+) -> None:
+    """A benchmark's result would be lost after minutes of measuring: its ``--json`` path is
+    checked first (one line, exit 2); a directory not there yet is made when it is written."""
+    monkeypatch.setattr(suite, "run_all", lambda *_, **__: pytest.fail("nothing may run"))
+    assert main(["bench", "--json", str(tmp_path)]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err
+    assert "a directory; fix: name a file" in err and err.count("\n") == 1
+    assert "not a directory you can write in" in str(bench.json_problem("/dev/null/bench.json"))
+    target = tmp_path / "not" / "yet" / "bench.json"
+    assert bench.json_problem(target) is None
+    bench.write_json(target, {"step_us": 101.5})
+    assert json.loads(target.read_text()) == {"step_us": 101.5}
+    assert bench.json_problem(target) is None  # an earlier result: written over
 
 
 def test_unknown_section_raises_with_the_valid_ones() -> None:

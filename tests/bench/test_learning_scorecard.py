@@ -132,6 +132,8 @@ def test_a_finished_case_is_stored_and_reused_until_its_inputs_change(tmp_path, 
         (["--cases", "nope"], "unknown case 'nope'"),
         (["--set", "train.epochs=x"], "train.epochs"),
         (["--paths", "a,b"], "invalid literal"),
+        (["--json", "/"], "--json /: a directory"),
+        (["--json", "/dev/null/scorecard.json"], "not a directory you can write in"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
