@@ -92,7 +92,8 @@ class BackgroundWrites:
         (tensorboardX: queued once a chunk is on the device, imported while the caller
         waits on it). The caller runs no import of its own meanwhile: two threads importing
         different packages can meet in shared dependencies' module locks, and CPython then hands
-        one a half-initialised module."""
+        one a half-initialised module. A stop never leaves the caller holding the import lock
+        that these imports need (:mod:`jdqn.run.termination` raises none inside importlib)."""
         for module in modules:
             self.submit(_import, module)
 
