@@ -1,19 +1,21 @@
 """Choose the ``default`` profile's settings by sweeps on development data only.
 
     python scripts/choose_default.py --out runs/choice [--seeds 8] [--path 1] [--grid KEY=V1,V2 ...]
-        [--measure validation|test] [--martingale-paths 0,1,2,3,4]
+        [--measure validation|test] [--martingale-paths 0,1,2,3,4] [--edges planted_0.3,cost_2x]
 
-Runs one ``jdqn sweep`` of the same grid on each development case (a planted edge on development
-path ``--path``, a martingale on each of ``--martingale-paths`` (default: ``--path``), and the ES
-sample), then ranks the settings on their validation tails (the last 30 % of each fold's train
-window, ``jdqn sweep``'s default), or with ``--measure test`` on the development path's test
-windows. The validation runs train on the train window less its tail and a purge gap, so a setting
-that interacts with the amount of training (epochs, buffer, learning rate) is better judged on the
-test windows, where it trained on the whole train windows as a walk-forward does; with a
-development path, those are development data too. A setting is eligible where the martingale's
-median exposure is at most 10 % (the scorecard's sitting-out goal) on every martingale path, or, if
-none is, those with the lowest such worst-path exposure; among them the highest median planted net
-wins. (One path can mislead: MSE only sat out path 1's martingale and held positions on path 0's.)
+Runs one ``jdqn sweep`` of the same grid on each development case (each of ``--edges``, the
+scorecard's cases, default planted 0.3, on development path ``--path``; a martingale on each of
+``--martingale-paths`` (default: ``--path``); and the ES sample), then ranks the settings on their
+validation tails (the last 30 % of each fold's train window, ``jdqn sweep``'s default), or with
+``--measure test`` on the development path's test windows. The validation runs train on the train
+window less its tail and a purge gap, so a setting that interacts with the amount of training
+(epochs, buffer, learning rate) is better judged on the test windows, where it trained on the whole
+train windows as a walk-forward does; with a development path, those are development data too. A
+setting is eligible where the martingale's median exposure is at most 10 % (the scorecard's
+sitting-out goal) on every martingale path, or, if none is, those with the lowest such worst-path
+exposure; among them the highest sum over the edges of the median net wins (each edge's best tuned
+baseline is the same for every setting, so this is also the highest sum of agent minus baseline).
+(One path can mislead: MSE only sat out path 1's martingale and held positions on path 0's.)
 Evaluation paths (``jdqn.bench.learning``'s ``EVALUATION_PATHS``) are refused: they judge the
 choice and never make it. Writes ``choice.json`` in ``--out`` and prints every setting's row.
 ``--grid`` (repeated) replaces :data:`GRID`, e.g. for a later choice among fewer keys on top of the
@@ -47,13 +49,16 @@ GRID = (
 )
 
 
-def case_flags(path: int, martingale_paths: tuple[int, ...] = ()) -> dict[str, list[str]]:
-    """Each development case's ``jdqn sweep`` flags: ``martingale`` on ``path`` (its name in
-    earlier choices), ``martingale_<p>`` on each other of ``martingale_paths``."""
+def case_flags(
+    path: int, martingale_paths: tuple[int, ...] = (), edges: tuple[str, ...] = ("planted_0.3",)
+) -> dict[str, list[str]]:
+    """Each development case's ``jdqn sweep`` flags: each of ``edges`` on ``path``, ``martingale``
+    on ``path`` (its name in earlier choices), ``martingale_<p>`` on each other of
+    ``martingale_paths``."""
     es = [o for o in CASES["es_sample"] if not o.startswith("data.path=")]
     flags = {
-        "planted_0.3": [f"--set={o}" for o in CASES["planted_0.3"]]
-        + [f"--set=data.synthetic_seed={path}"],
+        edge: [f"--set={o}" for o in CASES[edge]] + [f"--set=data.synthetic_seed={path}"]
+        for edge in edges
     }
     for p in (path, *(p for p in martingale_paths if p != path)):
         name = "martingale" if p == path else f"martingale_{p}"
@@ -91,7 +96,10 @@ def summarise(rows: list[dict[str, str]], measure: str = "validation") -> dict[s
     }
 
 
-def choose(table: dict[tuple[str, ...], dict[str, dict[str, Any]]]) -> tuple[str, ...]:
+def choose(
+    table: dict[tuple[str, ...], dict[str, dict[str, Any]]],
+    edges: tuple[str, ...] = ("planted_0.3",),
+) -> tuple[str, ...]:
     """The rule in the module docstring: a setting's exposure is its worst martingale path's."""
 
     def worst(cases: dict[str, dict[str, Any]]) -> float | None:
@@ -106,8 +114,8 @@ def choose(table: dict[tuple[str, ...], dict[str, dict[str, Any]]]) -> tuple[str
         eligible = [s for s, e in known.items() if e == lowest]
 
     def planted(s: tuple[str, ...]) -> float:
-        net = table[s]["planted_0.3"]["net_usd"]
-        return float("-inf") if net is None else net  # every run halted: last
+        nets = [table[s][edge]["net_usd"] for edge in edges]
+        return float("-inf") if None in nets else sum(nets)  # every run of an edge halted: last
 
     return max(eligible, key=planted)
 
@@ -115,6 +123,14 @@ def choose(table: dict[tuple[str, ...], dict[str, dict[str, Any]]]) -> tuple[str
 def paths(text: str) -> tuple[int, ...]:
     """``--martingale-paths``: comma-separated path numbers (argparse reports a bad one)."""
     return tuple(int(p) for p in text.split(",") if p.strip())
+
+
+def edges(text: str) -> tuple[str, ...]:
+    """``--edges``: comma-separated scorecard cases with an edge (argparse reports a bad one)."""
+    names = tuple(e.strip() for e in text.split(",") if e.strip())
+    if not names or any(e not in CASES or e in ("martingale", "es_sample") for e in names):
+        raise ValueError(text)
+    return names
 
 
 def main() -> int:
@@ -131,6 +147,10 @@ def main() -> int:
         "--martingale-paths", type=paths, default=(), help="development paths, e.g. 0,1,2,3,4"
     )
     parser.add_argument(
+        "--edges", type=edges, default=("planted_0.3",),
+        help="scorecard cases run on --path, e.g. planted_0.3,planted_0.2,cost_2x",
+    )  # fmt: skip
+    parser.add_argument(
         "--measure", choices=("validation", "test"), default="validation",
         help="rank on the validation tails (default) or on the development path's test windows",
     )  # fmt: skip
@@ -144,7 +164,7 @@ def main() -> int:
             return 2
     args.out.mkdir(parents=True, exist_ok=True)
     table: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}
-    for case, flags in case_flags(args.path, martingale_paths).items():
+    for case, flags in case_flags(args.path, martingale_paths, args.edges).items():
         killed = args.out / f"{case}.incomplete"  # a sweep cut short resumes where it stopped
         command = [sys.executable, "-m", "jdqn", "sweep", "--no-progress"]
         if killed.is_dir():
@@ -163,13 +183,13 @@ def main() -> int:
                 return status
         for setting, rows in read_rows(args.out / case, keys).items():
             table.setdefault(setting, {})[case] = summarise(rows, args.measure)
-    chosen = choose(table)
+    chosen = choose(table, args.edges)
     for setting, cases in table.items():
         mark = "*" if setting == chosen else " "
         print(mark, dict(zip(keys, setting, strict=True)), json.dumps(cases))
     rows = [{"setting": dict(zip(keys, s, strict=True)), **c} for s, c in table.items()]
     record = {"grid": grid, "path": args.path, "martingale_paths": martingale_paths,
-              "seeds": args.seeds, "measure": args.measure,
+              "edges": args.edges, "seeds": args.seeds, "measure": args.measure,
               "chosen": dict(zip(keys, chosen, strict=True)), "table": rows}  # fmt: skip
     (args.out / "choice.json").write_text(json.dumps(record, indent=1) + "\n")
     print("chosen:", record["chosen"])

@@ -101,3 +101,32 @@ def test_an_evaluation_or_unreadable_martingale_path_is_refused_before_anything_
     assert exited.value.code == 2
     assert "--martingale-paths: invalid paths value: '0,a'" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_several_edges_rank_by_the_sum_of_their_nets() -> None:
+    edges = ("planted_0.3", "cost_2x")
+    table = {
+        ("a",): {"planted_0.3": _case(9_000.0, 0.9), "cost_2x": _case(1_000.0, 0.2)},
+        ("b",): {"planted_0.3": _case(8_000.0, 0.9), "cost_2x": _case(3_000.0, 0.4)},
+    }
+    for cases in table.values():
+        cases["martingale"] = _case(0.0, 0.0)
+    assert choose_default.choose(table) == ("a",)  # planted 0.3 alone
+    assert choose_default.choose(table, edges) == ("b",)
+    table[("b",)]["cost_2x"]["net_usd"] = None  # every run of one edge halted: last
+    assert choose_default.choose(table, edges) == ("a",)
+    flags = choose_default.case_flags(1, (0,), edges)
+    assert list(flags) == ["planted_0.3", "cost_2x", "martingale", "martingale_0", "es_sample"]
+    assert "--set=env.slippage_ticks=2.0" in flags["cost_2x"]
+    assert flags["cost_2x"][-1] == "--set=data.synthetic_seed=1"
+
+
+def test_an_edge_that_is_no_edge_case_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    out = tmp_path / "choice"
+    for bad in ("planted_0.3,martingale", "planted_9", ","):
+        monkeypatch.setattr("sys.argv", ["choose_default.py", "--out", str(out), "--edges", bad])
+        with pytest.raises(SystemExit) as exited:
+            choose_default.main()
+        assert exited.value.code == 2
+        assert "--edges: invalid edges value" in capsys.readouterr().err
+    assert not out.exists()
