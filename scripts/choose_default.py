@@ -11,15 +11,15 @@ validation tails (the last 30 % of each fold's train window, ``jdqn sweep``'s de
 window less its tail and a purge gap, so a setting that interacts with the amount of training
 (epochs, buffer, learning rate) is better judged on the test windows, where it trained on the whole
 train windows as a walk-forward does; with a development path, those are development data too. A
-setting is eligible where the martingale's median exposure is at most 10 % (the scorecard's
-sitting-out goal) on every martingale path, or, if none is, those with the lowest such worst-path
-exposure; among them the highest sum over the edges of the median net wins (each edge's best tuned
-baseline is the same for every setting, so this is also the highest sum of agent minus baseline).
-(One path can mislead: MSE only sat out path 1's martingale and held positions on path 0's.)
-Evaluation paths (``jdqn.bench.learning``'s ``EVALUATION_PATHS``) are refused: they judge the
-choice and never make it. Writes ``choice.json`` in ``--out`` and prints every setting's row.
-``--grid`` (repeated) replaces :data:`GRID`, e.g. for a later choice among fewer keys on top of the
-current profile.
+setting is eligible where it meets the scorecard's martingale goal on every martingale path (median
+exposure at most 10 %, at least 95 % of seed-folds within $2,500 of flat per 12,000 bars), or, if
+none does, those with the lowest worst-path median exposure; among them the highest sum over the
+edges of the median net wins (each edge's best tuned baseline is the same for every setting, so
+this is also the highest sum of agent minus baseline). (One path can mislead: MSE only sat out path
+1's martingale and held positions on path 0's.) Evaluation paths (``jdqn.bench.learning``'s
+``EVALUATION_PATHS``) are refused: they judge the choice and never make it. Writes ``choice.json``
+in ``--out`` and prints every setting's row. ``--grid`` (repeated) replaces :data:`GRID`, e.g. for
+a later choice among fewer keys on top of the current profile.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from jdqn.bench.learning import (
     ES_SAMPLE,
     EVALUATION_PATHS,
     SITTING_OUT_EXPOSURE,
+    SITTING_OUT_WITHIN_BAND,
     sitting_out,
 )
 
@@ -100,15 +101,21 @@ def choose(
     table: dict[tuple[str, ...], dict[str, dict[str, Any]]],
     edges: tuple[str, ...] = ("planted_0.3",),
 ) -> tuple[str, ...]:
-    """The rule in the module docstring: a setting's exposure is its worst martingale path's."""
+    """The rule in the module docstring: a setting is judged by its worst martingale path."""
 
-    def worst(cases: dict[str, dict[str, Any]]) -> float | None:
-        paths = [c["exposure"] for name, c in cases.items() if name.startswith("martingale")]
+    def martingales(s: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [c for name, c in table[s].items() if name.startswith("martingale")]
+
+    def worst(s: tuple[str, ...]) -> float | None:
+        paths = [c["exposure"] for c in martingales(s)]
         return None if None in paths else max(paths)
 
-    exposure = {s: worst(table[s]) for s in table}
+    def in_band(s: tuple[str, ...]) -> bool:
+        return all(c["share_within_flat_band"] >= SITTING_OUT_WITHIN_BAND for c in martingales(s))
+
+    exposure = {s: worst(s) for s in table}
     known = {s: e for s, e in exposure.items() if e is not None}
-    eligible = [s for s, e in known.items() if e <= SITTING_OUT_EXPOSURE]
+    eligible = [s for s, e in known.items() if e <= SITTING_OUT_EXPOSURE and in_band(s)]
     if not eligible:
         lowest = min(known.values())
         eligible = [s for s, e in known.items() if e == lowest]

@@ -52,6 +52,7 @@ DEVELOPMENT_PATHS = (0, 1, 2, 3, 4)  # for sweeps; every path not in EVALUATION_
 TUNED_BASELINES = ("momentum", "macd", "ridge")  # grids frozen in jdqn.evaluation.baselines
 FLAT_BAND_USD, FLAT_BAND_BARS = 2_500.0, 12_000  # "within $2,500 of flat per 12,000 bars"
 SITTING_OUT_EXPOSURE = 0.10  # the martingale goal: median exposure at most this
+SITTING_OUT_WITHIN_BAND = 0.95  # and at least this share of seed-folds within the flat band
 
 ES_SAMPLE = Path(__file__).resolve().parents[2] / "tests" / "data" / "es_2013-09_1min.csv"
 ES_FOLDS = (

@@ -38,8 +38,8 @@ def test_summarise_reads_the_test_windows_when_asked() -> None:
     assert choose_default.summarise(rows)["net_usd"] == pytest.approx(-1.0)
 
 
-def _case(net: float, exposure: float) -> dict[str, float]:
-    return {"net_usd": net, "exposure": exposure}
+def _case(net: float, exposure: float, within_band: float = 1.0) -> dict[str, float]:
+    return {"net_usd": net, "exposure": exposure, "share_within_flat_band": within_band}
 
 
 def test_choose_takes_the_best_planted_net_among_settings_that_sit_out() -> None:
@@ -78,6 +78,9 @@ def test_choose_judges_each_setting_by_its_worst_martingale_path() -> None:
     assert choose_default.choose(table) == ("blend",)
     del table[("blend",)]["martingale_0"], table[("mse",)]["martingale_0"]
     assert choose_default.choose(table) == ("mse",)  # on path 1 alone both sit out
+    # sitting out is also staying within the flat band: 92 % of seed-folds there is not enough
+    table[("mse",)]["martingale"]["share_within_flat_band"] = 0.92
+    assert choose_default.choose(table) == ("blend",)
 
 
 def test_case_flags_name_one_martingale_a_path() -> None:
