@@ -18,8 +18,9 @@ from jdqn.config.sections import (
 
 # Both profiles learn in units of the train window's volatility: a bar's reward is about +-1, so
 # a +-10 support of 51 atoms resolves the return distribution (its std at gamma 0.95 is about
-# 1 / sqrt(1 - gamma^2) = 3.2 units; `default`'s gamma 0.99 takes +-20: 7.1 units). Donors for every other action (no market impact: their
-# rewards are known) teach the cost of trading; slice ends are time limits, so they bootstrap.
+# 1 / sqrt(1 - gamma^2) = 3.2 units; `default`'s gamma 0.99 takes +-20: 7.1 units). Donors for
+# every other action (no market impact: their rewards are known) teach the cost of trading;
+# slice ends are time limits, so they bootstrap.
 # On the learning scorecard (jdqn.bench.learning) these settings take most of the oracle's PnL
 # on a planted edge and sit out a martingale; rewards in points on a +-240 support lost on all.
 # ES's costs as its market charges them: one tick of slippage and $2.50 per contract per side.
