@@ -48,10 +48,11 @@ GRID = (
     "env.train_cost_scale=1,2,4",
     "train.act_risk=0,0.5",
 )
+EDGES = ("planted_0.3",)  # --edges' default: the development edge of the earlier choices
 
 
 def case_flags(
-    path: int, martingale_paths: tuple[int, ...] = (), edges: tuple[str, ...] = ("planted_0.3",)
+    path: int, martingale_paths: tuple[int, ...] = (), edges: tuple[str, ...] = EDGES
 ) -> dict[str, list[str]]:
     """Each development case's ``jdqn sweep`` flags: each of ``edges`` on ``path``, ``martingale``
     on ``path`` (its name in earlier choices), ``martingale_<p>`` on each other of
@@ -99,7 +100,7 @@ def summarise(rows: list[dict[str, str]], measure: str = "validation") -> dict[s
 
 def choose(
     table: dict[tuple[str, ...], dict[str, dict[str, Any]]],
-    edges: tuple[str, ...] = ("planted_0.3",),
+    edges: tuple[str, ...] = EDGES,
 ) -> tuple[str, ...]:
     """The rule in the module docstring: a setting is judged by its worst martingale path."""
 
@@ -154,7 +155,7 @@ def main() -> int:
         "--martingale-paths", type=paths, default=(), help="development paths, e.g. 0,1,2,3,4"
     )
     parser.add_argument(
-        "--edges", type=edges, default=("planted_0.3",),
+        "--edges", type=edges, default=EDGES,
         help="scorecard cases run on --path, e.g. planted_0.3,planted_0.2,cost_2x",
     )  # fmt: skip
     parser.add_argument(
