@@ -1,11 +1,11 @@
 """Choose the ``default`` profile's settings by sweeps on development data only.
 
     python scripts/choose_default.py --out runs/choice [--seeds 8] [--path 1] [--grid KEY=V1,V2 ...]
-        [--measure validation|test] [--martingale-paths 0,1,2,3,4] [--edges planted_0.3,cost_2x]
+        [--measure validation|test] [--martingale-paths 0,1,...,9] [--edges planted_0.3,cost_2x]
 
 Runs one ``jdqn sweep`` of the same grid on each development case (each of ``--edges``, the
-scorecard's cases, default planted 0.3, on development path ``--path``; a martingale on each of
-``--martingale-paths`` (default: ``--path``); and the ES sample), then ranks the settings on their
+scorecard's cases, on development path ``--path``; a martingale on ``--path`` and on each of
+``--martingale-paths``; and the ES sample), then ranks the settings on their
 validation tails (the last 30 % of each fold's train window, ``jdqn sweep``'s default), or with
 ``--measure test`` on the development path's test windows. The validation runs train on the train
 window less its tail and a purge gap, so a setting that interacts with the amount of training
@@ -48,7 +48,11 @@ GRID = (
     "env.train_cost_scale=1,2,4",
     "train.act_risk=0,0.5",
 )
-EDGES = ("planted_0.3",)  # --edges' default: the development edge of the earlier choices
+EDGES = ("planted_0.3",)  # the development edge of the earlier choices
+# The command's defaults: the cases of the latest choice (docs/performance.md), ten martingale
+# paths since one or five passed a setting that a sixth did not.
+RULE_EDGES = ("planted_0.3", "planted_0.2", "cost_2x", "reversion_0.3")
+RULE_MARTINGALE_PATHS = tuple(range(10))
 
 
 def case_flags(
@@ -152,11 +156,12 @@ def main() -> int:
     )
     parser.add_argument("--grid", action="append", help=f"KEY=V1,V2 (default {' '.join(GRID)})")
     parser.add_argument(
-        "--martingale-paths", type=paths, default=(), help="development paths, e.g. 0,1,2,3,4"
-    )
+        "--martingale-paths", type=paths, default=RULE_MARTINGALE_PATHS,
+        help=f"development paths (default {','.join(map(str, RULE_MARTINGALE_PATHS))})",
+    )  # fmt: skip
     parser.add_argument(
-        "--edges", type=edges, default=EDGES,
-        help="scorecard cases run on --path, e.g. planted_0.3,planted_0.2,cost_2x",
+        "--edges", type=edges, default=RULE_EDGES,
+        help=f"scorecard cases run on --path (default {','.join(RULE_EDGES)})",
     )  # fmt: skip
     parser.add_argument(
         "--measure", choices=("validation", "test"), default="validation",
