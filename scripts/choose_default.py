@@ -2,6 +2,7 @@
 
     python scripts/choose_default.py --out runs/choice [--seeds 8] [--path 1] [--grid KEY=V1,V2 ...]
         [--measure validation|test] [--martingale-paths 0,1,...,9] [--edges planted_0.3,cost_2x]
+        [--jobs N]
 
 Runs one ``jdqn sweep`` of the same grid on each development case (each of ``--edges``, the
 scorecard's cases, on development path ``--path``; a martingale on ``--path`` and on each of
@@ -30,6 +31,7 @@ import json
 import statistics
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -132,9 +134,51 @@ def choose(
     return max(eligible, key=planted)
 
 
+def sweep_command(
+    args: argparse.Namespace, case: str, flags: list[str], grid: tuple[str, ...]
+) -> list[str]:
+    """``jdqn sweep`` of ``grid`` on one development case, or its resumption where a sweep of it
+    was cut short."""
+    killed = args.out / f"{case}.incomplete"
+    command = [sys.executable, "-m", "jdqn", "sweep", "--no-progress"]
+    if killed.is_dir():
+        return [*command, "--resume", str(killed)]
+    command += ["--profile", args.profile, "--seeds", str(args.seeds)]
+    command += ["--out", str(args.out), "--name", case]
+    return [*command, *(f"--set={o}" for o in args.set), *flags, *(f"--grid={g}" for g in grid)]
+
+
+def run_sweeps(commands: dict[str, list[str]], out: Path, jobs: int = 1) -> tuple[str, int] | None:
+    """Runs each case's command, up to ``jobs`` at once, each its own process sharing jdqn's caches
+    (processes agree bit for bit only with the same autotune cache: README, "Reproducibility and
+    caches"); with ``jobs`` > 1 each one's output goes to ``out/<case>.log`` and the others run
+    on after one fails. The first failed case (in ``commands``' order) and its exit status, or
+    None."""
+    if jobs == 1:
+        for case, command in commands.items():
+            if status := subprocess.run(command).returncode:
+                return case, status
+        return None
+
+    def one(case: str) -> int:
+        with (out / f"{case}.log").open("w") as log:
+            return subprocess.run(commands[case], stdout=log, stderr=subprocess.STDOUT).returncode
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        statuses = dict(zip(commands, pool.map(one, commands), strict=True))
+    return next(((case, s) for case, s in statuses.items() if s != 0), None)
+
+
 def paths(text: str) -> tuple[int, ...]:
     """``--martingale-paths``: comma-separated path numbers (argparse reports a bad one)."""
     return tuple(int(p) for p in text.split(",") if p.strip())
+
+
+def jobs(text: str) -> int:
+    """``--jobs``: a whole number of at least 1 (argparse reports a bad one)."""
+    if (value := int(text)) < 1:
+        raise ValueError(text)
+    return value
 
 
 def edges(text: str) -> tuple[str, ...]:
@@ -164,6 +208,10 @@ def main() -> int:
         help=f"scorecard cases run on --path (default {','.join(RULE_EDGES)})",
     )  # fmt: skip
     parser.add_argument(
+        "--jobs", type=jobs, default=1,
+        help="sweeps run at once, each its own process (e.g. 4 on one GPU); output in <case>.log",
+    )  # fmt: skip
+    parser.add_argument(
         "--measure", choices=("validation", "test"), default="validation",
         help="rank on the validation tails (default) or on the development path's test windows",
     )  # fmt: skip
@@ -176,24 +224,22 @@ def main() -> int:
             print(f"path {path} is an evaluation path; fix: use development paths, e.g. 0,1,2")
             return 2
     args.out.mkdir(parents=True, exist_ok=True)
+    cases = case_flags(args.path, martingale_paths, args.edges)
+    commands = {
+        case: sweep_command(args, case, flags, grid)
+        for case, flags in cases.items()
+        if not (args.out / case / "sweep.csv").is_file()
+    }
+    try:
+        failed = run_sweeps(commands, args.out, args.jobs)
+    except KeyboardInterrupt:
+        print("choose_default: interrupted; run the same command to resume")
+        return 130
+    if failed is not None:  # jdqn sweep has said why in one line (in <case>.log with --jobs)
+        print(f"choose_default: the {failed[0]} sweep stopped; run the same command to resume")
+        return failed[1]
     table: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}
-    for case, flags in case_flags(args.path, martingale_paths, args.edges).items():
-        killed = args.out / f"{case}.incomplete"  # a sweep cut short resumes where it stopped
-        command = [sys.executable, "-m", "jdqn", "sweep", "--no-progress"]
-        if killed.is_dir():
-            command += ["--resume", str(killed)]
-        else:
-            command += ["--profile", args.profile, "--seeds", str(args.seeds)]
-            command += ["--out", str(args.out), "--name", case]
-            command += [*(f"--set={o}" for o in args.set), *flags, *(f"--grid={g}" for g in grid)]
-        if not (args.out / case / "sweep.csv").is_file():
-            try:
-                status = subprocess.run(command).returncode
-            except KeyboardInterrupt:
-                status = 130
-            if status != 0:  # jdqn sweep has said why in one line
-                print(f"choose_default: the {case} sweep stopped; run the same command to resume")
-                return status
+    for case in cases:
         for setting, rows in read_rows(args.out / case, keys).items():
             table.setdefault(setting, {})[case] = summarise(rows, args.measure)
     chosen = choose(table, args.edges)

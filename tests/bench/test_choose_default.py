@@ -1,7 +1,10 @@
 """scripts/choose_default.py: its rule on hand-made sweep rows (the sweeps themselves are
 ``jdqn sweep``'s, tested in tests/run/test_sweep.py)."""
 
+import csv
 import importlib.util
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,3 +136,57 @@ def test_an_edge_that_is_no_edge_case_is_refused(tmp_path, monkeypatch, capsys) 
         assert exited.value.code == 2
         assert "--edges: invalid edges value" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _writes(name: str, status: int = 0) -> list[str]:
+    """A command that leaves a file named ``name`` in the working directory and exits ``status``."""
+    code = f"import pathlib, sys; pathlib.Path({name!r}).write_text('x'); print({name!r})"
+    return [sys.executable, "-c", f"{code}; sys.exit({status})"]
+
+
+def test_sweeps_run_at_once_keep_going_and_name_the_first_failure(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    commands = {"a": _writes("a"), "b": _writes("b", 3), "c": _writes("c", 4), "d": _writes("d")}
+    assert choose_default.run_sweeps(commands, tmp_path, jobs=2) == ("b", 3)
+    assert all((tmp_path / case).is_file() for case in commands)  # every case ran
+    assert (tmp_path / "d.log").read_text() == "d\n"  # each one's output in its own log
+    for case in commands:
+        (tmp_path / case).unlink()
+    assert choose_default.run_sweeps(commands, tmp_path) == ("b", 3)  # one at a time: stops there
+    assert [c for c in commands if (tmp_path / c).is_file()] == ["a", "b"]
+    assert choose_default.run_sweeps({"a": _writes("a")}, tmp_path, jobs=3) is None
+
+
+def test_jobs_below_one_are_refused(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(
+        "sys.argv", ["choose_default.py", "--out", str(tmp_path / "c"), "--jobs", "0"]
+    )
+    with pytest.raises(SystemExit) as exited:
+        choose_default.main()
+    assert exited.value.code == 2
+    assert "--jobs: invalid jobs value: '0'" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
+
+
+def test_finished_sweeps_are_ranked_without_running_again(tmp_path, monkeypatch, capsys) -> None:
+    out = tmp_path / "choice"
+
+    def sweep_csv(case: str, by_risk: dict[str, tuple[float, float]]) -> None:
+        rows = [{"train.act_risk": risk, **_row(net, exposure, 2)}
+                for risk, (net, exposure) in by_risk.items() for _ in range(3)]  # fmt: skip
+        (out / case).mkdir(parents=True)
+        with (out / case / "sweep.csv").open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    sweep_csv("planted_0.3", {"0": (9_000.0, 0.9), "1": (7_000.0, 0.6)})
+    sweep_csv("martingale", {"0": (-3_000.0, 0.8), "1": (0.0, 0.0)})  # risk 0 holds a position
+    sweep_csv("es_sample", {"0": (0.0, 0.1), "1": (0.0, 0.0)})
+    monkeypatch.setattr(choose_default.subprocess, "run", None)  # nothing may run
+    argv = ["choose_default.py", "--out", str(out), "--martingale-paths", "1"]
+    argv += ["--edges", "planted_0.3", "--grid", "train.act_risk=0,1", "--jobs", "2"]
+    monkeypatch.setattr("sys.argv", argv)
+    assert choose_default.main() == 0
+    assert capsys.readouterr().out.endswith("chosen: {'train.act_risk': '1'}\n")
+    assert json.loads((out / "choice.json").read_text())["chosen"] == {"train.act_risk": "1"}
