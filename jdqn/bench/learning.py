@@ -149,6 +149,30 @@ def sitting_out(agent: Sequence[dict[str, Any]], runs: int) -> dict[str, float |
     }
 
 
+def by_path(rows: Sequence[dict[str, Any]], best: str | None) -> list[dict[str, Any]]:
+    """Each synthetic path's own figures (a case pools its paths; one path can carry it): its
+    seed-folds, the medians of the agent's net, of ``best``'s and of the agent minus ``best`` on
+    the same seed-folds, the share above it and the sitting-out shares. Halted runs count as
+    in :func:`score`. No rows for a bar file (path None)."""
+    paths = sorted({row["path"] for row in rows if row.get("path") is not None})
+    result = []
+    for path in paths:
+        mine = [row for row in rows if row.get("path") == path]
+        ok = [row for row in mine if row["agent"] is not None]
+        net = np.array([row["agent"]["net_pnl_usd"] for row in ok], np.float64)
+        base = np.array([row["baselines"][best]["net_pnl_usd"] for row in ok]) if best else None
+        result.append({
+            "path": path, "runs": len(mine), "halted": len(mine) - len(ok),
+            "net_usd": _median(list(net)),
+            "best_net_usd": _median([row["baselines"][best]["net_pnl_usd"] for row in mine])
+            if best else None,
+            "agent_minus_best_net_usd": None if base is None else _median(list(net - base)),
+            "share_above_best": None if base is None else _share(net > base, len(mine)),
+            **sitting_out([row["agent"] for row in ok], len(mine)),
+        })  # fmt: skip
+    return result
+
+
 def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The scorecard of one case from its walk-forward result rows (``results["folds"]``, each
     with its synthetic ``path`` or none). Halted runs fail every share; estimates use the rest."""
@@ -182,6 +206,7 @@ def score(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "agent_minus_baseline_net_usd": minus,
         "net_usd_by_run": [float(x) for x in net],
         "run_ids": [[row.get("path"), int(row["fold"]), int(row["seed"])] for row in ok],
+        "by_path": by_path(rows, best),
         "halted_runs": [  # why each halted run stopped: the guard's reason
             [row.get("path"), int(row["fold"]), int(row["seed"]), row.get("status")]
             for row in rows
@@ -386,6 +411,22 @@ def format_baselines(rows: Sequence[dict[str, Any]]) -> str:
     return markdown_table(header, lines)
 
 
+def format_paths(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table: per case, each synthetic path's medians (:func:`by_path`); rows scored
+    before by_path existed have none."""
+    header = ("case", "path", "runs (halted)", "agent median $", "best median $",
+              "agent - best median $", "> best", "within the band", "exposure")  # fmt: skip
+    lines = [
+        (r["case"], p["path"], f"{p['runs']} ({p['halted']})", _money(p["net_usd"]),
+         _money(p["best_net_usd"]), _money(p["agent_minus_best_net_usd"]),
+         _percent(p["share_above_best"]), _percent(p["share_within_flat_band"]),
+         _percent(p["exposure"]))
+        for r in rows
+        for p in r.get("by_path", [])
+    ]  # fmt: skip
+    return markdown_table(header, lines)
+
+
 def format_paired(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table of the ``versus`` comparisons: one line per case."""
     header = ("case", "versus", "pairs", "A >= B", "median A - B net $ [95 % CI]",
@@ -490,6 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"learning scorecard: {error}", file=sys.stderr)
         return 2
     print(f"\n{args.label} {args.set}\n{format_table(rows)}\n\n{format_baselines(rows)}")
+    if any(r.get("by_path") for r in rows):
+        print(f"\nEach path, medians over its seed-folds:\n{format_paths(rows)}")
     print(f"\nIntervals: {COVERS}; * from fewer than {stats.MIN_SEEDS_FOR_CI} seeds per window.")
     if args.versus:
         print(f"\nA: {args.set}, B: A and {args.versus}\n{format_paired(rows)}")

@@ -59,6 +59,34 @@ def test_score_picks_the_best_tuned_baseline_and_counts_halted_runs_as_failures(
     assert "| c | momentum (best) | +2,150 |" in learning.format_baselines([{"case": "c", **card}])
 
 
+def test_each_path_is_scored_on_its_own_seed_folds_against_the_case_s_best_baseline():
+    """Path 100 carries the case (agent - momentum +1,000 and +3,000) and path 101 does not
+    (-500 and a halted run); the case's best baseline, momentum, is each path's yardstick even
+    where ridge does better on that path."""
+    rows = [
+        _row(2000.0, 2, 0, 0, momentum=1000.0, ridge=0.0),
+        _row(4000.0, 2, 1, 0, momentum=1000.0, ridge=0.0, exposure=0.9),
+        _row(500.0, 4, 0, 0, path=101, momentum=1000.0, ridge=1500.0, exposure=0.1),
+        _row(None, 0, 1, 0, path=101, momentum=3000.0, ridge=1500.0),
+    ]
+    card = learning.score(rows)
+    assert card["best_baseline"] == "momentum"
+    first, second = card["by_path"]
+    assert first["path"] == 100 and (first["runs"], first["halted"]) == (2, 0)
+    assert first["net_usd"] == 3000.0 and first["best_net_usd"] == 1000.0
+    assert first["agent_minus_best_net_usd"] == 2000.0 and first["share_above_best"] == 1.0
+    assert first["exposure"] == pytest.approx(0.7) and first["share_within_flat_band"] == 0.0
+    assert second["path"] == 101 and (second["runs"], second["halted"]) == (2, 1)
+    assert second["best_net_usd"] == 2000.0  # over both seed-folds: a baseline does not halt
+    assert second["agent_minus_best_net_usd"] == -500.0 and second["share_above_best"] == 0.0
+    assert second["share_within_flat_band"] == 0.5  # +500 within $1,250; the halted run fails
+    table = learning.format_paths([{"case": "c", **card}])
+    assert "| c | 100 | 2 (0) | +3,000 | +1,000 | +2,000 | 100% | 0% | 70% |" in table
+    assert "| c | 101 | 2 (1) | +500 | +2,000 | -500 | 0% | 50% | 10% |" in table
+    bar_file = learning.score([{**_row(1.0, 1, momentum=0.0), "path": None}])
+    assert bar_file["by_path"] == [] and learning.format_paths([{"case": "c", **bar_file}])
+
+
 def test_a_case_whose_runs_all_halted_prints_n_a():
     card = learning.score([_row(None, 0, momentum=5.0)])
     assert card["halted"] == 1 and card["best_baseline"] == "momentum"
