@@ -29,10 +29,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -463,6 +465,37 @@ def _paths(text: str) -> tuple[int, ...]:
     return tuple(int(seed) for seed in text.split(","))
 
 
+def _case_command(args: argparse.Namespace, case: str) -> list[str]:
+    """This command for one case, to run in its own process: the same scale, overrides and
+    store, no ``--json`` (the parent writes it) and no ``--jobs``."""
+    command = [sys.executable, "-m", "jdqn.bench.learning", "--cases", case, "--store", args.store]
+    command += ["--profile", args.profile, "--label", args.label]
+    command += ["--small"] * args.small
+    command += [] if args.seeds is None else ["--seeds", str(args.seeds)]
+    command += [] if args.paths is None else ["--paths", args.paths]
+    command += [f"--set={o}" for o in args.set]
+    return command + [f"--versus={o}" for o in args.versus or ()]
+
+
+def run_jobs(args: argparse.Namespace, cases: Sequence[str]) -> tuple[str, int] | None:
+    """Each case in its own process, up to ``args.jobs`` at once, sharing ``args.store`` (each
+    finished case is stored whole, so the caller's :func:`run` then reads them all from it);
+    each one's output in ``<store>/<case>.log``. The first failed case (in ``cases``' order)
+    and its exit status, or None. Processes on one GPU that share jdqn's caches agree with a
+    process alone (README, "Reproducibility and caches")."""
+    store = Path(args.store)
+    store.mkdir(parents=True, exist_ok=True)
+
+    def one(case: str) -> int:
+        with (store / f"{case}.log").open("w") as log:
+            command = _case_command(args, case)
+            return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        statuses = dict(zip(cases, pool.map(one, cases), strict=True))
+    return next(((case, s) for case, s in statuses.items() if s != 0), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", help=f"comma-separated, of {list(CASES)}")
@@ -480,6 +513,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--label", default="")
     parser.add_argument("--json")
     parser.add_argument("--store", help="directory of finished cases: reused, so a rerun resumes")
+    parser.add_argument(
+        "--jobs", type=int, default=1,
+        help="cases run at once, each its own process sharing --store (e.g. 4 on one GPU)",
+    )  # fmt: skip
     parser.add_argument(
         "--yardstick", action="store_true", help="only the baselines and bounds, no training"
     )
@@ -501,6 +538,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json and (problem := bench.json_problem(args.json)):
         print(f"learning scorecard: {problem}", file=sys.stderr)
         return 2
+    if args.jobs < 1 or (args.jobs > 1 and not args.store):
+        print("learning scorecard: --jobs N needs N >= 1, and --store DIR above 1 (where the "
+              "cases meet); fix: add --store runs/scorecard", file=sys.stderr)  # fmt: skip
+        return 2
 
     if args.yardstick:
         print(format_yardstick(yardstick(scale, args.set)))
@@ -518,6 +559,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             bench.write_json(args.json, rows)
 
+    if args.jobs > 1 and not args.yardstick:
+        failed = run_jobs(args, scale.cases)
+        if failed is not None:
+            case, status = failed
+            log = Path(args.store) / f"{case}.log"
+            problem = f"case {case} stopped (exit {status}); its output is in {log}"
+            print(f"learning scorecard: {problem}; fix: see there, then rerun", file=sys.stderr)
+            return status
     try:
         rows = run(
             scale,

@@ -2,6 +2,7 @@
 and (slow) its CPU variant end to end."""
 
 import json
+import subprocess
 
 import jax
 import pytest
@@ -162,6 +163,8 @@ def test_a_finished_case_is_stored_and_reused_until_its_inputs_change(tmp_path, 
         (["--paths", "a,b"], "invalid literal"),
         (["--json", "/"], "--json /: a directory"),
         (["--json", "/dev/null/scorecard.json"], "not a directory you can write in"),
+        (["--jobs", "2"], "needs N >= 1, and --store DIR above 1"),
+        (["--jobs", "0", "--store", "/tmp"], "needs N >= 1"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
@@ -169,6 +172,46 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
     assert learning.main([*argv, "--small"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_cases_run_as_processes_sharing_the_store_and_the_parent_prints_them(
+    tmp_path, monkeypatch, capsys
+):
+    """--jobs 2: each case is this command with --cases CASE in a process of its own (here the
+    same main in-process, its training faked), storing into --store; the parent then reads
+    every case from the store and trains nothing itself. A case that fails is named with its log."""
+    commands = []
+
+    def child(command, stdout, stderr):
+        commands.append(command)
+        assert command[1:3] == ["-m", "jdqn.bench.learning"] and "--json" not in command
+        try:
+            status = learning.main(command[3:])
+        except ZeroDivisionError:  # what a process would exit with, its traceback in the log
+            status = 1
+        return subprocess.CompletedProcess(command, status)
+
+    def fake_case(cfg, overrides):
+        return [_row(500.0, 1, 0, s, path=None, momentum=0.0) for s in range(2)]
+
+    monkeypatch.setattr(learning.subprocess, "run", child)
+    monkeypatch.setattr(learning, "run_case", fake_case)
+    store, out = tmp_path / "store", tmp_path / "card.json"
+    argv = ["--small", "--cases", "martingale,planted_0.3", "--set", "train.epochs=1"]
+    argv += ["--jobs", "2", "--store", str(store), "--json", str(out)]
+    assert learning.main(argv) == 0
+    assert sorted(c[c.index("--cases") + 1] for c in commands) == ["martingale", "planted_0.3"]
+    assert all("--set=train.epochs=1" in c and "--small" in c for c in commands)
+    assert {p.name for p in store.iterdir()} >= {"martingale.json", "martingale.log"}
+    assert [r["case"] for r in json.loads(out.read_text())] == ["martingale", "planted_0.3"]
+    assert "| planted_0.3 |" in capsys.readouterr().out
+    monkeypatch.setattr(learning, "run_case", lambda *_: pytest.fail("the parent reuses the store"))
+    assert learning.main(argv) == 0  # finished cases: the children reuse the store too
+    (store / "planted_0.3.json").unlink()
+    monkeypatch.setattr(learning, "run_case", lambda *_: 1 / 0)  # the child fails
+    assert learning.main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"case planted_0.3 stopped (exit 1); its output is in {store}/planted_0.3.log" in err
 
 
 def test_comparing_settings_on_evaluation_paths_is_called_out(capsys, monkeypatch):
