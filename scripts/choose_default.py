@@ -29,12 +29,11 @@ import argparse
 import csv
 import json
 import statistics
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from jdqn.bench import run_processes
 from jdqn.bench.learning import (
     CASES,
     DEVELOPMENT_PATHS,
@@ -148,27 +147,6 @@ def sweep_command(
     return [*command, *(f"--set={o}" for o in args.set), *flags, *(f"--grid={g}" for g in grid)]
 
 
-def run_sweeps(commands: dict[str, list[str]], out: Path, jobs: int = 1) -> tuple[str, int] | None:
-    """Runs each case's command, up to ``jobs`` at once, each its own process sharing jdqn's caches
-    (processes agree bit for bit only with the same autotune cache: README, "Reproducibility and
-    caches"); with ``jobs`` > 1 each one's output goes to ``out/<case>.log`` and the others run
-    on after one fails. The first failed case (in ``commands``' order) and its exit status, or
-    None."""
-    if jobs == 1:
-        for case, command in commands.items():
-            if status := subprocess.run(command).returncode:
-                return case, status
-        return None
-
-    def one(case: str) -> int:
-        with (out / f"{case}.log").open("w") as log:
-            return subprocess.run(commands[case], stdout=log, stderr=subprocess.STDOUT).returncode
-
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        statuses = dict(zip(commands, pool.map(one, commands), strict=True))
-    return next(((case, s) for case, s in statuses.items() if s != 0), None)
-
-
 def paths(text: str) -> tuple[int, ...]:
     """``--martingale-paths``: comma-separated path numbers (argparse reports a bad one)."""
     return tuple(int(p) for p in text.split(",") if p.strip())
@@ -231,7 +209,7 @@ def main() -> int:
         if not (args.out / case / "sweep.csv").is_file()
     }
     try:
-        failed = run_sweeps(commands, args.out, args.jobs)
+        failed = run_processes(commands, args.jobs, args.out)
     except KeyboardInterrupt:
         print("choose_default: interrupted; run the same command to resume")
         return 130

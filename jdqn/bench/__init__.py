@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,29 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
         "|" + "|".join(f" {cell} " if cell != "" else " " for cell in row) + "|" for row in rows
     ]
     return "\n".join(lines)
+
+
+def run_processes(
+    commands: dict[str, list[str]], jobs: int, log_dir: Path
+) -> tuple[str, int] | None:
+    """Runs each named command as its own process: with ``jobs`` 1 one at a time, its output on
+    the console, stopping at the first that fails; else up to ``jobs`` at once, each one's output
+    in ``log_dir/<name>.log``, every one run whatever another returns (on one GPU processes that
+    share jdqn's caches give a lone process's numbers: README, "Reproducibility and caches").
+    The first failed name (in ``commands``' order) and its exit status, or None."""
+    if jobs == 1:
+        for name, command in commands.items():
+            if status := subprocess.run(command).returncode:
+                return name, status
+        return None
+
+    def one(name: str) -> int:
+        with (log_dir / f"{name}.log").open("w") as log:
+            return subprocess.run(commands[name], stdout=log, stderr=subprocess.STDOUT).returncode
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        statuses = dict(zip(commands, pool.map(one, commands), strict=True))
+    return next(((name, s) for name, s in statuses.items() if s != 0), None)
 
 
 def json_problem(json_path: str | Path) -> str | None:

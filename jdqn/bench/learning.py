@@ -29,12 +29,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -480,20 +478,11 @@ def _case_command(args: argparse.Namespace, case: str) -> list[str]:
 def run_jobs(args: argparse.Namespace, cases: Sequence[str]) -> tuple[str, int] | None:
     """Each case in its own process, up to ``args.jobs`` at once, sharing ``args.store`` (each
     finished case is stored whole, so the caller's :func:`run` then reads them all from it);
-    each one's output in ``<store>/<case>.log``. The first failed case (in ``cases``' order)
-    and its exit status, or None. Processes on one GPU that share jdqn's caches agree with a
-    process alone (README, "Reproducibility and caches")."""
+    each one's output in ``<store>/<case>.log``. The first failed case and its exit status, or
+    None (:func:`jdqn.bench.run_processes`)."""
     store = Path(args.store)
     store.mkdir(parents=True, exist_ok=True)
-
-    def one(case: str) -> int:
-        with (store / f"{case}.log").open("w") as log:
-            command = _case_command(args, case)
-            return subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        statuses = dict(zip(cases, pool.map(one, cases), strict=True))
-    return next(((case, s) for case, s in statuses.items() if s != 0), None)
+    return bench.run_processes({c: _case_command(args, c) for c in cases}, args.jobs, store)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

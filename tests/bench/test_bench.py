@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 
 import jax
@@ -308,3 +309,22 @@ def test_the_peer_table_divides_the_peer_by_jdqn_measured_in_the_same_run() -> N
         "3.0x",
         "12.0x",
     ]
+
+
+def _writes(name: str, status: int = 0) -> list[str]:
+    """A command that leaves a file named ``name`` in the working directory and exits ``status``."""
+    code = f"import pathlib, sys; pathlib.Path({name!r}).write_text('x'); print({name!r})"
+    return [sys.executable, "-c", f"{code}; sys.exit({status})"]
+
+
+def test_processes_run_at_once_keep_going_and_name_the_first_failure(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    commands = {"a": _writes("a"), "b": _writes("b", 3), "c": _writes("c", 4), "d": _writes("d")}
+    assert bench.run_processes(commands, 2, tmp_path) == ("b", 3)
+    assert all((tmp_path / case).is_file() for case in commands)  # every case ran
+    assert (tmp_path / "d.log").read_text() == "d\n"  # each one's output in its own log
+    for case in commands:
+        (tmp_path / case).unlink()
+    assert bench.run_processes(commands, 1, tmp_path) == ("b", 3)  # one at a time: stops there
+    assert [c for c in commands if (tmp_path / c).is_file()] == ["a", "b"]
+    assert bench.run_processes({"a": _writes("a")}, 3, tmp_path) is None

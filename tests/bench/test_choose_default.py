@@ -4,10 +4,11 @@
 import csv
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from jdqn import bench
 
 _PATH = Path(__file__).resolve().parents[2] / "scripts" / "choose_default.py"
 _SPEC = importlib.util.spec_from_file_location("choose_default", _PATH)
@@ -138,25 +139,6 @@ def test_an_edge_that_is_no_edge_case_is_refused(tmp_path, monkeypatch, capsys) 
     assert not out.exists()
 
 
-def _writes(name: str, status: int = 0) -> list[str]:
-    """A command that leaves a file named ``name`` in the working directory and exits ``status``."""
-    code = f"import pathlib, sys; pathlib.Path({name!r}).write_text('x'); print({name!r})"
-    return [sys.executable, "-c", f"{code}; sys.exit({status})"]
-
-
-def test_sweeps_run_at_once_keep_going_and_name_the_first_failure(tmp_path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    commands = {"a": _writes("a"), "b": _writes("b", 3), "c": _writes("c", 4), "d": _writes("d")}
-    assert choose_default.run_sweeps(commands, tmp_path, jobs=2) == ("b", 3)
-    assert all((tmp_path / case).is_file() for case in commands)  # every case ran
-    assert (tmp_path / "d.log").read_text() == "d\n"  # each one's output in its own log
-    for case in commands:
-        (tmp_path / case).unlink()
-    assert choose_default.run_sweeps(commands, tmp_path) == ("b", 3)  # one at a time: stops there
-    assert [c for c in commands if (tmp_path / c).is_file()] == ["a", "b"]
-    assert choose_default.run_sweeps({"a": _writes("a")}, tmp_path, jobs=3) is None
-
-
 def test_jobs_below_one_are_refused(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(
         "sys.argv", ["choose_default.py", "--out", str(tmp_path / "c"), "--jobs", "0"]
@@ -183,7 +165,7 @@ def test_finished_sweeps_are_ranked_without_running_again(tmp_path, monkeypatch,
     sweep_csv("planted_0.3", {"0": (9_000.0, 0.9), "1": (7_000.0, 0.6)})
     sweep_csv("martingale", {"0": (-3_000.0, 0.8), "1": (0.0, 0.0)})  # risk 0 holds a position
     sweep_csv("es_sample", {"0": (0.0, 0.1), "1": (0.0, 0.0)})
-    monkeypatch.setattr(choose_default.subprocess, "run", None)  # nothing may run
+    monkeypatch.setattr(bench.subprocess, "run", None)  # no sweep may run
     argv = ["choose_default.py", "--out", str(out), "--martingale-paths", "1"]
     argv += ["--edges", "planted_0.3", "--grid", "train.act_risk=0,1", "--jobs", "2"]
     monkeypatch.setattr("sys.argv", argv)

@@ -194,7 +194,7 @@ def test_cases_run_as_processes_sharing_the_store_and_the_parent_prints_them(
     def fake_case(cfg, overrides):
         return [_row(500.0, 1, 0, s, path=None, momentum=0.0) for s in range(2)]
 
-    monkeypatch.setattr(learning.subprocess, "run", child)
+    monkeypatch.setattr(learning.bench.subprocess, "run", child)
     monkeypatch.setattr(learning, "run_case", fake_case)
     store, out = tmp_path / "store", tmp_path / "card.json"
     argv = ["--small", "--cases", "martingale,planted_0.3", "--set", "train.epochs=1"]
