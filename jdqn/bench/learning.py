@@ -527,9 +527,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json and (problem := bench.json_problem(args.json)):
         print(f"learning scorecard: {problem}", file=sys.stderr)
         return 2
-    if args.jobs < 1 or (args.jobs > 1 and not args.store):
-        print("learning scorecard: --jobs N needs N >= 1, and --store DIR above 1 (where the "
-              "cases meet); fix: add --store runs/scorecard", file=sys.stderr)  # fmt: skip
+    if args.jobs < 1:
+        print(f"learning scorecard: --jobs {args.jobs}; fix: 1 or more", file=sys.stderr)
+        return 2
+    if args.jobs > 1 and not args.store:
+        print("learning scorecard: --jobs needs --store DIR, where the cases' processes meet; "
+              "fix: add --store runs/scorecard", file=sys.stderr)  # fmt: skip
         return 2
 
     if args.yardstick:
@@ -548,7 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.json:
             bench.write_json(args.json, rows)
 
-    if args.jobs > 1 and not args.yardstick:
+    if args.jobs > 1:
         failed = run_jobs(args, scale.cases)
         if failed is not None:
             case, status = failed

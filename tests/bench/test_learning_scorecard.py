@@ -163,8 +163,8 @@ def test_a_finished_case_is_stored_and_reused_until_its_inputs_change(tmp_path, 
         (["--paths", "a,b"], "invalid literal"),
         (["--json", "/"], "--json /: a directory"),
         (["--json", "/dev/null/scorecard.json"], "not a directory you can write in"),
-        (["--jobs", "2"], "needs N >= 1, and --store DIR above 1"),
-        (["--jobs", "0", "--store", "/tmp"], "needs N >= 1"),
+        (["--jobs", "2"], "--jobs needs --store DIR"),
+        (["--jobs", "0", "--store", "/tmp"], "--jobs 0; fix: 1 or more"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
