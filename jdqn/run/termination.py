@@ -76,9 +76,14 @@ def _profile_raise(
     kind: type[KeyboardInterrupt], previous: Any, frame: FrameType, event: str, arg: Any
 ) -> None:
     del event, arg
-    if not _in_hook(frame) and not _in_importlib(frame):
+    # The first events come from the signal handler's own frames as they return (into the frame
+    # it interrupted): raised there, the stop would leave them into importlib after all.
+    if frame.f_code not in _HANDLER_CODE and not _in_hook(frame) and not _in_importlib(frame):
         sys.setprofile(previous)
         raise kind
+
+
+_HANDLER_CODE = frozenset({_raise.__code__, _raise_after_hook.__code__})
 
 
 def _send_again(previous: Callable[[Any], None], unraisable: Any) -> None:

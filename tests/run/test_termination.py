@@ -110,18 +110,49 @@ def test_a_signal_inside_the_import_machinery_is_raised_outside_it(tmp_path, mon
             module.append(importlib.import_module("jdqn_fresh_module"))
     finally:
         sys.setprofile(None)
-        leaked = 0
-        while True:  # the levels this thread holds, given back so that the session can import
-            try:
-                _imp.release_lock()
-            except RuntimeError:  # this thread holds none
-                break
-            leaked += 1
+        leaked = _import_lock_levels_given_back()
     assert leaked == 0 and not armed and module == []
     frames = traceback.extract_tb(stopped.value.__traceback__)
     raised_in = [f.filename for f in frames if f.filename != termination.__file__][-1]
     assert "_bootstrap" not in raised_in  # in a finder's code here (pytest has one)
     assert "jdqn_fresh_module" not in sys.modules
+
+
+def _import_lock_levels_given_back() -> int:
+    """The levels of the global import lock this thread holds, given back so that the session can
+    import again."""
+    leaked = 0
+    while True:
+        try:
+            _imp.release_lock()
+        except RuntimeError:  # this thread holds none
+            return leaked
+        leaked += 1
+
+
+def test_a_signal_delivered_in_importlib_code_is_raised_after_that_code():
+    """A real delivery: the handler runs as Python code, and the profile function it sets sees
+    the handler's own frames return first, into the frame the signal interrupted. Raised there,
+    the stop left importlib's frame with the global import lock held (CI's hung Ctrl-C, seen
+    again: the writer thread's import waited for ever)."""
+    namespace = {"__name__": "importlib._bootstrap", "_imp": _imp, "signal": signal}
+    code = (
+        "def locked(done):\n"
+        "    _imp.acquire_lock()\n"
+        "    signal.raise_signal(signal.SIGINT)  # handled as this call returns, in this frame\n"
+        "    _imp.release_lock()\n"
+        "    done.append('released')\n"
+    )
+    exec(compile(code, "<frozen importlib._bootstrap>", "exec"), namespace)
+    done: list[str] = []
+    try:
+        with pytest.raises(KeyboardInterrupt), termination.sigterm_raises():
+            namespace["locked"](done)
+            done.append("back in the caller")  # not reached: raised at its first call
+    finally:
+        sys.setprofile(None)
+        leaked = _import_lock_levels_given_back()
+    assert leaked == 0 and done == ["released"]
 
 
 @pytest.mark.parametrize(
