@@ -123,8 +123,10 @@ def test_ctrl_c_during_a_run_leaves_no_directory_and_no_traceback(tmp_path):
     ]  # fmt: skip
     # Python turns SIGINT into KeyboardInterrupt unless it starts with SIGINT ignored (as
     # background jobs of a non-interactive shell do): the child installs the handler itself.
+    # SIGUSR1 prints every thread's stack: what a child that never ends was waiting for.
     child = (
-        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "import faulthandler, runpy, signal, sys; signal.signal(signal.SIGINT, "
+        "signal.default_int_handler); faulthandler.register(signal.SIGUSR1, all_threads=True); "
         f"sys.argv = ['jdqn', *{args!r}]; runpy.run_module('jdqn', run_name='__main__')"
     )
     proc = subprocess.Popen(
@@ -139,7 +141,13 @@ def test_ctrl_c_during_a_run_leaves_no_directory_and_no_traceback(tmp_path):
         proc.send_signal(signal.SIGINT)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=2)
-    _, err = proc.communicate(timeout=300)
+    if proc.poll() is None:  # CI once saw every Ctrl-C absorbed by a deadlock (cb86698)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"the command did not end after 300 s of Ctrl-Cs; its threads:\n{err}")
+    _, err = proc.communicate()
     assert proc.returncode == EXIT_INTERRUPTED, err[-2000:]
     lines = err.splitlines()
     uncaught = [
