@@ -13,7 +13,8 @@ from jdqn.agent import networks
 from jdqn.agent.acting import action_scores
 from jdqn.config import DEFAULT, apply_overrides
 
-CFG = apply_overrides(DEFAULT, ["env.reward_scale=2.0"])  # positions (-1, 0, 1), +-10, 51 atoms
+# Positions (-1, 0, 1); a +-10 support of 51 atoms, 0.4 apart, whatever `default`'s support.
+CFG = apply_overrides(DEFAULT, ["env.reward_scale=2.0", "network.v_min=-10", "network.v_max=10"])
 
 
 def _with(risk: float = 0.0, band: float = 0.0, post_trade: bool = False, doubt: float = 0.0):
