@@ -116,8 +116,9 @@ SMOKETEST = Config(
 # Then a +-30 support (was +-20), by the same rule against it (2-core CPU, both run there): every
 # development martingale 0-9 within the band on 96-100 % of its seed-folds (median exposure at
 # most 0.4 %); planted 0.3 / 0.2 / costs x2 / mean reversion +29,397 / +8,729 / +19,907 / +3,542 $
-# against +29,140 / +8,247 / +18,469 / +4,196 (sum +61,576 against +60,052). The q_edge halts of
-# a held strong edge without costs (a Q past +-20 at gamma 0.99) went with it.
+# against +29,140 / +8,247 / +18,469 / +4,196 (sum +61,576 against +60,052). Fewer q_edge halts
+# (a Q near the support's edge): none of planted 0.3 without costs on development paths 1 and 3
+# (+-20: 2 of 48); 2 of 960 seed-folds of eight evaluation cases (+-20: 4).
 _DEFAULT_V = 30.0
 DEFAULT = dataclasses.replace(
     SMOKETEST,
