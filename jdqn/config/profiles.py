@@ -118,7 +118,7 @@ SMOKETEST = Config(
 # most 0.4 %); planted 0.3 / 0.2 / costs x2 / mean reversion +29,397 / +8,729 / +19,907 / +3,542 $
 # against +29,140 / +8,247 / +18,469 / +4,196 (sum +61,576 against +60,052). Fewer q_edge halts
 # (a Q near the support's edge): none of planted 0.3 without costs on development paths 1 and 3
-# (+-20: 2 of 48); 2 of 960 seed-folds of eight evaluation cases (+-20: 4).
+# (+-20: 2 of 48); 3 of 1,080 seed-folds of nine evaluation cases (+-20: 4).
 _DEFAULT_V = 30.0
 DEFAULT = dataclasses.replace(
     SMOKETEST,
