@@ -1,11 +1,13 @@
 """XLA flags jdqn sets (:func:`configure`) before JAX starts its backend: fast and reproducible
 GPU programs (docs/design.md §10, §11).
 
-- Autotuning stays on, its choices persisted in a per-fusion autotune cache next to the
-  compilation cache: the winning GEMM/fusion algorithm (and so the summation order) can vary
-  between compiles, and training amplifies a last-bit difference; with the cache every process
-  reads the first compile's choice and agrees bit for bit. Level 0 would fix that too, but XLA's
-  default GEMM configurations are much slower at many vmapped seeds.
+- Autotuning stays on, with a per-fusion autotune cache next to the compilation cache meant to
+  persist its choices: the winning GEMM/fusion algorithm (and so the summation order) can vary
+  between compiles, and training amplifies a last-bit difference. Under jax 0.11.2 on an H100
+  that directory stayed empty through the ``default`` profile's programs and two compiles gave
+  other numbers, so processes agree bit for bit only where they load the same compiled programs
+  (the compilation cache). Level 0 tunes nothing, but XLA's default GEMM configurations are much
+  slower at many vmapped seeds (and a warm ``default`` run took 6 % longer, one run each).
 - CUDA graphs (one per scan iteration) are ordered by the kernels' buffer uses (``CONCURRENT``,
   not XLA's single chain ``LHS``), so kernels that share no buffer run side by side; only their
   start order changes, not their arithmetic.
