@@ -20,6 +20,13 @@ from jdqn.accel.xla_flags import configure  # noqa: E402
 
 configure()
 
+# Compiled programs persist across tests, workers and the runs' subprocesses (the command's cache,
+# $JDQN_CACHE_DIR): a learner built again in another test loads its executable, not compiling it.
+from jdqn.config import Config  # noqa: E402
+from jdqn.run.walkforward import enable_compilation_cache  # noqa: E402
+
+enable_compilation_cache(Config())
+
 from hypothesis import settings  # noqa: E402
 
 settings.register_profile("jdqn", deadline=None, max_examples=25, derandomize=True)
