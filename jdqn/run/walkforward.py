@@ -179,9 +179,12 @@ def run_walkforward(
         layout = _layout(cfg, data, devices, debug, run, processes)  # may refuse, leaving nothing
         _debug(console_log.memory_record(cfg, data, layout))
         writes: report.BackgroundWrites | None = None
+        # The new directory, known here even when a stop lands before ``run`` is assigned (a
+        # Ctrl-C re-raised after a garbage-collector callback can arrive on any later call).
+        made: list[rundir.RunDir] = []
         try:
             if resume is None:
-                run = _new_run(cfg, name, layout, processes, unlocks)
+                run = _new_run(cfg, name, layout, processes, unlocks, made)
             assert run is not None
             if processes.writer:
                 binding.write(run.path, now, seal)
@@ -228,6 +231,7 @@ def run_walkforward(
         except (CheckpointLayoutError, NoIntactCheckpointError):
             raise  # resuming cannot help (the error says to start again); the directory stays
         except BaseException as error:
+            run = run or (made[0] if made else None)
             if run is None or not processes.writer:
                 raise  # no directory was made, or process 0 owns it
             _stopped(error, run, writes, log_outcome)
@@ -331,15 +335,18 @@ def _new_run(
     layout: placement.RunLayout,
     processes: Processes,
     unlocks: contextlib.ExitStack,
+    made: list[rundir.RunDir],
 ) -> rundir.RunDir:
     """A new run directory: process 0 makes it and writes the config, the waves and the process
-    count; the other processes are told its path."""
+    count; the other processes are told its path. Process 0's is put in ``made`` before a
+    Ctrl-C held meanwhile is let through."""
     run = None
     if processes.writer:
 
         def fill(run: rundir.RunDir) -> None:
             layout.record(run)
             processes.record(run.path)
+            made.append(run)
 
         run = rundir.create(cfg.output.out_dir, name, cfg.to_json(), fill)
         unlocks.callback(rundir.unlock, run)

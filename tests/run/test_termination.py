@@ -310,6 +310,23 @@ def _signalled_child(out: Path, moment: tuple[str, str, str], signame: str, time
 _EXIT = {"SIGTERM": (EXIT_TERMINATED, "jdqn: terminated"), "SIGINT": (130, "jdqn: interrupted")}
 
 
+def test_a_ctrl_c_as_the_new_run_directory_is_handed_back_leaves_nothing(tmp_path, monkeypatch):
+    """A Ctrl-C let through once the directory is made, but raised before the run has it in
+    hand (a re-raise after a garbage-collector callback lands on a later call: CI once kept a
+    directory holding only config.json and the lock): the directory is removed all the same."""
+    made = walkforward._new_run
+
+    def interrupted_on_return(*args, **kwargs):
+        made(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(walkforward, "_new_run", interrupted_on_return)
+    out = tmp_path / "runs"
+    with pytest.raises(KeyboardInterrupt):
+        walkforward.run_walkforward(_cfg(out), progress=False, log=lambda _: None)
+    assert list(out.iterdir()) == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("moment", "signame"),
