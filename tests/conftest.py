@@ -6,7 +6,7 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # On the GPU the suite compares transformations of one computation (jit vs eager, vmap vs
 # separate runs); they agree to float rounding only when both programs use the same GEMM
-# algorithms. jdqn's runtime default autotunes them (with a results cache, jdqn/accel/xla_flags.py),
+# algorithms. jdqn's runtime default autotunes them (jdqn/accel/xla_flags.py),
 # and on the H200 that moved jit-vs-eager gradient norms by 3e-5 and the vaccine cosine by 1e-4
 # so the tests turn the autotuner off. A level set in XLA_FLAGS wins; no-op on CPU.
 _flags = os.environ.get("XLA_FLAGS", "--xla_force_host_platform_device_count=1")

@@ -7,7 +7,7 @@ GPU programs (docs/design.md §10, §11).
   that directory stayed empty through the ``default`` profile's programs and two compiles gave
   other numbers, so processes agree bit for bit only where they load the same compiled programs
   (the compilation cache). Level 0 tunes nothing, but XLA's default GEMM configurations are much
-  slower at many vmapped seeds (and a warm ``default`` run took 6 % longer, one run each).
+  slower at many vmapped seeds.
 - CUDA graphs (one per scan iteration) are ordered by the kernels' buffer uses (``CONCURRENT``,
   not XLA's single chain ``LHS``), so kernels that share no buffer run side by side; only their
   start order changes, not their arithmetic.

@@ -312,12 +312,12 @@ _EXIT = {"SIGTERM": (EXIT_TERMINATED, "jdqn: terminated"), "SIGINT": (130, "jdqn
 
 def test_a_ctrl_c_as_the_new_run_directory_is_handed_back_leaves_nothing(tmp_path, monkeypatch):
     """A Ctrl-C let through once the directory is made, but raised before the run has it in
-    hand (a re-raise after a garbage-collector callback lands on a later call: CI once kept a
+    hand (a re-raise after a garbage-collector callback lands on a later call, which left a
     directory holding only config.json and the lock): the directory is removed all the same."""
-    made = walkforward._new_run
+    new_run = walkforward._new_run
 
     def interrupted_on_return(*args, **kwargs):
-        made(*args, **kwargs)
+        new_run(*args, **kwargs)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(walkforward, "_new_run", interrupted_on_return)
