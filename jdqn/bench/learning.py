@@ -21,7 +21,9 @@ finishes (``--store``), so a run cut short resumes at the next case. On a CPU, o
 ``python -m jdqn.bench.learning --cases planted_0.3,martingale --seeds 4 --set train.epochs=8``
 runs chosen cases with overrides (what a sweep over learner settings uses); ``--versus
 loss.alpha_schedule=[0]`` also runs each case with more overrides on the same seeds and reports
-the paired difference (e.g. whether the C51 blend beats MSE only).
+the paired difference (e.g. whether the C51 blend beats MSE only). ``--choose
+train.act_risk=1,0.75`` judges what ``jdqn sweep`` with that grid chooses instead: each fold's
+setting by ``--rule`` on its train window's validation tail, as the baselines are tuned on it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from jdqn.bench import markdown_table
 from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides
 from jdqn.evaluation import stats
 from jdqn.run import rundir
+from jdqn.run.sweep import RULES, SweepPlan, grid_settings, run_sweep
 
 # The data split, fixed before any agent setting is chosen on the scorecard.
 EVALUATION_PATHS = (100, 101, 102, 103, 104)  # synthetic_seed: judged here, never tuned on
@@ -94,6 +97,8 @@ class Scale(NamedTuple):
     seeds: int
     paths: tuple[int, ...]
     overrides: tuple[str, ...] = ()  # e.g. shorter windows
+    choose: tuple[str, ...] = ()  # a sweep's grid (key=v1,v2): each fold's setting chosen
+    rule: str = "median"  # ... by this rule of jdqn.run.sweep, on the validation tail
 
 
 FULL = Scale(DEFAULT, tuple(CASES), 8, EVALUATION_PATHS)
@@ -238,34 +243,55 @@ def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_case(cfg: Config, overrides: Sequence[str]) -> list[dict[str, Any]]:
-    """One walk-forward of ``cfg`` with ``overrides`` in a scratch directory; its fold rows."""
+def run_case(
+    cfg: Config, overrides: Sequence[str], choose: Sequence[str] = (), rule: str = "median"
+) -> list[dict[str, Any]]:
+    """One walk-forward of ``cfg`` with ``overrides`` in a scratch directory; its fold rows. With
+    ``choose`` (a grid), a sweep instead: its chosen settings' rows, each with its ``setting``."""
     from jdqn.run.walkforward import run_walkforward
 
     outputs = ["output.plots=false", "output.tensorboard=false", "output.checkpoints=false"]
     with tempfile.TemporaryDirectory() as scratch:
         case_cfg = apply_overrides(cfg, [f"output.out_dir={scratch}", *outputs, *overrides])
-        outcome = run_walkforward(case_cfg, progress=False, log=lambda _: None)
+        if not choose:
+            outcome = run_walkforward(case_cfg, progress=False, log=lambda _: None)
+            return outcome.results["folds"]
+        plan = SweepPlan(grid_settings(case_cfg, choose), rule=rule)
+        outcome = run_sweep(case_cfg, plan, progress=False, log=lambda _: None)
         return outcome.results["folds"]
 
 
-def run_paths(cfg: Config, overrides: Sequence[str], paths: Sequence[int]) -> list[dict[str, Any]]:
-    """The fold rows of ``cfg`` with ``overrides`` on each synthetic path (``path`` added to
-    each row), or once on a bar file (``path`` None)."""
+def run_paths(
+    cfg: Config,
+    overrides: Sequence[str],
+    paths: Sequence[int],
+    choose: Sequence[str] = (),
+    rule: str = "median",
+) -> list[dict[str, Any]]:
+    """The fold rows of ``cfg`` with ``overrides`` (and ``choose``: :func:`run_case`) on each
+    synthetic path (``path`` added to each row), or once on a bar file (``path`` None)."""
     if not _is_synthetic(overrides):
-        return [row | {"path": None} for row in run_case(cfg, overrides)]
+        return [row | {"path": None} for row in run_case(cfg, overrides, choose, rule)]
     rows = []
     for path in paths:
-        case_rows = run_case(cfg, [*overrides, f"data.synthetic_seed={path}"])
+        case_rows = run_case(cfg, [*overrides, f"data.synthetic_seed={path}"], choose, rule)
         rows += [row | {"path": path} for row in case_rows]
     return rows
+
+
+def chosen_settings(rows: Sequence[dict[str, Any]]) -> list[list[Any]]:
+    """``[path, fold, setting]`` for each test window of a chosen case's rows (one per window:
+    a fold's seeds share their setting)."""
+    windows = {(row.get("path"), int(row["fold"])): int(row["setting"]) for row in rows}
+    return [[path, fold, setting] for (path, fold), setting in sorted(windows.items(), key=str)]
 
 
 def _store_key(cfg: Config, case: str, overrides: Sequence[str], scale: Scale) -> dict[str, Any]:
     """What a stored case result was computed from: reused only when all of it matches."""
     config = hashlib.sha256(cfg.to_json().encode()).hexdigest()[:16]
-    return {"case": case, "config": config, "overrides": list(overrides), "seeds": scale.seeds,
-            "paths": list(scale.paths)}  # fmt: skip
+    key = {"case": case, "config": config, "overrides": list(overrides), "seeds": scale.seeds,
+           "paths": list(scale.paths)}  # fmt: skip
+    return key | ({"choose": list(scale.choose), "rule": scale.rule} if scale.choose else {})
 
 
 def _stored(store: Path | None, key: dict[str, Any]) -> dict[str, Any] | None:
@@ -301,11 +327,18 @@ def run(
             start = time.perf_counter()
             judged = _is_synthetic(case_overrides) and set(scale.paths) <= set(EVALUATION_PATHS)
             data = "evaluation" if judged else "development"
-            fold_rows = run_paths(scale.cfg, case_overrides, scale.paths)
+            fold_rows = run_paths(scale.cfg, case_overrides, scale.paths, scale.choose, scale.rule)
             row = {"case": case, "data": data, "seeds": scale.seeds, "paths": list(scale.paths)}
             row |= {"wall_s": time.perf_counter() - start} | score(fold_rows)
+            if scale.choose:  # what each test window's sweep chose (path, fold, setting)
+                chosen = chosen_settings(fold_rows)
+                settings = [dict(s) for s in grid_settings(scale.cfg, scale.choose)]
+                row["choice"] = {"settings": settings, "rule": scale.rule, "chosen": chosen}
             if versus is not None:
-                b = score(run_paths(scale.cfg, [*case_overrides, *versus], scale.paths))
+                versus_overrides = [*case_overrides, *versus]
+                b = score(
+                    run_paths(scale.cfg, versus_overrides, scale.paths, scale.choose, scale.rule)
+                )
                 row["versus"] = {"overrides": list(versus), "score": b, "paired": paired(row, b)}
             if store is not None:  # whole or not at all
                 text = json.dumps({"key": key, "row": row}, indent=1, default=float) + "\n"
@@ -427,6 +460,23 @@ def format_paths(rows: Sequence[dict[str, Any]]) -> str:
     return markdown_table(header, lines)
 
 
+def format_choices(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown table of a ``--choose`` run: per case and setting of the grid, the test windows
+    it was chosen for."""
+    lines = []
+    for r in rows:
+        if "choice" not in r:
+            continue
+        counts: dict[int, int] = {}
+        for _, _, setting in r["choice"]["chosen"]:
+            counts[setting] = counts.get(setting, 0) + 1
+        settings = r["choice"]["settings"]
+        for k, setting in enumerate(settings):
+            name = " ".join(f"{key}={value}" for key, value in setting.items())
+            lines.append((r["case"], name, counts.get(k, 0)))
+    return markdown_table(("case", "setting", "test windows chosen"), lines)
+
+
 def format_paired(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown table of the ``versus`` comparisons: one line per case."""
     header = ("case", "versus", "pairs", "A >= B", "median A - B net $ [95 % CI]",
@@ -472,6 +522,7 @@ def _case_command(args: argparse.Namespace, case: str) -> list[str]:
     command += [] if args.seeds is None else ["--seeds", str(args.seeds)]
     command += [] if args.paths is None else ["--paths", args.paths]
     command += [f"--set={o}" for o in args.set]
+    command += [f"--choose={o}" for o in args.choose] + ["--rule", args.rule]
     return command + [f"--versus={o}" for o in args.versus or ()]
 
 
@@ -499,6 +550,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="also run each case with these overrides on the same seeds; report A - B paired",
     )
+    parser.add_argument(
+        "--choose",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="judge jdqn sweep's choice over this grid (repeatable) instead of one setting",
+    )
+    parser.add_argument("--rule", default="median", help="the sweep's rule: median or lcb")
     parser.add_argument("--label", default="")
     parser.add_argument("--json")
     parser.add_argument("--store", help="directory of finished cases: reused, so a rerun resumes")
@@ -518,9 +577,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             cases=tuple(args.cases.split(",")) if args.cases else base.cases,
             seeds=args.seeds or base.seeds,
             paths=_paths(args.paths) if args.paths else base.paths,
+            choose=tuple(args.choose),
+            rule=args.rule,
         )
         for case in scale.cases:  # every override is checked before the first run
-            apply_overrides(scale.cfg, [*scale.overrides, *args.set, *CASES.get(case, ())])
+            case_cfg = apply_overrides(
+                scale.cfg, [*scale.overrides, *args.set, *CASES.get(case, ())]
+            )
+            if scale.choose:
+                grid_settings(case_cfg, scale.choose)
+        if scale.rule not in RULES:
+            raise ValueError(f"--rule {scale.rule!r}: one of {list(RULES)}")
     except ValueError as error:
         print(f"learning scorecard: {error}; fix: see --help", file=sys.stderr)
         return 2
@@ -577,6 +644,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nIntervals: {COVERS}; * from fewer than {stats.MIN_SEEDS_FOR_CI} seeds per window.")
     if args.versus:
         print(f"\nA: {args.set}, B: A and {args.versus}\n{format_paired(rows)}")
+    if scale.choose:
+        print(f"\nChosen on each fold's validation tail ({scale.rule}):\n{format_choices(rows)}")
     return 0
 
 

@@ -135,7 +135,7 @@ def test_unknown_case_is_refused_with_the_valid_ones():
 def test_a_finished_case_is_stored_and_reused_until_its_inputs_change(tmp_path, monkeypatch):
     calls = []
 
-    def fake_case(cfg, overrides):
+    def fake_case(cfg, overrides, *_):
         calls.append(list(overrides))
         return [_row(100.0 * len(calls), 1, 0, s, path=None, momentum=0.0) for s in range(2)]
 
@@ -165,6 +165,9 @@ def test_a_finished_case_is_stored_and_reused_until_its_inputs_change(tmp_path, 
         (["--json", "/dev/null/scorecard.json"], "not a directory you can write in"),
         (["--jobs", "2"], "--jobs needs --store DIR"),
         (["--jobs", "0", "--store", "/tmp"], "--jobs 0; fix: 1 or more"),
+        (["--choose", "train.nope=1,2"], "train.nope"),
+        (["--choose", "data.signal_strength=0,0.3"], "data.signal_strength"),
+        (["--choose", "train.act_risk=1,0.5", "--rule", "mean"], "--rule 'mean'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys, monkeypatch):
@@ -191,7 +194,7 @@ def test_cases_run_as_processes_sharing_the_store_and_the_parent_prints_them(
             status = 1
         return subprocess.CompletedProcess(command, status)
 
-    def fake_case(cfg, overrides):
+    def fake_case(cfg, overrides, *_):
         return [_row(500.0, 1, 0, s, path=None, momentum=0.0) for s in range(2)]
 
     monkeypatch.setattr(learning.bench.subprocess, "run", child)
@@ -212,6 +215,64 @@ def test_cases_run_as_processes_sharing_the_store_and_the_parent_prints_them(
     assert learning.main(argv) == 1
     err = capsys.readouterr().err
     assert f"case planted_0.3 stopped (exit 1); its output is in {store}/planted_0.3.log" in err
+
+
+def test_a_choice_is_judged_on_the_rows_the_sweep_chose_and_stored_under_its_grid(
+    tmp_path, monkeypatch, capsys
+):
+    """--choose: each case runs the sweep (run_case gets the grid and the rule); the case is
+    scored on the chosen rows, records which setting each test window got, and is stored under
+    its grid and rule, so another grid or rule computes it again."""
+    calls = []
+
+    def fake_sweep(cfg, overrides, choose, rule):
+        calls.append((tuple(choose), rule))
+        fold_setting = {0: 1, 1: 0, 2: 1}  # the setting chosen on each fold's validation tail
+        return [
+            _row(100.0 * fold, 1, fold, s, path=None, momentum=0.0)
+            | {"setting": fold_setting[fold]}
+            for fold in range(3)
+            for s in range(2)
+        ]
+
+    monkeypatch.setattr(learning, "run_case", fake_sweep)
+    scale = learning.SMALL._replace(
+        cases=("martingale",), paths=(100,), choose=("train.act_risk=1,0.5",), rule="lcb"
+    )
+    (row,) = learning.run(scale, store=tmp_path)
+    assert calls == [(("train.act_risk=1,0.5",), "lcb")]
+    assert row["runs"] == 6 and row["net_usd"]["median"] == 100.0
+    assert row["choice"] == {
+        "settings": [{"train.act_risk": "1"}, {"train.act_risk": "0.5"}],
+        "rule": "lcb",
+        "chosen": [[100, 0, 1], [100, 1, 0], [100, 2, 1]],
+    }
+    table = learning.format_choices([row])
+    assert "| martingale | train.act_risk=1 | 1 |" in table
+    assert "| martingale | train.act_risk=0.5 | 2 |" in table
+    learning.run(scale, store=tmp_path)
+    assert len(calls) == 1  # reused
+    learning.run(scale._replace(rule="median"), store=tmp_path)
+    learning.run(scale._replace(choose=("train.act_risk=1,0.25",)), store=tmp_path)
+    assert len(calls) == 3
+    learning.run(scale._replace(choose=()), store=tmp_path)  # the profile's one setting
+    assert calls[-1] == ((), "lcb") and len(calls) == 4
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU variant")
+def test_a_choice_runs_the_sweep_and_each_fold_s_seeds_share_its_setting(tmp_path):
+    """run_case with a grid runs ``jdqn sweep``'s program for real (short windows, 2 seeds): one
+    row per fold and seed, each with the setting its fold chose, scored like any case."""
+    short = ["walkforward.train_bars=3000", "walkforward.test_bars=1000", "train.seeds=2"]
+    short += ["data.synthetic_bars=7380", "data.synthetic_seed=5"]  # development path 5
+    rows = learning.run_case(learning.SMALL.cfg, short, ["train.act_risk=0.5,0.25"], "median")
+    assert sorted((r["fold"], r["seed"]) for r in rows) == [
+        (f, s) for f in range(3) for s in (0, 1)
+    ]
+    chosen = learning.chosen_settings(rows)
+    assert len(chosen) == 3 and all(setting in (0, 1) for _, _, setting in chosen)
+    assert learning.score(rows)["runs"] == 6
 
 
 def test_comparing_settings_on_evaluation_paths_is_called_out(capsys, monkeypatch):
