@@ -48,6 +48,7 @@ from jdqn.config import DEFAULT, SMOKETEST, Config, apply_overrides
 from jdqn.evaluation import stats
 from jdqn.run import rundir
 from jdqn.run.sweep import RULES, SweepPlan, grid_settings, run_sweep
+from jdqn.run.walkforward import run_walkforward
 
 # The data split, fixed before any agent setting is chosen on the scorecard.
 EVALUATION_PATHS = (100, 101, 102, 103, 104)  # synthetic_seed: judged here, never tuned on
@@ -248,16 +249,14 @@ def run_case(
 ) -> list[dict[str, Any]]:
     """One walk-forward of ``cfg`` with ``overrides`` in a scratch directory; its fold rows. With
     ``choose`` (a grid), a sweep instead: its chosen settings' rows, each with its ``setting``."""
-    from jdqn.run.walkforward import run_walkforward
-
     outputs = ["output.plots=false", "output.tensorboard=false", "output.checkpoints=false"]
     with tempfile.TemporaryDirectory() as scratch:
         case_cfg = apply_overrides(cfg, [f"output.out_dir={scratch}", *outputs, *overrides])
-        if not choose:
+        if choose:
+            plan = SweepPlan(grid_settings(case_cfg, choose), rule=rule)
+            outcome = run_sweep(case_cfg, plan, progress=False, log=lambda _: None)
+        else:
             outcome = run_walkforward(case_cfg, progress=False, log=lambda _: None)
-            return outcome.results["folds"]
-        plan = SweepPlan(grid_settings(case_cfg, choose), rule=rule)
-        outcome = run_sweep(case_cfg, plan, progress=False, log=lambda _: None)
         return outcome.results["folds"]
 
 
