@@ -182,17 +182,24 @@ def new_run_dir(out_dir: str | os.PathLike[str], name: str | None = None) -> Run
 
 
 def create(
-    out_dir: str, name: str | None, config_json: str, fill: Callable[[RunDir], None]
+    out_dir: str,
+    name: str | None,
+    config_json: str,
+    fill: Callable[[RunDir], None],
+    made: list[RunDir],
 ) -> RunDir:
     """A new run directory (:func:`new_run_dir`) with ``config.json`` and what ``fill`` writes;
     removed again, and a one-line ``UserError`` raised, when they cannot be written. A Ctrl-C
-    is held back until they are, then removes it."""
+    is held back until they are and the directory is in ``made``, the caller's record for its
+    clean-up: a stop raised on any later line (a Ctrl-C re-raised after a garbage-collector
+    callback lands on an arbitrary call) finds it there before ``create`` has returned it."""
     run = None
     try:
         with interrupts_deferred():
             run = new_run_dir(out_dir, name)
             run.config_path.write_text(config_json + "\n")
             fill(run)
+            made.append(run)
     except BaseException as error:
         if run is not None:
             with interrupts_deferred():

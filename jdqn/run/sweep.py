@@ -280,15 +280,17 @@ def run_sweep(
         for cfg in (*group_configs, *selection_configs):  # every program's, before any is run
             with as_user_error(ValueError):
                 memory.check_request(cfg, n_bars=None, features=features)
-        if run is None:
-            run = _new_run(base, plan, name)
-            unlocks.callback(rundir.unlock, run)
-        log(
-            f"jdqn: sweep of {len(configs)} settings x {len(data.folds)} folds x "
-            f"{base.train.seeds} seed(s) on {data.source} as {len(groups)} program(s); "
-            f"writing {run.path}"
-        )
+        # The new directory, known here even when a stop lands before ``run`` is assigned.
+        made: list[rundir.RunDir] = []
         try:
+            if run is None:
+                run = _new_run(base, plan, name, made)
+                unlocks.callback(rundir.unlock, run)
+            log(
+                f"jdqn: sweep of {len(configs)} settings x {len(data.folds)} folds x "
+                f"{base.train.seeds} seed(s) on {data.source} as {len(groups)} program(s); "
+                f"writing {run.path}"
+            )
             tried: dict[int, tuple[dict[str, Any], dict[str, Any]]] = {}
             for members, cfg, selection_cfg in zip(
                 groups, group_configs, selection_configs, strict=True
@@ -307,6 +309,9 @@ def run_sweep(
                     tried[i] = (_one_setting(chosen_on, k, values), _one_setting(test, k, values))
             return _finish(run, base, plan, data, [tried[i] for i in sorted(tried)], log)
         except BaseException as error:
+            run = run or (made[0] if made else None)
+            if run is None:
+                raise  # no directory was made
             resumable = rundir.left_to_resume(run, RESUMES_FROM)
             if resumable and faults.io_problem(error) is None:
                 log(f"jdqn: sweep interrupted; resume with: jdqn sweep --resume {run.path}")
@@ -329,11 +334,14 @@ def _open_resumed(path: str | os.PathLike[str]) -> tuple[rundir.RunDir, Config, 
     return run, base, plan
 
 
-def _new_run(base: Config, plan: SweepPlan, name: str | None) -> rundir.RunDir:
-    """The sweep's directory with its config and plan (removed again if they cannot be written)."""
+def _new_run(
+    base: Config, plan: SweepPlan, name: str | None, made: list[rundir.RunDir]
+) -> rundir.RunDir:
+    """The sweep's directory with its config and plan (removed again if they cannot be written),
+    put in ``made`` before a Ctrl-C held meanwhile is let through (:func:`rundir.create`)."""
     name = name or datetime.now(UTC).strftime("sweep-%Y%m%d-%H%M%S")
     write_plan = lambda run: rundir.write_json(run.path / PLAN_FILE, plan.record())  # noqa: E731
-    return rundir.create(base.output.out_dir, name, base.to_json(), write_plan)
+    return rundir.create(base.output.out_dir, name, base.to_json(), write_plan, made)
 
 
 def _sub_run(

@@ -339,16 +339,15 @@ def _new_run(
 ) -> rundir.RunDir:
     """A new run directory: process 0 makes it and writes the config, the waves and the process
     count; the other processes are told its path. Process 0's is put in ``made`` before a
-    Ctrl-C held meanwhile is let through."""
+    Ctrl-C held meanwhile is let through (:func:`rundir.create`)."""
     run = None
     if processes.writer:
 
         def fill(run: rundir.RunDir) -> None:
             layout.record(run)
             processes.record(run.path)
-            made.append(run)
 
-        run = rundir.create(cfg.output.out_dir, name, cfg.to_json(), fill)
+        run = rundir.create(cfg.output.out_dir, name, cfg.to_json(), fill, made)
         unlocks.callback(rundir.unlock, run)
     path = Path(processes.broadcast_text(str(run.path) if run is not None else ""))
     final = path.with_name(path.name.removesuffix(rundir.INCOMPLETE_SUFFIX))

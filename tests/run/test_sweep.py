@@ -249,6 +249,29 @@ def test_an_interrupted_sweep_keeps_its_directory_only_when_there_is_something_t
     assert logged[-1].endswith(f"jdqn sweep --resume {tmp_path}/s{rundir.INCOMPLETE_SUFFIX}")
 
 
+@pytest.mark.parametrize("moment", ["as _new_run returns", "in the first log line"])
+def test_a_ctrl_c_once_the_sweep_directory_is_made_leaves_nothing(tmp_path, monkeypatch, moment):
+    """A Ctrl-C let through once the directory is made, but raised before the sweep has it in
+    hand or before its first run (a re-raise after a garbage-collector callback lands on a
+    later call): the directory is removed all the same (as walk-forward's: test_termination)."""
+    new_run = sweep._new_run
+
+    def interrupted_on_return(*args, **kwargs):
+        new_run(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    def interrupted_log(line: str) -> None:
+        raise KeyboardInterrupt
+
+    if moment == "as _new_run returns":
+        monkeypatch.setattr(sweep, "_new_run", interrupted_on_return)
+    plan = sweep.SweepPlan(sweep.grid_settings(SMOKETEST, list(GRID)))
+    log = interrupted_log if moment == "in the first log line" else (lambda _: None)
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(_config(tmp_path), plan, name="s", progress=False, log=log)
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- end to end on the ES sample ---------------------------------------------------------------
 
 
