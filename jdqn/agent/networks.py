@@ -21,11 +21,13 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from jdqn.accel.pieces import PLAIN, Pieces
 from jdqn.agent.dense_stack import dense_stack
 from jdqn.config import Config, NetworkConfig
+from jdqn.data.features import odd_features
 
 Params = Any  # {layer: {"kernel": [in, out] ([out, in] for HEAD), "bias": [out]}} float32
 
@@ -122,9 +124,18 @@ class C51MLP(nn.Module):
     matmul_dtype: str = "float32"
     pieces: Pieces = PLAIN  # the dense stack's backward (jdqn.accel.choose)
     position_magnitude: bool = False  # append |held position| (obs[..., -1]) as an input
+    # network.mirror: the inputs whose sign the mirrored price path flips (the held position,
+    # obs[..., -1], besides) and action a's opposite, mirror_actions[a]; () = off
+    odd_inputs: tuple[int, ...] = ()
+    mirror_actions: tuple[int, ...] = ()
 
     @nn.compact
     def __call__(self, obs: jax.Array) -> jax.Array:
+        if self.mirror_actions:
+            # One pass over the observation and its mirror image, the mirror's rows after.
+            signs = np.ones(obs.shape[-1], np.float32)
+            signs[[*self.odd_inputs, -1]] = -1.0
+            obs = jnp.stack([obs, obs * signs])  # [2, ..., F+1]
         if self.position_magnitude:
             # The cost of going flat is |p| x cost: V-shaped in p, linear in |p|.
             obs = jnp.concatenate([obs, jnp.abs(obs[..., -1:])], axis=-1)
@@ -136,7 +147,14 @@ class C51MLP(nn.Module):
         head = _Dense(width, widths[-1], out_major=True, name=HEAD)()
         rows = obs.reshape(-1, obs.shape[-1])  # [R, F+1], any leading axes as rows
         out = dense_stack(torso, head, rows, self.matmul_dtype, self.pieces)  # [R, K*A*N]
-        return out.reshape(*obs.shape[:-1], self.n_heads, self.n_actions, self.n_atoms)
+        logits = out.reshape(*obs.shape[:-1], self.n_heads, self.n_actions, self.n_atoms)
+        if self.mirror_actions:
+            # A mirrored action's return is the action's own (reward = position x move), so the
+            # mirror's logits of action a's opposite join action a's: a product of the two
+            # distributions, renormalised, that is the same for an observation and its mirror.
+            actions = jnp.asarray(self.mirror_actions)
+            logits = 0.5 * (logits[0] + jnp.take(logits[1], actions, axis=-2))
+        return logits
 
 
 def module(cfg: Config, pieces: Pieces = PLAIN) -> C51MLP:
@@ -150,7 +168,14 @@ def module(cfg: Config, pieces: Pieces = PLAIN) -> C51MLP:
         matmul_dtype=net.matmul_dtype,
         pieces=pieces,
         position_magnitude=net.position_magnitude,
+        odd_inputs=odd_features(cfg.data) if net.mirror else (),
+        mirror_actions=_opposites(cfg.env.positions) if net.mirror else (),
     )
+
+
+def _opposites(positions: tuple[float, ...]) -> tuple[int, ...]:
+    """Each action's opposite: the index of ``-positions[a]`` (Config checks it exists)."""
+    return tuple(positions.index(-p) for p in positions)
 
 
 def torso_layers(net: NetworkConfig) -> tuple[str, ...]:

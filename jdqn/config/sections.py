@@ -240,6 +240,10 @@ class NetworkConfig:
     # Approximate Dynamic Programming, 2011, ch. 4) and the trade's cost, known exactly, is added
     # to it, so that no fit of the held position can misprice a trade (jdqn.agent.acting)
     post_trade_values: bool = False
+    # the logits are symmetric under the mirrored price path (odd features and the held position
+    # change sign, each action becomes its opposite; jdqn.agent.networks): every transition also
+    # teaches its mirror image, and no drift of the train window becomes a preferred direction
+    mirror: bool = False
 
     def __post_init__(self) -> None:
         _require(
@@ -555,6 +559,13 @@ class Config:
             "train.act_disagreement",
             "needs ensemble heads to disagree: set network.n_heads above 1 (with "
             "network.bootstrap_prob below 1), or act_disagreement 0",
+        )
+        _require(
+            not self.network.mirror
+            or sorted(-p for p in self.env.positions) == sorted(self.env.positions),
+            "network.mirror",
+            f"needs each position's opposite among env.positions {list(self.env.positions)}: "
+            "make them symmetric, e.g. [-1, 0, 1], or set network.mirror false",
         )
         _require(
             self.replay.capacity >= self.train.n_slices,

@@ -128,6 +128,15 @@ def compute_features(bars: Bars, cfg: DataConfig) -> FeatureSet:
     return FeatureSet(values=values, names=tuple(names), groups=groups)
 
 
+def odd_features(cfg: DataConfig) -> tuple[int, ...]:
+    """Indices of the features whose sign flips when the log price path is mirrored
+    (``log C -> 2 log C_0 - log C``, highs and lows swapped): the returns, scaled or not, and
+    ``close_location`` (exactly in log prices, to within the bar's relative range in prices);
+    every other feature is unchanged. :func:`compute_features`' column order."""
+    n_returns = len(cfg.return_horizons) * (2 if cfg.scaled_returns else 1)
+    return (*range(n_returns), n_returns + 1)  # close_location: the range group's second
+
+
 def fit_normaliser(values: np.ndarray, start: int, end: int) -> Normaliser:
     """z-score statistics of rows [start, end) of ``values`` [T, F] only (the train window)."""
     if not 0 <= start < end <= len(values):

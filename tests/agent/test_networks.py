@@ -311,3 +311,34 @@ def test_init_is_lecun_normal_truncated_at_two_sd_with_unit_u():
         assert u.shape == (width,) and np.linalg.norm(u) == pytest.approx(1.0, rel=1e-6)
     again = networks.init_network(jax.random.PRNGKey(5), cfg, 300)
     np.testing.assert_array_equal(again.params["head"]["kernel"], state.params["head"]["kernel"])
+
+
+def test_mirror_averages_the_logits_of_an_observation_and_its_mirror_image():
+    """network.mirror against the plain network with the same parameters: logits(obs) = (plain(obs)
+    + plain(mirrored obs) with each action's opposite) / 2, so the mirrored observation's logits
+    are the observation's with the actions reversed (positions -1, 0, 1)."""
+    on = _cfg("network.mirror=true", "network.n_heads=2")
+    plain = _cfg("network.n_heads=2")
+    n_features = 15  # SMOKETEST's scaled returns: 8 return columns, then close_location at 9
+    obs = jax.random.normal(jax.random.PRNGKey(3), (4, 3, n_features + 1))
+    obs = obs.at[..., -1].set(jnp.array([-1.0, 0.0, 1.0]))
+    signs = np.ones(n_features + 1, np.float32)
+    signs[[*range(8), 9, n_features]] = -1.0
+    params = networks.init_network(jax.random.PRNGKey(4), on, n_features + 1).params
+    mirror = obs * signs
+    expected = 0.5 * (
+        np.asarray(networks.apply(params, obs, plain), np.float64)
+        + np.asarray(networks.apply(params, mirror, plain), np.float64)[..., ::-1, :]
+    )
+    logits = np.asarray(networks.apply(params, obs, on))
+    assert logits.shape == (4, 3, 2, 3, 11)
+    np.testing.assert_allclose(logits, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(networks.apply(params, mirror, on))[..., ::-1, :], logits, rtol=1e-5, atol=1e-6
+    )
+    assert np.abs(logits - np.asarray(networks.apply(params, obs, plain))).max() > 1e-3
+
+
+def test_mirror_needs_symmetric_positions():
+    with pytest.raises(ValueError, match="network.mirror"):
+        _cfg("network.mirror=true", "env.positions=[0,1]")

@@ -21,6 +21,7 @@ from jdqn.data import (
     normalise,
     synthetic_bars,
 )
+from jdqn.data.features import odd_features
 
 ES_SAMPLE = Path(__file__).resolve().parents[1] / "data" / "es_2013-09_1min.csv"
 SMALL_CFG = DataConfig(return_horizons=(1, 3, 7), volume_window=10)
@@ -94,6 +95,33 @@ def test_scaled_returns_follow_the_raw_ones_in_their_group():
     )  # fmt: skip
     assert features.groups["returns"] == tuple(range(8))
     assert features.groups["calendar"] == tuple(range(13, 19))
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+def test_odd_features_change_sign_on_the_mirrored_path_and_no_other_does(scaled):
+    """network.mirror's parity: each price mirrored about the first close (log C -> 2 log C_0 -
+    log C, highs and lows swapped), the odd features' values change sign and the others keep
+    theirs (close_location to within the bars' relative range: it is taken in prices)."""
+    cfg = dataclasses.replace(SMALL_CFG, scaled_returns=scaled)
+    square = BASE.close[0] ** 2
+    mirrored = dataclasses.replace(
+        BASE, open=square / BASE.open, high=square / BASE.low, low=square / BASE.high,
+        close=square / BASE.close,
+    )  # fmt: skip
+    plain = compute_features(BASE, cfg).values.astype(np.float64)
+    flipped = compute_features(mirrored, cfg).values.astype(np.float64)
+    odd = list(odd_features(cfg))
+    even = [i for i in range(plain.shape[1]) if i not in odd]
+    names = compute_features(BASE, cfg).names
+    assert [names[i] for i in odd] == [n for n in names if n.startswith("ret_")] + [
+        "close_location"
+    ]
+    assert np.abs(plain[:, odd]).mean(axis=0).min() > 1e-4  # the sign carries information
+    returns, location = odd[:-1], odd[-1]
+    np.testing.assert_allclose(flipped[:, returns], -plain[:, returns], rtol=1e-4, atol=1e-7)
+    widest = float(np.max(np.log(BASE.high / BASE.low)))  # the widest bar's relative range
+    np.testing.assert_allclose(flipped[:, location], -plain[:, location], rtol=0, atol=widest)
+    np.testing.assert_allclose(flipped[:, even], plain[:, even], rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("source", ["synthetic", "es_sample", "no_volume", "scaled"])
