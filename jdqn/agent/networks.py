@@ -150,8 +150,8 @@ class C51MLP(nn.Module):
         logits = out.reshape(*obs.shape[:-1], self.n_heads, self.n_actions, self.n_atoms)
         if self.mirror_actions:
             # A mirrored action's return is the action's own (reward = position x move), so the
-            # mirror's logits of action a's opposite join action a's: a product of the two
-            # distributions, renormalised, that is the same for an observation and its mirror.
+            # mirror's logits of action a's opposite join action a's: the two distributions'
+            # geometric mean, renormalised, the same for an observation and its mirror.
             actions = jnp.asarray(self.mirror_actions)
             logits = 0.5 * (logits[0] + jnp.take(logits[1], actions, axis=-2))
         return logits
