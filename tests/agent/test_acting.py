@@ -13,8 +13,12 @@ from jdqn.agent import networks
 from jdqn.agent.acting import action_scores
 from jdqn.config import DEFAULT, apply_overrides
 
-# Positions (-1, 0, 1); a +-10 support of 51 atoms, 0.4 apart, whatever `default`'s support.
-CFG = apply_overrides(DEFAULT, ["env.reward_scale=2.0", "network.v_min=-10", "network.v_max=10"])
+# Positions (-1, 0, 1); a +-10 support of 51 atoms, 0.4 apart, whatever `default`'s support;
+# no mirror: the networks here see made-up observations, not the data config's features.
+CFG = apply_overrides(
+    DEFAULT,
+    ["env.reward_scale=2.0", "network.v_min=-10", "network.v_max=10", "network.mirror=false"],
+)
 
 
 def _with(risk: float = 0.0, band: float = 0.0, post_trade: bool = False, doubt: float = 0.0):
