@@ -130,6 +130,13 @@ SMOKETEST = Config(
 # 6 92 %). (The reading, not tested further: the mirror fits the train window's noise twice
 # over, fewer passes less.) On the evaluation paths it came closer to the best tuned rule than the
 # profile before it on every edge and sat the martingales out as well.
+# Then acting on the mean minus 0.75 std (was one), by the same rule (one NVIDIA H100, `--grid
+# train.act_risk=0.75,1`): planted 0.3 / 0.2 / costs x2 / mean reversion +30,071 / +12,311 /
+# +21,995 / +5,182 $ against +29,760 / +12,580 / +21,112 / +5,126 (sum +69,559 against +68,578);
+# every development martingale 0-9 at a median exposure of 0 % with 96-100 % of seed-folds within
+# the band (one std: the same); the ES sample's median exposure 20 % (one std: 14 %). A small
+# step, inside the runs' noise on each edge; with the mirror, the lighter penalty no longer lets
+# the martingales in (8 epochs at 0.75 without it kept 18 of path 6's 24 within the band).
 _DEFAULT_V = 30.0
 DEFAULT = dataclasses.replace(
     SMOKETEST,
@@ -139,7 +146,7 @@ DEFAULT = dataclasses.replace(
     loss=dataclasses.replace(SMOKETEST.loss, gamma=0.99, alpha_schedule=(0.0, 0.05)),
     optim=dataclasses.replace(SMOKETEST.optim, learning_rate=1e-3),
     replay=dataclasses.replace(SMOKETEST.replay, capacity=4096),
-    train=dataclasses.replace(SMOKETEST.train, epochs=8, act_risk=1.0),
+    train=dataclasses.replace(SMOKETEST.train, epochs=8, act_risk=0.75),
 )
 
 PROFILES: dict[str, Config] = {"smoketest": SMOKETEST, "default": DEFAULT}
